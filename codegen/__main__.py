@@ -1,0 +1,119 @@
+"""Command line of the compiler.
+
+  python -m codegen gen   [SPEC ...]            generate generated/ from specs/
+  python -m codegen list  [--filter GLOB]       instances a build would contain
+  python -m codegen dump  STAGE [SPEC ...]      print what a stage holds (load, expand, lower,
+                                                render, dispatch)
+  python -m codegen build [--target T] [-j N]   ninja build (extension, or cubins without CUDA torch)
+
+A bad spec exits with status 2 and a message naming file:line and the field.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import sys
+
+from . import pipeline
+from .errors import SpecError
+
+
+def _cmd_gen(args) -> int:
+    lowered, result = pipeline.generate(args.specs or None)
+    count = sum(len(insts) for _, insts in lowered)
+    print(f"generated {count} kernel instances from {len(lowered)} spec(s): "
+          f"{len(result['changed'])} file(s) written, {len(result['removed'])} removed, "
+          f"the rest unchanged")
+    for rel in result["changed"]:
+        print(f"  wrote generated/{rel}")
+    for rel in result["removed"]:
+        print(f"  removed generated/{rel}")
+    return 0
+
+
+def _cmd_list(args) -> int:
+    lowered = pipeline.lower(pipeline.expand(pipeline.load(args.specs or None)))
+    shown = 0
+    for _, instances in lowered:
+        for inst in instances:
+            if fnmatch.fnmatch(inst.name, args.filter):
+                d = inst.d
+                print(f"{inst.name}  threads={d['threads']} smem={d['smem_bytes']}")
+                shown += 1
+    print(f"{shown} instance(s)", file=sys.stderr)
+    return 0
+
+
+def _cmd_dump(args) -> int:
+    specs = pipeline.load(args.specs or None)
+    if args.stage == "load":
+        for spec in specs:
+            print(f"{spec.file}: family={spec.family} arch={spec.arch} op={spec.op.name}")
+            print(f"  axes: {spec.axes}")
+            for kind in spec.kernels.values():
+                print(f"  kind {kind.name} ({kind.template}) grid={kind.grid} "
+                      f"where={[w.text for w in kind.where]} covers={kind.covers.text!r}")
+            for rule in spec.dispatch:
+                print(f"  rule line {rule.line}: when {rule.when.text!r} -> {rule.kind}")
+        return 0
+    expanded = pipeline.expand(specs)
+    if args.stage == "expand":
+        for _, instances in expanded:
+            for inst in instances:
+                print(inst.name, json.dumps(inst.p))
+        return 0
+    lowered = pipeline.lower(expanded)
+    if args.stage == "lower":
+        for _, instances in lowered:
+            for inst in instances:
+                print(inst.name, json.dumps(inst.d, default=str))
+        return 0
+    files = pipeline.render_files(lowered)
+    if args.stage == "render":
+        for rel, text in sorted(files.items()):
+            print(f"{rel}  {len(text)} bytes")
+        return 0
+    if args.stage == "dispatch":
+        for rel, text in sorted(files.items()):
+            if rel.endswith("dispatch.cpp"):
+                start = text.index("_select(")
+                print(f"// generated/{rel}\n" + text[text.rfind("\n", 0, start) + 1:])
+        return 0
+    raise AssertionError(args.stage)
+
+
+def _cmd_build(args) -> int:
+    from .build import build
+    return build(args.target, args.jobs)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m codegen", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("gen")
+    p.add_argument("specs", nargs="*")
+    p.set_defaults(func=_cmd_gen)
+    p = sub.add_parser("list")
+    p.add_argument("--filter", default="*")
+    p.add_argument("specs", nargs="*")
+    p.set_defaults(func=_cmd_list)
+    p = sub.add_parser("dump")
+    p.add_argument("stage", choices=["load", "expand", "lower", "render", "dispatch"])
+    p.add_argument("specs", nargs="*")
+    p.set_defaults(func=_cmd_dump)
+    p = sub.add_parser("build")
+    p.add_argument("--target", default=None)
+    p.add_argument("-j", "--jobs", type=int, default=None)
+    p.set_defaults(func=_cmd_build)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Resource limits of the target architectures the passes check against."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str                 # as written in a spec and in instance names: sm_90a
+    gencode: str              # nvcc flag that targets it
+    max_threads_per_block: int
+    max_smem_per_block: int   # bytes, opt-in dynamic limit
+    default_smem_per_block: int  # bytes a kernel gets without cudaFuncSetAttribute
+    regs_per_sm: int
+
+    @property
+    def short(self) -> str:
+        return self.name.replace("_", "")
+
+
+ARCHES = {
+    # Hopper: 227 KB of shared memory per block once opted in (CUDA programming guide, CC 9.0).
+    "sm_90a": Arch("sm_90a", "-gencode=arch=compute_90a,code=sm_90a", 1024, 227 * 1024,
+                   48 * 1024, 65536),
+    "sm_90": Arch("sm_90", "-gencode=arch=compute_90,code=sm_90", 1024, 227 * 1024,
+                  48 * 1024, 65536),
+    "sm_80": Arch("sm_80", "-gencode=arch=compute_80,code=sm_80", 1024, 163 * 1024,
+                  48 * 1024, 65536),
+}
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+DTYPE_CPP = {"fp32": "float", "fp16": "__half", "bf16": "__nv_bfloat16"}

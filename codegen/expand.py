@@ -1,0 +1,60 @@
+"""Stage 2, expand: each kernel kind's grid (cartesian product, filtered by `where:`) ->
+KernelInstances, crossed with the spec's axes (dtype, direction)."""
+from __future__ import annotations
+
+import itertools
+
+from .arch import DTYPE_BYTES
+from .errors import SpecError
+from .expr import ExprError
+from .instance import KernelInstance
+from .spec import KernelKind, Spec
+
+
+def where_env(params: dict, axes: dict) -> dict:
+    env = dict(params)
+    env.update(axes)
+    env["dtype_bytes"] = DTYPE_BYTES[axes["dtype"]]
+    return env
+
+
+def expand_kind(spec: Spec, kind: KernelKind) -> list[KernelInstance]:
+    out = []
+    axis_names = list(spec.axes)
+    for axis_values in itertools.product(*spec.axes.values()):
+        axes = dict(zip(axis_names, axis_values))
+        for values in itertools.product(*kind.grid.values()):
+            params = dict(zip(kind.grid, values))
+            if not _where_holds(spec, kind, params, axes):
+                continue
+            out.append(KernelInstance(
+                family=spec.family, op=spec.op.name, kind=kind.name, template=kind.template,
+                arch=spec.arch, axes=tuple(axes.items()), params=tuple(params.items()),
+                spec_file=spec.file))
+    return out
+
+
+def _where_holds(spec: Spec, kind: KernelKind, params: dict, axes: dict) -> bool:
+    env = where_env(params, axes)
+    for i, cond in enumerate(kind.where):
+        if any(env.get(n) == "auto" for n in cond.names()):
+            raise SpecError(spec.file, kind.line, f"kernels.{kind.name}.where[{i}]",
+                            "a where: condition cannot use a parameter set to 'auto'")
+        try:
+            if not cond.evaluate(env):
+                return False
+        except ExprError as exc:
+            raise SpecError(spec.file, kind.line, f"kernels.{kind.name}.where[{i}]", str(exc)) from None
+    return True
+
+
+def expand(spec: Spec) -> list[KernelInstance]:
+    """All instances of the spec, in kind order; a kind whose grid yields nothing is an error."""
+    instances = []
+    for kind in spec.kernels.values():
+        got = expand_kind(spec, kind)
+        if not got:
+            raise SpecError(spec.file, kind.line, f"kernels.{kind.name}",
+                            "the grid and its where: constraints leave no instance")
+        instances += got
+    return instances

@@ -1,0 +1,139 @@
+"""Causal linear attention (fast-transformers `causal_dot_product`): lowering of its kernels.
+
+The recurrent template keeps a slice of the E x cols state of one (b, h) in registers:
+`cols` value columns per CTA, `tph` threads per column each holding e/tph state rows.
+`chunk` time steps of q, k, v are staged per barrier through a `buf`-deep cp.async ring.
+"""
+from __future__ import annotations
+
+from ..arch import Arch
+from ..instance import KernelInstance
+from ..passes import Rejected, banks, vectorize
+
+NAME = "causal_linear"
+AXES = {"dtype": ("fp32", "fp16", "bf16"), "direction": ("fwd", "rev")}
+# Names a `covers:` or `when:` expression may use; filled at run time by the bindings.
+RUNTIME_VARS = {
+    "E": "size of the contracted feature dim (q, k last dim)",
+    "M": "size of the value dim (v last dim)",
+    "L": "sequence length",
+    "BH": "batch * heads",
+    "align": "largest vector width (elements) that every pointer, stride and E, M allow",
+    "sm_count": "multiprocessors on the current device",
+}
+DERIVED_NAMES = {"dtype_bytes"}
+RECURRENT = "causal_linear/recurrent.cu.j2"
+GENERIC = "causal_linear/generic.cu.j2"
+# Template -> its grid parameters, in instance-name order ("auto_ok" may be 'auto').
+TEMPLATE_PARAMS = {
+    RECURRENT: {"e": "int", "m": "int", "cols": "int", "tph": "int", "vec": "int",
+                "chunk": "int", "buf": "int", "pad": "auto_ok"},
+    GENERIC: {"emax": "int", "cols": "int", "groups": "int", "chunk": "int"},
+}
+# Files rendered once per family (template -> output under generated/).
+SUPPORT_FILES = {
+    "causal_linear/params.cuh.j2": "causal_linear/params.cuh",
+    "causal_linear/bindings.cpp.j2": "causal_linear/bindings.cpp",
+}
+KEY_STRUCT = "CausalLinearKey"
+
+
+def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    if inst.template == RECURRENT:
+        return _lower_recurrent(inst)
+    return _lower_generic(inst)
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
+    p, nbytes = inst.p, inst.dtype_bytes
+    e, m, cols, tph, vec, chunk, buf = (p[k] for k in ("e", "m", "cols", "tph", "vec", "chunk", "buf"))
+    if not _is_pow2(tph) or tph > 32:
+        raise Rejected("tph", f"tph={tph} must be a power of two <= 32 (its lanes reduce by warp shuffles)")
+    if e % tph:
+        raise Rejected("tph", f"e={e} is not divisible by tph={tph}")
+    ept = e // tph
+    # Each thread reads its q/k slice from shared memory in 16-byte pieces when it can.
+    lds = min(16 // nbytes, ept)
+    if ept % lds:
+        raise Rejected("tph", f"{ept} state rows per thread do not split into {lds}-element reads")
+    if chunk % tph:
+        raise Rejected("chunk", f"chunk={chunk} must be divisible by tph={tph} (reduce-scatter of partials)")
+    if cols > m:
+        raise Rejected("cols", f"cols={cols} exceeds the value bucket m={m}")
+    if buf < 2:
+        raise Rejected("buf", f"buf={buf}: the cp.async ring needs at least 2 stages")
+    vectorize.check(vec, nbytes, {"e": e, "cols": cols})
+
+    read_floats = min(vec, 4)   # o tile is read back as float4 (or narrower) pieces
+    accesses = _o_tile_accesses(cols, tph, vec, read_floats, m)
+    pad = p["pad"]
+    if pad == "auto":
+        pad = banks.choose_pad(accesses, unit=read_floats)
+    elif pad % read_floats:
+        raise Rejected("pad", f"pad={pad} breaks the {read_floats * 4}-byte alignment of o-tile reads")
+    inst = inst.with_params(pad=pad)
+
+    threads = cols * tph
+    stage_bytes = chunk * (2 * e + cols) * nbytes
+    o_tile_floats = chunk * (cols + pad)
+    smem = buf * stage_bytes + 2 * o_tile_floats * 4
+    qk_read = banks.Access("qk_read", lds * nbytes, lambda lane, _: (lane % tph) * lds * nbytes)
+    v_read = banks.Access("v_read", nbytes, lambda lane, _: (lane // tph) * nbytes)
+    ways = banks.conflict_ways([qk_read, v_read], 0)
+    ways.update(banks.conflict_ways(accesses, pad))
+    return inst.with_derived({
+        "threads": threads, "smem_bytes": smem, "stage_bytes": stage_bytes,
+        "ept": ept, "lds": lds, "o_ld": cols + pad, "o_tile_floats": o_tile_floats,
+        "o_read": read_floats, "bank_ways": ways, "threads_param": "tph", "smem_param": "chunk",
+    })
+
+
+def _o_tile_accesses(cols: int, tph: int, vec: int, read_floats: int, m: int) -> list:
+    """The two accesses to the fp32 output tile, whose row pitch `cols + pad` the bank
+    pass chooses: lane (col, j) writes step row i*tph + j; the store loop reads rows back
+    `vec` columns per thread."""
+    def write(lane, pad):
+        col, j = lane // tph, lane % tph
+        return (j * (cols + pad) + col) * 4
+
+    units_per_row = cols // vec
+
+    def read(lane, pad):
+        row, unit = divmod(lane, units_per_row)
+        return (row * (cols + pad) + unit * vec) * 4
+
+    return [banks.Access("o_write", 4, write), banks.Access("o_read", read_floats * 4, read)]
+
+
+def _lower_generic(inst: KernelInstance) -> KernelInstance:
+    p = inst.p
+    emax, cols, groups, chunk = p["emax"], p["cols"], p["groups"], p["chunk"]
+    threads = cols * groups
+    if threads % 32 or cols % 32:
+        raise Rejected("cols", f"cols={cols} must be a multiple of 32 (one warp spans a row of the state)")
+    if chunk * cols > threads * 4:
+        raise Rejected("chunk", f"chunk*cols={chunk * cols} outputs exceed 4 per thread in the reduction")
+    # fp32 state for emax rows, staging of q, k, v in fp32, and one partial per (step, group, col).
+    smem = emax * cols * 4 + chunk * (2 * emax + cols) * 4 + chunk * groups * cols * 4
+    return inst.with_derived({"threads": threads, "smem_bytes": smem, "threads_param": "groups",
+                              "smem_param": "emax", "bank_ways": {}})
+
+
+def smem_bytes_at_runtime(inst: KernelInstance) -> str:
+    """C++ expression of the dynamic shared memory a launch needs (E known only at run time
+    for the generic kernel)."""
+    if inst.template == RECURRENT:
+        return str(inst.d["smem_bytes"])
+    p = inst.p
+    return (f"(size_t)p.E * {p['cols']} * 4 + (size_t){p['chunk']} * (2 * p.E + {p['cols']}) * 4 + "
+            f"(size_t){p['chunk'] * p['groups'] * p['cols']} * 4")
+
+
+def axes_match_cpp(axes: dict) -> str:
+    """C++ condition selecting the instances built for these axis values."""
+    reverse = "true" if axes["direction"] == "rev" else "false"
+    return f"key.dtype == DType::k{axes['dtype'].upper()} && key.reverse == {reverse}"

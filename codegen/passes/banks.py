@@ -1,0 +1,63 @@
+"""Shared-memory bank-conflict model and the padding it chooses.
+
+Hopper shared memory has 32 banks of 4 bytes. A warp's access is served in phases: 32 lanes
+per phase for 4-byte accesses, 16 for 8-byte, 8 for 16-byte. Within a phase, lanes reading
+the same word share it (broadcast); distinct words in one bank are serialized. The cost of
+an access is its number of wavefronts; the ideal is one per phase.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
+
+BANKS = 32
+WORD = 4
+
+
+def wavefronts(addresses: list, width: int) -> int:
+    """Wavefronts for one warp-wide access; `addresses` holds one byte address per lane
+    (None for an inactive lane), `width` is the bytes each lane accesses (4, 8 or 16)."""
+    per_phase = 32 * WORD // max(width, WORD) if width > WORD else 32
+    total = 0
+    for start in range(0, len(addresses), per_phase):
+        banks = defaultdict(set)
+        for addr in addresses[start:start + per_phase]:
+            if addr is None:
+                continue
+            for word in range(addr // WORD, (addr + width - 1) // WORD + 1):
+                banks[word % BANKS].add(word)
+        total += max((len(words) for words in banks.values()), default=0)
+    return total
+
+
+def ideal(width: int) -> int:
+    """Wavefronts of a conflict-free access: one per phase."""
+    return max(1, width // WORD)
+
+
+@dataclass(frozen=True)
+class Access:
+    """One warp-wide shared-memory access pattern; `address(lane, pad)` gives bytes."""
+
+    name: str
+    width: int
+    address: Callable[[int, int], int | None]
+
+    def cost(self, pad: int) -> int:
+        return wavefronts([self.address(lane, pad) for lane in range(32)], self.width)
+
+
+def conflict_ways(accesses: list[Access], pad: int) -> dict:
+    return {a.name: a.cost(pad) / ideal(a.width) for a in accesses}
+
+
+def choose_pad(accesses: list[Access], unit: int, limit: int = 32) -> int:
+    """Smallest padding (a multiple of `unit` elements, below `limit`) that minimizes the
+    total wavefronts of the accesses to one buffer."""
+    best_pad, best_cost = 0, None
+    for pad in range(0, limit, unit):
+        cost = sum(a.cost(pad) for a in accesses)
+        if best_cost is None or cost < best_cost:
+            best_pad, best_cost = pad, cost
+    return best_pad

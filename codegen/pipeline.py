@@ -1,0 +1,58 @@
+"""The pipeline, stage by stage: load -> expand -> lower -> render -> write."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import expand as expand_stage
+from . import passes, render
+from .spec import Spec, load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS_DIR = ROOT / "specs"
+TEMPLATES_DIR = ROOT / "templates"
+GENERATED_DIR = ROOT / "generated"
+
+
+def spec_files(paths=None) -> list[Path]:
+    if paths:
+        return [Path(p) for p in paths]
+    return sorted(SPECS_DIR.glob("*.yaml"))
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def load(paths=None, templates_dir: Path = TEMPLATES_DIR) -> list[Spec]:
+    specs = []
+    for path in spec_files(paths):
+        spec = load_spec(path, templates_dir)
+        specs.append(spec.__class__(**{**spec.__dict__, "file": _display(path)}))
+    return specs
+
+
+def expand(specs: list[Spec]):
+    return [(spec, expand_stage.expand(spec)) for spec in specs]
+
+
+def lower(expanded):
+    out = []
+    for spec, instances in expanded:
+        lowered, _ = passes.lower_all(spec, instances, strict=True)
+        out.append((spec, lowered))
+    passes.check_unique_names_across([i for _, insts in out for i in insts])
+    return out
+
+
+def render_files(lowered, templates_dir: Path = TEMPLATES_DIR) -> dict[str, str]:
+    return render.render_all(templates_dir, lowered)
+
+
+def generate(paths=None, out_dir: Path = GENERATED_DIR, templates_dir: Path = TEMPLATES_DIR):
+    """Run every stage; nothing is written unless all of them succeed."""
+    lowered = lower(expand(load(paths, templates_dir)))
+    files = render_files(lowered, templates_dir)
+    return lowered, render.write_tree(out_dir, files)

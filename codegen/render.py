@@ -1,0 +1,149 @@
+"""Stage 4, render: lowered instances -> the text of every generated file.
+
+Everything is rendered in memory first; only when all of it succeeded are files written,
+each only if its content changed (so ninja rebuilds only what changed), and files that no
+longer belong to any spec are removed. Generation is all-or-nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import jinja2
+
+from .arch import DTYPE_BYTES
+from .errors import SpecError
+from .families import family_module
+from .instance import KernelInstance
+from .spec import Spec
+from . import ninja
+
+NAMESPACE = "attngen"
+TORCH_DTYPES = {"fp32": "Float", "fp16": "Half", "bf16": "BFloat16"}
+
+
+def environment(templates_dir: Path) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir)), undefined=jinja2.StrictUndefined,
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+
+
+def _render(env: jinja2.Environment, spec_file: str, template: str, **ctx) -> str:
+    try:
+        return env.get_template(template).render(spec_file=spec_file, template_name=template, **ctx)
+    except jinja2.TemplateNotFound as exc:
+        raise SpecError(spec_file, None, "template", f"template {exc.name} does not exist") from None
+    except jinja2.TemplateError as exc:
+        line = getattr(exc, "lineno", None)
+        raise SpecError(f"templates/{template}", line, "template", str(exc)) from None
+
+
+def render_instance(env, spec: Spec, inst: KernelInstance) -> str:
+    d = inst.d
+    ways = d.get("bank_ways", {})
+    report = ", ".join(f"{k} {v:g}" for k, v in ways.items()) or "n/a (no fixed layout)"
+    fam = family_module(inst.family)
+    return _render(env, spec.file, inst.template, inst=inst, p=inst.p, d=d,
+                   kind_doc=" ".join(spec.kernels[inst.kind].doc.split()) or inst.kind,
+                   reverse="true" if inst.a.get("direction") == "rev" else "false",
+                   bank_report=report, smem_expr=fam.smem_bytes_at_runtime(inst))
+
+
+def _runtime_env(fam) -> dict:
+    return {name: f"key.{name}" for name in fam.RUNTIME_VARS}
+
+
+def dispatch_context(spec: Spec, instances: list[KernelInstance]) -> dict:
+    """Everything the dispatch template prints, decided here: C++ conditions per rule, and per
+    rule the candidate instances grouped by axis values, in `prefer` order."""
+    fam = family_module(spec.family)
+    runtime = _runtime_env(fam)
+    index = {inst.name: i for i, inst in enumerate(instances)}
+    covers = [spec.kernels[inst.kind].covers.to_cpp({**runtime, **inst.p}) for inst in instances]
+    rules = []
+    for rule in spec.dispatch:
+        kind = spec.kernels[rule.kind]
+        members = sorted((i for i in instances if i.kind == rule.kind),
+                         key=lambda i: tuple(i.p[k] for k in kind.prefer))
+        groups = {}
+        for inst in members:
+            groups.setdefault(inst.axes, []).append(index[inst.name])
+        rules.append({
+            "source": f"{spec.file}:{rule.line}: when {rule.when.text} -> {rule.kind}",
+            "when": rule.when.to_cpp(runtime),
+            "groups": [{"match": fam.axes_match_cpp(dict(axes)), "entries": entries}
+                       for axes, entries in groups.items()],
+        })
+    return {"family": spec.family, "op": spec.op.name, "instances": instances, "covers": covers,
+            "rules": rules, "key_struct": fam.KEY_STRUCT, "axis_names": ", ".join(spec.axes)}
+
+
+def render_spec(env, spec: Spec, instances: list[KernelInstance]) -> dict[str, str]:
+    """All files of one spec, as {path under generated/: content}."""
+    fam = family_module(spec.family)
+    files = {}
+    common = dict(op=spec.op.name, schema=spec.op.schema, namespace=NAMESPACE,
+                  key_struct=fam.KEY_STRUCT, runtime_vars=fam.RUNTIME_VARS,
+                  dtypes=list(fam.AXES["dtype"]),
+                  torch_dtypes={d: TORCH_DTYPES[d] for d in spec.axes["dtype"]})
+    for template, out in fam.SUPPORT_FILES.items():
+        files[out] = _render(env, spec.file, template, **common)
+    files[f"{spec.family}/dispatch.cpp"] = _render(env, spec.file, "dispatch.cpp.j2",
+                                                   **dispatch_context(spec, instances))
+    for inst in instances:
+        files[inst.filename] = render_instance(env, spec, inst)
+    return files
+
+
+def manifest(specs_and_instances) -> str:
+    """A JSON list of every instance: what `make list` prints and what tests iterate."""
+    rows = []
+    for spec, instances in specs_and_instances:
+        for inst in instances:
+            d = {k: v for k, v in inst.d.items() if not k.endswith("_param")}
+            rows.append({"name": inst.name, "family": inst.family, "op": inst.op, "kind": inst.kind,
+                         "spec": spec.file, "file": inst.filename, **inst.a, "params": inst.p,
+                         "derived": d, "dtype_bytes": DTYPE_BYTES[inst.a["dtype"]]})
+    return json.dumps(rows, indent=1, sort_keys=False) + "\n"
+
+
+def render_all(templates_dir: Path, specs_and_instances) -> dict[str, str]:
+    env = environment(templates_dir)
+    files = {}
+    for template in sorted((templates_dir / "common").glob("*.cuh.j2")):
+        rel = f"common/{template.name[:-3]}"
+        files[rel] = _render(env, "specs/", f"common/{template.name}")
+    for spec, instances in specs_and_instances:
+        files.update(render_spec(env, spec, instances))
+    files["extension.cpp"] = _render(env, "specs/", "extension.cpp.j2", namespace=NAMESPACE)
+    files["manifest.json"] = manifest(specs_and_instances)
+    files["build.ninja"] = ninja.build_file(specs_and_instances, files)
+    return files
+
+
+def write_tree(out_dir: Path, files: dict[str, str]) -> dict[str, list]:
+    """Write `files` under out_dir: unchanged files are left alone (their mtime too), stale
+    ones removed. Each write goes through a temp file and an atomic rename."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    changed, removed = [], []
+    for rel, content in sorted(files.items()):
+        path = out_dir / rel
+        if path.is_file() and path.read_text() == content:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(content)
+        os.replace(tmp, path)
+        changed.append(rel)
+    for path in sorted(out_dir.rglob("*")):
+        rel = path.relative_to(out_dir).as_posix()
+        if path.is_file() and rel not in files:
+            path.unlink()
+            removed.append(rel)
+    for path in sorted(out_dir.rglob("*"), reverse=True):
+        if path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+    return {"changed": changed, "removed": removed}

@@ -1,0 +1,232 @@
+"""Stage 1, load: a YAML spec file -> typed, validated `Spec` objects.
+
+Every problem is a SpecError naming file:line, the field and what was expected.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import expr
+from .arch import ARCHES
+from .errors import SpecError
+from .families import family_module
+from .yamlloc import LocDict, LocList, load_located
+
+TOP_KEYS = {"family", "arch", "op", "axes", "kernels", "dispatch"}
+OP_KEYS = {"name", "schema", "doc"}
+KERNEL_KEYS = {"template", "doc", "grid", "where", "covers", "prefer"}
+RULE_KEYS = {"kind", "when"}
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    schema: str
+    doc: str
+
+
+@dataclass(frozen=True)
+class KernelKind:
+    name: str
+    template: str
+    doc: str
+    grid: dict            # param -> tuple of values, in declared order
+    where: tuple          # Expr, all must hold
+    covers: expr.Expr     # runtime: may this instance serve the call?
+    prefer: tuple         # params to sort ascending by: the smallest covering bucket wins
+    line: int
+    param_lines: dict     # param -> line of its grid entry, for errors found by the passes
+
+
+@dataclass(frozen=True)
+class Rule:
+    kind: str
+    when: expr.Expr
+    line: int
+
+
+@dataclass(frozen=True)
+class Spec:
+    file: str
+    family: str
+    arch: str
+    op: OpSpec
+    axes: dict            # axis -> tuple of values (dtype, direction, ...)
+    kernels: dict         # name -> KernelKind, in declared order
+    dispatch: tuple       # Rule, in order
+
+    @property
+    def stem(self) -> str:
+        return Path(self.file).stem
+
+
+class _Ctx:
+    """Error helper bound to one file."""
+
+    def __init__(self, file: str):
+        self.file = file
+
+    def fail(self, line, field, message):
+        raise SpecError(self.file, line, field, message)
+
+    def mapping(self, value, line, field) -> LocDict:
+        if not isinstance(value, LocDict):
+            self.fail(line, field, f"expected a mapping, got {_kind(value)}")
+        return value
+
+    def keys(self, mapping: LocDict, allowed: set, required: set, field: str):
+        for key in mapping:
+            if key not in allowed:
+                self.fail(mapping.line_of(key), f"{field}.{key}" if field else str(key),
+                          f"unknown key; expected one of {sorted(allowed)}")
+        for key in sorted(required):
+            if key not in mapping:
+                self.fail(mapping.line, f"{field}.{key}" if field else key, "missing required field")
+
+    def string(self, mapping: LocDict, key, field) -> str:
+        value = mapping[key]
+        if not isinstance(value, str) or not value.strip():
+            self.fail(mapping.line_of(key), field, f"expected a non-empty string, got {_kind(value)}")
+        return value
+
+    def expression(self, text, names, line, field) -> expr.Expr:
+        try:
+            return expr.parse(text, names)
+        except expr.ExprError as exc:
+            self.fail(line, field, f"invalid expression: {exc}")
+
+
+def _kind(value) -> str:
+    if isinstance(value, LocDict):
+        return "a mapping"
+    if isinstance(value, LocList):
+        return "a list"
+    return f"{type(value).__name__} {value!r}"
+
+
+def load_spec(path: str | Path, templates_dir: str | Path) -> Spec:
+    path = Path(path)
+    file = str(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(file, None, "spec", f"cannot read: {exc.strerror}") from None
+    ctx = _Ctx(file)
+    doc = ctx.mapping(load_located(text, file), 1, "spec")
+    ctx.keys(doc, TOP_KEYS, TOP_KEYS, "")
+
+    family = ctx.string(doc, "family", "family")
+    fam = family_module(family)
+    if fam is None:
+        ctx.fail(doc.line_of("family"), "family", f"unknown family {family!r}")
+    arch = ctx.string(doc, "arch", "arch")
+    if arch not in ARCHES:
+        ctx.fail(doc.line_of("arch"), "arch", f"unknown arch {arch!r}; expected one of {sorted(ARCHES)}")
+
+    op = _load_op(ctx, doc)
+    axes = _load_axes(ctx, doc, fam)
+    kernels = _load_kernels(ctx, doc, fam, axes, Path(templates_dir))
+    dispatch = _load_dispatch(ctx, doc, fam, kernels)
+    return Spec(file, family, arch, op, axes, kernels, dispatch)
+
+
+def _load_op(ctx: _Ctx, doc: LocDict) -> OpSpec:
+    op = ctx.mapping(doc["op"], doc.line_of("op"), "op")
+    ctx.keys(op, OP_KEYS, {"name", "schema"}, "op")
+    name = ctx.string(op, "name", "op.name")
+    schema = ctx.string(op, "schema", "op.schema")
+    if not schema.startswith(name + "("):
+        ctx.fail(op.line_of("schema"), "op.schema", f"expected the schema to start with '{name}('")
+    return OpSpec(name, schema, str(op.get("doc", "")))
+
+
+def _values(ctx: _Ctx, value, line, field, allowed=None, allow_auto=False) -> tuple:
+    if not isinstance(value, LocList) or not value:
+        ctx.fail(line, field, f"expected a non-empty list, got {_kind(value)}")
+    for i, item in enumerate(value):
+        ok = (isinstance(item, int) and not isinstance(item, bool) and item > 0) if allowed is None \
+            else item in allowed
+        if allow_auto and item == "auto":
+            ok = True
+        if not ok:
+            want = f"one of {sorted(allowed)}" if allowed else "a positive integer"
+            want += " or 'auto'" if allow_auto else ""
+            ctx.fail(value.line_of(i), field, f"expected {want}, got {_kind(item)}")
+    if len(set(value)) != len(value):
+        ctx.fail(line, field, "the list repeats a value")
+    return tuple(value)
+
+
+def _load_axes(ctx: _Ctx, doc: LocDict, fam) -> dict:
+    axes = ctx.mapping(doc["axes"], doc.line_of("axes"), "axes")
+    ctx.keys(axes, set(fam.AXES), set(fam.AXES), "axes")
+    return {name: _values(ctx, axes[name], axes.line_of(name), f"axes.{name}", fam.AXES[name])
+            for name in axes}
+
+
+def _load_kernels(ctx: _Ctx, doc: LocDict, fam, axes: dict, templates_dir: Path) -> dict:
+    kernels = ctx.mapping(doc["kernels"], doc.line_of("kernels"), "kernels")
+    if not kernels:
+        ctx.fail(kernels.line, "kernels", "expected at least one kernel kind")
+    out = {}
+    for name, body in kernels.items():
+        field = f"kernels.{name}"
+        body = ctx.mapping(body, kernels.line_of(name), field)
+        ctx.keys(body, KERNEL_KEYS, {"template", "grid", "covers"}, field)
+        template = ctx.string(body, "template", f"{field}.template")
+        if template not in fam.TEMPLATE_PARAMS:
+            ctx.fail(body.line_of("template"), f"{field}.template",
+                     f"family {fam.NAME!r} has no lowering for template {template!r}; expected one of "
+                     f"{sorted(fam.TEMPLATE_PARAMS)}")
+        if not (templates_dir / template).is_file():
+            ctx.fail(body.line_of("template"), f"{field}.template",
+                     f"template file {templates_dir / template} does not exist")
+        grid = _load_grid(ctx, body, field, fam.TEMPLATE_PARAMS[template])
+        grid_map = body["grid"]
+        param_lines = {p: grid_map.line_of(p) for p in grid}
+        derived = set(grid) | set(axes) | set(fam.DERIVED_NAMES)
+        where = body.get("where", LocList())
+        if isinstance(where, str):
+            where = LocList([where])
+            where.line, where.item_lines = body.line_of("where"), [body.line_of("where")]
+        if not isinstance(where, LocList):
+            ctx.fail(body.line_of("where"), f"{field}.where", f"expected a list of expressions, got {_kind(where)}")
+        where_exprs = tuple(ctx.expression(w, derived, where.line_of(i), f"{field}.where[{i}]")
+                            for i, w in enumerate(where))
+        covers = ctx.expression(body["covers"], set(grid) | set(fam.RUNTIME_VARS),
+                                body.line_of("covers"), f"{field}.covers")
+        prefer = body.get("prefer", LocList())
+        if not isinstance(prefer, LocList) or any(p not in grid for p in prefer):
+            ctx.fail(body.line_of("prefer"), f"{field}.prefer",
+                     f"expected a list of grid parameters from {list(grid)}")
+        out[name] = KernelKind(name, template, str(body.get("doc", "")), grid, where_exprs, covers,
+                               tuple(prefer), kernels.line_of(name), param_lines)
+    return out
+
+
+def _load_grid(ctx: _Ctx, body: LocDict, field: str, params: dict) -> dict:
+    grid = ctx.mapping(body["grid"], body.line_of("grid"), f"{field}.grid")
+    ctx.keys(grid, set(params), set(params), f"{field}.grid")
+    # Keep the template's declared parameter order: it is the order of the instance name.
+    return {p: _values(ctx, grid[p], grid.line_of(p), f"{field}.grid.{p}",
+                       allow_auto=params[p] == "auto_ok")
+            for p in params}
+
+
+def _load_dispatch(ctx: _Ctx, doc: LocDict, fam, kernels: dict) -> tuple:
+    rules = doc["dispatch"]
+    if not isinstance(rules, LocList) or not rules:
+        ctx.fail(doc.line_of("dispatch"), "dispatch", f"expected a non-empty list of rules, got {_kind(rules)}")
+    out = []
+    for i, rule in enumerate(rules):
+        field = f"dispatch[{i}]"
+        rule = ctx.mapping(rule, rules.line_of(i), field)
+        ctx.keys(rule, RULE_KEYS, RULE_KEYS, field)
+        kind = rule["kind"]
+        if kind not in kernels:
+            ctx.fail(rule.line_of("kind"), f"{field}.kind",
+                     f"unknown kernel kind {kind!r}; expected one of {list(kernels)}")
+        when = ctx.expression(rule["when"], set(fam.RUNTIME_VARS), rule.line_of("when"), f"{field}.when")
+        out.append(Rule(kind, when, rule.line_of(i)))
+    return tuple(out)
