@@ -1,0 +1,6 @@
+"""attngen: attention kernels generated from declarative specs (see README.md)."""
+from .causal_linear import (causal_dot_product, causal_linear_attention, linear_attention,
+                            instances, selected_instance, causal_dot_product_with)
+
+__all__ = ["causal_dot_product", "causal_linear_attention", "linear_attention", "instances",
+           "selected_instance", "causal_dot_product_with"]
