@@ -2,8 +2,9 @@
 // or templates/causal_linear/bindings.cpp.j2 and run `make gen`.
 // Torch bindings of causal_dot_product: tensor checks, the dispatch key, the launch. The only
 // translation unit of the family that includes torch headers.
-#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <string>
@@ -63,6 +64,13 @@ int64_t vector_align(const std::vector<const at::Tensor*>& tensors, int64_t E, i
   return align;
 }
 
+int64_t sm_count(int device) {
+  int count = 0;
+  const cudaError_t err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  TORCH_CHECK(err == cudaSuccess, "causal_dot_product: cannot read the multiprocessor count: ", cudaGetErrorString(err));
+  return count;
+}
+
 CausalLinearKey make_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
                   bool reverse) {
   CausalLinearKey key{};
@@ -71,7 +79,7 @@ CausalLinearKey make_key(const at::Tensor& q, const at::Tensor& k, const at::Ten
   key.L = q.size(2);
   key.BH = q.size(0) * q.size(1);
   key.align = vector_align({&q, &k, &v, &o}, key.E, key.M);
-  key.sm_count = at::cuda::getDeviceProperties(q.device().index())->multiProcessorCount;
+  key.sm_count = sm_count(q.device().index());
   key.dtype = dtype_code(q);
   key.reverse = reverse;
   return key;
@@ -100,7 +108,7 @@ at::Tensor launch(const Entry* entry, const at::Tensor& q, const at::Tensor& k, 
   p.v_sb = v.stride(0), p.v_sh = v.stride(1), p.v_sl = v.stride(2);
   p.o_sb = o.stride(0), p.o_sh = o.stride(1), p.o_sl = o.stride(2);
   const c10::cuda::CUDAGuard guard(q.device());
-  const cudaError_t err = entry->launch(p, at::cuda::getCurrentCUDAStream());
+  const cudaError_t err = entry->launch(p, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "causal_dot_product: launch of ", entry->name, " failed: ", cudaGetErrorString(err));
   return o;
 }
