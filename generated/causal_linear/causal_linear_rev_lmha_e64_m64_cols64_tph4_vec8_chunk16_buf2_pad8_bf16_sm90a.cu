@@ -61,25 +61,45 @@ __global__ void __launch_bounds__(THREADS) kernel(const Params p) {
   const int64_t n_stages = (L + CHUNK - 1) / CHUNK;
 
   // Stage s: CHUNK rows of q, k (E wide) and v (COLS wide), zero-filled past L and past E, M.
+  // Each thread copies the same (row, column) slots of every stage, so their offsets are
+  // computed once here; a stage only adds its first time step.
+  constexpr int QK_VECS = CHUNK * E / VEC, V_VECS = CHUNK * COLS / VEC;
+  constexpr int QK_SLOTS = (QK_VECS + THREADS - 1) / THREADS, V_SLOTS = (V_VECS + THREADS - 1) / THREADS;
+  int qk_row[QK_SLOTS], qk_col[QK_SLOTS], v_row[V_SLOTS], v_col[V_SLOTS];
+#pragma unroll
+  for (int j = 0; j < QK_SLOTS; ++j) {
+    const int i = tid + j * THREADS;
+    qk_row[j] = i < QK_VECS ? i / (E / VEC) : CHUNK;  // CHUNK: no slot (never valid)
+    qk_col[j] = (i % (E / VEC)) * VEC;
+  }
+#pragma unroll
+  for (int j = 0; j < V_SLOTS; ++j) {
+    const int i = tid + j * THREADS;
+    v_row[j] = i < V_VECS ? i / (COLS / VEC) : CHUNK;
+    v_col[j] = (i % (COLS / VEC)) * VEC;
+  }
   auto load_stage = [&](int64_t s) {
     T* sq = stages + (s % BUF) * STAGE_ELEMS;
     T* sk = sq + CHUNK * E;
     T* sv = sk + CHUNK * E;
-    constexpr int QK_VECS = CHUNK * E / VEC, V_VECS = CHUNK * COLS / VEC;
-    for (int i = tid; i < QK_VECS; i += THREADS) {
-      const int row = i / (E / VEC), x = (i % (E / VEC)) * VEC;
-      const int64_t t = s * CHUNK + row;
-      const bool valid = t < L && x < e_valid;
+#pragma unroll
+    for (int j = 0; j < QK_SLOTS; ++j) {
+      if (qk_row[j] == CHUNK) continue;
+      const int64_t t = s * CHUNK + qk_row[j];
+      const bool valid = t < L && qk_col[j] < e_valid;
       const int64_t r = valid ? time_row(t, L) : 0;
-      cp_async_zfill<VEC * sizeof(T)>(sq + row * E + x, q + r * p.q_sl + (valid ? x : 0), valid);
-      cp_async_zfill<VEC * sizeof(T)>(sk + row * E + x, k + r * p.k_sl + (valid ? x : 0), valid);
+      const int x = valid ? qk_col[j] : 0;
+      cp_async_zfill<VEC * sizeof(T)>(sq + qk_row[j] * E + qk_col[j], q + r * p.q_sl + x, valid);
+      cp_async_zfill<VEC * sizeof(T)>(sk + qk_row[j] * E + qk_col[j], k + r * p.k_sl + x, valid);
     }
-    for (int i = tid; i < V_VECS; i += THREADS) {
-      const int row = i / (COLS / VEC), x = (i % (COLS / VEC)) * VEC;
-      const int64_t t = s * CHUNK + row;
-      const bool valid = t < L && x < cols_valid;
+#pragma unroll
+    for (int j = 0; j < V_SLOTS; ++j) {
+      if (v_row[j] == CHUNK) continue;
+      const int64_t t = s * CHUNK + v_row[j];
+      const bool valid = t < L && v_col[j] < cols_valid;
       const int64_t r = valid ? time_row(t, L) : 0;
-      cp_async_zfill<VEC * sizeof(T)>(sv + row * COLS + x, v + r * p.v_sl + (valid ? x : 0), valid);
+      const int x = valid ? v_col[j] : 0;
+      cp_async_zfill<VEC * sizeof(T)>(sv + v_row[j] * COLS + v_col[j], v + r * p.v_sl + x, valid);
     }
   };
 
