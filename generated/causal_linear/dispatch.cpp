@@ -18,7 +18,7 @@ cudaError_t launch_causal_linear_fwd_lmha_e64_m64_cols64_tph4_vec4_chunk16_buf2_
 cudaError_t launch_causal_linear_fwd_lmha_e64_m128_cols128_tph4_vec4_chunk16_buf2_pad8_fp32_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_fwd_lmha_e128_m32_cols32_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_fwd_lmha_e128_m64_cols64_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a(const Params&, cudaStream_t);
-cudaError_t launch_causal_linear_fwd_lmha_e128_m128_cols128_tph8_vec4_chunk8_buf2_pad4_fp32_sm90a(const Params&, cudaStream_t);
+cudaError_t launch_causal_linear_fwd_lmha_e128_m128_cols64_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_rev_lmha_e32_m32_cols32_tph2_vec4_chunk16_buf2_pad16_fp32_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_rev_lmha_e32_m64_cols64_tph2_vec4_chunk16_buf2_pad16_fp32_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_rev_lmha_e32_m128_cols128_tph2_vec4_chunk16_buf2_pad16_fp32_sm90a(const Params&, cudaStream_t);
@@ -27,7 +27,7 @@ cudaError_t launch_causal_linear_rev_lmha_e64_m64_cols64_tph4_vec4_chunk16_buf2_
 cudaError_t launch_causal_linear_rev_lmha_e64_m128_cols128_tph4_vec4_chunk16_buf2_pad8_fp32_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_rev_lmha_e128_m32_cols32_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_rev_lmha_e128_m64_cols64_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a(const Params&, cudaStream_t);
-cudaError_t launch_causal_linear_rev_lmha_e128_m128_cols128_tph8_vec4_chunk8_buf2_pad4_fp32_sm90a(const Params&, cudaStream_t);
+cudaError_t launch_causal_linear_rev_lmha_e128_m128_cols64_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_fwd_lmha_e32_m32_cols32_tph2_vec8_chunk16_buf2_pad4_fp16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_fwd_lmha_e32_m64_cols64_tph2_vec8_chunk16_buf2_pad16_fp16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_fwd_lmha_e32_m128_cols128_tph2_vec8_chunk16_buf2_pad16_fp16_sm90a(const Params&, cudaStream_t);
@@ -36,7 +36,7 @@ cudaError_t launch_causal_linear_fwd_lmha_e64_m64_cols64_tph4_vec8_chunk16_buf2_
 cudaError_t launch_causal_linear_fwd_lmha_e64_m128_cols128_tph4_vec8_chunk16_buf2_pad8_fp16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_fwd_lmha_e128_m32_cols32_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_fwd_lmha_e128_m64_cols64_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a(const Params&, cudaStream_t);
-cudaError_t launch_causal_linear_fwd_lmha_e128_m128_cols128_tph8_vec8_chunk8_buf2_pad4_fp16_sm90a(const Params&, cudaStream_t);
+cudaError_t launch_causal_linear_fwd_lmha_e128_m128_cols64_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_rev_lmha_e32_m32_cols32_tph2_vec8_chunk16_buf2_pad4_fp16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_rev_lmha_e32_m64_cols64_tph2_vec8_chunk16_buf2_pad16_fp16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_rev_lmha_e32_m128_cols128_tph2_vec8_chunk16_buf2_pad16_fp16_sm90a(const Params&, cudaStream_t);
@@ -45,7 +45,7 @@ cudaError_t launch_causal_linear_rev_lmha_e64_m64_cols64_tph4_vec8_chunk16_buf2_
 cudaError_t launch_causal_linear_rev_lmha_e64_m128_cols128_tph4_vec8_chunk16_buf2_pad8_fp16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_rev_lmha_e128_m32_cols32_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_rev_lmha_e128_m64_cols64_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a(const Params&, cudaStream_t);
-cudaError_t launch_causal_linear_rev_lmha_e128_m128_cols128_tph8_vec8_chunk8_buf2_pad4_fp16_sm90a(const Params&, cudaStream_t);
+cudaError_t launch_causal_linear_rev_lmha_e128_m128_cols64_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_fwd_lmha_e32_m32_cols32_tph2_vec8_chunk16_buf2_pad4_bf16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_fwd_lmha_e32_m64_cols64_tph2_vec8_chunk16_buf2_pad16_bf16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_fwd_lmha_e32_m128_cols128_tph2_vec8_chunk16_buf2_pad16_bf16_sm90a(const Params&, cudaStream_t);
@@ -54,7 +54,7 @@ cudaError_t launch_causal_linear_fwd_lmha_e64_m64_cols64_tph4_vec8_chunk16_buf2_
 cudaError_t launch_causal_linear_fwd_lmha_e64_m128_cols128_tph4_vec8_chunk16_buf2_pad8_bf16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_fwd_lmha_e128_m32_cols32_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_fwd_lmha_e128_m64_cols64_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a(const Params&, cudaStream_t);
-cudaError_t launch_causal_linear_fwd_lmha_e128_m128_cols128_tph8_vec8_chunk8_buf2_pad4_bf16_sm90a(const Params&, cudaStream_t);
+cudaError_t launch_causal_linear_fwd_lmha_e128_m128_cols64_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_rev_lmha_e32_m32_cols32_tph2_vec8_chunk16_buf2_pad4_bf16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_rev_lmha_e32_m64_cols64_tph2_vec8_chunk16_buf2_pad16_bf16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_rev_lmha_e32_m128_cols128_tph2_vec8_chunk16_buf2_pad16_bf16_sm90a(const Params&, cudaStream_t);
@@ -63,7 +63,7 @@ cudaError_t launch_causal_linear_rev_lmha_e64_m64_cols64_tph4_vec8_chunk16_buf2_
 cudaError_t launch_causal_linear_rev_lmha_e64_m128_cols128_tph4_vec8_chunk16_buf2_pad8_bf16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_rev_lmha_e128_m32_cols32_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_rev_lmha_e128_m64_cols64_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a(const Params&, cudaStream_t);
-cudaError_t launch_causal_linear_rev_lmha_e128_m128_cols128_tph8_vec8_chunk8_buf2_pad4_bf16_sm90a(const Params&, cudaStream_t);
+cudaError_t launch_causal_linear_rev_lmha_e128_m128_cols64_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_fwd_low_occupancy_e32_m32_cols8_tph8_vec4_chunk32_buf2_pad0_fp32_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_fwd_low_occupancy_e32_m64_cols8_tph8_vec4_chunk32_buf2_pad0_fp32_sm90a(const Params&, cudaStream_t);
 cudaError_t launch_causal_linear_fwd_low_occupancy_e32_m128_cols8_tph8_vec4_chunk32_buf2_pad0_fp32_sm90a(const Params&, cudaStream_t);
@@ -251,7 +251,7 @@ const Entry kEntries[] = {
     {"causal_linear_fwd_lmha_e64_m128_cols128_tph4_vec4_chunk16_buf2_pad8_fp32_sm90a", launch_causal_linear_fwd_lmha_e64_m128_cols128_tph4_vec4_chunk16_buf2_pad8_fp32_sm90a, covers_5},
     {"causal_linear_fwd_lmha_e128_m32_cols32_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a", launch_causal_linear_fwd_lmha_e128_m32_cols32_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a, covers_6},
     {"causal_linear_fwd_lmha_e128_m64_cols64_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a", launch_causal_linear_fwd_lmha_e128_m64_cols64_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a, covers_7},
-    {"causal_linear_fwd_lmha_e128_m128_cols128_tph8_vec4_chunk8_buf2_pad4_fp32_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_tph8_vec4_chunk8_buf2_pad4_fp32_sm90a, covers_8},
+    {"causal_linear_fwd_lmha_e128_m128_cols64_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols64_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a, covers_8},
     {"causal_linear_rev_lmha_e32_m32_cols32_tph2_vec4_chunk16_buf2_pad16_fp32_sm90a", launch_causal_linear_rev_lmha_e32_m32_cols32_tph2_vec4_chunk16_buf2_pad16_fp32_sm90a, covers_9},
     {"causal_linear_rev_lmha_e32_m64_cols64_tph2_vec4_chunk16_buf2_pad16_fp32_sm90a", launch_causal_linear_rev_lmha_e32_m64_cols64_tph2_vec4_chunk16_buf2_pad16_fp32_sm90a, covers_10},
     {"causal_linear_rev_lmha_e32_m128_cols128_tph2_vec4_chunk16_buf2_pad16_fp32_sm90a", launch_causal_linear_rev_lmha_e32_m128_cols128_tph2_vec4_chunk16_buf2_pad16_fp32_sm90a, covers_11},
@@ -260,7 +260,7 @@ const Entry kEntries[] = {
     {"causal_linear_rev_lmha_e64_m128_cols128_tph4_vec4_chunk16_buf2_pad8_fp32_sm90a", launch_causal_linear_rev_lmha_e64_m128_cols128_tph4_vec4_chunk16_buf2_pad8_fp32_sm90a, covers_14},
     {"causal_linear_rev_lmha_e128_m32_cols32_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a", launch_causal_linear_rev_lmha_e128_m32_cols32_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a, covers_15},
     {"causal_linear_rev_lmha_e128_m64_cols64_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a", launch_causal_linear_rev_lmha_e128_m64_cols64_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a, covers_16},
-    {"causal_linear_rev_lmha_e128_m128_cols128_tph8_vec4_chunk8_buf2_pad4_fp32_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_tph8_vec4_chunk8_buf2_pad4_fp32_sm90a, covers_17},
+    {"causal_linear_rev_lmha_e128_m128_cols64_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols64_tph8_vec4_chunk16_buf2_pad4_fp32_sm90a, covers_17},
     {"causal_linear_fwd_lmha_e32_m32_cols32_tph2_vec8_chunk16_buf2_pad4_fp16_sm90a", launch_causal_linear_fwd_lmha_e32_m32_cols32_tph2_vec8_chunk16_buf2_pad4_fp16_sm90a, covers_18},
     {"causal_linear_fwd_lmha_e32_m64_cols64_tph2_vec8_chunk16_buf2_pad16_fp16_sm90a", launch_causal_linear_fwd_lmha_e32_m64_cols64_tph2_vec8_chunk16_buf2_pad16_fp16_sm90a, covers_19},
     {"causal_linear_fwd_lmha_e32_m128_cols128_tph2_vec8_chunk16_buf2_pad16_fp16_sm90a", launch_causal_linear_fwd_lmha_e32_m128_cols128_tph2_vec8_chunk16_buf2_pad16_fp16_sm90a, covers_20},
@@ -269,7 +269,7 @@ const Entry kEntries[] = {
     {"causal_linear_fwd_lmha_e64_m128_cols128_tph4_vec8_chunk16_buf2_pad8_fp16_sm90a", launch_causal_linear_fwd_lmha_e64_m128_cols128_tph4_vec8_chunk16_buf2_pad8_fp16_sm90a, covers_23},
     {"causal_linear_fwd_lmha_e128_m32_cols32_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a", launch_causal_linear_fwd_lmha_e128_m32_cols32_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a, covers_24},
     {"causal_linear_fwd_lmha_e128_m64_cols64_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a", launch_causal_linear_fwd_lmha_e128_m64_cols64_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a, covers_25},
-    {"causal_linear_fwd_lmha_e128_m128_cols128_tph8_vec8_chunk8_buf2_pad4_fp16_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_tph8_vec8_chunk8_buf2_pad4_fp16_sm90a, covers_26},
+    {"causal_linear_fwd_lmha_e128_m128_cols64_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols64_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a, covers_26},
     {"causal_linear_rev_lmha_e32_m32_cols32_tph2_vec8_chunk16_buf2_pad4_fp16_sm90a", launch_causal_linear_rev_lmha_e32_m32_cols32_tph2_vec8_chunk16_buf2_pad4_fp16_sm90a, covers_27},
     {"causal_linear_rev_lmha_e32_m64_cols64_tph2_vec8_chunk16_buf2_pad16_fp16_sm90a", launch_causal_linear_rev_lmha_e32_m64_cols64_tph2_vec8_chunk16_buf2_pad16_fp16_sm90a, covers_28},
     {"causal_linear_rev_lmha_e32_m128_cols128_tph2_vec8_chunk16_buf2_pad16_fp16_sm90a", launch_causal_linear_rev_lmha_e32_m128_cols128_tph2_vec8_chunk16_buf2_pad16_fp16_sm90a, covers_29},
@@ -278,7 +278,7 @@ const Entry kEntries[] = {
     {"causal_linear_rev_lmha_e64_m128_cols128_tph4_vec8_chunk16_buf2_pad8_fp16_sm90a", launch_causal_linear_rev_lmha_e64_m128_cols128_tph4_vec8_chunk16_buf2_pad8_fp16_sm90a, covers_32},
     {"causal_linear_rev_lmha_e128_m32_cols32_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a", launch_causal_linear_rev_lmha_e128_m32_cols32_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a, covers_33},
     {"causal_linear_rev_lmha_e128_m64_cols64_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a", launch_causal_linear_rev_lmha_e128_m64_cols64_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a, covers_34},
-    {"causal_linear_rev_lmha_e128_m128_cols128_tph8_vec8_chunk8_buf2_pad4_fp16_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_tph8_vec8_chunk8_buf2_pad4_fp16_sm90a, covers_35},
+    {"causal_linear_rev_lmha_e128_m128_cols64_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols64_tph8_vec8_chunk16_buf2_pad4_fp16_sm90a, covers_35},
     {"causal_linear_fwd_lmha_e32_m32_cols32_tph2_vec8_chunk16_buf2_pad4_bf16_sm90a", launch_causal_linear_fwd_lmha_e32_m32_cols32_tph2_vec8_chunk16_buf2_pad4_bf16_sm90a, covers_36},
     {"causal_linear_fwd_lmha_e32_m64_cols64_tph2_vec8_chunk16_buf2_pad16_bf16_sm90a", launch_causal_linear_fwd_lmha_e32_m64_cols64_tph2_vec8_chunk16_buf2_pad16_bf16_sm90a, covers_37},
     {"causal_linear_fwd_lmha_e32_m128_cols128_tph2_vec8_chunk16_buf2_pad16_bf16_sm90a", launch_causal_linear_fwd_lmha_e32_m128_cols128_tph2_vec8_chunk16_buf2_pad16_bf16_sm90a, covers_38},
@@ -287,7 +287,7 @@ const Entry kEntries[] = {
     {"causal_linear_fwd_lmha_e64_m128_cols128_tph4_vec8_chunk16_buf2_pad8_bf16_sm90a", launch_causal_linear_fwd_lmha_e64_m128_cols128_tph4_vec8_chunk16_buf2_pad8_bf16_sm90a, covers_41},
     {"causal_linear_fwd_lmha_e128_m32_cols32_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a", launch_causal_linear_fwd_lmha_e128_m32_cols32_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a, covers_42},
     {"causal_linear_fwd_lmha_e128_m64_cols64_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a", launch_causal_linear_fwd_lmha_e128_m64_cols64_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a, covers_43},
-    {"causal_linear_fwd_lmha_e128_m128_cols128_tph8_vec8_chunk8_buf2_pad4_bf16_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_tph8_vec8_chunk8_buf2_pad4_bf16_sm90a, covers_44},
+    {"causal_linear_fwd_lmha_e128_m128_cols64_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols64_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a, covers_44},
     {"causal_linear_rev_lmha_e32_m32_cols32_tph2_vec8_chunk16_buf2_pad4_bf16_sm90a", launch_causal_linear_rev_lmha_e32_m32_cols32_tph2_vec8_chunk16_buf2_pad4_bf16_sm90a, covers_45},
     {"causal_linear_rev_lmha_e32_m64_cols64_tph2_vec8_chunk16_buf2_pad16_bf16_sm90a", launch_causal_linear_rev_lmha_e32_m64_cols64_tph2_vec8_chunk16_buf2_pad16_bf16_sm90a, covers_46},
     {"causal_linear_rev_lmha_e32_m128_cols128_tph2_vec8_chunk16_buf2_pad16_bf16_sm90a", launch_causal_linear_rev_lmha_e32_m128_cols128_tph2_vec8_chunk16_buf2_pad16_bf16_sm90a, covers_47},
@@ -296,7 +296,7 @@ const Entry kEntries[] = {
     {"causal_linear_rev_lmha_e64_m128_cols128_tph4_vec8_chunk16_buf2_pad8_bf16_sm90a", launch_causal_linear_rev_lmha_e64_m128_cols128_tph4_vec8_chunk16_buf2_pad8_bf16_sm90a, covers_50},
     {"causal_linear_rev_lmha_e128_m32_cols32_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a", launch_causal_linear_rev_lmha_e128_m32_cols32_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a, covers_51},
     {"causal_linear_rev_lmha_e128_m64_cols64_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a", launch_causal_linear_rev_lmha_e128_m64_cols64_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a, covers_52},
-    {"causal_linear_rev_lmha_e128_m128_cols128_tph8_vec8_chunk8_buf2_pad4_bf16_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_tph8_vec8_chunk8_buf2_pad4_bf16_sm90a, covers_53},
+    {"causal_linear_rev_lmha_e128_m128_cols64_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols64_tph8_vec8_chunk16_buf2_pad4_bf16_sm90a, covers_53},
     {"causal_linear_fwd_low_occupancy_e32_m32_cols8_tph8_vec4_chunk32_buf2_pad0_fp32_sm90a", launch_causal_linear_fwd_low_occupancy_e32_m32_cols8_tph8_vec4_chunk32_buf2_pad0_fp32_sm90a, covers_54},
     {"causal_linear_fwd_low_occupancy_e32_m64_cols8_tph8_vec4_chunk32_buf2_pad0_fp32_sm90a", launch_causal_linear_fwd_low_occupancy_e32_m64_cols8_tph8_vec4_chunk32_buf2_pad0_fp32_sm90a, covers_55},
     {"causal_linear_fwd_low_occupancy_e32_m128_cols8_tph8_vec4_chunk32_buf2_pad0_fp32_sm90a", launch_causal_linear_fwd_low_occupancy_e32_m128_cols8_tph8_vec4_chunk32_buf2_pad0_fp32_sm90a, covers_56},
@@ -373,7 +373,7 @@ const Entry* causal_dot_product_find(const char* name) {
 }
 
 const Entry* causal_dot_product_select(const CausalLinearKey& key) {
-  // specs/causal_linear.yaml:67: when BH >= 2 * sm_count -> lmha
+  // specs/causal_linear.yaml:69: when BH >= 2 * sm_count -> lmha
   if ((key.BH >= (2 * key.sm_count))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[0].covers(key)) return &kEntries[0];
@@ -442,7 +442,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[53].covers(key)) return &kEntries[53];
     }
   }
-  // specs/causal_linear.yaml:69: when True -> low_occupancy
+  // specs/causal_linear.yaml:71: when True -> low_occupancy
   if (true) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[54].covers(key)) return &kEntries[54];
@@ -511,7 +511,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[107].covers(key)) return &kEntries[107];
     }
   }
-  // specs/causal_linear.yaml:71: when True -> generic
+  // specs/causal_linear.yaml:73: when True -> generic
   if (true) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[108].covers(key)) return &kEntries[108];
