@@ -22,29 +22,52 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key);
 
 namespace {
 
+// Messages are assembled with std::string only: streaming numbers through c10::str
+// instantiated libstdc++ ostream code in this library that crashed against the libstdc++
+// the torch process had loaded (seen on the H100 machine, torch 2.11).
+[[noreturn]] void fail_value(const std::string& msg) {
+  throw c10::ValueError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg);
+}
+
+[[noreturn]] void fail_runtime(const std::string& msg) {
+  throw c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg);
+}
+
+std::string str(int64_t x) { return std::to_string(x); }
+
+std::string str(c10::IntArrayRef dims) {
+  std::string out = "[";
+  for (size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + std::to_string(dims[i]);
+  return out + "]";
+}
+
+std::string str(const at::Tensor& t) { return c10::toString(t.scalar_type()); }
+
+std::string device_str(const at::Tensor& t) { return t.device().str(); }
+
 DType dtype_code(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::ScalarType::Float: return DType::kFP32;
     case at::ScalarType::Half: return DType::kFP16;
     case at::ScalarType::BFloat16: return DType::kBF16;
     default:
-      TORCH_CHECK_VALUE(false, "causal_dot_product: dtype ", t.scalar_type(), " is not supported; expected one of fp32, fp16, bf16");
+      fail_value("causal_dot_product: dtype " + str(t) + " is not supported; expected one of fp32, fp16, bf16");
   }
-  return DType::kFP32;
 }
 
 void check_input(const char* name, const at::Tensor& t, const at::Tensor& q, int64_t last) {
-  TORCH_CHECK_VALUE(t.is_cuda(), "causal_dot_product: ", name, " must be a CUDA tensor, got device ", t.device());
-  TORCH_CHECK_VALUE(t.device() == q.device(), "causal_dot_product: ", name, " is on ", t.device(), " but q is on ", q.device());
-  TORCH_CHECK_VALUE(t.scalar_type() == q.scalar_type(), "causal_dot_product: ", name, " has dtype ", t.scalar_type(), " but q has ", q.scalar_type());
-  TORCH_CHECK_VALUE(t.dim() == 4, "causal_dot_product: ", name, " must be 4-D [B, H, L, features], got shape ", t.sizes());
-  TORCH_CHECK_VALUE(t.size(0) == q.size(0) && t.size(1) == q.size(1) && t.size(2) == q.size(2),
-                    "causal_dot_product: ", name, " has shape ", t.sizes(), " but q has ", q.sizes(), "; B, H, L must agree");
-  if (last >= 0) {
-    TORCH_CHECK_VALUE(t.size(3) == last, "causal_dot_product: ", name, " has last dim ", t.size(3), " but q has ", last);
+  const std::string op = std::string("causal_dot_product: ") + name;
+  if (!t.is_cuda()) fail_value(op + " must be a CUDA tensor, got device " + device_str(t));
+  if (t.device() != q.device()) fail_value(op + " is on " + device_str(t) + " but q is on " + device_str(q));
+  if (t.scalar_type() != q.scalar_type()) fail_value(op + " has dtype " + str(t) + " but q has " + str(q));
+  if (t.dim() != 4) fail_value(op + " must be 4-D [B, H, L, features], got shape " + str(t.sizes()));
+  if (t.size(0) != q.size(0) || t.size(1) != q.size(1) || t.size(2) != q.size(2)) {
+    fail_value(op + " has shape " + str(t.sizes()) + " but q has " + str(q.sizes()) + "; B, H, L must agree");
   }
-  TORCH_CHECK_VALUE(t.size(3) <= 1 || t.stride(3) == 1, "causal_dot_product: ", name,
-                    " must have a contiguous last dim (stride 1), got strides ", t.strides());
+  if (last >= 0 && t.size(3) != last) fail_value(op + " has last dim " + str(t.size(3)) + " but q has " + str(last));
+  if (t.size(3) > 1 && t.stride(3) != 1) {
+    fail_value(op + " must have a contiguous last dim (stride 1), got strides " + str(t.strides()));
+  }
 }
 
 // The widest vector (in elements, at most 16 bytes) that every pointer, stride and E, M allow.
@@ -67,7 +90,7 @@ int64_t vector_align(const std::vector<const at::Tensor*>& tensors, int64_t E, i
 int64_t sm_count(int device) {
   int count = 0;
   const cudaError_t err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  TORCH_CHECK(err == cudaSuccess, "causal_dot_product: cannot read the multiprocessor count: ", cudaGetErrorString(err));
+  if (err != cudaSuccess) fail_runtime(std::string("causal_dot_product: cannot read the multiprocessor count: ") + cudaGetErrorString(err));
   return count;
 }
 
@@ -109,7 +132,9 @@ at::Tensor launch(const Entry* entry, const at::Tensor& q, const at::Tensor& k, 
   p.o_sb = o.stride(0), p.o_sh = o.stride(1), p.o_sl = o.stride(2);
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaError_t err = entry->launch(p, c10::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "causal_dot_product: launch of ", entry->name, " failed: ", cudaGetErrorString(err));
+  if (err != cudaSuccess) {
+    fail_runtime(std::string("causal_dot_product: launch of ") + entry->name + " failed: " + cudaGetErrorString(err));
+  }
   return o;
 }
 
@@ -127,9 +152,10 @@ at::Tensor causal_dot_product_cuda(const at::Tensor& q, const at::Tensor& k, con
   if (is_empty(q, v)) return o;
   const CausalLinearKey key = make_key(q, k, v, o, reverse);
   const Entry* entry = causal_dot_product_select(key);
-  TORCH_CHECK_VALUE(entry != nullptr, "causal_dot_product: unsupported shape E=", key.E, ", M=", key.M, " (dtype ",
-                    q.scalar_type(), ", vector alignment ", key.align,
-                    "): no compiled instance covers it; `make list` shows the instances");
+  if (entry == nullptr) {
+    fail_value("causal_dot_product: unsupported shape E=" + str(key.E) + ", M=" + str(key.M) + " (dtype " + str(q) +
+               ", vector alignment " + str(key.align) + "): no compiled instance covers it; `make list` shows the instances");
+  }
   return launch(entry, q, k, v, o);
 }
 
@@ -137,12 +163,14 @@ at::Tensor causal_dot_product_with_cuda(const at::Tensor& q, const at::Tensor& k
                          const std::string& instance) {
   check_all(q, k, v);
   const Entry* entry = causal_dot_product_find(instance.c_str());
-  TORCH_CHECK_VALUE(entry != nullptr, "causal_dot_product_with: no instance named ", instance);
+  if (entry == nullptr) fail_value("causal_dot_product_with: no instance named " + instance);
   at::Tensor o = output_like(q, v);
   if (is_empty(q, v)) return o;
   const CausalLinearKey key = make_key(q, k, v, o, reverse);
-  TORCH_CHECK_VALUE(entry->covers(key), "causal_dot_product_with: instance ", instance, " does not cover E=", key.E,
-                    ", M=", key.M, ", vector alignment ", key.align);
+  if (!entry->covers(key)) {
+    fail_value("causal_dot_product_with: instance " + instance + " does not cover E=" + str(key.E) + ", M=" + str(key.M) +
+               ", vector alignment " + str(key.align));
+  }
   return launch(entry, q, k, v, o);
 }
 
