@@ -13,7 +13,7 @@ seen = set()
 for name in attngen.instances():
     kind = name.split("_e")[0] if "_generic_" not in name else name.split("_emax")[0]
     key = (kind, "fp32" in name, "bf16" in name)
-    if key in seen or "e64" not in name and "generic" not in name:
+    if key in seen or "_e64_m64_" not in name and "generic" not in name:
         continue
     seen.add(key)
     dtype = torch.float32 if "fp32" in name else torch.bfloat16 if "bf16" in name else torch.float16
