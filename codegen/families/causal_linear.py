@@ -26,7 +26,7 @@ RECURRENT = "causal_linear/recurrent.cu.j2"
 GENERIC = "causal_linear/generic.cu.j2"
 # Template -> its grid parameters, in instance-name order ("auto_ok" may be 'auto').
 TEMPLATE_PARAMS = {
-    RECURRENT: {"e": "int", "m": "int", "cols": "int", "tph": "int", "vec": "int",
+    RECURRENT: {"e": "int", "m": "int", "cols": "int", "mpt": "int", "tph": "int", "vec": "int",
                 "chunk": "int", "buf": "int", "pad": "auto_ok"},
     GENERIC: {"emax": "int", "cols": "int", "groups": "int", "chunk": "int"},
 }
@@ -50,7 +50,7 @@ def _is_pow2(x: int) -> bool:
 
 def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
     p, nbytes = inst.p, inst.dtype_bytes
-    e, m, cols, tph, vec, chunk, buf = (p[k] for k in ("e", "m", "cols", "tph", "vec", "chunk", "buf"))
+    e, m, cols, mpt, tph, vec, chunk, buf = (p[k] for k in ("e", "m", "cols", "mpt", "tph", "vec", "chunk", "buf"))
     if not _is_pow2(tph) or tph > 32:
         raise Rejected("tph", f"tph={tph} must be a power of two <= 32 (its lanes reduce by warp shuffles)")
     if e % tph:
@@ -60,8 +60,10 @@ def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
     lds = min(16 // nbytes, ept)
     if ept % lds:
         raise Rejected("tph", f"{ept} state rows per thread do not split into {lds}-element reads")
-    if chunk % tph:
-        raise Rejected("chunk", f"chunk={chunk} must be divisible by tph={tph} (reduce-scatter of partials)")
+    if chunk * mpt % tph:
+        raise Rejected("chunk", f"chunk*mpt={chunk * mpt} must be divisible by tph={tph} (reduce-scatter of partials)")
+    if cols % mpt or mpt * nbytes not in vectorize.LEGAL_BYTES + (2,):
+        raise Rejected("mpt", f"mpt={mpt} must divide cols={cols} and be one read of 2 to 16 bytes")
     if cols > m:
         raise Rejected("cols", f"cols={cols} exceeds the value bucket m={m}")
     if buf < 2:
@@ -69,7 +71,7 @@ def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
     vectorize.check(vec, nbytes, {"e": e, "cols": cols})
 
     read_floats = min(vec, 4)   # o tile is read back as float4 (or narrower) pieces
-    accesses = _o_tile_accesses(cols, tph, vec, read_floats, m)
+    accesses = _o_tile_accesses(cols, mpt, tph, vec, read_floats)
     pad = p["pad"]
     if pad == "auto":
         pad = banks.choose_pad(accesses, unit=read_floats)
@@ -77,12 +79,12 @@ def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
         raise Rejected("pad", f"pad={pad} breaks the {read_floats * 4}-byte alignment of o-tile reads")
     inst = inst.with_params(pad=pad)
 
-    threads = cols * tph
+    threads = cols // mpt * tph
     stage_bytes = chunk * (2 * e + cols) * nbytes
     o_tile_floats = chunk * (cols + pad)
     smem = buf * stage_bytes + 2 * o_tile_floats * 4
     qk_read = banks.Access("qk_read", lds * nbytes, lambda lane, _: (lane % tph) * lds * nbytes)
-    v_read = banks.Access("v_read", nbytes, lambda lane, _: (lane // tph) * nbytes)
+    v_read = banks.Access("v_read", mpt * nbytes, lambda lane, _: (lane // tph) * mpt * nbytes)
     ways = banks.conflict_ways([qk_read, v_read], 0)
     ways.update(banks.conflict_ways(accesses, pad))
     return inst.with_derived({
@@ -92,13 +94,13 @@ def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
     })
 
 
-def _o_tile_accesses(cols: int, tph: int, vec: int, read_floats: int, m: int) -> list:
+def _o_tile_accesses(cols: int, mpt: int, tph: int, vec: int, read_floats: int) -> list:
     """The two accesses to the fp32 output tile, whose row pitch `cols + pad` the bank
-    pass chooses: lane (col, j) writes step row i*tph + j; the store loop reads rows back
-    `vec` columns per thread."""
+    pass chooses: lane j of column group g writes (step, column) pair j (step-major) of its
+    group; the store loop reads rows back `vec` columns per thread."""
     def write(lane, pad):
-        col, j = lane // tph, lane % tph
-        return (j * (cols + pad) + col) * 4
+        group, pair = lane // tph, lane % tph
+        return ((pair // mpt) * (cols + pad) + group * mpt + pair % mpt) * 4
 
     units_per_row = cols // vec
 
