@@ -19,6 +19,8 @@ def cuda_home() -> str:
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if home:
         return home
+    if Path("/usr/local/cuda/bin/nvcc").is_file():
+        return "/usr/local/cuda"
     nvcc = shutil.which("nvcc")
     if nvcc:
         return str(Path(nvcc).resolve().parent.parent)

@@ -53,6 +53,7 @@ def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
     e, m, cols, mpt, tph, vec, chunk, buf = (p[k] for k in ("e", "m", "cols", "mpt", "tph", "vec", "chunk", "buf"))
     if not _is_pow2(tph) or tph > 32:
         raise Rejected("tph", f"tph={tph} must be a power of two <= 32 (its lanes reduce by warp shuffles)")
+    vectorize.check(vec, nbytes, {"e": e, "cols": cols})
     if e % tph:
         raise Rejected("tph", f"e={e} is not divisible by tph={tph}")
     ept = e // tph
@@ -68,7 +69,6 @@ def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
         raise Rejected("cols", f"cols={cols} exceeds the value bucket m={m}")
     if buf < 2:
         raise Rejected("buf", f"buf={buf}: the cp.async ring needs at least 2 stages")
-    vectorize.check(vec, nbytes, {"e": e, "cols": cols})
 
     read_floats = min(vec, 4)   # o tile is read back as float4 (or narrower) pieces
     accesses = _o_tile_accesses(cols, mpt, tph, vec, read_floats)

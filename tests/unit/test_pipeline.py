@@ -1,0 +1,165 @@
+"""Unit tier: expansion, naming, passes, dispatch rendering, write-if-changed, ninja file."""
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from codegen import expr, pipeline, render
+from codegen.families import causal_linear
+from codegen.passes import Rejected, banks, lower_one
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def lowered():
+    return pipeline.lower(pipeline.expand(pipeline.load()))
+
+
+def instances(lowered):
+    return [i for _, insts in lowered for i in insts]
+
+
+def test_names_spell_every_parameter_in_order(lowered):
+    inst = next(i for i in instances(lowered) if i.kind == "lmha" and i.p["e"] == 64 and i.p["m"] == 64
+                and i.a == {"dtype": "fp32", "direction": "fwd"})
+    assert inst.name == ("causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad%d_fp32_sm90a"
+                         % inst.p["pad"])
+    assert inst.filename == f"causal_linear/{inst.name}.cu"
+    assert inst.launcher == f"launch_{inst.name}"
+
+
+def test_where_filters_the_grid(lowered):
+    for inst in instances(lowered):
+        p = inst.p
+        if inst.kind == "lmha":
+            assert p["cols"] == p["m"] and p["e"] // p["tph"] == 8
+        if inst.template == causal_linear.RECURRENT:
+            assert p["vec"] * inst.dtype_bytes == 16
+
+
+def test_every_axis_value_is_instantiated(lowered):
+    seen = {(i.kind, i.a["dtype"], i.a["direction"]) for i in instances(lowered)}
+    assert len(seen) == 3 * 3 * 2
+
+
+def test_pad_auto_is_resolved_to_the_cheapest_layout(lowered):
+    for inst in instances(lowered):
+        if inst.template == causal_linear.RECURRENT:
+            p = inst.p
+            assert isinstance(p["pad"], int)
+            read = min(p["vec"], 4)
+            accesses = causal_linear._o_tile_accesses(p["cols"], p["mpt"], p["tph"], p["vec"], read)
+            costs = {pad: sum(a.cost(pad) for a in accesses) for pad in range(0, 32, read)}
+            assert costs[p["pad"]] == min(costs.values()), inst.name
+    # And where a conflict-free layout exists it is found: fp32 lmha e64 x m64.
+    inst = next(i for i in instances(lowered) if i.kind == "lmha" and i.p["e"] == 64 and i.p["m"] == 64
+                and i.a["dtype"] == "fp32")
+    assert inst.d["bank_ways"]["o_write"] == 1 and inst.d["bank_ways"]["o_read"] == 1
+
+
+def test_rejections_name_the_parameter():
+    base = next(i for i in pipeline.expand(pipeline.load())[0][1] if i.kind == "lmha")
+    with pytest.raises(Rejected) as info:
+        lower_one(base.with_params(tph=3))
+    assert info.value.param == "tph"
+    with pytest.raises(Rejected) as info:
+        lower_one(base.with_params(vec=3))
+    assert info.value.param == "vec"
+    with pytest.raises(Rejected) as info:
+        lower_one(base.with_params(buf=1))
+    assert info.value.param == "buf"
+
+
+def test_bank_model():
+    # 32 lanes reading consecutive words: one wavefront. Same bank, different words: 32.
+    assert banks.wavefronts([4 * i for i in range(32)], 4) == 1
+    assert banks.wavefronts([128 * i for i in range(32)], 4) == 32
+    # Broadcast: every lane the same word.
+    assert banks.wavefronts([0] * 32, 4) == 1
+    # 16-byte accesses: four phases of eight lanes, conflict-free when contiguous.
+    assert banks.wavefronts([16 * i for i in range(32)], 16) == 4
+    # Row pitch of 64 floats, lanes walking rows: 4-way; a pad of 4 floats does not fix a
+    # 4-row walk with 8 columns, a pad the chooser picks does.
+    def write(lane, pad):
+        return ((lane % 4) * (64 + pad) + lane // 4) * 4
+    access = banks.Access("w", 4, write)
+    assert access.cost(0) == 4
+    assert access.cost(banks.choose_pad([access], unit=4)) == 1
+
+
+def test_expressions_evaluate_and_translate_alike():
+    e = expr.parse("E <= e and M <= m and align % vec == 0", {"E", "M", "e", "m", "align", "vec"})
+    env = {"E": 48, "M": 64, "e": 64, "m": 64, "align": 4, "vec": 4}
+    assert e.evaluate(env) is True
+    assert e.to_cpp({"e": 64, "m": 64, "vec": 4, "E": "key.E", "M": "key.M", "align": "key.align"}) == \
+        "((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0))"
+    assert expr.parse("x in (1, 2)", {"x"}).to_cpp() == "(x == 1 || x == 2)"
+    with pytest.raises(expr.ExprError):
+        expr.parse("__import__('os')", {"x"})
+    with pytest.raises(expr.ExprError):
+        expr.parse("x if x else 1", {"x"})
+
+
+def test_dispatch_is_generated_from_the_rules(lowered):
+    files = render.render_all(pipeline.TEMPLATES_DIR, lowered)
+    text = files["causal_linear/dispatch.cpp"]
+    assert "if ((key.BH >= (key.sm_count / 2)))" in text
+    # Within a rule, instances are tried smallest bucket first.
+    first_rule = text[text.index("when BH >= sm_count // 2"):text.index("-> low_occupancy")]
+    block = first_rule[first_rule.index("kFP32 && key.reverse == false"):]
+    idx = [int(x) for x in __import__("re").findall(r"kEntries\[(\d+)\]\.covers", block)[:9]]
+    names = [pipeline_name for pipeline_name in json.loads(files["manifest.json"])]
+    buckets = [(names[i]["params"]["e"], names[i]["params"]["m"]) for i in idx]
+    assert buckets == sorted(buckets)
+    assert "return nullptr;" in text
+
+
+def test_every_file_has_a_banner(lowered):
+    files = render.render_all(pipeline.TEMPLATES_DIR, lowered)
+    for rel, text in files.items():
+        if rel.endswith((".cu", ".cuh", ".cpp")):
+            assert text.startswith("// Generated by `python -m codegen gen`"), rel
+        if rel == "build.ninja":
+            assert text.startswith("# Generated by")
+
+
+def test_generated_tree_is_up_to_date(lowered):
+    files = render.render_all(pipeline.TEMPLATES_DIR, lowered)
+    for rel, text in files.items():
+        assert (ROOT / "generated" / rel).read_text() == text, f"generated/{rel} is stale: run make gen"
+
+
+def test_write_tree_writes_only_changes(tmp_path):
+    first = render.write_tree(tmp_path, {"a.cu": "1", "d/b.cu": "2"})
+    assert sorted(first["changed"]) == ["a.cu", "d/b.cu"]
+    old = (tmp_path / "a.cu").stat().st_mtime_ns
+    time.sleep(0.01)
+    second = render.write_tree(tmp_path, {"a.cu": "1", "d/c.cu": "3"})
+    assert second["changed"] == ["d/c.cu"] and second["removed"] == ["d/b.cu"]
+    assert (tmp_path / "a.cu").stat().st_mtime_ns == old
+
+
+def test_ninja_file_has_one_edge_per_instance(lowered):
+    files = render.render_all(pipeline.TEMPLATES_DIR, lowered)
+    ninja = files["build.ninja"]
+    for inst in instances(lowered):
+        assert f"build build/cubin/{inst.filename[:-3]}.cubin: cubin generated/{inst.filename}" in ninja
+        assert f"build build/obj/{inst.filename[:-3]}.o: cuda_object generated/{inst.filename}" in ninja
+    assert "mv $out.tmp $out" in ninja  # a failed link leaves the last good library
+
+
+def test_touching_one_kind_rewrites_only_its_files(tmp_path):
+    spec_text = (ROOT / "specs" / "causal_linear.yaml").read_text()
+    base = pipeline.render_files(pipeline.lower(pipeline.expand(pipeline.load())))
+    path = tmp_path / "causal_linear.yaml"
+    path.write_text(spec_text.replace("      chunk: [32]", "      chunk: [64]"))
+    changed = pipeline.render_files(pipeline.lower(pipeline.expand(pipeline.load([path]))))
+    def body(text):  # the banner names the spec's path, which differs here
+        return None if text is None else text.split("\n", 2)[-1]
+    diff = {rel for rel in set(base) | set(changed) if body(base.get(rel)) != body(changed.get(rel))}
+    kernels = {rel for rel in diff if rel.endswith(".cu")}
+    assert kernels and all("_low_occupancy_" in rel for rel in kernels)
+    assert diff - kernels <= {"causal_linear/dispatch.cpp", "manifest.json", "build.ninja"}

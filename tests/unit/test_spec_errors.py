@@ -1,0 +1,130 @@
+"""Unit tier: every bad-spec path stops generation with file:line, the field, and status 2,
+leaving generated/ untouched."""
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from codegen import pipeline
+from codegen.errors import SpecError
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = (ROOT / "specs" / "causal_linear.yaml").read_text()
+
+
+def write(tmp_path, text):
+    path = tmp_path / "causal_linear.yaml"
+    path.write_text(text)
+    return path
+
+
+def error_for(tmp_path, text) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        pipeline.lower(pipeline.expand(pipeline.load([write(tmp_path, text)])))
+    return info.value
+
+
+def line_of(text, needle, nth=0):
+    lines = [i + 1 for i, line in enumerate(text.splitlines()) if needle in line]
+    return lines[nth]
+
+
+def test_the_real_spec_loads_and_lowers():
+    lowered = pipeline.lower(pipeline.expand(pipeline.load()))
+    names = [i.name for _, insts in lowered for i in insts]
+    assert len(names) == len(set(names)) > 50
+
+
+def test_yaml_syntax_error(tmp_path):
+    text = SPEC.replace("arch: sm_90a", "arch: [sm_90a")
+    err = error_for(tmp_path, text)
+    assert err.field == "yaml" and err.line is not None and "syntax error" in err.message
+
+
+def test_unknown_key(tmp_path):
+    text = SPEC.replace("      buf: [2]", "      buff: [2]", 1)
+    err = error_for(tmp_path, text)
+    assert err.field == "kernels.lmha.grid.buff" and "unknown key" in err.message
+    assert err.line == line_of(text, "buff:")
+
+
+def test_wrong_type(tmp_path):
+    text = SPEC.replace("      e: [32, 64, 128]          #", "      e: [32, sixty, 128]          #", 1)
+    err = error_for(tmp_path, text)
+    assert err.field == "kernels.lmha.grid.e" and "positive integer" in err.message
+    assert err.line == line_of(text, "sixty")
+
+
+def test_missing_field(tmp_path):
+    text = SPEC.replace('    covers: "E <= emax"\n', "")
+    err = error_for(tmp_path, text)
+    assert err.field == "kernels.generic.covers" and "missing" in err.message
+
+
+def test_e_not_divisible_by_vector_width(tmp_path):
+    text = SPEC.replace("      e: [32, 64, 128]          #", "      e: [34, 64, 128]          #", 1)
+    text = text.replace('      - "e // tph == 8"           # 8 x 4', '      - "e // tph >= 8"           # 8 x 4')
+    err = error_for(tmp_path, text)
+    assert "e=34 is not divisible by the vector width vec=4" in err.message
+    assert err.field == "kernels.lmha.grid.e" and err.line == line_of(text, "e: [34,")
+
+
+def test_shared_memory_over_the_limit(tmp_path):
+    text = SPEC.replace("      chunk: [32]", "      chunk: [512]")
+    err = error_for(tmp_path, text)
+    assert err.field == "kernels.low_occupancy.grid.chunk" and "exceeds the sm_90a limit" in err.message
+    assert err.line == line_of(text, "chunk: [512]")
+
+
+def test_where_that_does_not_parse(tmp_path):
+    text = SPEC.replace('"cols == m"', '"cols == = m"')
+    err = error_for(tmp_path, text)
+    assert err.field == "kernels.lmha.where[0]" and "does not parse" in err.message
+    assert err.line == line_of(text, "cols == = m")
+
+
+def test_where_with_unknown_name(tmp_path):
+    text = SPEC.replace('"cols == m"', '"cols == n"')
+    err = error_for(tmp_path, text)
+    assert "unknown name 'n'" in err.message
+
+
+def test_two_instances_with_one_name(tmp_path):
+    dup = SPEC.replace("  low_occupancy:\n", "  low_occupancy:\n", 1)
+    # A second kind named like the first cannot exist in YAML (duplicate key), so the same
+    # grid under the same kind name twice is the duplicate-key error:
+    text = dup.replace("  generic:\n", "  lmha:\n", 1)
+    err = error_for(tmp_path, text)
+    assert "duplicate key" in err.message and err.field == "lmha"
+
+
+def test_template_that_does_not_exist(tmp_path):
+    text = SPEC.replace("template: causal_linear/generic.cu.j2", "template: causal_linear/nope.cu.j2")
+    err = error_for(tmp_path, text)
+    assert err.field == "kernels.generic.template" and "no lowering for template" in err.message
+
+
+def test_unknown_dispatch_kind(tmp_path):
+    text = SPEC.replace("  - kind: generic", "  - kind: generik")
+    err = error_for(tmp_path, text)
+    assert err.field == "dispatch[2].kind" and "unknown kernel kind" in err.message
+
+
+def test_make_gen_exits_2_and_leaves_generated_alone(tmp_path):
+    """The CLI on a broken copy of the tree: status 2, message with file:line, nothing written."""
+    tree = tmp_path / "tree"
+    shutil.copytree(ROOT / "codegen", tree / "codegen")
+    shutil.copytree(ROOT / "templates", tree / "templates")
+    shutil.copytree(ROOT / "specs", tree / "specs")
+    shutil.copytree(ROOT / "generated", tree / "generated")
+    before = {p: p.read_bytes() for p in (tree / "generated").rglob("*") if p.is_file()}
+    spec = tree / "specs" / "causal_linear.yaml"
+    spec.write_text(spec.read_text().replace("      chunk: [32]", "      chunk: [512]"))
+    proc = subprocess.run([sys.executable, "-m", "codegen", "gen"], cwd=tree, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert re.search(r"specs/causal_linear\.yaml:\d+: kernels\.low_occupancy\.grid\.chunk: ", proc.stderr)
+    after = {p: p.read_bytes() for p in (tree / "generated").rglob("*") if p.is_file()}
+    assert before == after
