@@ -4,9 +4,11 @@ SPEC ?=
 FILTER ?= *
 JOBS ?=
 
-.PHONY: help gen build test gpu-test gpu-check bench list clean
+SHELL := /bin/bash
+.PHONY: help setup gen build test gpu-test gpu-check bench list clean
 
 help:
+	@echo "setup      install what a fresh machine lacks (torch if missing, jinja2, pyyaml, ninja, pytest)"
 	@echo "gen        generate generated/ from specs/ (python -m codegen gen)"
 	@echo "build      gen, then ninja: the torch extension, or every kernel cubin without CUDA torch"
 	@echo "test       CPU tiers: unit, compile (nvcc), reference"
@@ -15,6 +17,10 @@ help:
 	@echo "bench      side-by-side benchmarks, results under bench/results/<gpu>/"
 	@echo "list       instances a build would contain (FILTER=glob)"
 	@echo "clean      remove build/"
+
+setup:
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==2.13.0
+	$(PYTHON) -m pip install -q -r requirements.txt
 
 gen:
 	$(PYTHON) -m codegen gen $(SPEC)
