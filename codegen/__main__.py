@@ -1,6 +1,6 @@
 """Command line of the compiler.
 
-  python -m codegen gen   [SPEC ...]            generate generated/ from specs/
+  python -m codegen gen   [--dump STAGE] [SPEC ...]  generate generated/ from specs/
   python -m codegen list  [--filter GLOB]       instances a build would contain
   python -m codegen dump  STAGE [SPEC ...]      print what a stage holds (load, expand, lower,
                                                 render, dispatch)
@@ -18,8 +18,13 @@ import sys
 from . import pipeline
 from .errors import SpecError
 
+STAGES = ["load", "expand", "lower", "render", "dispatch"]
+
 
 def _cmd_gen(args) -> int:
+    if args.dump:
+        args.stage = args.dump
+        return _cmd_dump(args)
     lowered, result = pipeline.generate(args.specs or None)
     count = sum(len(insts) for _, insts in lowered)
     print(f"generated {count} kernel instances from {len(lowered)} spec(s): "
@@ -93,6 +98,7 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("gen")
+    p.add_argument("--dump", choices=STAGES, help="print what this stage holds instead of writing files")
     p.add_argument("specs", nargs="*")
     p.set_defaults(func=_cmd_gen)
     p = sub.add_parser("list")
@@ -100,7 +106,7 @@ def main(argv=None) -> int:
     p.add_argument("specs", nargs="*")
     p.set_defaults(func=_cmd_list)
     p = sub.add_parser("dump")
-    p.add_argument("stage", choices=["load", "expand", "lower", "render", "dispatch"])
+    p.add_argument("stage", choices=STAGES)
     p.add_argument("specs", nargs="*")
     p.set_defaults(func=_cmd_dump)
     p = sub.add_parser("build")
@@ -113,6 +119,9 @@ def main(argv=None) -> int:
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head`: stop quietly
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

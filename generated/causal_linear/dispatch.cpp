@@ -373,163 +373,163 @@ const Entry* causal_dot_product_find(const char* name) {
 }
 
 const Entry* causal_dot_product_select(const CausalLinearKey& key) {
-  // specs/causal_linear.yaml:68: when BH >= sm_count // 2 -> lmha
+  // specs/causal_linear.yaml:77: when BH >= sm_count // 2 -> lmha
   if ((key.BH >= (key.sm_count / 2))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[0].covers(key)) return &kEntries[0];
-      if (kEntries[1].covers(key)) return &kEntries[1];
-      if (kEntries[2].covers(key)) return &kEntries[2];
-      if (kEntries[3].covers(key)) return &kEntries[3];
-      if (kEntries[4].covers(key)) return &kEntries[4];
-      if (kEntries[5].covers(key)) return &kEntries[5];
-      if (kEntries[6].covers(key)) return &kEntries[6];
-      if (kEntries[7].covers(key)) return &kEntries[7];
-      if (kEntries[8].covers(key)) return &kEntries[8];
+      if (kEntries[0].covers(key)) return &kEntries[0];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_fp32_sm90a
+      if (kEntries[1].covers(key)) return &kEntries[1];  // causal_linear_fwd_lmha_e32_m64_cols64_mpt4_tph4_vec4_chunk8_buf2_pad0_fp32_sm90a
+      if (kEntries[2].covers(key)) return &kEntries[2];  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_fp32_sm90a
+      if (kEntries[3].covers(key)) return &kEntries[3];  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_fp32_sm90a
+      if (kEntries[4].covers(key)) return &kEntries[4];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_fp32_sm90a
+      if (kEntries[5].covers(key)) return &kEntries[5];  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_fp32_sm90a
+      if (kEntries[6].covers(key)) return &kEntries[6];  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_fp32_sm90a
+      if (kEntries[7].covers(key)) return &kEntries[7];  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_fp32_sm90a
+      if (kEntries[8].covers(key)) return &kEntries[8];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[9].covers(key)) return &kEntries[9];
-      if (kEntries[10].covers(key)) return &kEntries[10];
-      if (kEntries[11].covers(key)) return &kEntries[11];
-      if (kEntries[12].covers(key)) return &kEntries[12];
-      if (kEntries[13].covers(key)) return &kEntries[13];
-      if (kEntries[14].covers(key)) return &kEntries[14];
-      if (kEntries[15].covers(key)) return &kEntries[15];
-      if (kEntries[16].covers(key)) return &kEntries[16];
-      if (kEntries[17].covers(key)) return &kEntries[17];
+      if (kEntries[9].covers(key)) return &kEntries[9];  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_fp32_sm90a
+      if (kEntries[10].covers(key)) return &kEntries[10];  // causal_linear_rev_lmha_e32_m64_cols64_mpt4_tph4_vec4_chunk8_buf2_pad0_fp32_sm90a
+      if (kEntries[11].covers(key)) return &kEntries[11];  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_fp32_sm90a
+      if (kEntries[12].covers(key)) return &kEntries[12];  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_fp32_sm90a
+      if (kEntries[13].covers(key)) return &kEntries[13];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_fp32_sm90a
+      if (kEntries[14].covers(key)) return &kEntries[14];  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_fp32_sm90a
+      if (kEntries[15].covers(key)) return &kEntries[15];  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_fp32_sm90a
+      if (kEntries[16].covers(key)) return &kEntries[16];  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_fp32_sm90a
+      if (kEntries[17].covers(key)) return &kEntries[17];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
-      if (kEntries[18].covers(key)) return &kEntries[18];
-      if (kEntries[19].covers(key)) return &kEntries[19];
-      if (kEntries[20].covers(key)) return &kEntries[20];
-      if (kEntries[21].covers(key)) return &kEntries[21];
-      if (kEntries[22].covers(key)) return &kEntries[22];
-      if (kEntries[23].covers(key)) return &kEntries[23];
-      if (kEntries[24].covers(key)) return &kEntries[24];
-      if (kEntries[25].covers(key)) return &kEntries[25];
-      if (kEntries[26].covers(key)) return &kEntries[26];
+      if (kEntries[18].covers(key)) return &kEntries[18];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_fp16_sm90a
+      if (kEntries[19].covers(key)) return &kEntries[19];  // causal_linear_fwd_lmha_e32_m64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_fp16_sm90a
+      if (kEntries[20].covers(key)) return &kEntries[20];  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_fp16_sm90a
+      if (kEntries[21].covers(key)) return &kEntries[21];  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_fp16_sm90a
+      if (kEntries[22].covers(key)) return &kEntries[22];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_fp16_sm90a
+      if (kEntries[23].covers(key)) return &kEntries[23];  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_fp16_sm90a
+      if (kEntries[24].covers(key)) return &kEntries[24];  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_fp16_sm90a
+      if (kEntries[25].covers(key)) return &kEntries[25];  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_fp16_sm90a
+      if (kEntries[26].covers(key)) return &kEntries[26];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == true) {
-      if (kEntries[27].covers(key)) return &kEntries[27];
-      if (kEntries[28].covers(key)) return &kEntries[28];
-      if (kEntries[29].covers(key)) return &kEntries[29];
-      if (kEntries[30].covers(key)) return &kEntries[30];
-      if (kEntries[31].covers(key)) return &kEntries[31];
-      if (kEntries[32].covers(key)) return &kEntries[32];
-      if (kEntries[33].covers(key)) return &kEntries[33];
-      if (kEntries[34].covers(key)) return &kEntries[34];
-      if (kEntries[35].covers(key)) return &kEntries[35];
+      if (kEntries[27].covers(key)) return &kEntries[27];  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_fp16_sm90a
+      if (kEntries[28].covers(key)) return &kEntries[28];  // causal_linear_rev_lmha_e32_m64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_fp16_sm90a
+      if (kEntries[29].covers(key)) return &kEntries[29];  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_fp16_sm90a
+      if (kEntries[30].covers(key)) return &kEntries[30];  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_fp16_sm90a
+      if (kEntries[31].covers(key)) return &kEntries[31];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_fp16_sm90a
+      if (kEntries[32].covers(key)) return &kEntries[32];  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_fp16_sm90a
+      if (kEntries[33].covers(key)) return &kEntries[33];  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_fp16_sm90a
+      if (kEntries[34].covers(key)) return &kEntries[34];  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_fp16_sm90a
+      if (kEntries[35].covers(key)) return &kEntries[35];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == false) {
-      if (kEntries[36].covers(key)) return &kEntries[36];
-      if (kEntries[37].covers(key)) return &kEntries[37];
-      if (kEntries[38].covers(key)) return &kEntries[38];
-      if (kEntries[39].covers(key)) return &kEntries[39];
-      if (kEntries[40].covers(key)) return &kEntries[40];
-      if (kEntries[41].covers(key)) return &kEntries[41];
-      if (kEntries[42].covers(key)) return &kEntries[42];
-      if (kEntries[43].covers(key)) return &kEntries[43];
-      if (kEntries[44].covers(key)) return &kEntries[44];
+      if (kEntries[36].covers(key)) return &kEntries[36];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_bf16_sm90a
+      if (kEntries[37].covers(key)) return &kEntries[37];  // causal_linear_fwd_lmha_e32_m64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_bf16_sm90a
+      if (kEntries[38].covers(key)) return &kEntries[38];  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_bf16_sm90a
+      if (kEntries[39].covers(key)) return &kEntries[39];  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_bf16_sm90a
+      if (kEntries[40].covers(key)) return &kEntries[40];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_bf16_sm90a
+      if (kEntries[41].covers(key)) return &kEntries[41];  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_bf16_sm90a
+      if (kEntries[42].covers(key)) return &kEntries[42];  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_bf16_sm90a
+      if (kEntries[43].covers(key)) return &kEntries[43];  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_bf16_sm90a
+      if (kEntries[44].covers(key)) return &kEntries[44];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == true) {
-      if (kEntries[45].covers(key)) return &kEntries[45];
-      if (kEntries[46].covers(key)) return &kEntries[46];
-      if (kEntries[47].covers(key)) return &kEntries[47];
-      if (kEntries[48].covers(key)) return &kEntries[48];
-      if (kEntries[49].covers(key)) return &kEntries[49];
-      if (kEntries[50].covers(key)) return &kEntries[50];
-      if (kEntries[51].covers(key)) return &kEntries[51];
-      if (kEntries[52].covers(key)) return &kEntries[52];
-      if (kEntries[53].covers(key)) return &kEntries[53];
+      if (kEntries[45].covers(key)) return &kEntries[45];  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_bf16_sm90a
+      if (kEntries[46].covers(key)) return &kEntries[46];  // causal_linear_rev_lmha_e32_m64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_bf16_sm90a
+      if (kEntries[47].covers(key)) return &kEntries[47];  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_bf16_sm90a
+      if (kEntries[48].covers(key)) return &kEntries[48];  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_bf16_sm90a
+      if (kEntries[49].covers(key)) return &kEntries[49];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_bf16_sm90a
+      if (kEntries[50].covers(key)) return &kEntries[50];  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_bf16_sm90a
+      if (kEntries[51].covers(key)) return &kEntries[51];  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_bf16_sm90a
+      if (kEntries[52].covers(key)) return &kEntries[52];  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_bf16_sm90a
+      if (kEntries[53].covers(key)) return &kEntries[53];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_bf16_sm90a
     }
   }
-  // specs/causal_linear.yaml:70: when True -> low_occupancy
+  // specs/causal_linear.yaml:79: when True -> low_occupancy
   if (true) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[54].covers(key)) return &kEntries[54];
-      if (kEntries[55].covers(key)) return &kEntries[55];
-      if (kEntries[56].covers(key)) return &kEntries[56];
-      if (kEntries[57].covers(key)) return &kEntries[57];
-      if (kEntries[58].covers(key)) return &kEntries[58];
-      if (kEntries[59].covers(key)) return &kEntries[59];
-      if (kEntries[60].covers(key)) return &kEntries[60];
-      if (kEntries[61].covers(key)) return &kEntries[61];
-      if (kEntries[62].covers(key)) return &kEntries[62];
+      if (kEntries[54].covers(key)) return &kEntries[54];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[55].covers(key)) return &kEntries[55];  // causal_linear_fwd_low_occupancy_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[56].covers(key)) return &kEntries[56];  // causal_linear_fwd_low_occupancy_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[57].covers(key)) return &kEntries[57];  // causal_linear_fwd_low_occupancy_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[58].covers(key)) return &kEntries[58];  // causal_linear_fwd_low_occupancy_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[59].covers(key)) return &kEntries[59];  // causal_linear_fwd_low_occupancy_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[60].covers(key)) return &kEntries[60];  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[61].covers(key)) return &kEntries[61];  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[62].covers(key)) return &kEntries[62];  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[63].covers(key)) return &kEntries[63];
-      if (kEntries[64].covers(key)) return &kEntries[64];
-      if (kEntries[65].covers(key)) return &kEntries[65];
-      if (kEntries[66].covers(key)) return &kEntries[66];
-      if (kEntries[67].covers(key)) return &kEntries[67];
-      if (kEntries[68].covers(key)) return &kEntries[68];
-      if (kEntries[69].covers(key)) return &kEntries[69];
-      if (kEntries[70].covers(key)) return &kEntries[70];
-      if (kEntries[71].covers(key)) return &kEntries[71];
+      if (kEntries[63].covers(key)) return &kEntries[63];  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[64].covers(key)) return &kEntries[64];  // causal_linear_rev_low_occupancy_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[65].covers(key)) return &kEntries[65];  // causal_linear_rev_low_occupancy_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[66].covers(key)) return &kEntries[66];  // causal_linear_rev_low_occupancy_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[67].covers(key)) return &kEntries[67];  // causal_linear_rev_low_occupancy_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[68].covers(key)) return &kEntries[68];  // causal_linear_rev_low_occupancy_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[69].covers(key)) return &kEntries[69];  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[70].covers(key)) return &kEntries[70];  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_fp32_sm90a
+      if (kEntries[71].covers(key)) return &kEntries[71];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
-      if (kEntries[72].covers(key)) return &kEntries[72];
-      if (kEntries[73].covers(key)) return &kEntries[73];
-      if (kEntries[74].covers(key)) return &kEntries[74];
-      if (kEntries[75].covers(key)) return &kEntries[75];
-      if (kEntries[76].covers(key)) return &kEntries[76];
-      if (kEntries[77].covers(key)) return &kEntries[77];
-      if (kEntries[78].covers(key)) return &kEntries[78];
-      if (kEntries[79].covers(key)) return &kEntries[79];
-      if (kEntries[80].covers(key)) return &kEntries[80];
+      if (kEntries[72].covers(key)) return &kEntries[72];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[73].covers(key)) return &kEntries[73];  // causal_linear_fwd_low_occupancy_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[74].covers(key)) return &kEntries[74];  // causal_linear_fwd_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[75].covers(key)) return &kEntries[75];  // causal_linear_fwd_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[76].covers(key)) return &kEntries[76];  // causal_linear_fwd_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[77].covers(key)) return &kEntries[77];  // causal_linear_fwd_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[78].covers(key)) return &kEntries[78];  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[79].covers(key)) return &kEntries[79];  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[80].covers(key)) return &kEntries[80];  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == true) {
-      if (kEntries[81].covers(key)) return &kEntries[81];
-      if (kEntries[82].covers(key)) return &kEntries[82];
-      if (kEntries[83].covers(key)) return &kEntries[83];
-      if (kEntries[84].covers(key)) return &kEntries[84];
-      if (kEntries[85].covers(key)) return &kEntries[85];
-      if (kEntries[86].covers(key)) return &kEntries[86];
-      if (kEntries[87].covers(key)) return &kEntries[87];
-      if (kEntries[88].covers(key)) return &kEntries[88];
-      if (kEntries[89].covers(key)) return &kEntries[89];
+      if (kEntries[81].covers(key)) return &kEntries[81];  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[82].covers(key)) return &kEntries[82];  // causal_linear_rev_low_occupancy_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[83].covers(key)) return &kEntries[83];  // causal_linear_rev_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[84].covers(key)) return &kEntries[84];  // causal_linear_rev_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[85].covers(key)) return &kEntries[85];  // causal_linear_rev_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[86].covers(key)) return &kEntries[86];  // causal_linear_rev_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[87].covers(key)) return &kEntries[87];  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[88].covers(key)) return &kEntries[88];  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_fp16_sm90a
+      if (kEntries[89].covers(key)) return &kEntries[89];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == false) {
-      if (kEntries[90].covers(key)) return &kEntries[90];
-      if (kEntries[91].covers(key)) return &kEntries[91];
-      if (kEntries[92].covers(key)) return &kEntries[92];
-      if (kEntries[93].covers(key)) return &kEntries[93];
-      if (kEntries[94].covers(key)) return &kEntries[94];
-      if (kEntries[95].covers(key)) return &kEntries[95];
-      if (kEntries[96].covers(key)) return &kEntries[96];
-      if (kEntries[97].covers(key)) return &kEntries[97];
-      if (kEntries[98].covers(key)) return &kEntries[98];
+      if (kEntries[90].covers(key)) return &kEntries[90];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[91].covers(key)) return &kEntries[91];  // causal_linear_fwd_low_occupancy_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[92].covers(key)) return &kEntries[92];  // causal_linear_fwd_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[93].covers(key)) return &kEntries[93];  // causal_linear_fwd_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[94].covers(key)) return &kEntries[94];  // causal_linear_fwd_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[95].covers(key)) return &kEntries[95];  // causal_linear_fwd_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[96].covers(key)) return &kEntries[96];  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[97].covers(key)) return &kEntries[97];  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[98].covers(key)) return &kEntries[98];  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == true) {
-      if (kEntries[99].covers(key)) return &kEntries[99];
-      if (kEntries[100].covers(key)) return &kEntries[100];
-      if (kEntries[101].covers(key)) return &kEntries[101];
-      if (kEntries[102].covers(key)) return &kEntries[102];
-      if (kEntries[103].covers(key)) return &kEntries[103];
-      if (kEntries[104].covers(key)) return &kEntries[104];
-      if (kEntries[105].covers(key)) return &kEntries[105];
-      if (kEntries[106].covers(key)) return &kEntries[106];
-      if (kEntries[107].covers(key)) return &kEntries[107];
+      if (kEntries[99].covers(key)) return &kEntries[99];  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[100].covers(key)) return &kEntries[100];  // causal_linear_rev_low_occupancy_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[101].covers(key)) return &kEntries[101];  // causal_linear_rev_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[102].covers(key)) return &kEntries[102];  // causal_linear_rev_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[103].covers(key)) return &kEntries[103];  // causal_linear_rev_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[104].covers(key)) return &kEntries[104];  // causal_linear_rev_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[105].covers(key)) return &kEntries[105];  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[106].covers(key)) return &kEntries[106];  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_bf16_sm90a
+      if (kEntries[107].covers(key)) return &kEntries[107];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_bf16_sm90a
     }
   }
-  // specs/causal_linear.yaml:72: when True -> generic
+  // specs/causal_linear.yaml:81: when True -> generic
   if (true) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[108].covers(key)) return &kEntries[108];
+      if (kEntries[108].covers(key)) return &kEntries[108];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[109].covers(key)) return &kEntries[109];
+      if (kEntries[109].covers(key)) return &kEntries[109];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
-      if (kEntries[110].covers(key)) return &kEntries[110];
+      if (kEntries[110].covers(key)) return &kEntries[110];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == true) {
-      if (kEntries[111].covers(key)) return &kEntries[111];
+      if (kEntries[111].covers(key)) return &kEntries[111];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == false) {
-      if (kEntries[112].covers(key)) return &kEntries[112];
+      if (kEntries[112].covers(key)) return &kEntries[112];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == true) {
-      if (kEntries[113].covers(key)) return &kEntries[113];
+      if (kEntries[113].covers(key)) return &kEntries[113];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
     }
   }
   return nullptr;
