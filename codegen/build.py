@@ -78,10 +78,12 @@ def build_lock(build_dir: Path):
         yield
 
 
-def ninja_command(targets, jobs=None) -> list[str]:
+def ninja_command(targets, jobs=None, ninja_file="generated/build.ninja", keep_going=False) -> list[str]:
     exe = shutil.which("ninja")
     cmd = [exe] if exe else [sys.executable, "-m", "ninja"]
-    cmd += ["-f", "generated/build.ninja"]
+    cmd += ["-f", ninja_file]
+    if keep_going:
+        cmd += ["-k", "0"]
     if jobs:
         cmd += ["-j", str(jobs)]
     return cmd + list(targets)

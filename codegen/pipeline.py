@@ -38,10 +38,20 @@ def expand(specs: list[Spec]):
     return [(spec, expand_stage.expand(spec)) for spec in specs]
 
 
-def lower(expanded):
+def lower(expanded, use_tuned: bool = True):
+    """Lower every instance; with use_tuned, a spec's tuned table (tuned/<arch>/<stem>.yaml)
+    adds its winners to the build and its rules to the spec."""
+    from .tune import table
+
     out = []
     for spec, instances in expanded:
         lowered, _ = passes.lower_all(spec, instances, strict=True)
+        path = table.table_path(ROOT, spec)
+        if use_tuned and path.is_file():
+            extra, rules = table.load_rules(spec, path, passes.lower_one)
+            names = {i.name for i in lowered}
+            lowered += [i for i in extra if i.name not in names and not names.add(i.name)]
+            spec = table.attach(spec, rules)
         out.append((spec, lowered))
     passes.check_unique_names_across([i for _, insts in out for i in insts])
     return out

@@ -62,29 +62,29 @@ def dispatch_context(spec: Spec, instances: list[KernelInstance]) -> dict:
     runtime = _runtime_env(fam)
     index = {inst.name: i for i, inst in enumerate(instances)}
     covers = [spec.kernels[inst.kind].covers.to_cpp({**runtime, **inst.p}) for inst in instances]
-    rules = []
+    def groups(members):
+        by_axes = {}
+        for inst in members:
+            by_axes.setdefault(inst.axes, []).append(index[inst.name])
+        return [{"match": fam.axes_match_cpp(dict(axes)), "entries": entries} for axes, entries in by_axes.items()]
+
+    rules = [{"source": f"tuned: {rule.source}", "when": rule.when.to_cpp(runtime), "groups": groups(rule.instances)}
+             for rule in spec.tuned]
     for rule in spec.dispatch:
         kind = spec.kernels[rule.kind]
         members = sorted((i for i in instances if i.kind == rule.kind),
                          key=lambda i: tuple(i.p[k] for k in kind.prefer))
-        groups = {}
-        for inst in members:
-            groups.setdefault(inst.axes, []).append(index[inst.name])
-        rules.append({
-            "source": f"{spec.file}:{rule.line}: when {rule.when.text} -> {rule.kind}",
-            "when": rule.when.to_cpp(runtime),
-            "groups": [{"match": fam.axes_match_cpp(dict(axes)), "entries": entries}
-                       for axes, entries in groups.items()],
-        })
+        rules.append({"source": f"{spec.file}:{rule.line}: when {rule.when.text} -> {rule.kind}",
+                      "when": rule.when.to_cpp(runtime), "groups": groups(members)})
     return {"family": spec.family, "op": spec.op.name, "instances": instances, "covers": covers,
             "rules": rules, "key_struct": fam.KEY_STRUCT, "axis_names": ", ".join(spec.axes)}
 
 
-def render_spec(env, spec: Spec, instances: list[KernelInstance]) -> dict[str, str]:
+def render_spec(env, spec: Spec, instances: list[KernelInstance], namespace: str = NAMESPACE) -> dict[str, str]:
     """All files of one spec, as {path under generated/: content}."""
     fam = family_module(spec.family)
     files = {}
-    common = dict(op=spec.op.name, schema=spec.op.schema, namespace=NAMESPACE,
+    common = dict(op=spec.op.name, schema=spec.op.schema, namespace=namespace,
                   key_struct=fam.KEY_STRUCT, runtime_vars=fam.RUNTIME_VARS,
                   dtypes=list(fam.AXES["dtype"]),
                   torch_dtypes={d: TORCH_DTYPES[d] for d in spec.axes["dtype"]})
@@ -109,17 +109,20 @@ def manifest(specs_and_instances) -> str:
     return json.dumps(rows, indent=1, sort_keys=False) + "\n"
 
 
-def render_all(templates_dir: Path, specs_and_instances) -> dict[str, str]:
+def render_all(templates_dir: Path, specs_and_instances, namespace: str = NAMESPACE,
+               layout: "ninja.Layout" = ninja.DEFAULT_LAYOUT) -> dict[str, str]:
+    """Every generated file, as {path under the generated dir: content}. The tuner renders its
+    candidates with another op namespace and layout, into a build of their own."""
     env = environment(templates_dir)
     files = {}
     for template in sorted((templates_dir / "common").glob("*.cuh.j2")):
         rel = f"common/{template.name[:-3]}"
         files[rel] = _render(env, "specs/", f"common/{template.name}")
     for spec, instances in specs_and_instances:
-        files.update(render_spec(env, spec, instances))
-    files["extension.cpp"] = _render(env, "specs/", "extension.cpp.j2", namespace=NAMESPACE)
+        files.update(render_spec(env, spec, instances, namespace))
+    files["extension.cpp"] = _render(env, "specs/", "extension.cpp.j2", namespace=namespace)
     files["manifest.json"] = manifest(specs_and_instances)
-    files["build.ninja"] = ninja.build_file(specs_and_instances, files)
+    files["build.ninja"] = ninja.build_file(specs_and_instances, files, layout)
     return files
 
 

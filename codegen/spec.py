@@ -13,7 +13,10 @@ from .errors import SpecError
 from .families import family_module
 from .yamlloc import LocDict, LocList, load_located
 
-TOP_KEYS = {"family", "arch", "op", "axes", "kernels", "dispatch"}
+TOP_KEYS = {"family", "arch", "op", "axes", "kernels", "dispatch", "tune"}
+REQUIRED_TOP_KEYS = TOP_KEYS - {"tune"}
+TUNE_KEYS = {"dtypes", "buckets", "kernels"}
+BUCKET_KEYS = {"name", "when", "shape"}
 OP_KEYS = {"name", "schema", "doc"}
 KERNEL_KEYS = {"template", "doc", "grid", "where", "covers", "prefer"}
 RULE_KEYS = {"kind", "when"}
@@ -47,6 +50,22 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Bucket:
+    """A shape bucket the tuned dispatch distinguishes, timed on its representative shape."""
+    name: str
+    when: expr.Expr
+    shape: dict           # runtime shape: B, H, L, E, M
+    line: int
+
+
+@dataclass(frozen=True)
+class TuneSpec:
+    dtypes: tuple
+    buckets: tuple        # Bucket, in dispatch order
+    kernels: dict         # kind -> KernelKind with the tuning grid and where
+
+
+@dataclass(frozen=True)
 class Spec:
     file: str
     family: str
@@ -55,6 +74,8 @@ class Spec:
     axes: dict            # axis -> tuple of values (dtype, direction, ...)
     kernels: dict         # name -> KernelKind, in declared order
     dispatch: tuple       # Rule, in order
+    tune: TuneSpec | None = None
+    tuned: tuple = ()     # dispatch.TunedRule from tuned/<arch>/<stem>.yaml, set by the pipeline
 
     @property
     def stem(self) -> str:
@@ -114,7 +135,7 @@ def load_spec(path: str | Path, templates_dir: str | Path) -> Spec:
         raise SpecError(file, None, "spec", f"cannot read: {exc.strerror}") from None
     ctx = _Ctx(file)
     doc = ctx.mapping(load_located(text, file), 1, "spec")
-    ctx.keys(doc, TOP_KEYS, TOP_KEYS, "")
+    ctx.keys(doc, TOP_KEYS, REQUIRED_TOP_KEYS, "")
 
     family = ctx.string(doc, "family", "family")
     fam = family_module(family)
@@ -128,7 +149,8 @@ def load_spec(path: str | Path, templates_dir: str | Path) -> Spec:
     axes = _load_axes(ctx, doc, fam)
     kernels = _load_kernels(ctx, doc, fam, axes, Path(templates_dir))
     dispatch = _load_dispatch(ctx, doc, fam, kernels)
-    return Spec(file, family, arch, op, axes, kernels, dispatch)
+    tune = _load_tune(ctx, doc, fam, axes, kernels, Path(templates_dir)) if "tune" in doc else None
+    return Spec(file, family, arch, op, axes, kernels, dispatch, tune)
 
 
 def _load_op(ctx: _Ctx, doc: LocDict) -> OpSpec:
@@ -165,14 +187,25 @@ def _load_axes(ctx: _Ctx, doc: LocDict, fam) -> dict:
             for name in axes}
 
 
-def _load_kernels(ctx: _Ctx, doc: LocDict, fam, axes: dict, templates_dir: Path) -> dict:
-    kernels = ctx.mapping(doc["kernels"], doc.line_of("kernels"), "kernels")
+def _load_kernels(ctx: _Ctx, doc: LocDict, fam, axes: dict, templates_dir: Path,
+                  base: dict | None = None, prefix: str = "kernels") -> dict:
+    """The kernel kinds; with `base` (tuning), each entry names a kind of `base` and brings
+    only its tuning `grid` and `where`, the rest coming from the kind."""
+    kernels = ctx.mapping(doc["kernels"], doc.line_of("kernels"), prefix)
     if not kernels:
-        ctx.fail(kernels.line, "kernels", "expected at least one kernel kind")
+        ctx.fail(kernels.line, prefix, "expected at least one kernel kind")
     out = {}
     for name, body in kernels.items():
-        field = f"kernels.{name}"
+        field = f"{prefix}.{name}"
         body = ctx.mapping(body, kernels.line_of(name), field)
+        if base is not None:
+            if name not in base:
+                ctx.fail(kernels.line_of(name), field, f"unknown kernel kind {name!r}; expected one of {list(base)}")
+            ctx.keys(body, {"grid", "where"}, {"grid"}, field)
+            kind = base[name]
+            body = LocDict({**{"template": kind.template, "covers": kind.covers.text, "doc": kind.doc,
+                               "prefer": LocList(kind.prefer)}, **body})
+            body.line, body.key_lines = kernels.line_of(name), dict(kernels[name].key_lines)
         ctx.keys(body, KERNEL_KEYS, {"template", "grid", "covers"}, field)
         template = ctx.string(body, "template", f"{field}.template")
         if template not in fam.TEMPLATE_PARAMS:
@@ -203,6 +236,33 @@ def _load_kernels(ctx: _Ctx, doc: LocDict, fam, axes: dict, templates_dir: Path)
         out[name] = KernelKind(name, template, str(body.get("doc", "")), grid, where_exprs, covers,
                                tuple(prefer), kernels.line_of(name), param_lines)
     return out
+
+
+def _load_tune(ctx: _Ctx, doc: LocDict, fam, axes: dict, kernels: dict, templates_dir: Path) -> TuneSpec:
+    tune = ctx.mapping(doc["tune"], doc.line_of("tune"), "tune")
+    ctx.keys(tune, TUNE_KEYS, TUNE_KEYS, "tune")
+    dtypes = _values(ctx, tune["dtypes"], tune.line_of("dtypes"), "tune.dtypes", axes["dtype"])
+    buckets_node = tune["buckets"]
+    if not isinstance(buckets_node, LocList) or not buckets_node:
+        ctx.fail(tune.line_of("buckets"), "tune.buckets", f"expected a non-empty list, got {_kind(buckets_node)}")
+    buckets, names = [], set()
+    for i, node in enumerate(buckets_node):
+        field = f"tune.buckets[{i}]"
+        node = ctx.mapping(node, buckets_node.line_of(i), field)
+        ctx.keys(node, BUCKET_KEYS, BUCKET_KEYS, field)
+        name = ctx.string(node, "name", f"{field}.name")
+        if not name.isidentifier() or name in names:
+            ctx.fail(node.line_of("name"), f"{field}.name", f"expected a new identifier, got {name!r}")
+        names.add(name)
+        when = ctx.expression(node["when"], set(fam.RUNTIME_VARS), node.line_of("when"), f"{field}.when")
+        shape = ctx.mapping(node["shape"], node.line_of("shape"), f"{field}.shape")
+        ctx.keys(shape, set(fam.SHAPE_DIMS), set(fam.SHAPE_DIMS), f"{field}.shape")
+        for dim, size in shape.items():
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                ctx.fail(shape.line_of(dim), f"{field}.shape.{dim}", f"expected a positive integer, got {_kind(size)}")
+        buckets.append(Bucket(name, when, dict(shape), node.line_of("name")))
+    kinds = _load_kernels(ctx, tune, fam, axes, templates_dir, base=kernels, prefix="tune.kernels")
+    return TuneSpec(dtypes, tuple(buckets), kinds)
 
 
 def _load_grid(ctx: _Ctx, body: LocDict, field: str, params: dict) -> dict:

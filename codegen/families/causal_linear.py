@@ -22,6 +22,7 @@ RUNTIME_VARS = {
     "sm_count": "multiprocessors on the current device",
 }
 DERIVED_NAMES = {"dtype_bytes"}
+SHAPE_DIMS = ("B", "H", "L", "E", "M")  # a tuning bucket's representative shape
 RECURRENT = "causal_linear/recurrent.cu.j2"
 GENERIC = "causal_linear/generic.cu.j2"
 # Template -> its grid parameters, in instance-name order ("auto_ok" may be 'auto').
