@@ -5,7 +5,7 @@ FILTER ?= *
 JOBS ?=
 
 SHELL := /bin/bash
-.PHONY: help setup gen build test gpu-test gpu-check bench list clean
+.PHONY: help setup gen build tune test gpu-test gpu-check bench list clean
 
 help:
 	@echo "setup      install what a fresh machine lacks (torch if missing, jinja2, pyyaml, ninja, pytest)"
@@ -15,6 +15,7 @@ help:
 	@echo "gpu-test   gpu tier (needs the built extension and a GPU)"
 	@echo "gpu-check  on the GPU machine: build, gpu tests, sanitizers, quick bench; logs under \$$OUT"
 	@echo "bench      side-by-side benchmarks, results under bench/results/<gpu>/"
+	@echo "tune       autotune SPEC's grids on the GPU (SPEC=specs/x.yaml), write tuned/<arch>/, then make gen"
 	@echo "list       instances a build would contain (FILTER=glob)"
 	@echo "clean      remove build/"
 
@@ -39,6 +40,9 @@ gpu-check:
 
 bench:
 	$(PYTHON) -m bench.causal_linear
+
+tune:
+	$(PYTHON) -m codegen tune $(or $(SPEC),specs/causal_linear.yaml) $(if $(JOBS),-j $(JOBS))
 
 list:
 	@$(PYTHON) -m codegen list --filter '$(FILTER)' $(SPEC)

@@ -5,6 +5,7 @@
   python -m codegen dump  STAGE [SPEC ...]      print what a stage holds (load, expand, lower,
                                                 render, dispatch)
   python -m codegen build [--target T] [-j N]   ninja build (extension, or cubins without CUDA torch)
+  python -m codegen tune  SPEC [--out DIR]      autotune SPEC's grids on the GPU -> tuned/<arch>/
 
 A bad spec exits with status 2 and a message naming file:line and the field.
 """
@@ -88,6 +89,11 @@ def _cmd_dump(args) -> int:
     raise AssertionError(args.stage)
 
 
+def _cmd_tune(args) -> int:
+    from .tune.runner import run
+    return run(args.spec, args.jobs, args.out)
+
+
 def _cmd_build(args) -> int:
     from .build import build
     return build(args.target, args.jobs)
@@ -113,6 +119,11 @@ def main(argv=None) -> int:
     p.add_argument("--target", default=None)
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.set_defaults(func=_cmd_build)
+    p = sub.add_parser("tune")
+    p.add_argument("spec")
+    p.add_argument("-j", "--jobs", type=int, default=None)
+    p.add_argument("--out", default=None, help="report directory (default bench/results/<gpu>)")
+    p.set_defaults(func=_cmd_tune)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -28,11 +28,11 @@ def ordered(spec: Spec, instances, kind: str):
     return sorted((i for i in instances if i.kind == kind), key=lambda i: tuple(i.p[k] for k in prefer))
 
 
-def select(spec: Spec, instances: list[KernelInstance], runtime: dict, axes: dict,
-           tuned: tuple = ()) -> KernelInstance | None:
+def select(spec: Spec, instances: list[KernelInstance], runtime: dict, axes: dict) -> KernelInstance | None:
     """The instance the generated table launches for `runtime` (E, M, L, BH, align, sm_count)
-    and `axes` (dtype, direction); None where it raises the unsupported-shape error."""
-    for rule in tuned:
+    and `axes` (dtype, direction); None where it raises the unsupported-shape error. The
+    tuned rules attached to the spec come first, as in the generated table."""
+    for rule in spec.tuned:
         if rule.when.evaluate(runtime):
             for inst in rule.instances:
                 if inst.a == axes and covers(spec, inst, runtime):

@@ -1,0 +1,23 @@
+"""Candidates: each tuning grid expanded (tuned dtypes, forward direction only: the reverse
+kernel is the same code walking time backwards) and lowered; impossible ones are reported."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import expand, passes
+from ..spec import Spec
+
+
+def tuning_spec(spec: Spec) -> Spec:
+    """The spec with its kinds' grids replaced by the tuning grids, over the tuned axes."""
+    kinds = {name: spec.tune.kernels.get(name, kind) for name, kind in spec.kernels.items()}
+    axes = {**spec.axes, "dtype": spec.tune.dtypes, "direction": ("fwd",)}
+    return replace(spec, kernels=kinds, axes=axes, tuned=())
+
+
+def candidates(spec: Spec):
+    """(lowered candidates, rejections) of every tuned kind."""
+    tspec = tuning_spec(spec)
+    raw = [inst for name in spec.tune.kernels for inst in expand.expand_kind(tspec, tspec.kernels[name])]
+    lowered, rejected = passes.lower_all(tspec, raw, strict=False)
+    return lowered, rejected

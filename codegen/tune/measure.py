@@ -1,0 +1,92 @@
+"""On the GPU: check each candidate against the float64 reference, then time it on the
+bucket's shape (CUDA-event medians via triton.testing.do_bench, warm-up, inputs rotated
+beyond L2, three repeats whose spread is recorded). One worker process per visible GPU."""
+from __future__ import annotations
+
+import math
+
+L2_BYTES = 50 * 2**20
+REPEATS = 3
+TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 1e-2}
+
+
+def _torch_dtype(torch, name):
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def _inputs(torch, shape, dtype, seed):
+    B, H, L, E, M = (shape[d] for d in ("B", "H", "L", "E", "M"))
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, H, L, E, device="cuda", generator=g).to(dtype) / math.sqrt(E)
+    k = torch.randn(B, H, L, E, device="cuda", generator=g).to(dtype) / math.sqrt(L)
+    v = torch.randn(B, H, L, M, device="cuda", generator=g).to(dtype)
+    return q, k, v
+
+
+def measure_one(job: dict) -> dict:
+    """job: name, shape, dtype. Returns median_ms, spread_ms, note (inf when rejected)."""
+    import torch
+    import triton.testing
+
+    op = torch.ops.attngen_tune.causal_dot_product_with
+    dtype = _torch_dtype(torch, job["dtype"])
+    shape, name = job["shape"], job["name"]
+    try:
+        small = {**shape, "B": 1, "H": 2, "L": min(shape["L"], 300)}
+        q, k, v = _inputs(torch, small, dtype, seed=1)
+        torch.full(q.shape[:3] + v.shape[3:], float("nan"), dtype=dtype, device="cuda")  # poison the pool
+        out = op(q, k, v, False, name).double()
+        ref = torch.tril(q.double() @ k.double().transpose(-1, -2)) @ v.double()
+        err = ((out - ref).norm() / ref.norm()).item()
+        if not err <= TOLERANCE[job["dtype"]]:
+            return {"median_ms": math.inf, "spread_ms": 0.0, "note": f"wrong result: rel err {err:.2e}"}
+        nbytes = shape["B"] * shape["H"] * shape["L"] * (2 * shape["E"] + shape["M"]) * q.element_size()
+        count = max(1, min(8, math.ceil(3 * L2_BYTES / nbytes)))
+        sets = [_inputs(torch, shape, dtype, seed=10 + i) for i in range(count)]
+        state = {"i": 0}
+
+        def call():
+            state["i"] = (state["i"] + 1) % count
+            op(*sets[state["i"]], False, name)
+        medians = [triton.testing.do_bench(call, warmup=10, rep=60, return_mode="median") for _ in range(REPEATS)]
+        medians.sort()
+        return {"median_ms": medians[len(medians) // 2], "spread_ms": medians[-1] - medians[0], "note": ""}
+    except Exception as exc:  # noqa: BLE001 - a candidate that fails to launch is scored, not fatal
+        return {"median_ms": math.inf, "spread_ms": 0.0, "note": f"failed: {str(exc).splitlines()[0][:120]}"}
+
+
+def _init_worker(devices, so_path):
+    """Each worker process takes one GPU and loads the candidate extension once."""
+    import torch
+    torch.cuda.set_device(devices.get())
+    torch.ops.load_library(so_path)
+
+
+def _run_job(job):
+    return job["id"], measure_one(job)
+
+
+def measure_all(jobs: list[dict], so_path: str, on_result) -> None:
+    """Measure `jobs`, spread over one worker process per visible GPU; on_result(job, result)
+    is called as each result arrives (cache, progress)."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if gpus <= 1:
+        torch.ops.load_library(so_path)
+        for job in jobs:
+            on_result(job, measure_one(job))
+        return
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    devices = ctx.Queue()
+    for d in range(gpus):
+        devices.put(d)
+    by_id = {job["id"]: job for job in jobs}
+    with concurrent.futures.ProcessPoolExecutor(max_workers=gpus, mp_context=ctx, initializer=_init_worker,
+                                                initargs=(devices, so_path)) as pool:
+        for future in concurrent.futures.as_completed([pool.submit(_run_job, job) for job in jobs]):
+            job_id, result = future.result()
+            on_result(by_id[job_id], result)

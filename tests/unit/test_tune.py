@@ -1,0 +1,111 @@
+"""Unit tier for the tuner, on the CPU: selection and tie rules, the cache (resume, re-time
+only what changed), and the tuned table turned into dispatch rules by `make gen`."""
+import math
+from pathlib import Path
+
+import pytest
+
+from codegen import dispatch, pipeline, render
+from codegen.errors import SpecError
+from codegen.tune import cache, candidates, select, table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def m(name, ms, spread=0.0, simple=0):
+    return select.Measurement(name, ms, spread, (simple, name))
+
+
+def test_fastest_wins_when_clear_of_the_spread():
+    choice = select.choose([m("a", 1.0, 0.01, simple=1), m("b", 1.2, 0.01, simple=0)])
+    assert choice.winner.name == "a" and choice.runner_up.name == "b"
+
+
+def test_tie_within_spread_goes_to_the_simpler():
+    choice = select.choose([m("fast", 1.00, 0.05, simple=5), m("simple", 1.03, 0.02, simple=0)])
+    assert choice.winner.name == "simple" and choice.tied == ("fast", "simple")
+
+
+def test_failed_candidates_never_win():
+    choice = select.choose([m("broken", math.inf), m("slow", 9.0)])
+    assert choice.winner.name == "slow"
+    assert select.choose([m("broken", math.inf)]) is None
+
+
+def test_selection_is_deterministic_under_a_cost_function():
+    cost = {f"c{i}": 1 + ((i * 37) % 11) / 10 for i in range(20)}
+    runs = [select.choose([m(n, c, 0.001, simple=int(n[1:])) for n, c in sorted(cost.items(), key=lambda kv: h)])
+            .winner.name for h in range(3)]
+    assert len(set(runs)) == 1 and cost[runs[0]] == min(cost.values())
+
+
+def test_cache_resumes_and_rekeys_on_source_change(tmp_path):
+    path = tmp_path / "cache.jsonl"
+    args = ("inst", "source v1", "nvcc 13.0", "2.11", "sm_90a", "H100", {"B": 1, "L": 8})
+    k1 = cache.key(*args)
+    store = cache.Cache(path)
+    store.put(k1, {"median_ms": 1.5, "spread_ms": 0.01})
+    with open(path, "a") as fh:
+        fh.write('{"key": "cut-off')  # an interrupted write
+    again = cache.Cache(path)
+    assert again.get(k1)["median_ms"] == 1.5
+    assert cache.key("inst", "source v2", *args[2:]) != k1
+    assert cache.key(*args[:6], {"B": 2, "L": 8}) != k1
+
+
+def test_candidates_cover_the_buckets_and_report_rejections():
+    spec = pipeline.load()[0]
+    cands, rejected = candidates.candidates(spec)
+    assert len(cands) >= 48 and len(spec.tune.buckets) >= 6
+    assert all(c.a["direction"] == "fwd" and c.a["dtype"] in spec.tune.dtypes for c in cands)
+    assert rejected and all(r.reason for r in rejected)
+    for bucket in spec.tune.buckets:
+        runtime = dispatch.runtime_for(bucket.shape, 4, 132)
+        assert any(dispatch.covers(spec, c, runtime) for c in cands if c.a["dtype"] == "fp32"), bucket.name
+
+
+def test_python_dispatch_follows_the_default_rules():
+    spec, built = pipeline.lower(pipeline.expand(pipeline.load()), use_tuned=False)[0]
+    pick = lambda B, H, E, M, dtype="fp32": dispatch.select(  # noqa: E731
+        spec, built, dispatch.runtime_for({"B": B, "H": H, "L": 64, "E": E, "M": M}, 4 if dtype == "fp32" else 2, 132),
+        {"dtype": dtype, "direction": "fwd"})
+    assert pick(8, 16, 64, 64).kind == "lmha" and pick(8, 16, 64, 64).p["e"] == 64
+    assert pick(1, 8, 64, 64).kind == "low_occupancy"
+    assert pick(1, 8, 63, 64).kind == "generic"
+    assert pick(1, 8, 48, 100).p["m"] == 128
+
+
+def _fake_table(tmp_path, spec, bucket="e64_large_bh", params=None):
+    params = params or {"e": 64, "m": 64, "cols": 32, "mpt": 2, "tph": 8, "vec": 4, "chunk": 16, "buf": 2, "pad": "auto"}
+    path = tmp_path / "tuned.yaml"
+    table.write(path, {"device": "test"}, [{"bucket": bucket, "dtype": "fp32", "serves": ["fp32"], "kind": "lmha",
+                                            "params": params, "instance": "x"}])
+    return path
+
+
+def test_tuned_table_becomes_dispatch_rules_ahead_of_the_defaults(tmp_path):
+    from codegen import passes
+    spec, built = pipeline.lower(pipeline.expand(pipeline.load()), use_tuned=False)[0]
+    extra, rules = table.load_rules(spec, _fake_table(tmp_path, spec), passes.lower_one)
+    assert {i.a["direction"] for i in extra} == {"fwd", "rev"} and all(i.p["cols"] == 32 for i in extra)
+    tuned_spec = table.attach(spec, rules)
+    instances = built + extra
+    runtime = dispatch.runtime_for({"B": 8, "H": 16, "L": 4096, "E": 64, "M": 64}, 4, 132)
+    assert dispatch.select(tuned_spec, instances, runtime, {"dtype": "fp32", "direction": "rev"}).p["cols"] == 32
+    # bf16 was not tuned here: the default rules still decide.
+    runtime16 = dispatch.runtime_for({"B": 8, "H": 16, "L": 4096, "E": 64, "M": 64}, 2, 132)
+    assert dispatch.select(tuned_spec, instances, runtime16, {"dtype": "bf16", "direction": "fwd"}).p["cols"] == 64
+    text = render.dispatch_context(tuned_spec, instances)["rules"][0]
+    assert text["source"].startswith("tuned:") and "key.E <= 64" in text["when"]
+
+
+def test_tuned_table_errors_name_the_line(tmp_path):
+    from codegen import passes
+    spec = pipeline.load()[0]
+    with pytest.raises(SpecError) as info:
+        table.load_rules(spec, _fake_table(tmp_path, spec, bucket="nope"), passes.lower_one)
+    assert info.value.field == "buckets[0].bucket" and info.value.line is not None
+    bad = {"e": 64, "m": 64, "cols": 64, "mpt": 4, "tph": 3, "vec": 4, "chunk": 8, "buf": 2, "pad": 0}
+    with pytest.raises(SpecError) as info:
+        table.load_rules(spec, _fake_table(tmp_path, spec, params=bad), passes.lower_one)
+    assert info.value.field == "buckets[0].params.tph"
