@@ -48,7 +48,7 @@ def measure_one(job: dict) -> dict:
         def call():
             state["i"] = (state["i"] + 1) % count
             op(*sets[state["i"]], False, name)
-        medians = [triton.testing.do_bench(call, warmup=10, rep=60, return_mode="median") for _ in range(REPEATS)]
+        medians = [triton.testing.do_bench(call, warmup=10, rep=40, return_mode="median") for _ in range(REPEATS)]
         medians.sort()
         return {"median_ms": medians[len(medians) // 2], "spread_ms": medians[-1] - medians[0], "note": ""}
     except Exception as exc:  # noqa: BLE001 - a candidate that fails to launch is scored, not fatal

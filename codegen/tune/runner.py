@@ -33,6 +33,19 @@ def _simplicity(spec, inst) -> tuple:
     return (kinds.index(inst.kind), inst.d["threads"], inst.d["smem_bytes"], inst.name)
 
 
+def _smallest_buckets(spec, cands, runtime: dict, dtype: str) -> list:
+    """The candidates covering `runtime`, keeping per kind only its smallest bucket (the
+    `prefer:` order): a larger bucket only adds zero-filled work, and dispatch tries the
+    smallest first anyway."""
+    out = []
+    for kind in spec.kernels:
+        members = [c for c in cands if c.kind == kind and c.a["dtype"] == dtype and dispatch.covers(spec, c, runtime)]
+        if members:
+            best = min(tuple(c.p[k] for k in spec.kernels[kind].prefer) for c in members)
+            out += [c for c in members if tuple(c.p[k] for k in spec.kernels[kind].prefer) == best]
+    return out
+
+
 def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None) -> int:
     import torch
 
@@ -69,9 +82,7 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None) -> 
     for bucket in spec.tune.buckets:
         for dtype in spec.tune.dtypes:
             runtime = dispatch.runtime_for(bucket.shape, DTYPE_BYTES[dtype], sm_count)
-            for inst in cands:
-                if inst.a["dtype"] != dtype or not dispatch.covers(spec, inst, runtime):
-                    continue
+            for inst in _smallest_buckets(spec, cands, runtime, dtype):
                 job = {"id": f"{bucket.name}|{dtype}|{inst.name}", "name": inst.name, "shape": bucket.shape,
                        "dtype": dtype}
                 if inst.name in failed:
