@@ -77,7 +77,7 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None) -> 
         print(f"  {name}: {why} (scored as infinitely slow)")
 
     store = cache.Cache(Path(build.layout_for(spec.stem).build) / "cache.jsonl")
-    compiler, torch_version = _compiler(), torch.__version__
+    compiler, torch_version = _compiler(), str(torch.__version__)
     results, todo = {}, []
     for bucket in spec.tune.buckets:
         for dtype in spec.tune.dtypes:
