@@ -39,6 +39,11 @@ class KernelInstance:
     def launcher(self) -> str:
         return f"launch_{self.name}"
 
+    @property
+    def workspace(self) -> str:
+        """Host function: scratch bytes a launch with given params needs (0: none)."""
+        return f"workspace_{self.name}"
+
     # ---- views -------------------------------------------------------------------------
     @property
     def p(self) -> dict:

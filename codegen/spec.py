@@ -163,16 +163,16 @@ def _load_op(ctx: _Ctx, doc: LocDict) -> OpSpec:
     return OpSpec(name, schema, str(op.get("doc", "")))
 
 
-def _values(ctx: _Ctx, value, line, field, allowed=None, allow_auto=False) -> tuple:
+def _values(ctx: _Ctx, value, line, field, allowed=None, allow_auto=False, allow_zero=False) -> tuple:
     if not isinstance(value, LocList) or not value:
         ctx.fail(line, field, f"expected a non-empty list, got {_kind(value)}")
     for i, item in enumerate(value):
-        ok = (isinstance(item, int) and not isinstance(item, bool) and item > 0) if allowed is None \
-            else item in allowed
+        ok = (isinstance(item, int) and not isinstance(item, bool) and item >= (0 if allow_zero else 1)) \
+            if allowed is None else item in allowed
         if allow_auto and item == "auto":
             ok = True
         if not ok:
-            want = f"one of {sorted(allowed)}" if allowed else "a positive integer"
+            want = f"one of {sorted(allowed)}" if allowed else ("a non-negative" if allow_zero else "a positive") + " integer"
             want += " or 'auto'" if allow_auto else ""
             ctx.fail(value.line_of(i), field, f"expected {want}, got {_kind(item)}")
     if len(set(value)) != len(value):
@@ -270,7 +270,7 @@ def _load_grid(ctx: _Ctx, body: LocDict, field: str, params: dict) -> dict:
     ctx.keys(grid, set(params), set(params), f"{field}.grid")
     # Keep the template's declared parameter order: it is the order of the instance name.
     return {p: _values(ctx, grid[p], grid.line_of(p), f"{field}.grid.{p}",
-                       allow_auto=params[p] == "auto_ok")
+                       allow_auto=params[p] == "auto_ok", allow_zero=params[p] == "int0")
             for p in params}
 
 

@@ -28,7 +28,7 @@ GENERIC = "causal_linear/generic.cu.j2"
 # Template -> its grid parameters, in instance-name order ("auto_ok" may be 'auto').
 TEMPLATE_PARAMS = {
     RECURRENT: {"e": "int", "m": "int", "cols": "int", "mpt": "int", "tph": "int", "vec": "int",
-                "chunk": "int", "buf": "int", "pad": "auto_ok"},
+                "chunk": "int", "buf": "int", "pad": "auto_ok", "seg": "int0"},
     GENERIC: {"emax": "int", "cols": "int", "groups": "int", "chunk": "int"},
 }
 # Files rendered once per family (template -> output under generated/).
@@ -70,6 +70,8 @@ def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
         raise Rejected("cols", f"cols={cols} exceeds the value bucket m={m}")
     if buf < 2:
         raise Rejected("buf", f"buf={buf}: the cp.async ring needs at least 2 stages")
+    if p["seg"] % chunk:
+        raise Rejected("seg", f"seg={p['seg']} must be a multiple of chunk={chunk} (0: never split time)")
 
     read_floats = min(vec, 4)   # o tile is read back as float4 (or narrower) pieces
     accesses = _o_tile_accesses(cols, mpt, tph, vec, read_floats)

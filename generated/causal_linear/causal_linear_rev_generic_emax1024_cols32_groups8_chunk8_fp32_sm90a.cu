@@ -81,6 +81,8 @@ __global__ void __launch_bounds__(THREADS) kernel(const Params p) {
 
 }  // namespace
 
+size_t workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a(const Params&) { return 0; }
+
 cudaError_t launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a(const Params& p, cudaStream_t stream) {
   if (p.E > EMAX) return cudaErrorInvalidValue;
   const size_t smem = (size_t)p.E * 32 * 4 + (size_t)8 * (2 * p.E + 32) * 4 + (size_t)2048 * 4;
@@ -88,7 +90,7 @@ cudaError_t launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  const dim3 grid(static_cast<unsigned>(p.B * p.H), static_cast<unsigned>((p.M + COLS - 1) / COLS));
+  const dim3 grid(static_cast<unsigned>(p.B * p.H), static_cast<unsigned>((p.M + COLS - 1) / COLS), 1);
   kernel<<<grid, THREADS, smem, stream>>>(p);
   return cudaGetLastError();
 }

@@ -19,6 +19,10 @@ struct Params {
   int64_t k_sb, k_sh, k_sl;
   int64_t v_sb, v_sh, v_sl;
   int64_t o_sb, o_sh, o_sl;
+  int64_t sm_count;      // multiprocessors of the device: kernels that split time size their grid by it
+  void* workspace;       // scratch of Entry::workspace(params) bytes, or null when that is 0
+  int64_t segments;      // set by the launcher: time segments over CTAs (1: no split)
+  int64_t seg_len;       // set by the launcher: steps per segment
 };
 
 enum class DType : int { kFP32 = 0, kFP16 = 1, kBF16 = 2 };
@@ -37,11 +41,13 @@ struct CausalLinearKey {
 
 using Launcher = cudaError_t (*)(const Params&, cudaStream_t);
 using Covers = bool (*)(const CausalLinearKey&);
+using Workspace = size_t (*)(const Params&);
 
 struct Entry {
   const char* name;
   Launcher launch;
   Covers covers;
+  Workspace workspace;
 };
 
 }  // namespace causal_linear

@@ -25,7 +25,7 @@ def instances(lowered):
 def test_names_spell_every_parameter_in_order(lowered):
     inst = next(i for i in instances(lowered) if i.kind == "lmha" and i.p["e"] == 64 and i.p["m"] == 64
                 and i.a == {"dtype": "fp32", "direction": "fwd"})
-    assert inst.name == ("causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad%d_fp32_sm90a"
+    assert inst.name == ("causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad%d_seg0_fp32_sm90a"
                          % inst.p["pad"])
     assert inst.filename == f"causal_linear/{inst.name}.cu"
     assert inst.launcher == f"launch_{inst.name}"
@@ -42,7 +42,7 @@ def test_where_filters_the_grid(lowered):
 
 def test_every_axis_value_is_instantiated(lowered):
     seen = {(i.kind, i.a["dtype"], i.a["direction"]) for i in instances(lowered)}
-    assert len(seen) == 3 * 3 * 2
+    assert len(seen) == 4 * 3 * 2
 
 
 def test_pad_auto_is_resolved_to_the_cheapest_layout(lowered):
@@ -155,7 +155,7 @@ def test_touching_one_kind_rewrites_only_its_files(tmp_path):
     spec_text = (ROOT / "specs" / "causal_linear.yaml").read_text()
     base = pipeline.render_files(pipeline.lower(pipeline.expand(pipeline.load())))
     path = tmp_path / "causal_linear.yaml"
-    path.write_text(spec_text.replace("      chunk: [32]", "      chunk: [64]"))
+    path.write_text(spec_text.replace("      chunk: [32]", "      chunk: [64]", 1))
     changed = pipeline.render_files(pipeline.lower(pipeline.expand(pipeline.load([path]))))
     def body(text):  # the banner names the spec's path, which differs here
         return None if text is None else text.split("\n", 2)[-1]

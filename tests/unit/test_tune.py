@@ -76,7 +76,7 @@ def test_python_dispatch_follows_the_default_rules():
 
 
 def _fake_table(tmp_path, spec, bucket="e64_large_bh", params=None):
-    params = params or {"e": 64, "m": 64, "cols": 32, "mpt": 2, "tph": 8, "vec": 4, "chunk": 16, "buf": 2, "pad": "auto"}
+    params = params or {"e": 64, "m": 64, "cols": 32, "mpt": 2, "tph": 8, "vec": 4, "chunk": 16, "buf": 2, "pad": "auto", "seg": 0}
     path = tmp_path / "tuned.yaml"
     table.write(path, {"device": "test"}, [{"bucket": bucket, "dtype": "fp32", "serves": ["fp32"], "kind": "lmha",
                                             "params": params, "instance": "x"}])
@@ -105,7 +105,7 @@ def test_tuned_table_errors_name_the_line(tmp_path):
     with pytest.raises(SpecError) as info:
         table.load_rules(spec, _fake_table(tmp_path, spec, bucket="nope"), passes.lower_one)
     assert info.value.field == "buckets[0].bucket" and info.value.line is not None
-    bad = {"e": 64, "m": 64, "cols": 64, "mpt": 4, "tph": 3, "vec": 4, "chunk": 8, "buf": 2, "pad": 0}
+    bad = {"e": 64, "m": 64, "cols": 64, "mpt": 4, "tph": 3, "vec": 4, "chunk": 8, "buf": 2, "pad": 0, "seg": 0}
     with pytest.raises(SpecError) as info:
         table.load_rules(spec, _fake_table(tmp_path, spec, params=bad), passes.lower_one)
     assert info.value.field == "buckets[0].params.tph"
