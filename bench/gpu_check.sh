@@ -1,32 +1,44 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build, gpu tests, sanitizers, benchmarks. Logs and results go
-# under $OUT (the device tool brings them back); a short table is printed last.
+# One call on the GPU machine: build, gpu tests, sanitizers, benchmarks (and with RETUNE=1 a
+# fresh second tuning run compared with the committed table). Logs and results go under $OUT
+# (also bundled in $OUT/all.tgz); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check}
-mkdir -p "$OUT"
+mkdir -p "$OUT/r"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 status=()
-step() {  # step NAME COMMAND...: run, log to $OUT/NAME.log, remember pass/fail and seconds
+step() {  # step NAME COMMAND...: run, log to $OUT/r/NAME.log, remember exit status and seconds
   local name=$1; shift
   local t0=$SECONDS
-  "$@" > "$OUT/$name.log" 2>&1
+  "$@" > "$OUT/r/$name.log" 2>&1
   local rc=$?
   status+=("$name|$rc|$((SECONDS - t0))")
-  tail -n 5 "$OUT/$name.log"
+  tail -n 3 "$OUT/r/$name.log"
   return $rc
 }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-step build python3 -m codegen build -j 16 || { echo "build failed"; cat "$OUT/build.log" | tail -50; }
-step gpu_tests python3 -m pytest -q -m gpu tests/gpu -x -p no:cacheprovider
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/r/device.txt"
+step build python3 -m codegen build -j 16 || tail -50 "$OUT/r/build.log"
+step gpu_tests python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py
 step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py
-step bench python3 -m bench.causal_linear ${BENCH_ARGS:---quick} --out "$OUT"
+step bench python3 -m bench.causal_linear ${BENCH_ARGS:-} --out "$OUT/r"
+step tune_compare python3 -m bench.tune_compare --out "$OUT/r"
+if [ "${RETUNE:-0}" = 1 ]; then
+  cp bench/results/h100/tune_causal_linear.json "$OUT/r/tune_first.json"
+  rm -rf build/tune
+  step retune python3 -m codegen tune specs/causal_linear.yaml -j 16 --out "$OUT/r/retune"
+  step retune_check python3 -m bench.tune_repeat_check "$OUT/r/tune_first.json" "$OUT/r/retune/tune_causal_linear.json"
+  cp "$OUT/r/retune/tune_causal_linear.json" "$OUT/r/tune_second.json"
+fi
+tar -czf "$OUT/all.tgz" -C "$OUT/r" .
+cp "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" "$OUT/" 2>/dev/null
 echo
 echo "| step | rc | seconds |"
 echo "|---|---|---|"
 for s in "${status[@]}"; do IFS='|' read -r n rc sec <<< "$s"; echo "| $n | $rc | $sec |"; done
-[ -f "$OUT/causal_linear.md" ] && cat "$OUT/causal_linear.md"
+cat "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" 2>/dev/null
+[ -f "$OUT/r/retune_check.log" ] && cat "$OUT/r/retune_check.log"

@@ -346,6 +346,86 @@ cudaError_t launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16
 size_t workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a(const Params&);
 
 namespace {
 
@@ -517,6 +597,46 @@ bool covers_164(const CausalLinearKey& key) { return (key.E <= 1024); }
 bool covers_165(const CausalLinearKey& key) { return (key.E <= 1024); }
 bool covers_166(const CausalLinearKey& key) { return (key.E <= 1024); }
 bool covers_167(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_168(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
+bool covers_169(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
+bool covers_170(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_171(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_172(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_173(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_174(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_175(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_176(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_177(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_178(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_179(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_180(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_181(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_182(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_183(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_184(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_185(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_186(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_187(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_188(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_189(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_190(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_191(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_192(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_193(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_194(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_195(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_196(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_197(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_198(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_199(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_200(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_201(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_202(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_203(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_204(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_205(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_206(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_207(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
 
 const Entry kEntries[] = {
     {"causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a, covers_0, workspace_causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a},
@@ -687,6 +807,46 @@ const Entry kEntries[] = {
     {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a, covers_165, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a},
     {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_166, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
     {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_167, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
+    {"causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_168, workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_169, workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a", launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a, covers_170, workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a},
+    {"causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a", launch_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a, covers_171, workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a},
+    {"causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a", launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a, covers_172, workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a},
+    {"causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a", launch_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a, covers_173, workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a},
+    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_174, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_175, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a, covers_176, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a},
+    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a, covers_177, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a},
+    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a, covers_178, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a},
+    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a, covers_179, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a},
+    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_180, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
+    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_181, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
+    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a, covers_182, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a},
+    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a, covers_183, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a},
+    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a, covers_184, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a},
+    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a, covers_185, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a},
+    {"causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a", launch_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a, covers_186, workspace_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a},
+    {"causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a", launch_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a, covers_187, workspace_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a},
+    {"causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a", launch_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a, covers_188, workspace_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a},
+    {"causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a", launch_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a, covers_189, workspace_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a},
+    {"causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_190, workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
+    {"causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_191, workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
+    {"causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a", launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a, covers_192, workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a},
+    {"causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a", launch_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a, covers_193, workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a},
+    {"causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a", launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a, covers_194, workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a},
+    {"causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a", launch_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a, covers_195, workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a},
+    {"causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_196, workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
+    {"causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_197, workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
+    {"causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a", launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a, covers_198, workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a},
+    {"causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a", launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a, covers_199, workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a},
+    {"causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a", launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a, covers_200, workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a},
+    {"causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a", launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a, covers_201, workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a},
+    {"causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_202, workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
+    {"causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_203, workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
+    {"causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a, covers_204, workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a},
+    {"causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a, covers_205, workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a},
+    {"causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a, covers_206, workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a},
+    {"causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a, covers_207, workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a},
 };
 
 }  // namespace
@@ -703,6 +863,153 @@ const Entry* causal_dot_product_find(const char* name) {
 }
 
 const Entry* causal_dot_product_select(const CausalLinearKey& key) {
+  // tuned: /work/main/tuned/sm_90a/causal_linear.yaml: bucket e32_small_bh: when E <= 32 and M <= 32 and BH < sm_count // 2
+  if (((key.E <= 32) && (key.M <= 32) && (key.BH < (key.sm_count / 2)))) {
+    if (key.dtype == DType::kFP32 && key.reverse == false) {
+      if (kEntries[168].covers(key)) return &kEntries[168];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true) {
+      if (kEntries[169].covers(key)) return &kEntries[169];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false) {
+      if (kEntries[170].covers(key)) return &kEntries[170];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true) {
+      if (kEntries[171].covers(key)) return &kEntries[171];  // causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false) {
+      if (kEntries[172].covers(key)) return &kEntries[172];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true) {
+      if (kEntries[173].covers(key)) return &kEntries[173];  // causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
+    }
+  }
+  // tuned: /work/main/tuned/sm_90a/causal_linear.yaml: bucket e64_tiny_bh: when E <= 64 and M <= 64 and BH < sm_count // 8
+  if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 8)))) {
+    if (key.dtype == DType::kFP32 && key.reverse == false) {
+      if (kEntries[174].covers(key)) return &kEntries[174];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true) {
+      if (kEntries[175].covers(key)) return &kEntries[175];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false) {
+      if (kEntries[176].covers(key)) return &kEntries[176];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true) {
+      if (kEntries[177].covers(key)) return &kEntries[177];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false) {
+      if (kEntries[178].covers(key)) return &kEntries[178];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true) {
+      if (kEntries[179].covers(key)) return &kEntries[179];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a
+    }
+  }
+  // tuned: /work/main/tuned/sm_90a/causal_linear.yaml: bucket e64_long_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2 and L >= 8192
+  if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 2)) && (key.L >= 8192))) {
+    if (key.dtype == DType::kFP32 && key.reverse == false) {
+      if (kEntries[180].covers(key)) return &kEntries[180];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true) {
+      if (kEntries[181].covers(key)) return &kEntries[181];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false) {
+      if (kEntries[182].covers(key)) return &kEntries[182];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true) {
+      if (kEntries[183].covers(key)) return &kEntries[183];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false) {
+      if (kEntries[184].covers(key)) return &kEntries[184];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true) {
+      if (kEntries[185].covers(key)) return &kEntries[185];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
+    }
+  }
+  // tuned: /work/main/tuned/sm_90a/causal_linear.yaml: bucket e64_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2
+  if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 2)))) {
+    if (key.dtype == DType::kFP32 && key.reverse == false) {
+      if (kEntries[180].covers(key)) return &kEntries[180];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true) {
+      if (kEntries[181].covers(key)) return &kEntries[181];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false) {
+      if (kEntries[186].covers(key)) return &kEntries[186];  // causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true) {
+      if (kEntries[187].covers(key)) return &kEntries[187];  // causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false) {
+      if (kEntries[188].covers(key)) return &kEntries[188];  // causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true) {
+      if (kEntries[189].covers(key)) return &kEntries[189];  // causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+    }
+  }
+  // tuned: /work/main/tuned/sm_90a/causal_linear.yaml: bucket e64_large_bh: when E <= 64 and M <= 64
+  if (((key.E <= 64) && (key.M <= 64))) {
+    if (key.dtype == DType::kFP32 && key.reverse == false) {
+      if (kEntries[190].covers(key)) return &kEntries[190];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true) {
+      if (kEntries[191].covers(key)) return &kEntries[191];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false) {
+      if (kEntries[192].covers(key)) return &kEntries[192];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true) {
+      if (kEntries[193].covers(key)) return &kEntries[193];  // causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false) {
+      if (kEntries[194].covers(key)) return &kEntries[194];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true) {
+      if (kEntries[195].covers(key)) return &kEntries[195];  // causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a
+    }
+  }
+  // tuned: /work/main/tuned/sm_90a/causal_linear.yaml: bucket e128_small_bh: when E <= 128 and M <= 128 and BH < sm_count // 2
+  if (((key.E <= 128) && (key.M <= 128) && (key.BH < (key.sm_count / 2)))) {
+    if (key.dtype == DType::kFP32 && key.reverse == false) {
+      if (kEntries[196].covers(key)) return &kEntries[196];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true) {
+      if (kEntries[197].covers(key)) return &kEntries[197];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false) {
+      if (kEntries[198].covers(key)) return &kEntries[198];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true) {
+      if (kEntries[199].covers(key)) return &kEntries[199];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false) {
+      if (kEntries[200].covers(key)) return &kEntries[200];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true) {
+      if (kEntries[201].covers(key)) return &kEntries[201];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+    }
+  }
+  // tuned: /work/main/tuned/sm_90a/causal_linear.yaml: bucket e128_large_bh: when E <= 128 and M <= 128
+  if (((key.E <= 128) && (key.M <= 128))) {
+    if (key.dtype == DType::kFP32 && key.reverse == false) {
+      if (kEntries[202].covers(key)) return &kEntries[202];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true) {
+      if (kEntries[203].covers(key)) return &kEntries[203];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false) {
+      if (kEntries[204].covers(key)) return &kEntries[204];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true) {
+      if (kEntries[205].covers(key)) return &kEntries[205];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false) {
+      if (kEntries[206].covers(key)) return &kEntries[206];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true) {
+      if (kEntries[207].covers(key)) return &kEntries[207];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a
+    }
+  }
   // specs/causal_linear.yaml:103: when BH >= sm_count // 2 -> lmha
   if ((key.BH >= (key.sm_count / 2))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
@@ -711,10 +1018,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[2].covers(key)) return &kEntries[2];  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[3].covers(key)) return &kEntries[3];  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[4].covers(key)) return &kEntries[4];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[190].covers(key)) return &kEntries[190];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[5].covers(key)) return &kEntries[5];  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[6].covers(key)) return &kEntries[6];  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[7].covers(key)) return &kEntries[7];  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[8].covers(key)) return &kEntries[8];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[202].covers(key)) return &kEntries[202];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
       if (kEntries[9].covers(key)) return &kEntries[9];  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
@@ -722,10 +1031,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[11].covers(key)) return &kEntries[11];  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[12].covers(key)) return &kEntries[12];  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[13].covers(key)) return &kEntries[13];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[191].covers(key)) return &kEntries[191];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[14].covers(key)) return &kEntries[14];  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[15].covers(key)) return &kEntries[15];  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[16].covers(key)) return &kEntries[16];  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[17].covers(key)) return &kEntries[17];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[203].covers(key)) return &kEntries[203];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
       if (kEntries[18].covers(key)) return &kEntries[18];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
@@ -733,10 +1044,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[20].covers(key)) return &kEntries[20];  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_fp16_sm90a
       if (kEntries[21].covers(key)) return &kEntries[21];  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[22].covers(key)) return &kEntries[22];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
+      if (kEntries[194].covers(key)) return &kEntries[194];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a
       if (kEntries[23].covers(key)) return &kEntries[23];  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
       if (kEntries[24].covers(key)) return &kEntries[24];  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[25].covers(key)) return &kEntries[25];  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
       if (kEntries[26].covers(key)) return &kEntries[26];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
+      if (kEntries[206].covers(key)) return &kEntries[206];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == true) {
       if (kEntries[27].covers(key)) return &kEntries[27];  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
@@ -744,10 +1057,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[29].covers(key)) return &kEntries[29];  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_fp16_sm90a
       if (kEntries[30].covers(key)) return &kEntries[30];  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[31].covers(key)) return &kEntries[31];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
+      if (kEntries[195].covers(key)) return &kEntries[195];  // causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a
       if (kEntries[32].covers(key)) return &kEntries[32];  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
       if (kEntries[33].covers(key)) return &kEntries[33];  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[34].covers(key)) return &kEntries[34];  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
       if (kEntries[35].covers(key)) return &kEntries[35];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
+      if (kEntries[207].covers(key)) return &kEntries[207];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == false) {
       if (kEntries[36].covers(key)) return &kEntries[36];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
@@ -755,10 +1070,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[38].covers(key)) return &kEntries[38];  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_bf16_sm90a
       if (kEntries[39].covers(key)) return &kEntries[39];  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[40].covers(key)) return &kEntries[40];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
+      if (kEntries[192].covers(key)) return &kEntries[192];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a
       if (kEntries[41].covers(key)) return &kEntries[41];  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
       if (kEntries[42].covers(key)) return &kEntries[42];  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[43].covers(key)) return &kEntries[43];  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
       if (kEntries[44].covers(key)) return &kEntries[44];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
+      if (kEntries[204].covers(key)) return &kEntries[204];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == true) {
       if (kEntries[45].covers(key)) return &kEntries[45];  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
@@ -766,20 +1083,25 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[47].covers(key)) return &kEntries[47];  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_bf16_sm90a
       if (kEntries[48].covers(key)) return &kEntries[48];  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[49].covers(key)) return &kEntries[49];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
+      if (kEntries[193].covers(key)) return &kEntries[193];  // causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a
       if (kEntries[50].covers(key)) return &kEntries[50];  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
       if (kEntries[51].covers(key)) return &kEntries[51];  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[52].covers(key)) return &kEntries[52];  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
       if (kEntries[53].covers(key)) return &kEntries[53];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
+      if (kEntries[205].covers(key)) return &kEntries[205];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a
     }
   }
   // specs/causal_linear.yaml:105: when L >= 1024 -> split_time
   if ((key.L >= 1024)) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[108].covers(key)) return &kEntries[108];  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[168].covers(key)) return &kEntries[168];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
       if (kEntries[109].covers(key)) return &kEntries[109];  // causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[110].covers(key)) return &kEntries[110];  // causal_linear_fwd_split_time_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[111].covers(key)) return &kEntries[111];  // causal_linear_fwd_split_time_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[112].covers(key)) return &kEntries[112];  // causal_linear_fwd_split_time_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[174].covers(key)) return &kEntries[174];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[180].covers(key)) return &kEntries[180];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
       if (kEntries[113].covers(key)) return &kEntries[113];  // causal_linear_fwd_split_time_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[114].covers(key)) return &kEntries[114];  // causal_linear_fwd_split_time_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[115].covers(key)) return &kEntries[115];  // causal_linear_fwd_split_time_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
@@ -787,10 +1109,13 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
       if (kEntries[117].covers(key)) return &kEntries[117];  // causal_linear_rev_split_time_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[169].covers(key)) return &kEntries[169];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
       if (kEntries[118].covers(key)) return &kEntries[118];  // causal_linear_rev_split_time_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[119].covers(key)) return &kEntries[119];  // causal_linear_rev_split_time_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[120].covers(key)) return &kEntries[120];  // causal_linear_rev_split_time_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[121].covers(key)) return &kEntries[121];  // causal_linear_rev_split_time_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[175].covers(key)) return &kEntries[175];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[181].covers(key)) return &kEntries[181];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
       if (kEntries[122].covers(key)) return &kEntries[122];  // causal_linear_rev_split_time_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[123].covers(key)) return &kEntries[123];  // causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[124].covers(key)) return &kEntries[124];  // causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
@@ -798,10 +1123,13 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
       if (kEntries[126].covers(key)) return &kEntries[126];  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[172].covers(key)) return &kEntries[172];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
       if (kEntries[127].covers(key)) return &kEntries[127];  // causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[128].covers(key)) return &kEntries[128];  // causal_linear_fwd_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[129].covers(key)) return &kEntries[129];  // causal_linear_fwd_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[130].covers(key)) return &kEntries[130];  // causal_linear_fwd_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[178].covers(key)) return &kEntries[178];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a
+      if (kEntries[184].covers(key)) return &kEntries[184];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
       if (kEntries[131].covers(key)) return &kEntries[131];  // causal_linear_fwd_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[132].covers(key)) return &kEntries[132];  // causal_linear_fwd_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[133].covers(key)) return &kEntries[133];  // causal_linear_fwd_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
@@ -809,10 +1137,13 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kFP16 && key.reverse == true) {
       if (kEntries[135].covers(key)) return &kEntries[135];  // causal_linear_rev_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[173].covers(key)) return &kEntries[173];  // causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
       if (kEntries[136].covers(key)) return &kEntries[136];  // causal_linear_rev_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[137].covers(key)) return &kEntries[137];  // causal_linear_rev_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[138].covers(key)) return &kEntries[138];  // causal_linear_rev_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[139].covers(key)) return &kEntries[139];  // causal_linear_rev_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[179].covers(key)) return &kEntries[179];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a
+      if (kEntries[185].covers(key)) return &kEntries[185];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
       if (kEntries[140].covers(key)) return &kEntries[140];  // causal_linear_rev_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[141].covers(key)) return &kEntries[141];  // causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[142].covers(key)) return &kEntries[142];  // causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
@@ -820,10 +1151,13 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kBF16 && key.reverse == false) {
       if (kEntries[144].covers(key)) return &kEntries[144];  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[170].covers(key)) return &kEntries[170];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
       if (kEntries[145].covers(key)) return &kEntries[145];  // causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[146].covers(key)) return &kEntries[146];  // causal_linear_fwd_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[147].covers(key)) return &kEntries[147];  // causal_linear_fwd_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[148].covers(key)) return &kEntries[148];  // causal_linear_fwd_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[176].covers(key)) return &kEntries[176];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a
+      if (kEntries[182].covers(key)) return &kEntries[182];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
       if (kEntries[149].covers(key)) return &kEntries[149];  // causal_linear_fwd_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[150].covers(key)) return &kEntries[150];  // causal_linear_fwd_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[151].covers(key)) return &kEntries[151];  // causal_linear_fwd_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
@@ -831,10 +1165,13 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kBF16 && key.reverse == true) {
       if (kEntries[153].covers(key)) return &kEntries[153];  // causal_linear_rev_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[171].covers(key)) return &kEntries[171];  // causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
       if (kEntries[154].covers(key)) return &kEntries[154];  // causal_linear_rev_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[155].covers(key)) return &kEntries[155];  // causal_linear_rev_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[156].covers(key)) return &kEntries[156];  // causal_linear_rev_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[157].covers(key)) return &kEntries[157];  // causal_linear_rev_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[177].covers(key)) return &kEntries[177];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a
+      if (kEntries[183].covers(key)) return &kEntries[183];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
       if (kEntries[158].covers(key)) return &kEntries[158];  // causal_linear_rev_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[159].covers(key)) return &kEntries[159];  // causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[160].covers(key)) return &kEntries[160];  // causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
@@ -853,6 +1190,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[60].covers(key)) return &kEntries[60];  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[61].covers(key)) return &kEntries[61];  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[62].covers(key)) return &kEntries[62];  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[196].covers(key)) return &kEntries[196];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
       if (kEntries[63].covers(key)) return &kEntries[63];  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
@@ -864,6 +1202,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[69].covers(key)) return &kEntries[69];  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[70].covers(key)) return &kEntries[70];  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[71].covers(key)) return &kEntries[71];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[197].covers(key)) return &kEntries[197];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
       if (kEntries[72].covers(key)) return &kEntries[72];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
@@ -871,10 +1210,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[74].covers(key)) return &kEntries[74];  // causal_linear_fwd_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[75].covers(key)) return &kEntries[75];  // causal_linear_fwd_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[76].covers(key)) return &kEntries[76];  // causal_linear_fwd_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[188].covers(key)) return &kEntries[188];  // causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[77].covers(key)) return &kEntries[77];  // causal_linear_fwd_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[78].covers(key)) return &kEntries[78];  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[79].covers(key)) return &kEntries[79];  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[80].covers(key)) return &kEntries[80];  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[200].covers(key)) return &kEntries[200];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == true) {
       if (kEntries[81].covers(key)) return &kEntries[81];  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
@@ -882,10 +1223,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[83].covers(key)) return &kEntries[83];  // causal_linear_rev_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[84].covers(key)) return &kEntries[84];  // causal_linear_rev_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[85].covers(key)) return &kEntries[85];  // causal_linear_rev_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[189].covers(key)) return &kEntries[189];  // causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[86].covers(key)) return &kEntries[86];  // causal_linear_rev_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[87].covers(key)) return &kEntries[87];  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[88].covers(key)) return &kEntries[88];  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[89].covers(key)) return &kEntries[89];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[201].covers(key)) return &kEntries[201];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == false) {
       if (kEntries[90].covers(key)) return &kEntries[90];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
@@ -893,10 +1236,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[92].covers(key)) return &kEntries[92];  // causal_linear_fwd_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[93].covers(key)) return &kEntries[93];  // causal_linear_fwd_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[94].covers(key)) return &kEntries[94];  // causal_linear_fwd_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[186].covers(key)) return &kEntries[186];  // causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[95].covers(key)) return &kEntries[95];  // causal_linear_fwd_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[96].covers(key)) return &kEntries[96];  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[97].covers(key)) return &kEntries[97];  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[98].covers(key)) return &kEntries[98];  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[198].covers(key)) return &kEntries[198];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == true) {
       if (kEntries[99].covers(key)) return &kEntries[99];  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
@@ -904,10 +1249,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[101].covers(key)) return &kEntries[101];  // causal_linear_rev_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[102].covers(key)) return &kEntries[102];  // causal_linear_rev_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[103].covers(key)) return &kEntries[103];  // causal_linear_rev_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[187].covers(key)) return &kEntries[187];  // causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[104].covers(key)) return &kEntries[104];  // causal_linear_rev_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[105].covers(key)) return &kEntries[105];  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[106].covers(key)) return &kEntries[106];  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[107].covers(key)) return &kEntries[107];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[199].covers(key)) return &kEntries[199];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
     }
   }
   // specs/causal_linear.yaml:109: when True -> generic

@@ -18,9 +18,11 @@ tune:
       shape: {B: 2, H: 4, L: 512, E: 64, M: 64}
   kernels:
     lmha:
-      grid: {e: [64], m: [64], cols: [64], mpt: [2, 4], tph: [8], vec: [4], chunk: [8], buf: [2], pad: [auto]}
+      grid: {e: [64], m: [64], cols: [64], mpt: [2, 4], tph: [8], vec: [4], chunk: [8], buf: [2], pad: [auto], seg: [0]}
     low_occupancy:
-      grid: {e: [64], m: [64], cols: [8], mpt: [1], tph: [16], vec: [4], chunk: [32], buf: [2], pad: [auto]}
+      grid: {e: [64], m: [64], cols: [8], mpt: [1], tph: [16], vec: [4], chunk: [32], buf: [2], pad: [auto], seg: [0]}
+    split_time:
+      grid: {e: [64], m: [64], cols: [16], mpt: [2], tph: [16], vec: [4], chunk: [32], buf: [2], pad: [auto], seg: [128]}
 """
 
 
