@@ -48,7 +48,7 @@ def lower(expanded, use_tuned: bool = True):
         lowered, _ = passes.lower_all(spec, instances, strict=True)
         path = table.table_path(ROOT, spec)
         if use_tuned and path.is_file():
-            extra, rules = table.load_rules(spec, path, passes.lower_one)
+            extra, rules = table.load_rules(spec, path, passes.lower_one, _display(path))
             names = {i.name for i in lowered}
             lowered += [i for i in extra if i.name not in names and not names.add(i.name)]
             spec = table.attach(spec, rules)

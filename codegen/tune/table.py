@@ -47,12 +47,13 @@ def tuned_instances(spec: Spec, entry: LocDict, file: str) -> list[KernelInstanc
     return out
 
 
-def load_rules(spec: Spec, path: Path, lower) -> tuple[list[KernelInstance], tuple]:
+def load_rules(spec: Spec, path: Path, lower, display: str | None = None) -> tuple[list[KernelInstance], tuple]:
     """(instances to add to the build, TunedRules in bucket order) from a tuned table;
-    `lower` lowers one instance (raising passes.Rejected when impossible)."""
+    `lower` lowers one instance (raising passes.Rejected when impossible); `display` is the
+    path errors and generated comments show (repo-relative, so output is the same anywhere)."""
     from ..passes import Rejected
 
-    file = str(path)
+    file = display or str(path)
     doc = load_located(path.read_text(), file)
     entries = doc.get("buckets") if isinstance(doc, LocDict) else None
     if not isinstance(entries, LocList):

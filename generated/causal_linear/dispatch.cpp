@@ -863,7 +863,7 @@ const Entry* causal_dot_product_find(const char* name) {
 }
 
 const Entry* causal_dot_product_select(const CausalLinearKey& key) {
-  // tuned: /work/main/tuned/sm_90a/causal_linear.yaml: bucket e32_small_bh: when E <= 32 and M <= 32 and BH < sm_count // 2
+  // tuned: tuned/sm_90a/causal_linear.yaml: bucket e32_small_bh: when E <= 32 and M <= 32 and BH < sm_count // 2
   if (((key.E <= 32) && (key.M <= 32) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[168].covers(key)) return &kEntries[168];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
@@ -884,7 +884,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[173].covers(key)) return &kEntries[173];  // causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
     }
   }
-  // tuned: /work/main/tuned/sm_90a/causal_linear.yaml: bucket e64_tiny_bh: when E <= 64 and M <= 64 and BH < sm_count // 8
+  // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_tiny_bh: when E <= 64 and M <= 64 and BH < sm_count // 8
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 8)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[174].covers(key)) return &kEntries[174];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
@@ -905,7 +905,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[179].covers(key)) return &kEntries[179];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a
     }
   }
-  // tuned: /work/main/tuned/sm_90a/causal_linear.yaml: bucket e64_long_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2 and L >= 8192
+  // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_long_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2 and L >= 8192
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 2)) && (key.L >= 8192))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[180].covers(key)) return &kEntries[180];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
@@ -926,7 +926,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[185].covers(key)) return &kEntries[185];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
     }
   }
-  // tuned: /work/main/tuned/sm_90a/causal_linear.yaml: bucket e64_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2
+  // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[180].covers(key)) return &kEntries[180];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
@@ -947,7 +947,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[189].covers(key)) return &kEntries[189];  // causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
     }
   }
-  // tuned: /work/main/tuned/sm_90a/causal_linear.yaml: bucket e64_large_bh: when E <= 64 and M <= 64
+  // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_large_bh: when E <= 64 and M <= 64
   if (((key.E <= 64) && (key.M <= 64))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[190].covers(key)) return &kEntries[190];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
@@ -968,7 +968,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[195].covers(key)) return &kEntries[195];  // causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a
     }
   }
-  // tuned: /work/main/tuned/sm_90a/causal_linear.yaml: bucket e128_small_bh: when E <= 128 and M <= 128 and BH < sm_count // 2
+  // tuned: tuned/sm_90a/causal_linear.yaml: bucket e128_small_bh: when E <= 128 and M <= 128 and BH < sm_count // 2
   if (((key.E <= 128) && (key.M <= 128) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[196].covers(key)) return &kEntries[196];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
@@ -989,7 +989,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[201].covers(key)) return &kEntries[201];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
     }
   }
-  // tuned: /work/main/tuned/sm_90a/causal_linear.yaml: bucket e128_large_bh: when E <= 128 and M <= 128
+  // tuned: tuned/sm_90a/causal_linear.yaml: bucket e128_large_bh: when E <= 128 and M <= 128
   if (((key.E <= 128) && (key.M <= 128))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[202].covers(key)) return &kEntries[202];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
