@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build, gpu tests, sanitizers, benchmarks (and with RETUNE=1 a
-# fresh second tuning run compared with the committed table). Logs and results go under $OUT
+# One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
+# benchmarks, tuned vs default; `retune` adds a fresh second tuning run compared with the
+# committed table). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check}
@@ -11,6 +12,8 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 status=()
+STEPS=${STEPS:-gpu_tests memcheck racecheck bench tune_compare}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 step() {  # step NAME COMMAND...: run, log to $OUT/r/NAME.log, remember exit status and seconds
   local name=$1; shift
   local t0=$SECONDS
@@ -22,12 +25,12 @@ step() {  # step NAME COMMAND...: run, log to $OUT/r/NAME.log, remember exit sta
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/r/device.txt"
 step build python3 -m codegen build -j 16 || tail -50 "$OUT/r/build.log"
-step gpu_tests python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider
-step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py
-step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py
-step bench python3 -m bench.causal_linear ${BENCH_ARGS:-} --out "$OUT/r"
-step tune_compare python3 -m bench.tune_compare --out "$OUT/r"
-if [ "${RETUNE:-0}" = 1 ]; then
+want gpu_tests && step gpu_tests python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider
+want memcheck && step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py
+want racecheck && step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py
+want bench && step bench python3 -m bench.causal_linear ${BENCH_ARGS:-} --out "$OUT/r"
+want tune_compare && step tune_compare python3 -m bench.tune_compare --out "$OUT/r"
+if want retune; then
   cp bench/results/h100/tune_causal_linear.json "$OUT/r/tune_first.json"
   rm -rf build/tune
   step retune python3 -m codegen tune specs/causal_linear.yaml -j 16 --out "$OUT/r/retune"
