@@ -44,4 +44,4 @@ echo "| step | rc | seconds |"
 echo "|---|---|---|"
 for s in "${status[@]}"; do IFS='|' read -r n rc sec <<< "$s"; echo "| $n | $rc | $sec |"; done
 cat "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" 2>/dev/null
-[ -f "$OUT/r/retune_check.log" ] && cat "$OUT/r/retune_check.log"
+if [ -f "$OUT/r/retune_check.log" ]; then cat "$OUT/r/retune_check.log"; fi

@@ -99,12 +99,18 @@ def test_backward_matches_float64_autograd(BH, E, M, L, dtype):
         assert rel_err(got, want) <= tol, name
 
 
-def test_dispatch_picks_low_occupancy_for_small_BH_and_lmha_for_large():
+def test_generated_dispatch_matches_its_python_mirror():
+    """The C++ table (tuned rules first, then the spec's) and codegen.dispatch agree."""
+    from codegen import dispatch, pipeline
+    spec, built = pipeline.lower(pipeline.expand(pipeline.load()))[0]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    small = inputs(1, 4, 64, 64, 64, torch.float32)
-    large = inputs(2 * sms, 1, 64, 64, 64, torch.float32)
-    assert "_low_occupancy_" in attngen.selected_instance(*small)
-    assert "_lmha_" in attngen.selected_instance(*large)
+    for B, H, L, E, M in [(1, 4, 64, 64, 64), (1, 8, 4096, 64, 64), (2 * sms, 1, 64, 64, 64), (2, 16, 9000, 48, 64),
+                          (4, 8, 2000, 32, 32), (8, 16, 100, 128, 128), (1, 2, 50, 100, 24)]:
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            q, k, v = inputs(B, H, L, E, M, dtype)
+            runtime = dispatch.runtime_for({"B": B, "H": H, "L": L, "E": E, "M": M}, q.element_size(), sms)
+            want = dispatch.select(spec, built, runtime, {"dtype": name, "direction": "fwd"})
+            assert attngen.selected_instance(q, k, v) == (want.name if want else ""), (B, H, L, E, M, name)
     odd = inputs(1, 4, 64, 64, 64, torch.float32)
     odd = (odd[0][..., 1:], odd[1][..., 1:], odd[2])  # E = 63, misaligned: generic fallback
     assert "_generic_" in attngen.selected_instance(*odd)
