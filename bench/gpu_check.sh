@@ -36,6 +36,7 @@ if want retune; then
   step retune python3 -m codegen tune specs/causal_linear.yaml -j 16 --out "$OUT/r/retune"
   step retune_check python3 -m bench.tune_repeat_check "$OUT/r/tune_first.json" "$OUT/r/retune/tune_causal_linear.json"
   cp "$OUT/r/retune/tune_causal_linear.json" "$OUT/r/tune_second.json"
+  cp tuned/sm_90a/causal_linear.yaml "$OUT/r/tuned_second.yaml"
 fi
 tar -czf "$OUT/all.tgz" -C "$OUT/r" .
 cp "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" "$OUT/" 2>/dev/null
