@@ -3,13 +3,16 @@ differ by more than their spread, the winner must repeat: python -m bench.tune_r
 import json
 import sys
 
+from codegen.tune.select import NOISE_FLOOR
+
 
 def winners(path):
     rows = json.load(open(path))["rows"]
     out = {}
     for r in rows:
         ms = sorted((m for m in r["measurements"] if m["median_ms"] != float("inf")), key=lambda m: m["median_ms"])
-        clear = len(ms) > 1 and ms[1]["median_ms"] - ms[0]["median_ms"] > max(ms[0]["spread_ms"], ms[1]["spread_ms"])
+        noise = [max(m["spread_ms"], NOISE_FLOOR * m["median_ms"]) for m in ms[:2]]
+        clear = len(ms) > 1 and ms[1]["median_ms"] - ms[0]["median_ms"] > max(noise)
         out[(r["bucket"], r["dtype"])] = (r["winner"], clear)
     return out
 

@@ -1,9 +1,6 @@
 """On the GPU: check each candidate against the float64 reference, then time it on the
-bucket's shape (a CUDA-event median via triton.testing.do_bench, warm-up, inputs rotated
-beyond L2). The runner asks for REPEATS passes over all candidates, so the spread between a
-candidate's repeats includes the drift over the whole run, not only back-to-back noise
-(measured: back-to-back spreads of 0.1 us missed a 0.2 us drift between two runs).
-One worker process per visible GPU."""
+bucket's shape (CUDA-event medians via triton.testing.do_bench, warm-up, inputs rotated
+beyond L2, three repeats whose spread is recorded). One worker process per visible GPU."""
 from __future__ import annotations
 
 import math
@@ -27,7 +24,7 @@ def _inputs(torch, shape, dtype, seed):
 
 
 def measure_one(job: dict) -> dict:
-    """job: name, shape, dtype. Returns median_ms, note (median_ms inf when rejected)."""
+    """job: name, shape, dtype. Returns median_ms, spread_ms, note (inf when rejected)."""
     import torch
     import triton.testing
 
@@ -42,7 +39,7 @@ def measure_one(job: dict) -> dict:
         ref = torch.tril(q.double() @ k.double().transpose(-1, -2)) @ v.double()
         err = ((out - ref).norm() / ref.norm()).item()
         if not err <= TOLERANCE[job["dtype"]]:
-            return {"median_ms": math.inf, "note": f"wrong result: rel err {err:.2e}"}
+            return {"median_ms": math.inf, "spread_ms": 0.0, "note": f"wrong result: rel err {err:.2e}"}
         nbytes = shape["B"] * shape["H"] * shape["L"] * (2 * shape["E"] + shape["M"]) * q.element_size()
         count = max(1, min(8, math.ceil(3 * L2_BYTES / nbytes)))
         sets = [_inputs(torch, shape, dtype, seed=10 + i) for i in range(count)]

@@ -78,44 +78,33 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None) -> 
 
     store = cache.Cache(Path(build.layout_for(spec.stem).build) / "cache.jsonl")
     compiler, torch_version = _compiler(), str(torch.__version__)
-    from .measure import REPEATS
-    repeats, todo = {}, []   # (bucket, dtype, name) -> [median per repeat]
+    results, todo = {}, []
     for bucket in spec.tune.buckets:
         for dtype in spec.tune.dtypes:
             runtime = dispatch.runtime_for(bucket.shape, DTYPE_BYTES[dtype], sm_count)
             for inst in _smallest_buckets(spec, cands, runtime, dtype):
-                slot = repeats.setdefault((bucket.name, dtype, inst.name), [])
+                job = {"id": f"{bucket.name}|{dtype}|{inst.name}", "name": inst.name, "shape": bucket.shape,
+                       "dtype": dtype}
                 if inst.name in failed:
-                    slot.append({"median_ms": math.inf, "note": failed[inst.name]})
+                    results[job["id"]] = {"median_ms": math.inf, "spread_ms": 0.0, "note": failed[inst.name]}
                     continue
-                base = cache.key(inst.name, sources[inst.name], compiler, torch_version, spec.arch, device, bucket.shape)
-                for rep in range(REPEATS):
-                    job = {"id": f"{rep}|{bucket.name}|{dtype}|{inst.name}", "name": inst.name, "dtype": dtype,
-                           "shape": bucket.shape, "key": f"{base}-{rep}", "slot": (bucket.name, dtype, inst.name)}
-                    hit = store.get(job["key"])
-                    if hit is not None:
-                        slot.append(hit)
-                    else:
-                        todo.append(job)
-    print(f"tune: {sum(map(len, repeats.values()))} measurements cached, {len(todo)} to time "
-          f"({REPEATS} passes over the candidates)", flush=True)
+                job["key"] = cache.key(inst.name, sources[inst.name], compiler, torch_version, spec.arch, device,
+                                       bucket.shape)
+                hit = store.get(job["key"])
+                if hit is not None:
+                    results[job["id"]] = hit
+                else:
+                    todo.append(job)
+    print(f"tune: {len(results)} measurements cached, {len(todo)} to time", flush=True)
     progress = Progress(len(todo), "time")
 
     def on_result(job, result):
         store.put(job["key"], {"name": job["name"], "shape": job["shape"], "dtype": job["dtype"], **result})
-        repeats[job["slot"]].append(result)
+        results[job["id"]] = result
         progress.step(note=job["name"])
     if todo:
         from . import measure
-        measure.measure_all(sorted(todo, key=lambda j: j["id"]), str(so_path), on_result)  # repeat-major
-    results = {}
-    for (bucket_name, dtype, name), reps in repeats.items():
-        times = sorted(r["median_ms"] for r in reps)
-        finite = all(math.isfinite(t) for t in times)
-        results[f"{bucket_name}|{dtype}|{name}"] = {
-            "median_ms": times[len(times) // 2] if finite else math.inf,
-            "spread_ms": times[-1] - times[0] if finite else 0.0,
-            "note": "; ".join(sorted({r.get("note", "") for r in reps} - {""}))}
+        measure.measure_all(sorted(todo, key=lambda j: j["id"]), str(so_path), on_result)
 
     by_name = {c.name: c for c in cands}
     entries, rows = [], []

@@ -26,6 +26,14 @@ def test_tie_within_spread_goes_to_the_simpler():
     assert choice.winner.name == "simple" and choice.tied == ("fast", "simple")
 
 
+def test_a_near_tie_under_the_noise_floor_goes_to_the_simpler():
+    # The case seen on the H100: 0.0904 vs 0.0905 ms with back-to-back spreads near zero.
+    choice = select.choose([m("seg512", 0.0904, 0.0, simple=1), m("seg128", 0.0905, 0.0001, simple=0)])
+    assert choice.winner.name == "seg128"
+    # A clear gap still goes to the fastest.
+    assert select.choose([m("fast", 0.0900, 0.0, simple=1), m("simple", 0.0950, 0.0, simple=0)]).winner.name == "fast"
+
+
 def test_failed_candidates_never_win():
     choice = select.choose([m("broken", math.inf), m("slow", 9.0)])
     assert choice.winner.name == "slow"
