@@ -91,7 +91,8 @@ def _cmd_dump(args) -> int:
 
 def _cmd_tune(args) -> int:
     from .tune.runner import run
-    return run(args.spec, args.jobs, args.out)
+    run(args.spec, args.jobs, args.out)
+    return 0
 
 
 def _cmd_build(args) -> int:

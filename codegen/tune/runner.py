@@ -5,6 +5,7 @@ import json
 import math
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import dispatch, pipeline
@@ -46,66 +47,82 @@ def _smallest_buckets(spec, cands, runtime: dict, dtype: str) -> list:
     return out
 
 
-def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None) -> int:
-    import torch
+@dataclass(frozen=True)
+class Device:
+    """What the measurements were taken on (the table and the cache keys record it)."""
+    name: str
+    sm_count: int
+    torch: str
+    cuda: str
+    compiler: str
 
-    t_start = time.monotonic()
-    spec = pipeline.load([spec_path])[0]
-    if spec.tune is None:
-        raise SystemExit(f"tune: {spec.file} has no tune: section")
-    built = pipeline.lower(pipeline.expand([spec]), use_tuned=False)[0][1]
-    device = torch.cuda.get_device_name()
-    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    @staticmethod
+    def current() -> "Device":
+        import torch
+        props = torch.cuda.get_device_properties(0)
+        return Device(torch.cuda.get_device_name(), props.multi_processor_count, str(torch.__version__),
+                      str(torch.version.cuda), _compiler())
 
-    cands, rejected = candidates.candidates(spec)
-    names = {c.name for c in cands}
-    defaults = {}
+
+def _measure_on_gpu(jobs, so_path, on_result):
+    from . import measure
+    measure.measure_all(jobs, so_path, on_result)
+
+
+def _add_defaults(spec, built, cands, dev: Device) -> dict:
+    """The instance the default rules pick per (bucket, dtype), added to the candidates so
+    that every winner's speed-up over the default is measured in the same run."""
+    names, defaults = {c.name for c in cands}, {}
     for bucket in spec.tune.buckets:
         for dtype in spec.tune.dtypes:
-            runtime = dispatch.runtime_for(bucket.shape, DTYPE_BYTES[dtype], sm_count)
+            runtime = dispatch.runtime_for(bucket.shape, DTYPE_BYTES[dtype], dev.sm_count)
             inst = dispatch.select(spec, built, runtime, {"dtype": dtype, "direction": "fwd"})
             defaults[(bucket.name, dtype)] = inst
             if inst is not None and inst.name not in names:
                 cands.append(inst)
                 names.add(inst.name)
-    print(f"tune: {len(cands)} candidates ({len(rejected)} rejected by the passes)", flush=True)
-    for rej in rejected[:5]:
-        print(f"  rejected {rej.instance.name}: {rej.param}: {rej.reason}")
+    return defaults
 
-    so_path, failed, sources = build.build(spec, cands, jobs)
-    for name, why in failed.items():
-        print(f"  {name}: {why} (scored as infinitely slow)")
 
-    store = cache.Cache(Path(build.layout_for(spec.stem).build) / "cache.jsonl")
-    compiler, torch_version = _compiler(), str(torch.__version__)
+def _plan(spec, cands, failed, sources, store, dev: Device):
+    """(results known already: failed builds and cache hits, jobs still to time)."""
     results, todo = {}, []
     for bucket in spec.tune.buckets:
         for dtype in spec.tune.dtypes:
-            runtime = dispatch.runtime_for(bucket.shape, DTYPE_BYTES[dtype], sm_count)
+            runtime = dispatch.runtime_for(bucket.shape, DTYPE_BYTES[dtype], dev.sm_count)
             for inst in _smallest_buckets(spec, cands, runtime, dtype):
                 job = {"id": f"{bucket.name}|{dtype}|{inst.name}", "name": inst.name, "shape": bucket.shape,
                        "dtype": dtype}
                 if inst.name in failed:
                     results[job["id"]] = {"median_ms": math.inf, "spread_ms": 0.0, "note": failed[inst.name]}
                     continue
-                job["key"] = cache.key(inst.name, sources[inst.name], compiler, torch_version, spec.arch, device,
+                job["key"] = cache.key(inst.name, sources[inst.name], dev.compiler, dev.torch, spec.arch, dev.name,
                                        bucket.shape)
                 hit = store.get(job["key"])
                 if hit is not None:
                     results[job["id"]] = hit
                 else:
                     todo.append(job)
-    print(f"tune: {len(results)} measurements cached, {len(todo)} to time", flush=True)
-    progress = Progress(len(todo), "time")
+    return results, todo
 
-    def on_result(job, result):
-        store.put(job["key"], {"name": job["name"], "shape": job["shape"], "dtype": job["dtype"], **result})
-        results[job["id"]] = result
-        progress.step(note=job["name"])
-    if todo:
-        from . import measure
-        measure.measure_all(sorted(todo, key=lambda j: j["id"]), str(so_path), on_result)
 
+def _entry(spec, bucket, dtype, inst, choice, default, default_ms, count) -> dict:
+    """One row of the tuned table."""
+    finite = math.isfinite(default_ms)
+    return {
+        "bucket": bucket.name, "dtype": dtype, "serves": _serves(spec, dtype), "kind": inst.kind,
+        "params": dict(inst.params), "instance": inst.name,
+        "time_ms": round(choice.winner.median_ms, 5), "spread_ms": round(choice.winner.spread_ms, 5),
+        "runner_up": choice.runner_up.name if choice.runner_up else None,
+        "runner_up_ms": round(choice.runner_up.median_ms, 5) if choice.runner_up else None,
+        "default": default.name if default else None,
+        "default_ms": round(default_ms, 5) if finite else None,
+        "speedup_vs_default": round(default_ms / choice.winner.median_ms, 3) if finite else None,
+        "candidates": count}
+
+
+def _choose_all(spec, cands, results, defaults):
+    """(tuned-table entries, report rows) from all measurements."""
     by_name = {c.name: c for c in cands}
     entries, rows = [], []
     for bucket in spec.tune.buckets:
@@ -124,30 +141,57 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None) -> 
             if choice is None:
                 print(f"tune: bucket {bucket.name} {dtype}: no candidate passed; the default rules stay")
                 continue
-            w = by_name[choice.winner.name]
-            entries.append({
-                "bucket": bucket.name, "dtype": dtype, "serves": _serves(spec, dtype), "kind": w.kind,
-                "params": dict(w.params), "instance": w.name,
-                "time_ms": round(choice.winner.median_ms, 5), "spread_ms": round(choice.winner.spread_ms, 5),
-                "runner_up": choice.runner_up.name if choice.runner_up else None,
-                "runner_up_ms": round(choice.runner_up.median_ms, 5) if choice.runner_up else None,
-                "default": default.name if default else None,
-                "default_ms": round(default_ms, 5) if math.isfinite(default_ms) else None,
-                "speedup_vs_default": round(default_ms / choice.winner.median_ms, 3) if math.isfinite(default_ms) else None,
-                "candidates": len(ms)})
-    header = {"spec": spec.file, "arch": spec.arch, "device": device, "sm_count": sm_count,
-              "torch": torch_version, "cuda": torch.version.cuda, "compiler": compiler,
+            entries.append(_entry(spec, bucket, dtype, by_name[choice.winner.name], choice, default, default_ms,
+                                  len(ms)))
+    return entries, rows
+
+
+def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None, *, root: Path = pipeline.ROOT,
+        device: Device | None = None, build_fn=build.build, measure_fn=_measure_on_gpu) -> dict:
+    """Tune `spec_path`; returns the table header. `device`, `build_fn` and `measure_fn` are
+    the GPU-facing parts (the CPU tests pass stand-ins with a deterministic cost)."""
+    t_start = time.monotonic()
+    spec = pipeline.load([spec_path])[0]
+    if spec.tune is None:
+        raise SystemExit(f"tune: {spec.file} has no tune: section")
+    dev = device or Device.current()
+    built = pipeline.lower(pipeline.expand([spec]), use_tuned=False)[0][1]
+    cands, rejected = candidates.candidates(spec)
+    defaults = _add_defaults(spec, built, cands, dev)
+    print(f"tune: {len(cands)} candidates ({len(rejected)} rejected by the passes)", flush=True)
+    for rej in rejected[:5]:
+        print(f"  rejected {rej.instance.name}: {rej.param}: {rej.reason}")
+
+    so_path, failed, sources = build_fn(spec, cands, jobs)
+    for name, why in failed.items():
+        print(f"  {name}: {why} (scored as infinitely slow)")
+    store = cache.Cache(root / build.layout_for(spec.stem).build / "cache.jsonl")
+    results, todo = _plan(spec, cands, failed, sources, store, dev)
+    print(f"tune: {len(results)} measurements cached, {len(todo)} to time", flush=True)
+    progress = Progress(len(todo), "time")
+
+    def on_result(job, result):
+        store.put(job["key"], {"name": job["name"], "shape": job["shape"], "dtype": job["dtype"], **result})
+        results[job["id"]] = result
+        progress.step(note=job["name"])
+    if todo:
+        measure_fn(sorted(todo, key=lambda j: j["id"]), str(so_path), on_result)
+
+    entries, rows = _choose_all(spec, cands, results, defaults)
+    header = {"spec": spec.file, "arch": spec.arch, "device": dev.name, "sm_count": dev.sm_count,
+              "torch": dev.torch, "cuda": dev.cuda, "compiler": dev.compiler,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "candidates": len(cands), "rejected_by_passes": len(rejected), "failed_to_build": len(failed),
+              "measured_now": len(todo),
               "timing": "triton.testing.do_bench median of 3 repeats (spread = max - min), inputs rotated beyond L2"}
-    path = table.table_path(pipeline.ROOT, spec)
+    path = table.table_path(root, spec)
     table.write(path, header, entries)
-    out = Path(out_dir) if out_dir else pipeline.ROOT / "bench" / "results" / ("h100" if "H100" in device else "gpu")
+    out = Path(out_dir) if out_dir else root / "bench" / "results" / ("h100" if "H100" in dev.name else "gpu")
     out.mkdir(parents=True, exist_ok=True)
     (out / f"tune_{spec.stem}.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1, default=str))
     md = report.markdown(header, entries, time.monotonic() - t_start)
     (out / f"tune_{spec.stem}.md").write_text(md)
     report.heat_map(rows, out / f"tune_{spec.stem}.png")
     print(md)
-    print(f"tune: wrote {path.relative_to(pipeline.ROOT)}; run `make gen` to emit its dispatch")
-    return 0
+    print(f"tune: wrote {path}; run `make gen` to emit its dispatch")
+    return header

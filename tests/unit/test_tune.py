@@ -117,3 +117,51 @@ def test_tuned_table_errors_name_the_line(tmp_path):
     with pytest.raises(SpecError) as info:
         table.load_rules(spec, _fake_table(tmp_path, spec, params=bad), passes.lower_one)
     assert info.value.field == "buckets[0].params.tph"
+
+
+def _cost(job) -> float:
+    """Deterministic stand-in for a GPU timing: favours more value columns per thread and
+    longer chunks, penalises state split over many lanes."""
+    name = job["name"]
+    val = lambda key: int(name.split(f"_{key}")[1].split("_")[0])  # noqa: E731
+    return 1.0 / val("mpt") + 8.0 / val("chunk") + 0.01 * val("tph") + (0.3 if "_lmha_" in name else 0.0)
+
+
+def test_runner_end_to_end_on_cpu_resumes_from_the_cache(tmp_path):
+    """The whole tuner with stand-ins for the GPU parts: a second run times nothing, an
+    interrupted one resumes, a candidate that fails to build never wins."""
+    from codegen.tune import runner
+    dev = runner.Device("Test GPU", 132, "2.x", "13.0", "nvcc test")
+    timed = []
+
+    def fake_build(spec, cands, jobs):
+        broken = {c.name: "failed to compile" for c in cands if c.p.get("chunk") == 32 and c.kind == "split_time"}
+        return tmp_path / "fake.so", broken, {c.name: c.name for c in cands}
+
+    def fake_measure(jobs, so_path, on_result):
+        for job in jobs:
+            timed.append(job["id"])
+            on_result(job, {"median_ms": _cost(job), "spread_ms": 0.0, "note": ""})
+
+    spec_file = str(ROOT / "specs" / "causal_linear.yaml")
+    kw = dict(root=tmp_path, device=dev, build_fn=fake_build, measure_fn=fake_measure, out_dir=str(tmp_path / "out"))
+    header = runner.run(spec_file, **kw)
+    first = len(timed)
+    assert first > 48 and header["measured_now"] == first
+    doc = __import__("yaml").safe_load((tmp_path / "tuned" / "sm_90a" / "causal_linear.yaml").read_text())
+    assert {(e["bucket"], e["dtype"]) for e in doc["buckets"]} == {(b, d) for b in
+            [b.name for b in pipeline.load()[0].tune.buckets] for d in ("fp32", "bf16")}
+    for entry in doc["buckets"]:
+        assert not (entry["kind"] == "split_time" and entry["params"]["chunk"] == 32)  # failed builds never win
+        assert entry["speedup_vs_default"] is None or entry["speedup_vs_default"] > 0
+    # Second run: everything from the cache.
+    timed.clear()
+    assert runner.run(spec_file, **kw)["measured_now"] == 0 and not timed
+    # An interrupted run: drop the last 10 cache lines, the next run times exactly those.
+    cache_file = tmp_path / "build" / "tune" / "causal_linear" / "cache.jsonl"
+    lines = cache_file.read_text().splitlines()
+    cache_file.write_text("\n".join(lines[:-10]) + "\n")
+    runner.run(spec_file, **kw)
+    assert len(timed) == 10
+    doc2 = __import__("yaml").safe_load((tmp_path / "tuned" / "sm_90a" / "causal_linear.yaml").read_text())
+    assert [e["instance"] for e in doc2["buckets"]] == [e["instance"] for e in doc["buckets"]]
