@@ -115,7 +115,8 @@ def render_all(templates_dir: Path, specs_and_instances, namespace: str = NAMESP
     candidates with another op namespace and layout, into a build of their own."""
     env = environment(templates_dir)
     files = {}
-    for template in sorted((templates_dir / "common").glob("*.cuh.j2")):
+    common = (templates_dir / "common").glob("*.j2")
+    for template in sorted(t for t in common if t.name.endswith((".cuh.j2", ".h.j2"))):
         rel = f"common/{template.name[:-3]}"
         files[rel] = _render(env, "specs/", f"common/{template.name}")
     for spec, instances in specs_and_instances:

@@ -74,7 +74,7 @@ def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
         raise Rejected("seg", f"seg={p['seg']} must be a multiple of chunk={chunk} (0: never split time)")
 
     read_floats = min(vec, 4)   # o tile is read back as float4 (or narrower) pieces
-    accesses = _o_tile_accesses(cols, mpt, tph, vec, read_floats)
+    accesses = banks.output_tile_accesses(cols, mpt, tph, vec, read_floats)
     pad = p["pad"]
     if pad == "auto":
         pad = banks.choose_pad(accesses, unit=read_floats)
@@ -95,23 +95,6 @@ def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
         "ept": ept, "lds": lds, "o_ld": cols + pad, "o_tile_floats": o_tile_floats,
         "o_read": read_floats, "bank_ways": ways, "threads_param": "tph", "smem_param": "chunk",
     })
-
-
-def _o_tile_accesses(cols: int, mpt: int, tph: int, vec: int, read_floats: int) -> list:
-    """The two accesses to the fp32 output tile, whose row pitch `cols + pad` the bank
-    pass chooses: lane j of column group g writes (step, column) pair j (step-major) of its
-    group; the store loop reads rows back `vec` columns per thread."""
-    def write(lane, pad):
-        group, pair = lane // tph, lane % tph
-        return ((pair // mpt) * (cols + pad) + group * mpt + pair % mpt) * 4
-
-    units_per_row = cols // vec
-
-    def read(lane, pad):
-        row, unit = divmod(lane, units_per_row)
-        return (row * (cols + pad) + unit * vec) * 4
-
-    return [banks.Access("o_write", 4, write), banks.Access("o_read", read_floats * 4, read)]
 
 
 def _lower_generic(inst: KernelInstance) -> KernelInstance:

@@ -61,3 +61,21 @@ def choose_pad(accesses: list[Access], unit: int, limit: int = 32) -> int:
         if best_cost is None or cost < best_cost:
             best_pad, best_cost = pad, cost
     return best_pad
+
+
+def output_tile_accesses(cols: int, mpt: int, tph: int, vec: int, read_floats: int) -> list[Access]:
+    """The two accesses to the fp32 output tile of a reduce-scatter recurrent kernel (row pitch
+    `cols + pad`): after the reduce-scatter, lane j of column group g writes (step, column)
+    pair j (step-major) of its group; the store loop then reads rows back `vec` columns per
+    thread, `read_floats` floats per access."""
+    def write(lane, pad):
+        group, pair = lane // tph, lane % tph
+        return ((pair // mpt) * (cols + pad) + group * mpt + pair % mpt) * WORD
+
+    units_per_row = cols // vec
+
+    def read(lane, pad):
+        row, unit = divmod(lane, units_per_row)
+        return (row * (cols + pad) + unit * vec) * WORD
+
+    return [Access("o_write", WORD, write), Access("o_read", read_floats * WORD, read)]

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/torch_checks.h"
 #include "params.cuh"
 
 namespace attngen {
@@ -22,28 +23,10 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key);
 
 namespace {
 
-// Messages are assembled with std::string only: streaming numbers through c10::str
-// instantiated libstdc++ ostream code in this library that crashed against the libstdc++
-// the torch process had loaded (seen on the H100 machine, torch 2.11).
-[[noreturn]] void fail_value(const std::string& msg) {
-  throw c10::ValueError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg);
-}
-
-[[noreturn]] void fail_runtime(const std::string& msg) {
-  throw c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg);
-}
-
-std::string str(int64_t x) { return std::to_string(x); }
-
-std::string str(c10::IntArrayRef dims) {
-  std::string out = "[";
-  for (size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + std::to_string(dims[i]);
-  return out + "]";
-}
-
-std::string str(const at::Tensor& t) { return c10::toString(t.scalar_type()); }
-
-std::string device_str(const at::Tensor& t) { return t.device().str(); }
+using detail::device_str;
+using detail::fail_runtime;
+using detail::fail_value;
+using detail::str;
 
 DType dtype_code(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -70,29 +53,7 @@ void check_input(const char* name, const at::Tensor& t, const at::Tensor& q, int
   }
 }
 
-// The widest vector (in elements, at most 16 bytes) that every pointer, stride and E, M allow.
-int64_t vector_align(const std::vector<const at::Tensor*>& tensors, int64_t E, int64_t M) {
-  const int64_t elem = tensors[0]->element_size();
-  int64_t align = 16 / elem;
-  auto fold = [&](int64_t x) {
-    while (align > 1 && x % align) align /= 2;
-  };
-  for (const at::Tensor* t : tensors) {
-    const auto addr = reinterpret_cast<uintptr_t>(t->data_ptr());
-    while (align > 1 && addr % (align * elem)) align /= 2;
-    for (int d = 0; d < 3; ++d) fold(t->stride(d));
-  }
-  fold(E);
-  fold(M);
-  return align;
-}
-
-int64_t sm_count(int device) {
-  int count = 0;
-  const cudaError_t err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  if (err != cudaSuccess) fail_runtime(std::string("causal_dot_product: cannot read the multiprocessor count: ") + cudaGetErrorString(err));
-  return count;
-}
+int64_t sm_count(int device) { return detail::sm_count(device, "causal_dot_product"); }
 
 CausalLinearKey make_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
                   bool reverse) {
@@ -101,7 +62,7 @@ CausalLinearKey make_key(const at::Tensor& q, const at::Tensor& k, const at::Ten
   key.M = v.size(3);
   key.L = q.size(2);
   key.BH = q.size(0) * q.size(1);
-  key.align = vector_align({&q, &k, &v, &o}, key.E, key.M);
+  key.align = detail::vector_align({&q, &k, &v, &o}, 3, {key.E, key.M});
   key.sm_count = sm_count(q.device().index());
   key.dtype = dtype_code(q);
   key.reverse = reverse;
