@@ -54,7 +54,7 @@ def test_pad_auto_is_resolved_to_the_cheapest_layout(lowered):
             p = inst.p
             assert isinstance(p["pad"], int)
             read = min(p["vec"], 4)
-            accesses = causal_linear._o_tile_accesses(p["cols"], p["mpt"], p["tph"], p["vec"], read)
+            accesses = banks.output_tile_accesses(p["cols"], p["mpt"], p["tph"], p["vec"], read)
             costs = {pad: sum(a.cost(pad) for a in accesses) for pad in range(0, 32, read)}
             assert costs[p["pad"]] == min(costs.values()), inst.name
     # And where a conflict-free layout exists it is found: fp32 lmha e64 x m64.
