@@ -45,3 +45,55 @@ def linear_attention(q, k, v, eps: float = 1e-6):
     KV = torch.einsum("nshd,nshm->nhmd", K, v)
     Z = 1 / (torch.einsum("nlhd,nhd->nlh", Q, K.sum(dim=1)) + eps)
     return torch.einsum("nlhd,nhmd,nlh->nlhm", Q, KV, Z)
+
+
+def wkv(r, k, v, w, u, state=None, dtype=torch.float64):
+    """RWKV6 wkv as the naive recurrence in `dtype` (differentiable, so its autograd is the
+    backward's reference). r, k, v, w [B, T, H, N] with w the log decay; u [H, N]; state
+    [B, H, N(key), N(value)] or None. Returns o [B, T, H, N] and the final state.
+
+        o_t[i] = sum_j r_t[j] (u[j] k_t[j] v_t[i] + S[j, i]);  S[j, i] <- S[j, i] exp(w_t[j]) + k_t[j] v_t[i]
+    """
+    r, k, v, w = (x.to(dtype) for x in (r, k, v, w))
+    u = u.to(dtype)
+    B, T, H, N = r.shape
+    S = torch.zeros(B, H, N, N, dtype=dtype, device=r.device) if state is None else state.to(dtype)
+    outs = []
+    for t in range(T):
+        kv = k[:, t, :, :, None] * v[:, t, :, None, :]
+        outs.append(torch.einsum("bhj,bhji->bhi", r[:, t], S + u[None, :, :, None] * kv))
+        S = S * torch.exp(w[:, t])[..., None] + kv
+    o = torch.stack(outs, 1) if outs else r.new_zeros(B, 0, H, N)
+    return o, S
+
+
+def wkv_scan(q, kc, vo, w, u=None, state=None, reverse=False, keys_output=False, return_state=True,
+             float_out=False, dtype=torch.float64):
+    """The generated scan kernels' contract (templates/rwkv/params.cuh), in `dtype`: per (b, h),
+    read X then update it, walking time forward or in reverse:
+        y_t[o] = sum_c q_t[c] X[c, o] + vo_t[o] uo[o] sum_c q_t[c] uc[c] kc_t[c]
+        X[c, o] <- X[c, o] exp(w_t[key]) + kc_t[c] vo_t[o]
+    key = o (u on o) if keys_output else c (u on c). state and the returned state are
+    [B, H, key, value] as wkv's, so X is the state, transposed when keys_output."""
+    q, kc, vo, w = (x.to(dtype) for x in (q, kc, vo, w))
+    B, T, H, N = q.shape
+    if state is None:
+        X = torch.zeros(B, H, N, N, dtype=dtype, device=q.device)
+    else:
+        X = state.to(dtype).transpose(-1, -2) if keys_output else state.to(dtype)
+    ys = [None] * T
+    for t in (reversed(range(T)) if reverse else range(T)):
+        qt, kt, vt = q[:, t], kc[:, t], vo[:, t]
+        y = torch.einsum("bhc,bhco->bho", qt, X)
+        if u is not None:
+            uu = u.to(dtype)
+            if keys_output:
+                y = y + vt * uu * (qt * kt).sum(-1, keepdim=True)
+            else:
+                y = y + vt * (qt * uu * kt).sum(-1, keepdim=True)
+        ys[t] = y
+        decay = torch.exp(w[:, t])
+        X = X * (decay[..., None, :] if keys_output else decay[..., :, None]) + kt[..., :, None] * vt[..., None, :]
+    y = torch.stack(ys, 1) if T else q.new_zeros(B, 0, H, N)
+    final = X.transpose(-1, -2) if keys_output else X
+    return y, (final if return_state else X.new_zeros(0))

@@ -25,8 +25,10 @@ class KernelInstance:
     # ---- names -------------------------------------------------------------------------
     @property
     def name(self) -> str:
+        # Every axis value is in the name (dtype last, with the arch): instances that differ
+        # only in an axis must not share a file.
         a = self.a
-        parts = [self.family, a.get("direction", ""), self.kind]
+        parts = [self.family] + [v for k, v in self.axes if k != "dtype"] + [self.kind]
         parts += [f"{k}{v}" for k, v in self.params]
         parts += [a.get("dtype", ""), ARCHES[self.arch].short]
         return "_".join(p for p in parts if p)

@@ -32,22 +32,6 @@ __device__ __forceinline__ int64_t time_row(int64_t t, int64_t L) { return REVER
 
 constexpr int PARTS = CHUNK * MPT;  // partial sums per stage: (step, column) pairs, step-major
 
-// Reduce-scatter of the partial sums over the TPH lanes of one column group: afterwards the
-// first PARTS / TPH entries of `part` hold full sums, entry i for pair i * TPH + lane.
-__device__ __forceinline__ void reduce_scatter(float (&part)[PARTS], int lane) {
-#pragma unroll
-  for (int width = 1; width < TPH; width *= 2) {
-    const bool odd_half = lane & width;
-#pragma unroll
-    for (int j = 0; j < PARTS / (2 * width); ++j) {
-      const float even = part[2 * j], odd = part[2 * j + 1];
-      const float keep = odd_half ? odd : even;
-      const float send = odd_half ? even : odd;
-      part[j] = keep + __shfl_xor_sync(0xffffffffu, send, width);
-    }
-  }
-}
-
 // With time split into segments (SEG > 0), DELTA = true sums k_t v_t^T over one segment into
 // the workspace; DELTA = false then starts each segment from the sum of the deltas before it.
 // Workspace: [B*H][segments][column blocks][E][COLS] floats.
@@ -216,7 +200,7 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
 #pragma unroll
       for (int c = 0; c < MPT; ++c) part[t * MPT + c] = acc[c];
     }
-    reduce_scatter(part, lane);
+    reduce_scatter<PARTS, TPH>(part, lane);
     float* tile = o_tiles + (s & 1) * O_TILE;
 #pragma unroll
     for (int i = 0; i < PARTS / TPH; ++i) {

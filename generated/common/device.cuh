@@ -71,4 +71,23 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
 }
 
+// Reduce-scatter of per-thread partial sums over groups of LANES consecutive lanes of a warp:
+// afterwards the first PARTS / LANES entries of `part` hold full sums over the group, entry i
+// the sum of pair i * LANES + lane. log2(LANES) rounds of PARTS / 2, PARTS / 4, ... shuffles.
+template <int PARTS, int LANES>
+__device__ __forceinline__ void reduce_scatter(float (&part)[PARTS], int lane) {
+  static_assert(PARTS % LANES == 0, "partials must split evenly over the lanes");
+#pragma unroll
+  for (int width = 1; width < LANES; width *= 2) {
+    const bool odd_half = lane & width;
+#pragma unroll
+    for (int j = 0; j < PARTS / (2 * width); ++j) {
+      const float even = part[2 * j], odd = part[2 * j + 1];
+      const float keep = odd_half ? odd : even;
+      const float send = odd_half ? even : odd;
+      part[j] = keep + __shfl_xor_sync(0xffffffffu, send, width);
+    }
+  }
+}
+
 }  // namespace attngen

@@ -36,7 +36,7 @@ inline std::string str(const at::Tensor& t) { return c10::toString(t.scalar_type
 inline std::string device_str(const at::Tensor& t) { return t.device().str(); }
 
 // The widest vector (in elements, at most 16 bytes) that every tensor's address, its strides
-// of the dims in `strided_dims` and the sizes in `sizes` allow.
+// of the first `strided_dims` dims and the sizes in `sizes` allow.
 inline int64_t vector_align(const std::vector<const at::Tensor*>& tensors, int strided_dims,
                             const std::vector<int64_t>& sizes) {
   const int64_t elem = tensors[0]->element_size();
@@ -47,7 +47,9 @@ inline int64_t vector_align(const std::vector<const at::Tensor*>& tensors, int s
   for (const at::Tensor* t : tensors) {
     const auto addr = reinterpret_cast<uintptr_t>(t->data_ptr());
     while (align > 1 && addr % (align * elem)) align /= 2;
-    for (int d = 0; d < strided_dims; ++d) fold(t->stride(d));
+    for (int d = 0; d < strided_dims; ++d) {
+      if (t->size(d) > 1) fold(t->stride(d));  // a size-1 dim's stride is never stepped over
+    }
   }
   for (int64_t size : sizes) fold(size);
   return align;

@@ -1,0 +1,201 @@
+"""RWKV5/6 wkv: the generated `wkv_scan` kernels as a differentiable torch custom op.
+
+The forward is one scan of the N x N state; the backward is three scans (dr forward in time,
+dk and dv in reverse, see templates/rwkv/params.cuh) and a few elementwise torch ops for the
+bonus, u and decay gradients:
+    dw_t[j] = sum_{m >= t} (r_{m+1}[j] dr~_{m+1}[j] - k_m[j] dk~_m[j]) + sum_i dS_T[j, i] S_T[j, i]
+where dr~, dk~ are the state parts of dr, dk (without the bonus). This holds because w enters
+only through the cumulative log decay; it needs no second copy of the state.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _ext
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_registered = False
+
+
+def _vector_ready(t: torch.Tensor) -> torch.Tensor:
+    """The kernels read 16 bytes at a time: a view whose address or strides break that is
+    copied (contiguous, aligned) rather than refused."""
+    step = 16
+    if t.data_ptr() % step == 0 and all(s * t.element_size() % step == 0
+                                        for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _scan(q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out):
+    return torch.ops.attngen.wkv_scan(q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out)
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    _ext.load()
+
+    @torch.library.register_fake("attngen::wkv_scan")
+    def _scan_fake(q, kc, vo, w, u=None, state=None, reverse=False, keys_output=False, return_state=True,
+                   float_out=False):
+        B, T, H, N = q.shape
+        y = q.new_empty(q.shape, dtype=torch.float32 if float_out else q.dtype)
+        return y, q.new_empty((B, H, N, N) if return_state else (0,), dtype=torch.float32)
+
+    @torch.library.custom_op("attngen::wkv", mutates_args=())
+    def wkv_op(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: torch.Tensor,
+               state: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return _scan(r, k, v, w, u, state, False, False, True, False)
+
+    @wkv_op.register_fake
+    def _wkv_fake(r, k, v, w, u, state):
+        B, T, H, N = r.shape
+        return r.new_empty(r.shape), r.new_empty((B, H, N, N), dtype=torch.float32)
+
+    def setup_context(ctx, inputs, output):
+        r, k, v, w, u, state = inputs
+        ctx.save_for_backward(r, k, v, w, u, state, output[1])
+
+    wkv_op.register_autograd(_backward, setup_context=setup_context)
+    _registered = True
+
+
+def _backward(ctx, d_o, d_state):
+    r, k, v, w, u, s0, s_final = ctx.saved_tensors
+    d_o = _vector_ready(d_o if d_o is not None else torch.zeros_like(r))
+    d_state = d_state.contiguous() if d_state is not None else None
+    return wkv_backward(_scan, r, k, v, w, u, s0, s_final, d_o, d_state)
+
+
+def wkv_backward(scan, r, k, v, w, u, s0, s_final, d_o, d_state):
+    """Gradients of wkv6 for (r, k, v, w, u, state) from three scans; `scan` has wkv_scan's
+    signature (the CUDA op, or reference.wkv_scan in the CPU test of this algebra)."""
+    # The state parts of dr and dk in fp32 (the decay gradient needs them), then dv with its bonus.
+    dr_state, _ = scan(d_o, v, k, w, None, s0, False, True, False, True)
+    dk_state, d_s0 = scan(v, d_o, r, w, None, d_state, True, True, s0 is not None, True)
+    dv, _ = scan(k, r, d_o, w, u, d_state, True, False, False, False)
+
+    acc = torch.promote_types(dr_state.dtype, torch.float32)
+    rf, kf, uf = r.to(acc), k.to(acc), u.to(acc)
+    ov = torch.linalg.vecdot(d_o.to(acc), v.to(acc)).unsqueeze(-1)   # (do_t . v_t), [B, T, H, 1]
+    u_ov = uf * ov
+    dr = torch.addcmul(dr_state, kf, u_ov)
+    dk = torch.addcmul(dk_state, rf, u_ov)
+    du = (rf * kf * ov).sum((0, 1))
+    g = torch.mul(kf, dk_state).neg_()               # -k_t dk~_t
+    g[:, :-1].addcmul_(rf[:, 1:], dr_state[:, 1:])   # + r_{t+1} dr~_{t+1}
+    dw = g.flip(1).cumsum(1).flip(1)
+    if d_state is not None:
+        dw += (d_state * s_final).sum(-1).unsqueeze(1)
+    return (dr.to(r.dtype), dk.to(k.dtype), dv, dw.to(w.dtype), du.to(u.dtype),
+            d_s0 if s0 is not None else None)
+
+
+def _as_heads(name: str, x: torch.Tensor, H: int, op: str) -> torch.Tensor:
+    """[B, T, H*N] (as Hugging Face's RWKV layers hold it) -> a [B, T, H, N] view, no copy."""
+    if x.dim() == 3:
+        if x.shape[-1] % H:
+            raise ValueError(f"{op}: {name} has shape {tuple(x.shape)}; its last dim is not a multiple of "
+                             f"H={H} (u's first dim)")
+        return x.unflatten(-1, (H, x.shape[-1] // H))
+    return x
+
+
+def _check(op: str, r, k, v, w, u, state, check: bool, w_per_head: bool):
+    for name, t in (("r", r), ("k", k), ("v", v), ("w", w), ("u", u)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type not in ("cuda", "meta"):
+            raise ValueError(f"{op}: {name} must be a CUDA tensor, got device {t.device}")
+        if t.device != r.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but r is on {r.device}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"{op}: {name} has dtype {t.dtype}; supported: float32, float16, bfloat16")
+    for name, t in (("k", k), ("v", v)) + (() if w_per_head else (("w", w),)):
+        if t.dtype != r.dtype:
+            raise ValueError(f"{op}: {name} has dtype {t.dtype} but r has {r.dtype}")
+    if r.dim() != 4:
+        raise ValueError(f"{op}: r must be [B, T, H, N] or [B, T, H*N], got shape {tuple(r.shape)}")
+    B, T, H, N = r.shape
+    for name, t in (("k", k), ("v", v)) + (() if w_per_head else (("w", w),)):
+        if t.shape != r.shape:
+            raise ValueError(f"{op}: {name} has shape {tuple(t.shape)} but r has {tuple(r.shape)}")
+    want = (H, N)
+    if w_per_head and tuple(w.shape) != want:
+        raise ValueError(f"{op}: w must be [H, N] = [{H}, {N}] (one decay per head and channel), got shape "
+                         f"{tuple(w.shape)}")
+    if tuple(u.shape) != want:
+        raise ValueError(f"{op}: u must be [H, N] = [{H}, {N}], got shape {tuple(u.shape)}")
+    if state is not None:
+        if not isinstance(state, torch.Tensor) or state.dtype != torch.float32:
+            got = state.dtype if isinstance(state, torch.Tensor) else type(state).__name__
+            raise ValueError(f"{op}: state must be a float32 tensor [B, H, N, N], got {got}")
+        if tuple(state.shape) != (B, H, N, N):
+            raise ValueError(f"{op}: state must be [B, H, N, N] = [{B}, {H}, {N}, {N}], got shape "
+                             f"{tuple(state.shape)}")
+        if state.device != r.device:
+            raise ValueError(f"{op}: state is on {state.device} but r is on {r.device}")
+    if check and w.numel() and bool((w > 0).any()):
+        raise ValueError(f"{op}: w must be <= 0 (it is the log of the decay, which must not exceed 1); "
+                         f"max w = {w.max().item():g}")
+
+
+def _run(op, r, k, v, w, u, state, check, w_per_head):
+    if not isinstance(u, torch.Tensor) or u.dim() != 2:
+        raise ValueError(f"{op}: u must be a [H, N] tensor, got "
+                         f"{tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__}")
+    H = u.shape[0]
+    flat = isinstance(r, torch.Tensor) and r.dim() == 3
+    r, k, v = (_as_heads(n, x, H, op) if isinstance(x, torch.Tensor) else x for n, x in (("r", r), ("k", k), ("v", v)))
+    if not w_per_head and isinstance(w, torch.Tensor):
+        w = _as_heads("w", w, H, op)
+    _check(op, r, k, v, w, u, state, check, w_per_head)
+    if w_per_head:  # one decay per head: a stride-0 view over B and T, no copy
+        w = w.to(r.dtype).view(1, 1, *w.shape).expand(r.shape)
+    _register()
+    u = u.to(r.dtype)
+    r, k, v, w, u = (_vector_ready(x) for x in (r, k, v, w, u))
+    o, final = torch.ops.attngen.wkv(r, k, v, w, u, state)
+    return (o.flatten(-2) if flat else o), final
+
+
+def wkv6(r, k, v, w, u, state=None, check: bool = False):
+    """RWKV6 wkv with a data-dependent decay.
+
+    r, k, v, w: [B, T, H, N] or [B, T, H*N] (H from u); w is the log decay (decay = exp(w) <= 1).
+    u: [H, N] bonus (cast to r's dtype). state: optional [B, H, N(key), N(value)] float32.
+    Returns o (r's shape and dtype) and the final state [B, H, N, N] float32. fp32, fp16, bf16;
+    the state and every sum are fp32. Differentiable in all of r, k, v, w, u and state, and
+    through the returned state (so chunked training can feed it to the next call).
+    check=True verifies w <= 0 first (a device-to-host sync).
+    """
+    return _run("wkv6", r, k, v, w, u, state, check, w_per_head=False)
+
+
+def wkv5(r, k, v, w, u, state=None, check: bool = False):
+    """RWKV5 wkv: as wkv6 with one decay per head and channel, w [H, N] (log decay), constant
+    over time."""
+    return _run("wkv5", r, k, v, w, u, state, check, w_per_head=True)
+
+
+def wkv_instances() -> list[str]:
+    _register()
+    return list(torch.ops.attngen.wkv_scan_instances())
+
+
+def wkv_scan_with(instance: str, q, kc, vo, w, u=None, state=None, reverse=False, keys_output=False,
+                  return_state=True, float_out=False):
+    """One named scan instance (tests): errors if it does not cover the inputs."""
+    _register()
+    return torch.ops.attngen.wkv_scan_with(q, kc, vo, w, u, state, reverse, keys_output, return_state,
+                                           float_out, instance)
+
+
+def selected_scan(q, kc, vo, w, reverse=False, keys_output=False) -> str:
+    """The scan instance the generated dispatch picks for these inputs ('' if none)."""
+    _register()
+    return torch.ops.attngen.wkv_scan_select(q, kc, vo, w, reverse, keys_output)

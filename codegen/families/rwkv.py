@@ -1,0 +1,108 @@
+"""RWKV5/6 wkv (seed 001): lowering of the decayed-state scan kernels.
+
+Every pass of the op, forward and backward, is one scan of an N x N state X[c, o]:
+    y_t[o] = sum_c q_t[c] X[c, o] + bonus_t[o];   X[c, o] <- X[c, o] * decay_t + kc_t[c] vo_t[o]
+read before the update, walking time forward or in reverse (`direction`). The key axis of
+RWKV (the one that carries the decay exp(w) and the bonus u) is either the contracted axis c
+(forward and the dv pass) or the output axis o (the dr and dk passes): the `keys` axis.
+
+The scan template keeps `cols` output columns of one (b, h) per CTA in registers: `mpt`
+columns per thread, `tph` threads per column group each holding N/tph contracted rows, whose
+partial sums meet in a warp-shuffle reduce-scatter (as in causal_linear's recurrent kernel).
+"""
+from __future__ import annotations
+
+from ..arch import Arch
+from ..instance import KernelInstance
+from ..passes import Rejected, banks, vectorize
+
+NAME = "rwkv"
+AXES = {"dtype": ("fp32", "fp16", "bf16"), "direction": ("fwd", "rev"), "keys": ("contracted", "output")}
+RUNTIME_VARS = {
+    "N": "head size (r, k, v, w last dim; the state is N x N)",
+    "T": "sequence length",
+    "BH": "batch * heads",
+    "align": "largest vector width (elements) that every pointer, stride and N allow",
+    "sm_count": "multiprocessors on the current device",
+}
+DERIVED_NAMES = {"dtype_bytes"}
+SHAPE_DIMS = ("B", "H", "T", "N")
+SCAN = "rwkv/scan.cu.j2"
+TEMPLATE_PARAMS = {
+    SCAN: {"n": "int", "cols": "int", "mpt": "int", "tph": "int", "vec": "int", "chunk": "int",
+           "buf": "int", "pad": "auto_ok", "dsplit": "int0"},
+}
+SUPPORT_FILES = {
+    "rwkv/params.cuh.j2": "rwkv/params.cuh",
+    "rwkv/bindings.cpp.j2": "rwkv/bindings.cpp",
+}
+KEY_STRUCT = "WkvKey"
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    p, nbytes = inst.p, inst.dtype_bytes
+    n, cols, mpt, tph, vec, chunk, buf = (p[k] for k in ("n", "cols", "mpt", "tph", "vec", "chunk", "buf"))
+    keys_output = inst.a["keys"] == "output"
+    if not _is_pow2(tph) or tph > 32:
+        raise Rejected("tph", f"tph={tph} must be a power of two <= 32 (its lanes reduce by warp shuffles)")
+    if n % tph:
+        raise Rejected("tph", f"n={n} is not divisible by tph={tph}")
+    vectorize.check(vec, nbytes, {"n": n, "cols": cols})
+    ept = n // tph
+    lds = min(16 // nbytes, ept)   # contracted rows read from shared memory 16 bytes at a time
+    if ept % lds:
+        raise Rejected("tph", f"{ept} state rows per thread do not split into {lds}-element reads")
+    if n % cols or cols % mpt or mpt * nbytes not in vectorize.LEGAL_BYTES + (2,):
+        raise Rejected("mpt", f"mpt={mpt} must divide cols={cols} (a divisor of n={n}) and be one "
+                              f"read of 2 to 16 bytes")
+    if chunk * mpt % tph:
+        raise Rejected("chunk", f"chunk*mpt={chunk * mpt} must be divisible by tph={tph} (reduce-scatter)")
+    if buf < 2:
+        raise Rejected("buf", f"buf={buf}: the cp.async ring needs at least 2 stages")
+    if p["dsplit"] not in (0, 1):
+        raise Rejected("dsplit", f"dsplit={p['dsplit']} must be 0 (decay as one float) or 1 (hi + lo)")
+
+    read_floats = min(vec, 4)
+    accesses = banks.output_tile_accesses(cols, mpt, tph, vec, read_floats)
+    pad = p["pad"]
+    if pad == "auto":
+        pad = banks.choose_pad(accesses, unit=read_floats)
+    elif pad % read_floats:
+        raise Rejected("pad", f"pad={pad} breaks the {read_floats * 4}-byte alignment of output-tile reads")
+    inst = inst.with_params(pad=pad)
+
+    # Decay entries one step needs: those of the CTA's output columns when the keys are the
+    # output axis, all n otherwise. They are converted once per stage to fp32 (hi, and lo
+    # when dsplit) in their own buffer, read by every thread that shares the key.
+    wcols = cols if keys_output else n
+    threads = cols // mpt * tph
+    stage_bytes = chunk * (2 * n + cols + wcols) * nbytes
+    decay_floats = chunk * wcols * (1 + p["dsplit"])
+    o_tile_floats = chunk * (cols + pad)
+    smem = buf * stage_bytes + decay_floats * 4 + 2 * o_tile_floats * 4
+    row_read = banks.Access("q_read", lds * nbytes, lambda lane, _: (lane % tph) * lds * nbytes)
+    col_read = banks.Access("vo_read", mpt * nbytes, lambda lane, _: (lane // tph) * mpt * nbytes)
+    ways = banks.conflict_ways([row_read, col_read], 0)
+    ways.update(banks.conflict_ways(accesses, pad))
+    return inst.with_derived({
+        "threads": threads, "smem_bytes": smem, "stage_bytes": stage_bytes, "ept": ept, "lds": lds,
+        "wcols": wcols, "o_ld": cols + pad, "o_tile_floats": o_tile_floats, "decay_floats": decay_floats,
+        "o_read": read_floats, "keys_output": "true" if keys_output else "false",
+        "bank_ways": ways, "threads_param": "tph", "smem_param": "chunk",
+    })
+
+
+def smem_bytes_at_runtime(inst: KernelInstance) -> str:
+    return str(inst.d["smem_bytes"])
+
+
+def axes_match_cpp(axes: dict) -> str:
+    """C++ condition selecting the instances built for these axis values."""
+    reverse = "true" if axes["direction"] == "rev" else "false"
+    keys_output = "true" if axes["keys"] == "output" else "false"
+    return (f"key.dtype == DType::k{axes['dtype'].upper()} && key.reverse == {reverse} && "
+            f"key.keys_output == {keys_output}")
