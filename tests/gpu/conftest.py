@@ -19,6 +19,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def family_manifest(family: str) -> dict:
+    rows = json.loads((ROOT / "generated" / "manifest.json").read_text())
+    return {row["name"]: row for row in rows if row["family"] == family}
+
+
 @pytest.fixture(scope="session")
 def manifest():
-    return {row["name"]: row for row in json.loads((ROOT / "generated" / "manifest.json").read_text())}
+    """The causal-linear instances (each family's tests take their own rows)."""
+    return family_manifest("causal_linear")
+
+
+@pytest.fixture(scope="session")
+def rwkv_manifest():
+    return family_manifest("rwkv")

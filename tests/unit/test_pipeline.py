@@ -44,8 +44,18 @@ def test_where_filters_the_grid(lowered):
 
 
 def test_every_axis_value_is_instantiated(lowered):
-    seen = {(i.kind, i.a["dtype"], i.a["direction"]) for i in instances(lowered)}
-    assert len(seen) == 4 * 3 * 2
+    for spec, insts in lowered:
+        seen = {(i.kind,) + tuple(i.a.values()) for i in insts}
+        want = len(spec.kernels)
+        for values in spec.axes.values():
+            want *= len(values)
+        assert len(seen) == want, spec.file
+
+
+def test_instance_names_carry_every_axis(lowered):
+    names = {i.name for i in instances(lowered)}
+    assert "rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a" in names
+    assert "rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a" in names
 
 
 def test_pad_auto_is_resolved_to_the_cheapest_layout(lowered):
@@ -156,7 +166,7 @@ def test_ninja_file_has_one_edge_per_instance(lowered):
 
 def test_touching_one_kind_rewrites_only_its_files(tmp_path):
     spec_text = (ROOT / "specs" / "causal_linear.yaml").read_text()
-    base = pipeline.render_files(pipeline.lower(pipeline.expand(pipeline.load())))
+    base = pipeline.render_files(pipeline.lower(pipeline.expand(pipeline.load([ROOT / "specs" / "causal_linear.yaml"]))))
     path = tmp_path / "causal_linear.yaml"
     path.write_text(spec_text.replace("      chunk: [32]", "      chunk: [64]", 1))
     changed = pipeline.render_files(pipeline.lower(pipeline.expand(pipeline.load([path]))))

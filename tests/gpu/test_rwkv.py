@@ -1,0 +1,225 @@
+"""GPU tier: every generated wkv scan instance against the float64 contract, and wkv5/wkv6
+forward and backward (through the dispatch) against float64 autograd of the naive recurrence."""
+import pytest
+import torch
+
+import attngen
+from attngen import reference, rwkv
+
+pytestmark = pytest.mark.gpu
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+MODES = [(False, False), (False, True), (True, False), (True, True)]  # (reverse, keys_output)
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all(), "output has NaN/Inf (unwritten elements keep the poison)"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def poison(numel):
+    """Hand the caching allocator NaN-filled blocks, so unwritten outputs show up as NaN."""
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.full((numel,), float("nan"), dtype=dtype, device="cuda")
+
+
+def decays(shape, regime, g):
+    """Log decays: 'near1' (w ~ -1e-4: decay ~ 0.9999), 'near0' (w ~ -12: decay ~ 6e-6), 'mixed'."""
+    x = torch.rand(shape, device="cuda", generator=g)
+    if regime == "near1":
+        return -1e-4 * (0.5 + x)
+    if regime == "near0":
+        return -12.0 - 4.0 * x
+    return -torch.exp(4.0 * x - 5.0)  # decays from 0.9933 to 0.15
+
+
+def wkv_inputs(B, T, H, N, dtype, regime="mixed", seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    r, k, v = (torch.randn(B, T, H, N, device="cuda", generator=g) for _ in range(3))
+    k = k / N ** 0.5
+    w = decays((B, T, H, N), regime, g)
+    u = torch.randn(H, N, device="cuda", generator=g) / N ** 0.5
+    s0 = torch.randn(B, H, N, N, device="cuda", generator=g) / N ** 0.5
+    return [x.to(dtype) for x in (r, k, v, w, u)] + [s0]
+
+
+def test_every_scan_instance(rwkv_manifest):
+    failures, refs = [], {}
+    for name, row in sorted(rwkv_manifest.items()):
+        dtype, N = DTYPES[row["dtype"]], row["params"]["n"]
+        reverse, keys_output = row["direction"] == "rev", row["keys"] == "output"
+        for T in (1, 7, 54, 1023):
+            q, kc, vo, w, u, s0 = wkv_inputs(1, T, 2, N, dtype, seed=T + N)
+            use_u = T != 7            # also without the bonus term
+            float_out = T == 54       # fp32 output, as the backward's dr, dk scans
+            key = (row["dtype"], N, T, reverse, keys_output)
+            if key not in refs:
+                refs[key] = reference.wkv_scan(q, kc, vo, w, u if use_u else None, s0, reverse, keys_output)
+            want_y, want_s = refs[key]
+            poison(q.numel() * 4 + N * N * 4)
+            y, s = rwkv.wkv_scan_with(name, q, kc, vo, w, u if use_u else None, s0, reverse, keys_output,
+                                      True, float_out)
+            assert y.dtype == (torch.float32 if float_out else dtype)
+            errs = (rel_err(y, want_y), rel_err(s, want_s))
+            if not max(errs) <= TOL[dtype]:
+                failures.append(f"{name}: T={T} rel err y {errs[0]:.3g} state {errs[1]:.3g}")
+    assert not failures, "\n".join(failures)
+
+
+def grads_of(fn, inputs, d_o, d_state):
+    leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in inputs]
+    o, s = fn(*leaves)
+    torch.autograd.backward([o, s], [d_o.to(o.dtype), d_state])
+    return o.detach(), s.detach(), [x.grad if x is not None else None for x in leaves]
+
+
+CASES = [(T, regime, state) for T in (1, 7, 54, 1023) for regime in ("near1", "near0", "mixed")
+         for state in (True, False)] + [(4096, "near1", True), (4096, "mixed", False)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("T,regime,with_state", CASES)
+def test_wkv6_forward_backward(dtype, T, regime, with_state):
+    B, H, N = 2, 2, 64
+    r, k, v, w, u, s0 = wkv_inputs(B, T, H, N, dtype, regime, seed=T)
+    s0 = s0 if with_state else None
+    g = torch.Generator(device="cuda").manual_seed(7)
+    d_o = torch.randn(B, T, H, N, device="cuda", generator=g)
+    d_state = torch.randn(B, H, N, N, device="cuda", generator=g) / N
+    o, s, got = grads_of(attngen.wkv6, [r, k, v, w, u, s0], d_o, d_state)
+    ref_in = [x.double() if x is not None else None for x in (r, k, v, w, u, s0)]
+    o_ref, s_ref, want = grads_of(reference.wkv, ref_in, d_o.to(dtype).double(), d_state.double())
+    tol = TOL[dtype]
+    assert o.dtype == dtype and s.dtype == torch.float32
+    assert rel_err(o, o_ref) <= tol and rel_err(s, s_ref) <= tol
+    for name, a, b in zip(("dr", "dk", "dv", "dw", "du", "dstate"), got, want):
+        if b is None:
+            assert a is None, name
+            continue
+        assert a.dtype == b.dtype if name == "dstate" else a.dtype == dtype, name
+        err = rel_err(a, b)
+        assert err <= tol, f"{name}: rel err {err:.3g}"
+
+
+@pytest.mark.parametrize("N", [32, 128, 256])
+def test_wkv6_other_head_sizes(N):
+    r, k, v, w, u, s0 = wkv_inputs(1, 100, 3, N, torch.float32, seed=N)
+    d_o = torch.randn(1, 100, 3, N, device="cuda")
+    d_state = torch.randn(1, 3, N, N, device="cuda") / N
+    o, s, got = grads_of(attngen.wkv6, [r, k, v, w, u, s0], d_o, d_state)
+    o_ref, s_ref, want = grads_of(reference.wkv, [x.double() for x in (r, k, v, w, u, s0)], d_o.double(),
+                                  d_state.double())
+    assert rel_err(o, o_ref) <= 1e-5 and rel_err(s, s_ref) <= 1e-5
+    for a, b in zip(got, want):
+        assert rel_err(a, b) <= 1e-5
+
+
+def test_wkv5_per_head_decay():
+    B, T, H, N = 2, 300, 4, 64
+    r, k, v, _, u, s0 = wkv_inputs(B, T, H, N, torch.float32, seed=5)
+    w = -torch.rand(H, N, device="cuda") * 0.01
+    d_o = torch.randn(B, T, H, N, device="cuda")
+    d_state = torch.randn(B, H, N, N, device="cuda") / N
+    o, s, got = grads_of(attngen.wkv5, [r, k, v, w, u, s0], d_o, d_state)
+    wkv5_ref = lambda r, k, v, w, u, s0: reference.wkv(r, k, v, w.expand(B, T, H, N), u, s0)  # noqa: E731
+    o_ref, s_ref, want = grads_of(wkv5_ref, [x.double() for x in (r, k, v, w, u, s0)], d_o.double(), d_state.double())
+    assert rel_err(o, o_ref) <= 1e-5 and rel_err(s, s_ref) <= 1e-5
+    assert got[3].shape == (H, N)
+    for a, b in zip(got, want):
+        assert rel_err(a, b) <= 1e-5
+
+
+def test_hugging_face_layout_runs_without_a_copy():
+    B, T, H, N = 2, 50, 4, 64
+    r, k, v, w, u, s0 = wkv_inputs(B, T, H, N, torch.bfloat16, seed=1)
+    flat = [x.reshape(B, T, H * N) for x in (r, k, v, w)]
+    o_flat, s_flat = attngen.wkv6(*flat, u, s0)
+    o, s = attngen.wkv6(r, k, v, w, u, s0)
+    assert o_flat.shape == (B, T, H * N)
+    torch.testing.assert_close(o_flat.view(B, T, H, N), o, rtol=0, atol=0)
+    torch.testing.assert_close(s_flat, s, rtol=0, atol=0)
+    assert rwkv._as_heads("r", flat[0], H, "t").data_ptr() == flat[0].data_ptr()
+
+
+def test_chunked_training_matches_one_call():
+    """Feeding one call's final state into the next: same outputs and gradients as one call."""
+    B, T, H, N = 1, 200, 2, 64
+    r, k, v, w, u, s0 = wkv_inputs(B, T, H, N, torch.float32, seed=3)
+    d_o = torch.randn(B, T, H, N, device="cuda")
+    leaves = [x.clone().requires_grad_() for x in (r, k, v, w, u, s0)]
+    o1, _ = attngen.wkv6(*leaves)
+    (o1 * d_o).sum().backward()
+    whole = [x.grad.clone() for x in leaves]
+    for x in leaves:
+        x.grad = None
+    a, b = slice(0, 77), slice(77, T)
+    oa, sa = attngen.wkv6(*(x[:, a] for x in leaves[:4]), leaves[4], leaves[5])
+    ob, _ = attngen.wkv6(*(x[:, b] for x in leaves[:4]), leaves[4], sa)
+    ((oa * d_o[:, a]).sum() + (ob * d_o[:, b]).sum()).backward()
+    torch.testing.assert_close(torch.cat([oa, ob], 1), o1.detach(), rtol=1e-5, atol=1e-5)
+    for g1, x in zip(whole, leaves):
+        assert rel_err(x.grad, g1) <= 1e-5
+
+
+def test_decode_step_matches_prefill():
+    B, T, H, N = 3, 10, 4, 64
+    r, k, v, w, u, s0 = wkv_inputs(B, T, H, N, torch.bfloat16, seed=4)
+    o, s = attngen.wkv6(r, k, v, w, u, s0)
+    state = s0
+    for t in range(T):
+        ot, state = attngen.wkv6(r[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], w[:, t:t + 1], u, state)
+        torch.testing.assert_close(ot[:, 0].float(), o[:, t].float(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(state, s, rtol=1e-4, atol=1e-4)
+
+
+def test_bad_inputs_name_the_argument():
+    r, k, v, w, u, s0 = wkv_inputs(1, 8, 2, 64, torch.float32)
+    with pytest.raises(ValueError, match="k has shape"):
+        attngen.wkv6(r, k[:, :4], v, w, u)
+    with pytest.raises(ValueError, match="u must be"):
+        attngen.wkv6(r, k, v, w, u[:1])
+    with pytest.raises(ValueError, match="state must be a float32"):
+        attngen.wkv6(r, k, v, w, u, s0.double())
+    with pytest.raises(ValueError, match=r"state must be \[B, H, N, N\]"):
+        attngen.wkv6(r, k, v, w, u, s0[:, :1])
+    with pytest.raises(ValueError, match="w must be <= 0"):
+        attngen.wkv6(r, k, v, -w, u, check=True)
+    with pytest.raises(ValueError, match="v has dtype"):
+        attngen.wkv6(r, k, v.half(), w, u)
+    x = torch.randn(1, 8, 2, 48, device="cuda")
+    with pytest.raises(ValueError, match="unsupported head size N=48"):
+        attngen.wkv6(x, x, x, -x.abs(), torch.randn(2, 48, device="cuda"))
+
+
+def test_compile_and_cuda_graph():
+    r, k, v, w, u, s0 = wkv_inputs(2, 64, 2, 64, torch.bfloat16, seed=9)
+    f = torch.compile(attngen.wkv6, fullgraph=True)
+    o, s = f(r, k, v, w, u, s0)
+    o2, s2 = attngen.wkv6(r, k, v, w, u, s0)
+    torch.testing.assert_close(o, o2, rtol=0, atol=0)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        attngen.wkv6(r, k, v, w, u, s0)  # warm-up outside capture
+        with torch.cuda.graph(graph, stream=stream):
+            og, sg = attngen.wkv6(r, k, v, w, u, s0)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(og, o2, rtol=0, atol=0)
+    torch.testing.assert_close(sg, s2, rtol=0, atol=0)
+
+
+def test_dispatch_matches_its_python_mirror():
+    from codegen import dispatch, pipeline
+
+    spec, insts = [x for x in pipeline.lower(pipeline.expand(pipeline.load())) if x[0].family == "rwkv"][0]
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    for B, T, H, N in [(1, 54, 32, 64), (8, 1024, 32, 64), (2, 10, 8, 256), (4, 5, 40, 128), (1, 3, 1, 32)]:
+        q = torch.randn(B, T, H, N, device="cuda", dtype=torch.bfloat16)
+        for reverse, keys_output in MODES:
+            runtime = {"N": N, "T": T, "BH": B * H, "align": 8, "sm_count": sm}
+            axes = {"dtype": "bf16", "direction": "rev" if reverse else "fwd",
+                    "keys": "output" if keys_output else "contracted"}
+            want = dispatch.select(spec, insts, runtime, axes)
+            assert rwkv.selected_scan(q, q, q, q, reverse, keys_output) == want.name
