@@ -66,18 +66,31 @@ def _register() -> None:
 
 def _backward(ctx, d_o, d_state):
     r, k, v, w, u, s0, s_final = ctx.saved_tensors
-    d_o = _vector_ready(d_o if d_o is not None else torch.zeros_like(r))
+    d_o = (d_o if d_o is not None else torch.zeros_like(r)).contiguous()
     d_state = d_state.contiguous() if d_state is not None else None
-    return wkv_backward(_scan, r, k, v, w, u, s0, s_final, d_o, d_state)
+    return wkv_backward(_scan, r, k, v, w, u, s0, s_final, d_o, d_state, finish=_finish)
 
 
-def wkv_backward(scan, r, k, v, w, u, s0, s_final, d_o, d_state):
+def _finish(r, k, d_o, v, dr_state, dk_state, u, d_state, s_final):
+    """The fused CUDA finishing pass: (dr, dk, dw, du) from the scans' state parts."""
+    tail = (d_state * s_final).sum(-1).contiguous() if d_state is not None else None
+    r, k, v = (x.contiguous() for x in (r, k, v))
+    dr, dk, dw, du_part = torch.ops.attngen.wkv_grad_finish(r, k, d_o, v, dr_state, dk_state, u, tail)
+    return dr, dk, dw, du_part.sum(0).to(u.dtype)
+
+
+def wkv_backward(scan, r, k, v, w, u, s0, s_final, d_o, d_state, finish=None):
     """Gradients of wkv6 for (r, k, v, w, u, state) from three scans; `scan` has wkv_scan's
-    signature (the CUDA op, or reference.wkv_scan in the CPU test of this algebra)."""
+    signature (the CUDA op, or reference.wkv_scan in the CPU test of this algebra). `finish`
+    (the CUDA finishing pass) replaces the torch ops below that compute dr, dk, dw, du."""
     # The state parts of dr and dk in fp32 (the decay gradient needs them), then dv with its bonus.
     dr_state, _ = scan(d_o, v, k, w, None, s0, False, True, False, True)
     dk_state, d_s0 = scan(v, d_o, r, w, None, d_state, True, True, s0 is not None, True)
     dv, _ = scan(k, r, d_o, w, u, d_state, True, False, False, False)
+    d_s0 = d_s0 if s0 is not None else None
+    if finish is not None:
+        dr, dk, dw, du = finish(r, k, d_o, v, dr_state, dk_state, u, d_state, s_final)
+        return dr, dk, dv, dw.to(w.dtype), du, d_s0
 
     acc = torch.promote_types(dr_state.dtype, torch.float32)
     rf, kf, uf = r.to(acc), k.to(acc), u.to(acc)
@@ -91,8 +104,7 @@ def wkv_backward(scan, r, k, v, w, u, s0, s_final, d_o, d_state):
     dw = g.flip(1).cumsum(1).flip(1)
     if d_state is not None:
         dw += (d_state * s_final).sum(-1).unsqueeze(1)
-    return (dr.to(r.dtype), dk.to(k.dtype), dv, dw.to(w.dtype), du.to(u.dtype),
-            d_s0 if s0 is not None else None)
+    return dr.to(r.dtype), dk.to(k.dtype), dv, dw.to(w.dtype), du.to(u.dtype), d_s0
 
 
 def _as_heads(name: str, x: torch.Tensor, H: int, op: str) -> torch.Tensor:
@@ -159,7 +171,10 @@ def _run(op, r, k, v, w, u, state, check, w_per_head):
     _register()
     u = u.to(r.dtype)
     r, k, v, w, u = (_vector_ready(x) for x in (r, k, v, w, u))
-    o, final = torch.ops.attngen.wkv(r, k, v, w, u, state)
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (r, k, v, w, u, state)):
+        o, final = torch.ops.attngen.wkv(r, k, v, w, u, state)
+    else:  # inference: straight to the C++ op, without the Python custom op's dispatch cost
+        o, final = _scan(r, k, v, w, u, state, False, False, True, False)
     return (o.flatten(-2) if flat else o), final
 
 

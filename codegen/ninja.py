@@ -50,12 +50,14 @@ rule link
 
 def build_file(specs_and_instances, files: dict, layout: Layout = DEFAULT_LAYOUT) -> str:
     gen, out, extension = layout.gen, layout.build, layout.extension
-    headers = sorted(f"{gen}/{rel}" for rel in files if rel.endswith((".cuh", ".h")))
-    deps = " ".join(headers)
+    headers = sorted(rel for rel in files if rel.endswith((".cuh", ".h")))
     lines = [HEADER.format(gen=gen, build=out)]
     cubins, objects = [], []
     for spec, instances in specs_and_instances:
         lines.append(f"# ---- {spec.file}: {len(instances)} instances")
+        # A family's sources depend on the shared headers and its own: editing one family's
+        # headers rebuilds only that family.
+        deps = " ".join(f"{gen}/{rel}" for rel in headers if rel.startswith(("common/", f"{spec.family}/")))
         for inst in instances:
             src = f"{gen}/{inst.filename}"
             stem = inst.filename[:-3]
@@ -65,10 +67,20 @@ def build_file(specs_and_instances, files: dict, layout: Layout = DEFAULT_LAYOUT
             lines.append(f"build {obj}: cuda_object {src} | {deps}\n  gencode = {gencode}")
             cubins.append(cubin)
             objects.append(obj)
+        instance_files = {inst.filename for inst in instances}
+        gencode = ARCHES[spec.arch].gencode
         for rel in sorted(files):
-            if rel.startswith(f"{spec.family}/") and rel.endswith(".cpp"):
+            if not rel.startswith(f"{spec.family}/"):
+                continue
+            if rel.endswith(".cpp"):
                 obj = f"{out}/obj/{rel[:-4]}.o"
                 lines.append(f"build {obj}: cxx_object {gen}/{rel} | {deps}")
+                objects.append(obj)
+            elif rel.endswith(".cu") and rel not in instance_files:  # a family's fixed kernels
+                cubin, obj = f"{out}/cubin/{rel[:-3]}.cubin", f"{out}/obj/{rel[:-3]}.o"
+                lines.append(f"build {cubin}: cubin {gen}/{rel} | {deps}\n  gencode = {gencode}")
+                lines.append(f"build {obj}: cuda_object {gen}/{rel} | {deps}\n  gencode = {gencode}")
+                cubins.append(cubin)
                 objects.append(obj)
     lines.append(f"build {out}/obj/extension.o: cxx_object {gen}/extension.cpp")
     objects.append(f"{out}/obj/extension.o")

@@ -35,6 +35,8 @@ TEMPLATE_PARAMS = {
 SUPPORT_FILES = {
     "rwkv/params.cuh.j2": "rwkv/params.cuh",
     "rwkv/bindings.cpp.j2": "rwkv/bindings.cpp",
+    "rwkv/finish.h.j2": "rwkv/finish.h",      # the backward's finishing pass, not grid-instanced
+    "rwkv/finish.cu.j2": "rwkv/finish.cu",
 }
 KEY_STRUCT = "WkvKey"
 

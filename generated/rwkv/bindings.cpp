@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../common/torch_checks.h"
+#include "finish.h"
 #include "params.cuh"
 
 namespace attngen {
@@ -197,6 +198,46 @@ std::string wkv_scan_select_name(const at::Tensor& q, const at::Tensor& kc, cons
   return entry ? entry->name : "";
 }
 
+// The backward's finishing pass (finish.cu). The Python backward calls it with tensors it
+// made itself; the checks guard the contract, not user input.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv_grad_finish(
+    const at::Tensor& r, const at::Tensor& k, const at::Tensor& d_o, const at::Tensor& v, const at::Tensor& dr_state,
+    const at::Tensor& dk_state, const at::Tensor& u, const std::optional<at::Tensor>& dw_tail) {
+  const std::string op = "wkv_grad_finish: ";
+  if (r.dim() != 4) fail_value(op + "r must be [B, T, H, N], got shape " + str(r.sizes()));
+  for (const at::Tensor* t : {&r, &k, &d_o, &v, &dr_state, &dk_state}) {
+    if (t->sizes() != r.sizes() || !t->is_contiguous() || !t->is_cuda()) {
+      fail_value(op + "every [B, T, H, N] tensor must be contiguous, on the GPU and of r's shape " + str(r.sizes()) +
+                 ", got " + str(t->sizes()) + " with strides " + str(t->strides()));
+    }
+  }
+  for (const at::Tensor* t : {&k, &d_o, &v, &u}) {
+    if (t->scalar_type() != r.scalar_type()) fail_value(op + "k, do, v, u must have r's dtype " + str(r) + ", got " + str(*t));
+  }
+  if (dr_state.scalar_type() != at::kFloat || dk_state.scalar_type() != at::kFloat) fail_value(op + "dr_state, dk_state must be float32");
+  const int64_t B = r.size(0), T = r.size(1), H = r.size(2), N = r.size(3);
+  if (N != 32 && N != 64 && N != 128 && N != 256) fail_value(op + "unsupported head size N=" + str(N) + "; expected 32, 64, 128, 256");
+  if (u.dim() != 2 || u.size(0) != H || u.size(1) != N || u.stride(1) != 1) fail_value(op + "u must be [H, N], got " + str(u.sizes()));
+  if (dw_tail && (dw_tail->scalar_type() != at::kFloat || !dw_tail->is_contiguous() || dw_tail->numel() != B * H * N)) {
+    fail_value(op + "dw_tail must be a contiguous float32 [B, H, N]");
+  }
+  at::Tensor dr = at::empty_like(r), dk = at::empty_like(r), dw = at::empty_like(r);
+  at::Tensor du_part = at::empty({B, H, N}, r.options().dtype(at::kFloat));
+  if (r.numel() == 0) return {dr, dk, dw, du_part.zero_()};
+  FinishParams p{};
+  p.r = r.data_ptr(), p.k = k.data_ptr(), p.d_o = d_o.data_ptr(), p.v = v.data_ptr();
+  p.dr_state = dr_state.data_ptr<float>(), p.dk_state = dk_state.data_ptr<float>();
+  p.u = u.data_ptr(), p.u_sh = u.stride(0);
+  p.dw_tail = dw_tail ? dw_tail->data_ptr<float>() : nullptr;
+  p.dr = dr.data_ptr(), p.dk = dk.data_ptr(), p.dw = dw.data_ptr(), p.du_part = du_part.data_ptr<float>();
+  p.B = B, p.T = T, p.H = H, p.N = N;
+  p.sb = r.stride(0), p.st = r.stride(1), p.sh = r.stride(2);
+  const c10::cuda::CUDAGuard guard(r.device());
+  const cudaError_t err = launch_finish(p, dtype_code(r), c10::cuda::getCurrentCUDAStream());
+  if (err != cudaSuccess) fail_runtime(std::string("wkv_grad_finish: launch failed: ") + cudaGetErrorString(err));
+  return {dr, dk, dw, du_part};
+}
+
 std::vector<std::string> wkv_scan_instances() {
   std::vector<std::string> names;
   for (int i = 0; i < wkv_scan_entry_count(); ++i) names.emplace_back(wkv_scan_entry(i)->name);
@@ -214,9 +255,12 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
   m.def("wkv_scan_select(Tensor q, Tensor kc, Tensor vo, Tensor w, bool reverse=False, bool keys_output=False) -> str",
         &attngen::rwkv::wkv_scan_select_name);
   m.def("wkv_scan_instances() -> str[]", &attngen::rwkv::wkv_scan_instances);
+  m.def("wkv_grad_finish(Tensor r, Tensor k, Tensor d_o, Tensor v, Tensor dr_state, Tensor dk_state, Tensor u, "
+        "Tensor? dw_tail) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(attngen, CUDA, m) {
   m.impl("wkv_scan", &attngen::rwkv::wkv_scan_cuda);
   m.impl("wkv_scan_with", &attngen::rwkv::wkv_scan_with_cuda);
+  m.impl("wkv_grad_finish", &attngen::rwkv::wkv_grad_finish);
 }
