@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -159,8 +160,9 @@ def main():
     args = ap.parse_args()
     t0 = time.time()
     rows, bwd, peers = run(args.quick)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+    # The device's copy of the tree may carry an older .git: the caller can name the commit.
+    commit = os.environ.get("ATTNGEN_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or "unknown"
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
             "seconds": round(time.time() - t0, 1)}
     out = Path(args.out)
