@@ -100,6 +100,11 @@ def test_wkv6_forward_backward(dtype, T, regime, with_state):
         assert a.dtype == (torch.float32 if name == "dstate" else dtype), name
         if name == "dw" and regime == "near0":
             continue  # test_dw_with_decays_near_zero: a known limitation
+        if name == "dw" and T == 1 and not with_state:
+            # Exactly zero (dw_1 = exp(w_1) sum_i dS_1 S_0 and S_0 = 0); the identity leaves
+            # rounding noise at the scale of its cancelling terms k dk.
+            assert a.abs().max() <= tol * (k.double() * want[1]).abs().max()
+            continue
         err = rel_err(a, b)
         assert err <= tol, f"{name}: rel err {err:.3g}"
 
