@@ -22,6 +22,8 @@ _registered = False
 def _vector_ready(t: torch.Tensor) -> torch.Tensor:
     """The kernels read 16 bytes at a time: a view whose address or strides break that is
     copied (contiguous, aligned) rather than refused."""
+    if torch.compiler.is_compiling():
+        return t  # data pointers are not traceable; a misaligned view meets the dispatch's error
     step = 16
     if t.data_ptr() % step == 0 and all(s * t.element_size() % step == 0
                                         for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):

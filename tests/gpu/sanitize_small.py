@@ -24,5 +24,32 @@ for name in attngen.instances():
     err = ((out.double() - ref).norm() / ref.norm()).item()
     print(f"{name}: rel err {err:.2e}")
     assert err < 2e-2
+
+# wkv: one scan instance per kind, dtype and mode (N=64; N=256 for wide_head), then one
+# forward + backward through the dispatch (the fused finishing pass included).
+from attngen import rwkv  # noqa: E402
+
+for name in rwkv.wkv_instances():
+    kind = name.split("_n")[0]
+    key = (kind, "fp32" in name, "bf16" in name)
+    if key in seen or not ("_n64_" in name or "wide_head" in name):
+        continue
+    seen.add(key)
+    dtype = torch.float32 if "fp32" in name else torch.bfloat16 if "bf16" in name else torch.float16
+    N = 256 if "wide_head" in name else 64
+    q, kc, vo = (torch.randn(1, 40, 2, N, device="cuda").to(dtype) for _ in range(3))
+    w = -torch.rand(1, 40, 2, N, device="cuda").to(dtype)
+    u, s0 = torch.randn(2, N, device="cuda").to(dtype), torch.randn(1, 2, N, N, device="cuda")
+    rev, keys_out = "_rev_" in name, "_output_" in name
+    y, s = rwkv.wkv_scan_with(name, q, kc, vo, w, u, s0, rev, keys_out, True, False)
+    ref, _ = reference.wkv_scan(q, kc, vo, w, u, s0, rev, keys_out)
+    err = ((y.double() - ref).norm() / ref.norm()).item()
+    print(f"{name}: rel err {err:.2e}")
+    assert err < 2e-2
+r, k, v = (torch.randn(2, 70, 2, 64, device="cuda", requires_grad=True) for _ in range(3))
+w = (-torch.rand(2, 70, 2, 64, device="cuda")).requires_grad_()
+u = torch.randn(2, 64, device="cuda", requires_grad=True)
+o, s = attngen.wkv6(r, k, v, w, u, torch.randn(2, 2, 64, 64, device="cuda"))
+(o.sum() + s.sum()).backward()
 torch.cuda.synchronize()
-print(f"sanitized {len(seen)} instances")
+print(f"sanitized {len(seen)} instances and one wkv6 backward")
