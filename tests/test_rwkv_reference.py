@@ -70,3 +70,38 @@ def test_backward_without_state_gradient():
     got = wkv_backward(reference.wkv_scan, r, k, v, w, u, s0, s_final, d_o, None)
     for a, b in zip(got[:5], leaves):
         torch.testing.assert_close(a, b.grad, rtol=1e-10, atol=1e-10)
+
+
+def meta(*shape, dtype=torch.float32):
+    return torch.empty(*shape, device="meta", dtype=dtype)
+
+
+def test_bad_inputs_raise_value_errors_naming_the_argument():
+    import attngen
+    r = meta(1, 8, 2, 64)
+    u = meta(2, 64)
+    cases = [
+        (dict(k=meta(1, 4, 2, 64)), "k has shape"),
+        (dict(v=meta(1, 8, 2, 64, dtype=torch.float16)), "v has dtype"),
+        (dict(u=meta(3, 64)), r"u must be \[H, N\]"),
+        (dict(state=meta(1, 2, 64, 64, dtype=torch.float64)), "state must be a float32"),
+        (dict(state=meta(1, 2, 64, 32)), r"state must be \[B, H, N, N\]"),
+        (dict(r=torch.zeros(1, 8, 2, 64)), "r must be a CUDA tensor"),
+        (dict(w=meta(1, 8, 2, 64, dtype=torch.int32)), "w has dtype torch.int32; supported"),
+    ]
+    for change, message in cases:
+        args = dict(r=r, k=r, v=r, w=r, u=u, state=None)
+        args.update(change)
+        with pytest.raises(ValueError, match=message):
+            attngen.wkv6(**args)
+    with pytest.raises(ValueError, match=r"w must be \[H, N\]"):
+        attngen.wkv5(r, r, r, r, u)
+    with pytest.raises(ValueError, match="not a multiple of H=3"):
+        attngen.wkv6(meta(1, 8, 128), meta(1, 8, 128), meta(1, 8, 128), meta(1, 8, 128), meta(3, 64))
+
+
+def test_hugging_face_layout_is_a_view():
+    from attngen.rwkv import _as_heads
+    x = torch.randn(2, 5, 4 * 8)
+    y = _as_heads("r", x, 4, "wkv6")
+    assert y.shape == (2, 5, 4, 8) and y.data_ptr() == x.data_ptr() and y._base is x
