@@ -1,6 +1,8 @@
 """Float64 references of the ops (what the kernels are tested against)."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -97,3 +99,58 @@ def wkv_scan(q, kc, vo, w, u=None, state=None, reverse=False, keys_output=False,
     y = torch.stack(ys, 1) if T else q.new_zeros(B, 0, H, N)
     final = X.transpose(-1, -2) if keys_output else X
     return y, (final if return_state else X.new_zeros(0))
+
+
+def paged_decode(q, k_cache, v_cache, block_table, context_lens, scale=None, alibi_slopes=None,
+                 soft_cap=0.0, kv_layout="NHD", dtype=torch.float64) -> torch.Tensor:
+    """Paged decode attention by gathering each sequence's pages into a contiguous K and V and
+    taking a softmax in `dtype`. Cache NHD [blocks, block_size, Hkv, D] or HND
+    [blocks, Hkv, block_size, D]; zeros for a sequence with no context."""
+    if kv_layout == "HND":
+        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    S, Hq, D = q.shape
+    bs, Hkv = k_cache.shape[1], k_cache.shape[2]
+    group = Hq // Hkv
+    scale = D ** -0.5 if scale is None else scale
+    out = torch.zeros(S, Hq, D, dtype=dtype)
+    for s in range(S):
+        n = int(context_lens[s])
+        if n == 0:
+            continue
+        pages = block_table[s, : (n + bs - 1) // bs].long().cpu()
+        k = k_cache.cpu()[pages].reshape(-1, Hkv, D)[:n].to(dtype)      # [n, Hkv, D]
+        v = v_cache.cpu()[pages].reshape(-1, Hkv, D)[:n].to(dtype)
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [n, Hq, D]
+        scores = torch.einsum("hd,nhd->hn", q[s].cpu().to(dtype), k) * scale
+        if soft_cap:
+            scores = soft_cap * torch.tanh(scores / soft_cap)
+        if alibi_slopes is not None:
+            pos = torch.arange(n, dtype=dtype) - (n - 1)
+            scores = scores + alibi_slopes.cpu().to(dtype)[:, None] * pos
+        out[s] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
+    return out
+
+
+def paged_decode_loops(q, k_cache, v_cache, block_table, context_lens, scale):
+    """The seed's algorithm, literally (NHD cache, no extras): per query head, walk the block
+    table token by token, then a two-pass softmax."""
+    S, Hq, D = q.shape
+    bs, Hkv = k_cache.shape[1], k_cache.shape[2]
+    out = torch.zeros(S, Hq, D, dtype=torch.float64)
+    for s in range(S):
+        n = int(context_lens[s])
+        for h in range(Hq):
+            g = h // (Hq // Hkv)
+            logits = []
+            for t in range(n):
+                page, slot = int(block_table[s, t // bs]), t % bs
+                logits.append(float(q[s, h].double() @ k_cache[page, slot, g].double()) * scale)
+            if not logits:
+                continue
+            top = max(logits)
+            weights = [math.exp(x - top) for x in logits]
+            total = sum(weights)
+            for t, w in enumerate(weights):
+                page, slot = int(block_table[s, t // bs]), t % bs
+                out[s, h] += w / total * v_cache[page, slot, g].double()
+    return out

@@ -1,0 +1,171 @@
+"""Paged decode attention (vLLM paged_attention v1/v2, with GQA): the generated `paged_decode`
+kernels as a torch op.
+
+One query token per sequence attends over the first context_lens[s] tokens of its key/value
+cache, stored in pages of block_size tokens that block_table[s] lists in order. The kernels
+read the cache through the strides of its [blocks, block_size, Hkv, D] view, so both layouts
+(NHD: that view; HND: [blocks, Hkv, block_size, D], transposed here without a copy) use the
+same instances. Nothing on the launch path reads device memory, so a call can be captured in
+a CUDA graph; `validate=True` adds the checks that must read the block table (they synchronize).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from . import _ext
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+LAYOUTS = ("NHD", "HND")
+_registered = False
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    _ext.load()
+
+    @torch.library.register_fake("attngen::paged_decode")
+    def _fake(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes=None, soft_cap=0.0):
+        return q.new_empty(q.shape)
+
+    _registered = True
+
+
+def _fail(msg: str):
+    raise ValueError(f"paged_decode: {msg}")
+
+
+def _check_tensor(name: str, t, q: Optional[torch.Tensor]) -> None:
+    if not isinstance(t, torch.Tensor):
+        _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type not in ("cuda", "meta"):
+        _fail(f"{name} must be a CUDA tensor, got device {t.device}")
+    if q is not None and t.device != q.device:
+        _fail(f"{name} is on {t.device} but q is on {q.device}")
+
+
+def cache_view(k_cache: torch.Tensor, kv_layout: str, name: str = "k_cache") -> torch.Tensor:
+    """The [blocks, block_size, Hkv, D] view of a cache held in `kv_layout` (no copy)."""
+    if kv_layout not in LAYOUTS:
+        _fail(f"kv_layout must be one of {LAYOUTS}, got {kv_layout!r}")
+    if k_cache.dim() != 4:
+        shape = "[num_blocks, block_size, Hkv, D]" if kv_layout == "NHD" else "[num_blocks, Hkv, block_size, D]"
+        _fail(f"{name} must be 4-D {shape} (kv_layout={kv_layout}), got shape {tuple(k_cache.shape)}")
+    return k_cache if kv_layout == "NHD" else k_cache.transpose(1, 2)
+
+
+def check_inputs(q, k_cache, v_cache, block_table, context_lens, alibi_slopes, soft_cap, scale,
+                 kv_layout: str):
+    """Shape, dtype and device checks that need no device memory; returns the NHD views."""
+    _check_tensor("q", q, None)
+    if q.dim() != 3:
+        _fail(f"q must be 3-D [S, Hq, D], got shape {tuple(q.shape)}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        _fail(f"q has dtype {q.dtype}; supported: float32, float16, bfloat16")
+    S, Hq, D = q.shape
+    views = []
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_tensor(name, cache, q)
+        if cache.dtype != q.dtype:
+            _fail(f"{name} has dtype {cache.dtype} but q has {q.dtype}")
+        view = cache_view(cache, kv_layout, name)
+        if view.shape[3] != D:
+            _fail(f"{name} has head size {view.shape[3]} (shape {tuple(cache.shape)}, kv_layout={kv_layout}) "
+                  f"but q has D={D}")
+        views.append(view)
+    k, v = views
+    if k.shape != v.shape:
+        _fail(f"k_cache has shape {tuple(k_cache.shape)} but v_cache has {tuple(v_cache.shape)}")
+    block_size, Hkv = k.shape[1], k.shape[2]
+    if block_size < 1 or block_size & (block_size - 1):
+        _fail(f"block_size {block_size} is not a power of two (k_cache shape {tuple(k_cache.shape)}, "
+              f"kv_layout={kv_layout})")
+    if Hkv < 1 or Hq % Hkv:
+        _fail(f"Hq={Hq} is not a multiple of Hkv={Hkv}")
+    _check_tensor("block_table", block_table, q)
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != S:
+        _fail(f"block_table must be int32 [S={S}, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}")
+    _check_tensor("context_lens", context_lens, q)
+    if context_lens.dtype != torch.int32 or context_lens.shape != (S,):
+        _fail(f"context_lens must be int32 [S={S}], got {context_lens.dtype} {tuple(context_lens.shape)}")
+    if alibi_slopes is not None:
+        _check_tensor("alibi_slopes", alibi_slopes, q)
+        if alibi_slopes.shape != (Hq,) or not alibi_slopes.is_floating_point():
+            _fail(f"alibi_slopes must be a float [Hq={Hq}], got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
+    if not (soft_cap >= 0 and math.isfinite(soft_cap)):
+        _fail(f"soft_cap must be a finite number >= 0 (0 or None: no cap), got {soft_cap}")
+    if not math.isfinite(scale):
+        _fail(f"scale must be finite, got {scale}")
+    return k, v
+
+
+def validate_block_table(k: torch.Tensor, block_table: torch.Tensor, context_lens: torch.Tensor) -> None:
+    """The checks that read device memory (they synchronize): every context fits the block
+    table, and every block-table entry a context uses names a block of the cache."""
+    num_blocks, block_size = k.shape[0], k.shape[1]
+    capacity = block_table.shape[1] * block_size
+    lens = context_lens.long()
+    bad_len = (lens < 0) | (lens > capacity)
+    if bad_len.any():
+        s = int(bad_len.nonzero()[0, 0])
+        _fail(f"context_lens[{s}] = {int(lens[s])} is outside [0, {capacity}] (the block table holds "
+              f"{block_table.shape[1]} blocks of {block_size} tokens)")
+    used = torch.arange(block_table.shape[1], device=block_table.device) < ((lens + block_size - 1) // block_size)[:, None]
+    bad = used & ((block_table < 0) | (block_table >= num_blocks))
+    if bad.any():
+        s, j = (int(i) for i in bad.nonzero()[0])
+        _fail(f"block_table[{s}, {j}] = {int(block_table[s, j])} is outside [0, {num_blocks}) "
+              f"(used by context_lens[{s}] = {int(lens[s])})")
+
+
+def _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout, validate):
+    soft_cap = 0.0 if soft_cap is None else float(soft_cap)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    k, v = check_inputs(q, k_cache, v_cache, block_table, context_lens, alibi_slopes, soft_cap, scale, kv_layout)
+    if validate:
+        validate_block_table(k, block_table, context_lens)
+    if alibi_slopes is not None:
+        alibi_slopes = alibi_slopes.to(torch.float32).contiguous()
+    _register()
+    return (q, k, v, block_table, context_lens, scale, alibi_slopes, soft_cap)
+
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                 context_lens: torch.Tensor, scale: Optional[float] = None, *,
+                 alibi_slopes: Optional[torch.Tensor] = None, soft_cap: Optional[float] = None,
+                 kv_layout: str = "NHD", validate: bool = False) -> torch.Tensor:
+    """Decode attention over a paged KV cache.
+
+    q [S, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D] (kv_layout="NHD") or
+    [num_blocks, Hkv, block_size, D] ("HND"); block_table [S, max_blocks] int32;
+    context_lens [S] int32. Query head h reads kv head h // (Hq // Hkv). scale defaults to
+    D ** -0.5; soft_cap applies cap * tanh(score / cap); alibi_slopes [Hq] adds
+    slope * (t - context_len + 1). Returns out [S, Hq, D] in q's dtype (zeros where a
+    context is empty). validate=True checks the block table's entries and the context
+    lengths first (this synchronizes; leave it off inside CUDA graphs)."""
+    args = _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout,
+                    validate)
+    return torch.ops.attngen.paged_decode(*args)
+
+
+def paged_decode_with(instance: str, q, k_cache, v_cache, block_table, context_lens, scale=None, *,
+                      alibi_slopes=None, soft_cap=None, kv_layout="NHD"):
+    """paged_decode through the named instance (benchmarks, tests); an error if it does not cover the call."""
+    args = _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout, False)
+    return torch.ops.attngen.paged_decode_with(*args, instance)
+
+
+def selected_instance(q, k_cache, v_cache, block_table, context_lens, kv_layout="NHD") -> str:
+    """The instance dispatch picks for these tensors ('' if none covers them)."""
+    q, k, v, block_table, context_lens, *_ = _prepare(q, k_cache, v_cache, block_table, context_lens, None, None,
+                                                      None, kv_layout, False)
+    return torch.ops.attngen.paged_decode_select(q, k, v, block_table, context_lens)
+
+
+def instances() -> list[str]:
+    _register()
+    return list(torch.ops.attngen.paged_decode_instances())

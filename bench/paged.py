@@ -1,0 +1,162 @@
+"""Paged decode beside torch (gather the pages, then SDPA) and a device copy, in one run, on
+the shapes of issue 5 and ../shared/ANCHORS.md: bf16, D 128, 16-token pages behind a shuffled
+block table. Effective bandwidth = bytes of K and V inside the contexts / time; the copy's
+(read + write) bandwidth is the ceiling. Also times each kernel kind forced, which is what the
+spec's dispatch rule rests on. Writes paged.json and paged.md under --out.
+
+  python -m bench.paged [--quick] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import attngen  # noqa: E402
+from attngen import paged  # noqa: E402
+from bench.causal_linear import do_bench  # noqa: E402
+
+BLOCK = 16
+D = 128
+# name, S, Hq, Hkv, context lengths ("uniform" draws U(1..8192) per sequence), target TB/s (issue 5),
+# ANCHORS.md's torch gather + SDPA time (ms)
+CASES = [
+    ("64 seqs Hq32 Hkv8 ctx 4096", 64, 32, 8, 4096, 2.2, 1.120),
+    ("256 seqs Hq32 Hkv8 ctx 2048", 256, 32, 8, 2048, None, 2.222),
+    ("8 seqs Hq32 Hkv32 ctx 32768", 8, 32, 32, 32768, 2.0, 4.412),
+    ("64 seqs Hq32 Hkv8 ctx U(1..8192)", 64, 32, 8, "uniform", 1.6, None),
+]
+
+
+def make_case(S, Hq, Hkv, lens, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if lens == "uniform":
+        lens = torch.randint(1, 8193, (S,), generator=g).tolist()
+    else:
+        lens = [lens] * S
+    blocks = [(n + BLOCK - 1) // BLOCK for n in lens]
+    max_blocks = max(blocks)
+    order = torch.randperm(sum(blocks), generator=g)
+    bt = torch.zeros(S, max_blocks, dtype=torch.int32)
+    at = 0
+    for s, nb in enumerate(blocks):
+        bt[s, :nb] = order[at: at + nb].to(torch.int32)
+        at += nb
+    k = torch.randn(sum(blocks), BLOCK, Hkv, D, dtype=dtype, device="cuda")
+    v = torch.randn(sum(blocks), BLOCK, Hkv, D, dtype=dtype, device="cuda")
+    q = torch.randn(S, Hq, D, dtype=dtype, device="cuda")
+    return q, k, v, bt.cuda(), torch.tensor(lens, dtype=torch.int32, device="cuda")
+
+
+def kv_bytes(k, lens) -> int:
+    return int(lens.sum()) * k.shape[2] * k.shape[3] * k.element_size() * 2
+
+
+def torch_gather_sdpa(q, k_cache, v_cache, bt, lens):
+    """The peer: gather each sequence's pages into a dense [S, L, Hkv, D], mask, SDPA (GQA)."""
+    S = q.shape[0]
+    k = k_cache[bt].flatten(1, 2).transpose(1, 2)     # [S, Hkv, L, D]
+    v = v_cache[bt].flatten(1, 2).transpose(1, 2)
+    mask = torch.arange(k.shape[2], device=q.device) < lens[:, None]
+    out = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask[:, None, None, :], enable_gqa=True)
+    return out.view(S, q.shape[1], q.shape[2])
+
+
+def copy_tbps(nbytes=2 * 2**30) -> float:
+    x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    y = torch.empty_like(x)
+    ms = do_bench(lambda: y.copy_(x))
+    return 2 * nbytes / ms / 1e9
+
+
+def forced(case, kind):
+    q, k, v, bt, lens = case
+    group = q.shape[1] // k.shape[2]
+    names = [n for n in paged.instances() if f"_{kind}_d{D}_" in n and n.endswith("_bf16_sm90a")]
+    # the widest GQA packing that divides the group, as the dispatch would take
+    best = max((n for n in names if group % int(n.split("_heads")[1].split("_")[0]) == 0),
+               key=lambda n: int(n.split("_heads")[1].split("_")[0]))
+    return best, lambda: paged.paged_decode_with(best, q, k, v, bt, lens)
+
+
+def run(quick: bool):
+    rows = []
+    copy = copy_tbps()
+    print(f"copy: {copy:.3f} TB/s", flush=True)
+    for name, S, Hq, Hkv, lens, target, anchor in CASES:
+        case = make_case(S, Hq, Hkv, lens)
+        q, k, v, bt, cl = case
+        nbytes = kv_bytes(k, cl)
+        row = {"case": name, "S": S, "Hq": Hq, "Hkv": Hkv, "D": D, "block_size": BLOCK, "dtype": "bf16",
+               "context_tokens": int(cl.sum()), "kv_bytes": nbytes, "target_tbps": target, "anchor_torch_ms": anchor,
+               "instance": paged.selected_instance(q, k, v, bt, cl)}
+        out = attngen.paged_decode(*case)
+        want = torch_gather_sdpa(*case)
+        row["rel_diff_vs_torch"] = ((out.float() - want.float()).norm() / want.float().norm()).item()
+        row["attngen_ms"] = do_bench(lambda: attngen.paged_decode(*case))
+        for kind in ("single_pass", "split_k"):
+            inst, fn = forced(case, kind)
+            row[f"{kind}_ms"] = do_bench(fn)
+            row[f"{kind}_instance"] = inst
+        if not (quick and S * max(cl.tolist()) > 2**20):     # the gather of 8 x 32768 tokens is slow
+            row["torch_ms"] = do_bench(lambda: torch_gather_sdpa(*case))
+        for key in ("attngen", "single_pass", "split_k", "torch"):
+            if f"{key}_ms" in row:
+                row[f"{key}_tbps"] = nbytes / row[f"{key}_ms"] / 1e9
+        row["fraction_of_copy"] = row["attngen_tbps"] / copy
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del case, q, k, v, out, want
+        torch.cuda.empty_cache()
+    return copy, rows
+
+
+def markdown(copy, rows, meta) -> str:
+    f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    out = [f"# Paged decode, bf16, D {D}, block {BLOCK}, shuffled pages ({meta['device']}, torch {meta['torch']}, "
+           f"commit {meta['commit']})", "",
+           f"Copy bandwidth in this run (read + write of 2 GiB): **{copy:.3f} TB/s** (the ceiling).", "",
+           "Effective bandwidth = bytes of K and V inside the contexts / time (TB/s); times in ms, "
+           "median of triton do_bench, same run for every column:", "",
+           "| case | attngen | target | ms | single_pass forced | split_k forced | torch gather + SDPA | "
+           "ANCHORS torch ms | attngen / copy | instance |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        torch_cell = f"{f(r.get('torch_tbps'))} ({f(r.get('torch_ms'))} ms)" if "torch_ms" in r else "-"
+        out.append(f"| {r['case']} | **{f(r['attngen_tbps'])}** | {'>= ' + str(r['target_tbps']) if r['target_tbps'] else '-'} | "
+                   f"{f(r['attngen_ms'])} | {f(r['single_pass_tbps'])} | {f(r['split_k_tbps'])} | {torch_cell} | "
+                   f"{f(r['anchor_torch_ms'])} | {r['fraction_of_copy']:.0%} | `{r['instance']}` |")
+    out += ["", "rel. difference attngen vs torch (bf16 outputs): "
+            + ", ".join(f"{r['rel_diff_vs_torch']:.1e}" for r in rows)]
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="skip the torch peer on the 8 x 32768 case")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "h100"))
+    args = ap.parse_args()
+    t0 = time.time()
+    copy, rows = run(args.quick)
+    commit = os.environ.get("ATTNGEN_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or "unknown"
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
+            "seconds": round(time.time() - t0, 1)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "paged.json").write_text(json.dumps({"meta": meta, "copy_tbps": copy, "rows": rows}, indent=1) + "\n")
+    (out / "paged.md").write_text(markdown(copy, rows, meta))
+    print((out / "paged.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
