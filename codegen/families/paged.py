@@ -1,9 +1,10 @@
 """Paged decode attention (seed 002): lowering of the decode kernels.
 
 A CTA serves one sequence and `heads` query heads that share one kv head. Its threads form
-a [tz][heads][tx] grid: tx lanes split the head dim in 16-byte pieces (`chunks` pieces per
-lane when D is wider than tx pieces), each of the `heads` rows of lanes takes one query head,
-and the tz slots take the tokens of a staged tile in turn. K and V tiles of `tile` tokens go
+a [tz][heads / hpt][tx] grid: tx lanes split the head dim in 16-byte pieces (`chunks` pieces
+per lane when D is wider than tx pieces), each row of lanes takes `hpt` query heads (one
+read and widening of a K or V piece serves all of them), and the tz slots take the tokens of
+a staged tile in turn. K and V tiles of `tile` tokens go
 through a `stages`-deep cp.async ring; every thread keeps a running max, sum and output piece
 over its own tokens, merged across the tz slots once at the end (no barrier per token).
 """
@@ -29,8 +30,8 @@ DERIVED_NAMES = {"dtype_bytes"}
 SHAPE_DIMS = ("S", "Hq", "Hkv", "D", "L")
 DECODE = "paged/decode.cu.j2"
 TEMPLATE_PARAMS = {
-    DECODE: {"d": "int", "vec": "int", "tx": "int", "heads": "int", "threads": "int", "tile": "int",
-             "stages": "int", "part": "int0"},
+    DECODE: {"d": "int", "vec": "int", "tx": "int", "heads": "int", "hpt": "int", "threads": "int",
+             "tile": "int", "stages": "int", "part": "int0"},
 }
 SUPPORT_FILES = {
     "paged/params.cuh.j2": "paged/params.cuh",
@@ -47,23 +48,26 @@ def _is_pow2(x: int) -> bool:
 
 
 def _geometry(p: dict, nbytes: int) -> dict:
-    d, vec, tx, heads, threads, tile = (p[k] for k in ("d", "vec", "tx", "heads", "threads", "tile"))
+    d, vec, tx, heads, hpt, threads, tile = (p[k] for k in ("d", "vec", "tx", "heads", "hpt", "threads", "tile"))
     vectorize.check(vec, nbytes, {"d": d})
     if vec * nbytes != 16:
         raise Rejected("vec", f"vec={vec}: the cp.async ring moves 16-byte pieces ({16 // nbytes} elements)")
     if not _is_pow2(tx) or tx > 32:
         raise Rejected("tx", f"tx={tx} must be a power of two <= 32 (its lanes sum scores by warp shuffles)")
-    if not _is_pow2(heads) or tx * heads > threads:
-        raise Rejected("heads", f"heads={heads} must be a power of two with tx*heads <= threads={threads}")
-    if threads % (tx * heads):
-        raise Rejected("threads", f"threads={threads} is not a multiple of tx*heads={tx * heads}")
-    tz = threads // (tx * heads)
+    if not _is_pow2(heads):
+        raise Rejected("heads", f"heads={heads} must be a power of two")
+    if not _is_pow2(hpt) or heads % hpt:
+        raise Rejected("hpt", f"hpt={hpt} heads per thread must be a power of two dividing heads={heads}")
+    rows = heads // hpt
+    if threads % (tx * rows):
+        raise Rejected("threads", f"threads={threads} is not a multiple of tx*heads/hpt={tx * rows}")
+    tz = threads // (tx * rows)
     if tile % tz:
         raise Rejected("tile", f"tile={tile} tokens do not split over {tz} token slots")
     if tile // tz > MAX_SCORES:
         raise Rejected("tile", f"tile={tile} gives {tile // tz} scores per thread per stage; at most {MAX_SCORES}")
     pieces = d // vec
-    return {"tz": tz, "scores": tile // tz, "pieces": pieces, "chunks": -(-pieces // tx)}
+    return {"tz": tz, "rows": rows, "scores": tile // tz, "pieces": pieces, "chunks": -(-pieces // tx)}
 
 
 def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
@@ -81,17 +85,19 @@ def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
 
     row_bytes = d * nbytes
     ring = stages * tile * 2 * row_bytes                     # K and V tiles
-    slots = threads // tx                                    # (head, token slot) pairs
-    merge = slots * (d + 2) * 4                              # per slot: output piece, max, sum
+    slots = geo["tz"] * heads                                # (token slot, head) pairs
+    merge = slots * (d + 2) * 4                              # per slot: output row, max, sum
     smem = max(ring, merge)
     loads = tile * geo["pieces"]                             # 16-byte pieces per tensor per stage
 
     # Bank model of the tile reads: lane x of a tx group reads piece x (+ tx * j) of its token's
-    # row; the other groups of the warp read other heads (same row: broadcast) or other rows.
+    # row; the other groups of the warp are other rows of heads (the same token: broadcast) or
+    # other token slots.
+    rows = geo["rows"]
+
     def tile_read(lane, _pad):
         x, group = lane % tx, lane // tx
-        row = group // heads if heads < 32 // tx else 0
-        return None if x >= geo["pieces"] else row * row_bytes + x * 16
+        return None if x >= geo["pieces"] else (group // rows) * row_bytes + x * 16
 
     ways = banks.conflict_ways([banks.Access("kv_tile_read", 16, tile_read)], 0)
     return inst.with_derived({

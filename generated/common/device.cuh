@@ -49,6 +49,14 @@ __device__ __forceinline__ void store_floats(T* dst, const float* src) {
   *reinterpret_cast<Pack<T, N>*>(dst) = v;
 }
 
+// max that propagates NaN (PTX max.NaN, sm_80+): a NaN score must poison a softmax, not be
+// skipped the way fmaxf skips it.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+  float out;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(out) : "f"(a), "f"(b));
+  return out;
+}
+
 // Asynchronous global->shared copy of BYTES bytes; when `valid` is false nothing is read
 // and the destination is zero-filled (PTX cp.async with src-size 0).
 template <int BYTES>

@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(THREADS) reduce_kernel(const ReduceParams p) {
   const float* lse = p.lse + (s * p.Hq + h) * p.parts;
   const float* o = p.o + (s * p.Hq + h) * p.parts * p.D;
   float top = -INFINITY;
-  for (int64_t i = 0; i < used; ++i) top = fmaxf(top, lse[i]);
+  for (int64_t i = 0; i < used; ++i) top = fmax_nan(top, lse[i]);
   T* out = static_cast<T*>(p.out) + s * p.out_ss + h * p.out_sh;
   for (int64_t d = threadIdx.x; d < p.D; d += THREADS) {
     float sum = 0.f, weights = 0.f;
@@ -35,7 +35,8 @@ __global__ void __launch_bounds__(THREADS) reduce_kernel(const ReduceParams p) {
         sum += w * o[i * p.D + d];
       }
     }
-    out[d] = from_float<T>(weights > 0.f ? sum / weights : 0.f);
+    // No partition saw a token: zeros. A NaN partition (NaN in the cache) stays NaN.
+    out[d] = from_float<T>(top == -INFINITY ? 0.f : sum / weights);
   }
 }
 

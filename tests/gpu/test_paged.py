@@ -133,6 +133,17 @@ def test_empty_context_strided_q_and_fewer_lengths_than_capacity():
     assert torch.count_nonzero(got[0]) == 0 and torch.count_nonzero(got[2]) == 0
 
 
+def test_nan_in_the_cache_inside_a_context_reaches_the_output():
+    """The softmax must not skip a NaN score (fmaxf would): it poisons its heads, as in torch."""
+    for kind in ("single_pass", "split_k"):
+        q, k, v, bt, cl = make_case([40, 1500], 8, 2, 64, torch.float32, seed=9)
+        page, slot = int(bt[1, 20]), 3                # token 323 of sequence 1, kv head 1
+        k[page, slot, 1, 5] = float("nan")
+        name = next(n for n in paged.instances() if f"_{kind}_d64_" in n and "_heads4_" in n and n.endswith("fp32_sm90a"))
+        out = paged.paged_decode_with(name, q, k, v, bt, cl)
+        assert out[1, 4:].isnan().all() and not out[0].isnan().any() and not out[1, :4].isnan().any(), kind
+
+
 def test_bad_input_from_the_kernels_side():
     q, k, v, bt, cl = make_case([4, 9], 4, 2, 48, torch.bfloat16)
     with pytest.raises(ValueError, match="unsupported head size or layout: D=48"):
@@ -169,8 +180,8 @@ def test_cuda_graph_replay_follows_new_lengths_and_pages():
     torch.cuda.current_stream().wait_stream(stream)
     graph.replay()
     assert worst_rel_err(out, expected((q, k, v, bt, cl))) <= 1e-2
-    cl.copy_(torch.tensor([2999, 5, 1500, 1], dtype=torch.int32))
-    bt.copy_(bt.flip(0))                              # other sequences' pages now
+    cl.copy_(torch.tensor([2000, 5, 2999, 1], dtype=torch.int32))
+    bt.copy_(bt.flip(0))                              # other sequences' pages (within their data)
     graph.replay()
     assert worst_rel_err(out, expected((q, k, v, bt, cl))) <= 1e-2
 
