@@ -703,7 +703,7 @@ const Entry* paged_decode_find(const char* name) {
 }
 
 const Entry* paged_decode_select(const DecodeKey& key) {
-  // specs/paged.yaml:80: when L <= 512 -> single_pass
+  // specs/paged.yaml:81: when L <= 512 -> single_pass
   if ((key.L <= 512)) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // paged_single_pass_d64_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part0_fp32_sm90a
@@ -796,7 +796,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[83].covers(key)) return &kEntries[83];  // paged_single_pass_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_bf16_sm90a
     }
   }
-  // specs/paged.yaml:82: when True -> split_k
+  // specs/paged.yaml:83: when True -> split_k
   if (true) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[84].covers(key)) return &kEntries[84];  // paged_split_k_d64_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part512_fp32_sm90a
