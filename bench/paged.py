@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import attngen  # noqa: E402
 from attngen import paged  # noqa: E402
+from bench import run_meta  # noqa: E402
 from bench.causal_linear import do_bench  # noqa: E402
 
 BLOCK = 16
@@ -115,7 +114,7 @@ def run(quick: bool):
         row["fraction_of_copy"] = row["attngen_tbps"] / copy
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del case, q, k, v, out, want
+        case = q = k = v = out = want = None  # free the cache before the next case
         torch.cuda.empty_cache()
     return copy, rows
 
@@ -147,10 +146,7 @@ def main():
     args = ap.parse_args()
     t0 = time.time()
     copy, rows = run(args.quick)
-    commit = os.environ.get("ATTNGEN_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or "unknown"
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
-            "seconds": round(time.time() - t0, 1)}
+    meta = run_meta(t0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "paged.json").write_text(json.dumps({"meta": meta, "copy_tbps": copy, "rows": rows}, indent=1) + "\n")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import attngen  # noqa: E402
 from attngen import rwkv  # noqa: E402
+from bench import run_meta  # noqa: E402
 from bench.causal_linear import do_bench, rotating  # noqa: E402
 
 # (B, T, H, N) and the ANCHORS.md forward figures (ms: RWKV-CUDA, fla chunk, fla fused_recurrent).
@@ -160,11 +159,7 @@ def main():
     args = ap.parse_args()
     t0 = time.time()
     rows, bwd, peers = run(args.quick)
-    # The device's copy of the tree may carry an older .git: the caller can name the commit.
-    commit = os.environ.get("ATTNGEN_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or "unknown"
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
-            "seconds": round(time.time() - t0, 1)}
+    meta = run_meta(t0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "rwkv.json").write_text(json.dumps({"meta": meta, "forward": rows, "backward": bwd, "peers": peers},

@@ -38,7 +38,7 @@ def main():
             ms = do_bench(lambda: paged.paged_decode_with(name, *case))
             results.append({"case": case_name, "instance": name, "ms": ms, "tbps": nbytes / ms / 1e9})
             print(json.dumps(results[-1]), flush=True)
-        del case
+        case = None  # free the cache before the next case
         torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -128,3 +128,34 @@ def test_make_gen_exits_2_and_leaves_generated_alone(tmp_path):
     assert re.search(r"specs/causal_linear\.yaml:\d+: kernels\.low_occupancy\.grid\.chunk: ", proc.stderr)
     after = {p: p.read_bytes() for p in (tree / "generated").rglob("*") if p.is_file()}
     assert before == after
+
+
+PAGED = (ROOT / "specs" / "paged.yaml").read_text()
+
+
+def paged_error(tmp_path, text) -> SpecError:
+    path = tmp_path / "paged.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        pipeline.lower(pipeline.expand(pipeline.load([path])))
+    return info.value
+
+
+def test_paged_heads_per_thread_must_divide_heads(tmp_path):
+    text = PAGED.replace('"hpt == 2 and heads >= 2 or hpt == 1 and heads == 1"', '"hpt == 2"', 1)
+    err = paged_error(tmp_path, text)
+    assert err.line == line_of(text, "hpt: [2, 1]") and err.field == "kernels.single_pass.grid.hpt"
+    assert "must be a power of two dividing heads=1" in str(err)
+
+
+def test_paged_partition_must_hold_whole_tiles(tmp_path):
+    text = PAGED.replace("part: [512]", "part: [500]")
+    err = paged_error(tmp_path, text)
+    assert err.line == line_of(text, "part: [500]") and err.field == "kernels.split_k.grid.part"
+    assert "multiple of tile=32" in str(err)
+
+
+def test_paged_ring_over_the_shared_memory_limit(tmp_path):
+    text = PAGED.replace("stages: [3]", "stages: [40]", 1)
+    err = paged_error(tmp_path, text)
+    assert err.field == "kernels.single_pass.grid.tile" and "exceeds the sm_90a limit" in str(err)
