@@ -11,6 +11,7 @@ a CUDA graph; `validate=True` adds the checks that must read the block table (th
 from __future__ import annotations
 
 import math
+import re
 from typing import Optional
 
 import torch
@@ -164,6 +165,15 @@ def selected_instance(q, k_cache, v_cache, block_table, context_lens, kv_layout=
     q, k, v, block_table, context_lens, *_ = _prepare(q, k_cache, v_cache, block_table, context_lens, None, None,
                                                       None, kv_layout, False)
     return torch.ops.attngen.paged_decode_select(q, k, v, block_table, context_lens)
+
+
+def instance_heads(name: str) -> int:
+    """Query heads one CTA of instance `name` serves (its GQA packing), read from the name,
+    which spells every compile-time parameter (codegen/instance.py)."""
+    match = re.search(r"_heads(\d+)_", name)
+    if match is None:
+        raise ValueError(f"{name!r} is not a paged_decode instance name")
+    return int(match.group(1))
 
 
 def instances() -> list[str]:

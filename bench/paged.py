@@ -82,8 +82,7 @@ def forced(case, kind):
     group = q.shape[1] // k.shape[2]
     names = [n for n in paged.instances() if f"_{kind}_d{D}_" in n and n.endswith("_bf16_sm90a")]
     # the widest GQA packing that divides the group, as the dispatch would take
-    best = max((n for n in names if group % int(n.split("_heads")[1].split("_")[0]) == 0),
-               key=lambda n: int(n.split("_heads")[1].split("_")[0]))
+    best = max((n for n in names if group % paged.instance_heads(n) == 0), key=paged.instance_heads)
     return best, lambda: paged.paged_decode_with(best, q, k, v, bt, lens)
 
 

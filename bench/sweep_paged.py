@@ -19,10 +19,6 @@ from bench.causal_linear import do_bench  # noqa: E402
 from bench.paged import CASES, D, kv_bytes, make_case  # noqa: E402
 
 
-def heads_of(name: str) -> int:
-    return int(name.split("_heads")[1].split("_")[0])
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "h100"))
@@ -33,7 +29,7 @@ def main():
         case = make_case(S, Hq, Hkv, lens)
         nbytes = kv_bytes(case[1], case[4])
         for name in names:
-            if (Hq // Hkv) % heads_of(name):
+            if (Hq // Hkv) % paged.instance_heads(name):
                 continue
             ms = do_bench(lambda: paged.paged_decode_with(name, *case))
             results.append({"case": case_name, "instance": name, "ms": ms, "tbps": nbytes / ms / 1e9})

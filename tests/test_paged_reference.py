@@ -94,3 +94,9 @@ def test_validate_names_the_bad_entry_and_the_too_long_context():
     paged.validate_block_table(k, unused, cl)
     with pytest.raises(ValueError, match=r"context_lens\[1\] = 25 is outside \[0, 24\]"):
         paged.validate_block_table(k, bt, torch.tensor([3, 25], dtype=torch.int32))
+
+
+def test_instance_heads_reads_the_packing_from_the_name():
+    assert paged.instance_heads("paged_split_k_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_bf16_sm90a") == 4
+    with pytest.raises(ValueError, match="is not a paged_decode instance name"):
+        paged.instance_heads("rwkv_fwd_contracted_full_head_n64")

@@ -57,7 +57,7 @@ o, s = attngen.wkv6(r, k, v, w, u, torch.randn(2, 2, 64, 64, device="cuda"))
 from attngen import paged  # noqa: E402
 
 for name in paged.instances():
-    heads = int(name.split("_heads")[1].split("_")[0])
+    heads = paged.instance_heads(name)
     key = (name.split("_d")[0], "fp32" in name, "bf16" in name, heads)
     if key in seen or "_d80_" not in name:
         continue

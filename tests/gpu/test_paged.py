@@ -92,7 +92,7 @@ def test_issue_matrix_every_group_size(dtype, Hkv):
     got = attngen.paged_decode(*case)
     assert worst_rel_err(got, want) <= TOL[dtype]
     single = [n for n in paged.instances() if "single_pass_d128_" in n and n.endswith(f"{_dt(dtype)}_sm90a")]
-    name = next(n for n in single if (32 // Hkv) % int(n.split("heads")[1].split("_")[0]) == 0)
+    name = next(n for n in single if (32 // Hkv) % paged.instance_heads(n) == 0)
     assert worst_rel_err(paged.paged_decode_with(name, *case), want) <= TOL[dtype]
 
 
