@@ -70,13 +70,14 @@ def wkv(r, k, v, w, u, state=None, dtype=torch.float64):
 
 
 def wkv_scan(q, kc, vo, w, u=None, state=None, reverse=False, keys_output=False, return_state=True,
-             float_out=False, dtype=torch.float64):
+             float_out=False, checkpoints=None, *, every=None, dtype=torch.float64):
     """The generated scan kernels' contract (templates/rwkv/params.cuh), in `dtype`: per (b, h),
     read X then update it, walking time forward or in reverse:
         y_t[o] = sum_c q_t[c] X[c, o] + vo_t[o] uo[o] sum_c q_t[c] uc[c] kc_t[c]
         X[c, o] <- X[c, o] exp(w_t[key]) + kc_t[c] vo_t[o]
     key = o (u on o) if keys_output else c (u on c). state and the returned state are
-    [B, H, key, value] as wkv's, so X is the state, transposed when keys_output."""
+    [B, H, key, value] as wkv's, so X is the state, transposed when keys_output. A forward walk
+    with `checkpoints` [B, H, ceil(T / every), N, N] writes the state before steps 0, every, ..."""
     q, kc, vo, w = (x.to(dtype) for x in (q, kc, vo, w))
     B, T, H, N = q.shape
     if state is None:
@@ -85,6 +86,8 @@ def wkv_scan(q, kc, vo, w, u=None, state=None, reverse=False, keys_output=False,
         X = state.to(dtype).transpose(-1, -2) if keys_output else state.to(dtype)
     ys = [None] * T
     for t in (reversed(range(T)) if reverse else range(T)):
+        if checkpoints is not None and t % every == 0:
+            checkpoints[:, :, t // every] = X.transpose(-1, -2) if keys_output else X
         qt, kt, vt = q[:, t], kc[:, t], vo[:, t]
         y = torch.einsum("bhc,bhco->bho", qt, X)
         if u is not None:
@@ -99,6 +102,35 @@ def wkv_scan(q, kc, vo, w, u=None, state=None, reverse=False, keys_output=False,
     y = torch.stack(ys, 1) if T else q.new_zeros(B, 0, H, N)
     final = X.transpose(-1, -2) if keys_output else X
     return y, (final if return_state else X.new_zeros(0))
+
+
+def wkv_grad_rkwu(r, k, v, w, u, d_o, checkpoints, d_state=None, want_d_state0=True, *, every,
+                  dtype=torch.float64):
+    """The contract of the backward pass for r, k, w, u and the initial state
+    (templates/rwkv/grad_rkwu.cu), in `dtype`, taking S_{t-1} only from the forward's
+    checkpoints (the state before steps 0, every, 2 every, ...) rebuilt forward within each
+    window. Returns dr, dk, dw (r's dtype), du per batch [B, H, N] and dS_0 (or an empty tensor)."""
+    out_dtype = r.dtype
+    r, k, v, w, u, d_o = (x.to(dtype) for x in (r, k, v, w, u, d_o))
+    B, T, H, N = r.shape
+    decay = torch.exp(w)
+    S_prev = torch.empty(B, T, H, N, N, dtype=dtype, device=r.device)  # S_{t-1}[j, i]
+    for t in range(T):
+        if t % every == 0:
+            S = checkpoints[:, :, t // every].to(dtype)
+        S_prev[:, t] = S
+        S = S * decay[:, t, :, :, None] + k[:, t, :, :, None] * v[:, t, :, None, :]
+    dS = torch.zeros(B, H, N, N, dtype=dtype, device=r.device) if d_state is None else d_state.to(dtype)
+    dr, dk, dw = (torch.empty(B, T, H, N, dtype=dtype, device=r.device) for _ in range(3))
+    ov = (d_o * v).sum(-1, keepdim=True)
+    for t in reversed(range(T)):
+        dr[:, t] = torch.einsum("bhji,bhi->bhj", S_prev[:, t], d_o[:, t]) + u * k[:, t] * ov[:, t]
+        dk[:, t] = torch.einsum("bhji,bhi->bhj", dS, v[:, t]) + u * r[:, t] * ov[:, t]
+        dw[:, t] = decay[:, t] * (dS * S_prev[:, t]).sum(-1)
+        dS = dS * decay[:, t, :, :, None] + r[:, t, :, :, None] * d_o[:, t, :, None, :]
+    du = (r * k * ov).sum(1)
+    d_s0 = dS if want_d_state0 else dS.new_zeros(0)
+    return dr.to(out_dtype), dk.to(out_dtype), dw.to(out_dtype), du, d_s0
 
 
 def paged_decode(q, k_cache, v_cache, block_table, context_lens, scale=None, alibi_slopes=None,

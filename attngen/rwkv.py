@@ -1,14 +1,15 @@
 """RWKV5/6 wkv: the generated `wkv_scan` kernels as a differentiable torch custom op.
 
-The forward is one scan of the N x N state; the backward is three scans (dr forward in time,
-dk and dv in reverse, see templates/rwkv/params.cuh) and a few elementwise torch ops for the
-bonus, u and decay gradients:
-    dw_t[j] = sum_{m >= t} (r_{m+1}[j] dr~_{m+1}[j] - k_m[j] dk~_m[j]) + sum_i dS_T[j, i] S_T[j, i]
-where dr~, dk~ are the state parts of dr, dk (without the bonus). This holds because w enters
-only through the cumulative log decay; it needs no second copy of the state.
+The forward is one scan of the N x N state, which also saves the state every
+`wkv_checkpoint_every()` steps when a gradient is wanted. The backward is one dv scan (time
+reversed) and one pass for r, k, w, u and the initial state (templates/rwkv/grad_rkwu.cu) that
+rebuilds the states between checkpoints, so the decay gradient is taken directly:
+    dw_t[j] = exp(w_t[j]) sum_i dS_t[j, i] S_{t-1}[j, i]
+(accurate for decays near 0, where a cumulative identity's O(1) terms cancel to O(decay)).
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -31,8 +32,26 @@ def _vector_ready(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _scan(q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out):
-    return torch.ops.attngen.wkv_scan(q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out)
+def _scan(q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints=None):
+    return torch.ops.attngen.wkv_scan(q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out,
+                                      checkpoints)
+
+
+def _grad_rkwu(r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0):
+    return torch.ops.attngen.wkv_grad_rkwu(r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0)
+
+
+def checkpoint_shape(B, T, H, N) -> tuple:
+    """The forward's state checkpoints: [B, H, ceil(T / every), N, N] float32."""
+    every = checkpoint_every()
+    return (B, H, (T + every - 1) // every, N, N)
+
+
+@functools.cache
+def checkpoint_every() -> int:
+    """Steps between the forward's state checkpoints (codegen/families/rwkv.py CHECKPOINT_EVERY)."""
+    _ext.load()
+    return int(torch.ops.attngen.wkv_checkpoint_every())
 
 
 def _register() -> None:
@@ -43,70 +62,49 @@ def _register() -> None:
 
     @torch.library.register_fake("attngen::wkv_scan")
     def _scan_fake(q, kc, vo, w, u=None, state=None, reverse=False, keys_output=False, return_state=True,
-                   float_out=False):
+                   float_out=False, checkpoints=None):
         B, T, H, N = q.shape
         y = q.new_empty(q.shape, dtype=torch.float32 if float_out else q.dtype)
         return y, q.new_empty((B, H, N, N) if return_state else (0,), dtype=torch.float32)
 
     @torch.library.custom_op("attngen::wkv", mutates_args=())
     def wkv_op(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: torch.Tensor,
-               state: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        return _scan(r, k, v, w, u, state, False, False, True, False)
+               state: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        checkpoints = r.new_empty(checkpoint_shape(*r.shape), dtype=torch.float32)
+        o, final = _scan(r, k, v, w, u, state, False, False, True, False, checkpoints)
+        return o, final, checkpoints
 
     @wkv_op.register_fake
     def _wkv_fake(r, k, v, w, u, state):
         B, T, H, N = r.shape
-        return r.new_empty(r.shape), r.new_empty((B, H, N, N), dtype=torch.float32)
+        return (r.new_empty(r.shape), r.new_empty((B, H, N, N), dtype=torch.float32),
+                r.new_empty(checkpoint_shape(B, T, H, N), dtype=torch.float32))
 
     def setup_context(ctx, inputs, output):
         r, k, v, w, u, state = inputs
-        ctx.save_for_backward(r, k, v, w, u, state, output[1])
+        ctx.has_state = state is not None
+        ctx.save_for_backward(r, k, v, w, u, output[2])
 
     wkv_op.register_autograd(_backward, setup_context=setup_context)
     _registered = True
 
 
-def _backward(ctx, d_o, d_state):
-    r, k, v, w, u, s0, s_final = ctx.saved_tensors
+def _backward(ctx, d_o, d_state, _d_checkpoints):
+    r, k, v, w, u, checkpoints = ctx.saved_tensors
     d_o = (d_o if d_o is not None else torch.zeros_like(r)).contiguous()
     d_state = d_state.contiguous() if d_state is not None else None
-    return wkv_backward(_scan, r, k, v, w, u, s0, s_final, d_o, d_state, finish=_finish)
-
-
-def _finish(r, k, d_o, v, dr_state, dk_state, u, d_state, s_final):
-    """The fused CUDA finishing pass: (dr, dk, dw, du) from the scans' state parts."""
-    tail = (d_state * s_final).sum(-1).contiguous() if d_state is not None else None
     r, k, v = (x.contiguous() for x in (r, k, v))
-    dr, dk, dw, du_part = torch.ops.attngen.wkv_grad_finish(r, k, d_o, v, dr_state, dk_state, u, tail)
-    return dr, dk, dw, du_part.sum(0).to(u.dtype)
+    return wkv_backward(_scan, _grad_rkwu, r, k, v, w, u, ctx.has_state, checkpoints, d_o, d_state)
 
 
-def wkv_backward(scan, r, k, v, w, u, s0, s_final, d_o, d_state, finish=None):
-    """Gradients of wkv6 for (r, k, v, w, u, state) from three scans; `scan` has wkv_scan's
-    signature (the CUDA op, or reference.wkv_scan in the CPU test of this algebra). `finish`
-    (the CUDA finishing pass) replaces the torch ops below that compute dr, dk, dw, du."""
-    # The state parts of dr and dk in fp32 (the decay gradient needs them), then dv with its bonus.
-    dr_state, _ = scan(d_o, v, k, w, None, s0, False, True, False, True)
-    dk_state, d_s0 = scan(v, d_o, r, w, None, d_state, True, True, s0 is not None, True)
+def wkv_backward(scan, grad_rkwu, r, k, v, w, u, has_state, checkpoints, d_o, d_state):
+    """Gradients of wkv6 for (r, k, v, w, u, state) from the dv scan and the r, k, w, u pass.
+    `scan` and `grad_rkwu` have the signatures of the CUDA ops wkv_scan and wkv_grad_rkwu (or
+    their float64 references, for the CPU test of this algebra); `checkpoints` are the
+    forward's. dv: sum_j dS_t[j, i] k_t[j] plus its bonus, a scan in reverse with dS as X."""
+    dr, dk, dw, du_part, d_s0 = grad_rkwu(r, k, v, w, u, d_o, checkpoints, d_state, has_state)
     dv, _ = scan(k, r, d_o, w, u, d_state, True, False, False, False)
-    d_s0 = d_s0 if s0 is not None else None
-    if finish is not None:
-        dr, dk, dw, du = finish(r, k, d_o, v, dr_state, dk_state, u, d_state, s_final)
-        return dr, dk, dv, dw.to(w.dtype), du, d_s0
-
-    acc = torch.promote_types(dr_state.dtype, torch.float32)
-    rf, kf, uf = r.to(acc), k.to(acc), u.to(acc)
-    ov = torch.linalg.vecdot(d_o.to(acc), v.to(acc)).unsqueeze(-1)   # (do_t . v_t), [B, T, H, 1]
-    u_ov = uf * ov
-    dr = torch.addcmul(dr_state, kf, u_ov)
-    dk = torch.addcmul(dk_state, rf, u_ov)
-    du = (rf * kf * ov).sum((0, 1))
-    g = torch.mul(kf, dk_state).neg_()               # -k_t dk~_t
-    g[:, :-1].addcmul_(rf[:, 1:], dr_state[:, 1:])   # + r_{t+1} dr~_{t+1}
-    dw = g.flip(1).cumsum(1).flip(1)
-    if d_state is not None:
-        dw += (d_state * s_final).sum(-1).unsqueeze(1)
-    return dr.to(r.dtype), dk.to(k.dtype), dv, dw.to(w.dtype), du.to(u.dtype), d_s0
+    return dr, dk, dv, dw.to(w.dtype), du_part.sum(0).to(u.dtype), (d_s0 if has_state else None)
 
 
 def _as_heads(name: str, x: torch.Tensor, H: int, op: str) -> torch.Tensor:
@@ -174,7 +172,7 @@ def _run(op, r, k, v, w, u, state, check, w_per_head):
     u = u.to(r.dtype)
     r, k, v, w, u = (_vector_ready(x) for x in (r, k, v, w, u))
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (r, k, v, w, u, state)):
-        o, final = torch.ops.attngen.wkv(r, k, v, w, u, state)
+        o, final, _ = torch.ops.attngen.wkv(r, k, v, w, u, state)
     else:  # inference: straight to the C++ op, without the Python custom op's dispatch cost
         o, final = _scan(r, k, v, w, u, state, False, False, True, False)
     return (o.flatten(-2) if flat else o), final
@@ -205,11 +203,11 @@ def wkv_instances() -> list[str]:
 
 
 def wkv_scan_with(instance: str, q, kc, vo, w, u=None, state=None, reverse=False, keys_output=False,
-                  return_state=True, float_out=False):
+                  return_state=True, float_out=False, checkpoints=None):
     """One named scan instance (tests): errors if it does not cover the inputs."""
     _register()
     return torch.ops.attngen.wkv_scan_with(q, kc, vo, w, u, state, reverse, keys_output, return_state,
-                                           float_out, instance)
+                                           float_out, checkpoints, instance)
 
 
 def selected_scan(q, kc, vo, w, reverse=False, keys_output=False) -> str:

@@ -87,7 +87,8 @@ def render_spec(env, spec: Spec, instances: list[KernelInstance], namespace: str
     common = dict(op=spec.op.name, schema=spec.op.schema, namespace=namespace,
                   key_struct=fam.KEY_STRUCT, runtime_vars=fam.RUNTIME_VARS,
                   dtypes=list(fam.AXES["dtype"]),
-                  torch_dtypes={d: TORCH_DTYPES[d] for d in spec.axes["dtype"]})
+                  torch_dtypes={d: TORCH_DTYPES[d] for d in spec.axes["dtype"]},
+                  constants=getattr(fam, "SUPPORT_CONSTANTS", {}))
     for template, out in fam.SUPPORT_FILES.items():
         files[out] = _render(env, spec.file, template, **common)
     files[f"{spec.family}/dispatch.cpp"] = _render(env, spec.file, "dispatch.cpp.j2",

@@ -34,10 +34,17 @@ TEMPLATE_PARAMS = {
 }
 SUPPORT_FILES = {
     "rwkv/params.cuh.j2": "rwkv/params.cuh",
+    "rwkv/decay.cuh.j2": "rwkv/decay.cuh",
     "rwkv/bindings.cpp.j2": "rwkv/bindings.cpp",
-    "rwkv/finish.h.j2": "rwkv/finish.h",      # the backward's finishing pass, not grid-instanced
-    "rwkv/finish.cu.j2": "rwkv/finish.cu",
+    "rwkv/grad_rkwu.h.j2": "rwkv/grad_rkwu.h",   # the backward pass for r, k, w, u and the initial
+    "rwkv/grad_rkwu.cu.j2": "rwkv/grad_rkwu.cu", # state: one kernel, not grid-instanced
 }
+# The forward saves its state every CHECKPOINT_EVERY steps for the backward, which rebuilds the
+# states in between (grad_rkwu.cu): N*N*4 bytes per (b, h) per 64 steps, half of what bf16 r,
+# k, v, w take at N = 64; and 64 steps are the window that pass stages in shared memory.
+CHECKPOINT_EVERY = 64
+SUPPORT_CONSTANTS = {"checkpoint_every": CHECKPOINT_EVERY,
+                     "checkpoint_every_why": "codegen/families/rwkv.py CHECKPOINT_EVERY says why"}
 KEY_STRUCT = "WkvKey"
 
 
@@ -63,6 +70,8 @@ def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
                               f"read of 2 to 16 bytes")
     if chunk * mpt % tph:
         raise Rejected("chunk", f"chunk*mpt={chunk * mpt} must be divisible by tph={tph} (reduce-scatter)")
+    if CHECKPOINT_EVERY % chunk:
+        raise Rejected("chunk", f"chunk={chunk} must divide the checkpoint interval {CHECKPOINT_EVERY}")
     if buf < 2:
         raise Rejected("buf", f"buf={buf}: the cp.async ring needs at least 2 stages")
     if p["dsplit"] not in (0, 1):

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "../common/torch_checks.h"
-#include "finish.h"
+#include "grad_rkwu.h"
 #include "params.cuh"
 
 namespace attngen {
@@ -109,9 +109,23 @@ Result outputs(const at::Tensor& q, bool return_state, bool float_out) {
   return {y, state_out};
 }
 
+// checkpoints: [B, H, ceil(T / kCheckpointEvery), N, N] float32, contiguous, for a forward walk.
+void check_checkpoints(const at::Tensor& q, const std::optional<at::Tensor>& checkpoints, bool reverse) {
+  if (!checkpoints) return;
+  const std::string op = "wkv_scan: ";
+  if (reverse) fail_value(op + "checkpoints are written by forward walks only (reverse=True)");
+  check_same_place(op + "checkpoints", *checkpoints, q);
+  const int64_t n = (q.size(1) + kCheckpointEvery - 1) / kCheckpointEvery;
+  const std::vector<int64_t> want{q.size(0), q.size(2), n, q.size(3), q.size(3)};
+  if (checkpoints->scalar_type() != at::kFloat || !checkpoints->is_contiguous() || checkpoints->sizes() != want) {
+    fail_value(op + "checkpoints must be a contiguous float32 [B, H, ceil(T / " + str(kCheckpointEvery) + "), N, N] = " +
+               str(at::IntArrayRef(want)) + ", got " + str(*checkpoints) + " " + str(checkpoints->sizes()));
+  }
+}
+
 Result launch(const Entry* entry, const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vo, const at::Tensor& w,
               const std::optional<at::Tensor>& u, const std::optional<at::Tensor>& state, bool keys_output,
-              bool return_state, Result out) {
+              bool return_state, const std::optional<at::Tensor>& checkpoints, Result out) {
   at::Tensor& y = std::get<0>(out);
   at::Tensor& state_out = std::get<1>(out);
   Params p{};
@@ -141,6 +155,7 @@ Result launch(const Entry* entry, const at::Tensor& q, const at::Tensor& kc, con
     p.x_sc = keys_output ? layout.stride(3) : layout.stride(2);
     p.x_so = keys_output ? layout.stride(2) : layout.stride(3);
   }
+  p.ckpt = checkpoints ? checkpoints->data_ptr<float>() : nullptr;
   p.y_float = y.scalar_type() == at::kFloat;
   p.sm_count = sm_count(q.device().index());
   const c10::cuda::CUDAGuard guard(q.device());
@@ -163,8 +178,9 @@ Result empty_result(const at::Tensor& q, const std::optional<at::Tensor>& state,
 
 Result wkv_scan_cuda(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vo, const at::Tensor& w,
                   const std::optional<at::Tensor>& u, const std::optional<at::Tensor>& state, bool reverse,
-                  bool keys_output, bool return_state, bool float_out) {
+                  bool keys_output, bool return_state, bool float_out, const std::optional<at::Tensor>& checkpoints) {
   check_all(q, kc, vo, w, u, state);
+  check_checkpoints(q, checkpoints, reverse);
   if (q.numel() == 0) return empty_result(q, state, return_state, float_out);
   Result out = outputs(q, return_state, float_out);
   const WkvKey key = make_key(q, kc, vo, w, reverse, keys_output);
@@ -173,13 +189,15 @@ Result wkv_scan_cuda(const at::Tensor& q, const at::Tensor& kc, const at::Tensor
     fail_value("wkv_scan: unsupported head size N=" + str(key.N) + " (dtype " + str(q) + ", vector alignment " +
                str(key.align) + "): no compiled instance covers it; `make list FILTER='rwkv*'` shows the instances");
   }
-  return launch(entry, q, kc, vo, w, u, state, keys_output, return_state, out);
+  return launch(entry, q, kc, vo, w, u, state, keys_output, return_state, checkpoints, out);
 }
 
 Result wkv_scan_with_cuda(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vo, const at::Tensor& w,
                        const std::optional<at::Tensor>& u, const std::optional<at::Tensor>& state, bool reverse,
-                       bool keys_output, bool return_state, bool float_out, const std::string& instance) {
+                       bool keys_output, bool return_state, bool float_out, const std::optional<at::Tensor>& checkpoints,
+                       const std::string& instance) {
   check_all(q, kc, vo, w, u, state);
+  check_checkpoints(q, checkpoints, reverse);
   const Entry* entry = wkv_scan_find(instance.c_str());
   if (entry == nullptr) fail_value("wkv_scan_with: no instance named " + instance);
   if (q.numel() == 0) return empty_result(q, state, return_state, float_out);
@@ -188,7 +206,7 @@ Result wkv_scan_with_cuda(const at::Tensor& q, const at::Tensor& kc, const at::T
   if (!entry->covers(key)) {
     fail_value("wkv_scan_with: instance " + instance + " does not cover N=" + str(key.N) + ", vector alignment " + str(key.align));
   }
-  return launch(entry, q, kc, vo, w, u, state, keys_output, return_state, out);
+  return launch(entry, q, kc, vo, w, u, state, keys_output, return_state, checkpoints, out);
 }
 
 std::string wkv_scan_select_name(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vo, const at::Tensor& w,
@@ -198,45 +216,53 @@ std::string wkv_scan_select_name(const at::Tensor& q, const at::Tensor& kc, cons
   return entry ? entry->name : "";
 }
 
-// The backward's finishing pass (finish.cu). The Python backward calls it with tensors it
-// made itself; the checks guard the contract, not user input.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv_grad_finish(
-    const at::Tensor& r, const at::Tensor& k, const at::Tensor& d_o, const at::Tensor& v, const at::Tensor& dr_state,
-    const at::Tensor& dk_state, const at::Tensor& u, const std::optional<at::Tensor>& dw_tail) {
-  const std::string op = "wkv_grad_finish: ";
+// The backward for r, k, w, u and the initial state (grad_rkwu.cu). The Python backward calls
+// it with tensors it made itself; the checks guard the contract, not user input.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv_grad_rkwu(
+    const at::Tensor& r, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& u,
+    const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, bool want_d_state0) {
+  const std::string op = "wkv_grad_rkwu: ";
   if (r.dim() != 4) fail_value(op + "r must be [B, T, H, N], got shape " + str(r.sizes()));
-  for (const at::Tensor* t : {&r, &k, &d_o, &v, &dr_state, &dk_state}) {
-    if (t->sizes() != r.sizes() || !t->is_contiguous() || !t->is_cuda()) {
-      fail_value(op + "every [B, T, H, N] tensor must be contiguous, on the GPU and of r's shape " + str(r.sizes()) +
-                 ", got " + str(t->sizes()) + " with strides " + str(t->strides()));
+  for (const at::Tensor* t : {&r, &k, &v, &d_o}) {
+    if (t->sizes() != r.sizes() || t->strides() != r.strides() || t->stride(3) != 1 || !t->is_cuda()) {
+      fail_value(op + "r, k, v, do must share r's shape " + str(r.sizes()) + " and strides " + str(r.strides()) +
+                 " (last dim contiguous) on the GPU, got " + str(t->sizes()) + " with strides " + str(t->strides()));
     }
   }
-  for (const at::Tensor* t : {&k, &d_o, &v, &u}) {
-    if (t->scalar_type() != r.scalar_type()) fail_value(op + "k, do, v, u must have r's dtype " + str(r) + ", got " + str(*t));
+  for (const at::Tensor* t : {&k, &v, &d_o, &w, &u}) {
+    if (t->scalar_type() != r.scalar_type()) fail_value(op + "k, v, do, w, u must have r's dtype " + str(r) + ", got " + str(*t));
   }
-  if (dr_state.scalar_type() != at::kFloat || dk_state.scalar_type() != at::kFloat) fail_value(op + "dr_state, dk_state must be float32");
   const int64_t B = r.size(0), T = r.size(1), H = r.size(2), N = r.size(3);
   if (N != 32 && N != 64 && N != 128 && N != 256) fail_value(op + "unsupported head size N=" + str(N) + "; expected 32, 64, 128, 256");
+  if (w.sizes() != r.sizes() || w.stride(3) != 1) fail_value(op + "w must be [B, T, H, N] with a contiguous last dim, got " + str(w.sizes()));
   if (u.dim() != 2 || u.size(0) != H || u.size(1) != N || u.stride(1) != 1) fail_value(op + "u must be [H, N], got " + str(u.sizes()));
-  if (dw_tail && (dw_tail->scalar_type() != at::kFloat || !dw_tail->is_contiguous() || dw_tail->numel() != B * H * N)) {
-    fail_value(op + "dw_tail must be a contiguous float32 [B, H, N]");
+  check_checkpoints(r, checkpoints, false);
+  if (d_state && (d_state->scalar_type() != at::kFloat || !d_state->is_contiguous() || d_state->numel() != B * H * N * N)) {
+    fail_value(op + "d_state must be a contiguous float32 [B, H, N, N]");
   }
-  at::Tensor dr = at::empty_like(r), dk = at::empty_like(r), dw = at::empty_like(r);
-  at::Tensor du_part = at::empty({B, H, N}, r.options().dtype(at::kFloat));
-  if (r.numel() == 0) return {dr, dk, dw, du_part.zero_()};
-  FinishParams p{};
-  p.r = r.data_ptr(), p.k = k.data_ptr(), p.d_o = d_o.data_ptr(), p.v = v.data_ptr();
-  p.dr_state = dr_state.data_ptr<float>(), p.dk_state = dk_state.data_ptr<float>();
+  at::Tensor dr = at::empty_like(r, at::MemoryFormat::Contiguous), dk = at::empty_like(dr), dw = at::empty_like(dr);
+  at::Tensor du_part = at::zeros({B, H, N}, r.options().dtype(at::kFloat));
+  at::Tensor d_s0 = want_d_state0 ? at::empty({B, H, N, N}, r.options().dtype(at::kFloat)) : at::empty({0}, r.options().dtype(at::kFloat));
+  if (B * H == 0) return {dr, dk, dw, du_part, d_s0};
+  GradRkwuParams p{};
+  p.r = r.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.d_o = d_o.data_ptr();
+  p.w = w.data_ptr(), p.w_sb = w.stride(0), p.w_st = w.stride(1), p.w_sh = w.stride(2);
   p.u = u.data_ptr(), p.u_sh = u.stride(0);
-  p.dw_tail = dw_tail ? dw_tail->data_ptr<float>() : nullptr;
-  p.dr = dr.data_ptr(), p.dk = dk.data_ptr(), p.dw = dw.data_ptr(), p.du_part = du_part.data_ptr<float>();
+  p.ckpt = checkpoints.data_ptr<float>();
+  p.d_state = d_state ? d_state->data_ptr<float>() : nullptr;
+  p.dr = dr.data_ptr(), p.dk = dk.data_ptr(), p.dw = dw.data_ptr();
+  p.du_part = du_part.data_ptr<float>();
+  p.d_s0 = want_d_state0 ? d_s0.data_ptr<float>() : nullptr;
   p.B = B, p.T = T, p.H = H, p.N = N;
   p.sb = r.stride(0), p.st = r.stride(1), p.sh = r.stride(2);
+  if (dr.strides() != r.strides()) fail_value(op + "r must be contiguous, got strides " + str(r.strides()));
   const c10::cuda::CUDAGuard guard(r.device());
-  const cudaError_t err = launch_finish(p, dtype_code(r), c10::cuda::getCurrentCUDAStream());
-  if (err != cudaSuccess) fail_runtime(std::string("wkv_grad_finish: launch failed: ") + cudaGetErrorString(err));
-  return {dr, dk, dw, du_part};
+  const cudaError_t err = launch_grad_rkwu(p, dtype_code(r), c10::cuda::getCurrentCUDAStream());
+  if (err != cudaSuccess) fail_runtime(std::string("wkv_grad_rkwu: launch failed: ") + cudaGetErrorString(err));
+  return {dr, dk, dw, du_part, d_s0};
 }
+
+int64_t wkv_checkpoint_every() { return kCheckpointEvery; }
 
 std::vector<std::string> wkv_scan_instances() {
   std::vector<std::string> names;
@@ -249,18 +275,19 @@ std::vector<std::string> wkv_scan_instances() {
 }  // namespace attngen
 
 TORCH_LIBRARY_FRAGMENT(attngen, m) {
-  m.def("wkv_scan(Tensor q, Tensor kc, Tensor vo, Tensor w, Tensor? u=None, Tensor? state=None, bool reverse=False, bool keys_output=False, bool return_state=True, bool float_out=False) -> (Tensor, Tensor)");
+  m.def("wkv_scan(Tensor q, Tensor kc, Tensor vo, Tensor w, Tensor? u=None, Tensor? state=None, bool reverse=False, bool keys_output=False, bool return_state=True, bool float_out=False, Tensor(a!)? checkpoints=None) -> (Tensor, Tensor)");
   m.def("wkv_scan_with(Tensor q, Tensor kc, Tensor vo, Tensor w, Tensor? u, Tensor? state, bool reverse, "
-        "bool keys_output, bool return_state, bool float_out, str instance) -> (Tensor, Tensor)");
+        "bool keys_output, bool return_state, bool float_out, Tensor(a!)? checkpoints, str instance) -> (Tensor, Tensor)");
   m.def("wkv_scan_select(Tensor q, Tensor kc, Tensor vo, Tensor w, bool reverse=False, bool keys_output=False) -> str",
         &attngen::rwkv::wkv_scan_select_name);
   m.def("wkv_scan_instances() -> str[]", &attngen::rwkv::wkv_scan_instances);
-  m.def("wkv_grad_finish(Tensor r, Tensor k, Tensor d_o, Tensor v, Tensor dr_state, Tensor dk_state, Tensor u, "
-        "Tensor? dw_tail) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("wkv_grad_rkwu(Tensor r, Tensor k, Tensor v, Tensor w, Tensor u, Tensor d_o, Tensor checkpoints, "
+        "Tensor? d_state, bool want_d_state0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("wkv_checkpoint_every() -> int", &attngen::rwkv::wkv_checkpoint_every);
 }
 
 TORCH_LIBRARY_IMPL(attngen, CUDA, m) {
   m.impl("wkv_scan", &attngen::rwkv::wkv_scan_cuda);
   m.impl("wkv_scan_with", &attngen::rwkv::wkv_scan_with_cuda);
-  m.impl("wkv_grad_finish", &attngen::rwkv::wkv_grad_finish);
+  m.impl("wkv_grad_rkwu", &attngen::rwkv::wkv_grad_rkwu);
 }

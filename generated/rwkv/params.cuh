@@ -18,6 +18,9 @@
 namespace attngen {
 namespace rwkv {
 
+// Steps between the forward's state checkpoints (codegen/families/rwkv.py CHECKPOINT_EVERY says why).
+constexpr int kCheckpointEvery = 64;
+
 struct Params {
   const void* q;            // [B, T, H, N]
   const void* kc;           // [B, T, H, N]
@@ -37,6 +40,10 @@ struct Params {
   int64_t u_sh;
   // Strides in floats of the state's batch, head, c and o dims (in and out alike).
   int64_t x_sb, x_sh, x_sc, x_so;
+  // Checkpoints (forward walks only): the state before steps 0, E, 2E, ... (E = kCheckpointEvery)
+  // into ckpt [B, H, ceil(T / E), N(key), N(value)] contiguous, for the backward (grad_rkwu.cu).
+  float* ckpt;
+  int64_t ck_sb, ck_sh, ck_sn, ck_sc, ck_so;
   bool y_float;
   int64_t sm_count;
   void* workspace;          // unused by the scans (Entry::workspace is 0)

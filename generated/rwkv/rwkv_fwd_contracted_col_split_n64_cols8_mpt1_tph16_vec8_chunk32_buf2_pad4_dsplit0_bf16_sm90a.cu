@@ -6,6 +6,7 @@
 //   bank conflicts (ways, from the bank pass): q_read 1, vo_read 1, o_write 2, o_read 1
 // The scan and the meaning of q, kc, vo, w, u per pass are described in params.cuh.
 #include "../common/device.cuh"
+#include "decay.cuh"
 #include "params.cuh"
 
 namespace attngen {
@@ -34,25 +35,10 @@ constexpr int PARTS = CHUNK * MPT;       // partial sums per stage: (step, colum
 constexpr int STAGE_ELEMS = CHUNK * (2 * N + COLS + WCOLS);
 constexpr int DECAY_FLOATS = CHUNK * WCOLS;
 constexpr int O_TILE = CHUNK * O_LD;
+static_assert(kCheckpointEvery % CHUNK == 0, "checkpoints fall on stage boundaries");
 static_assert(BUF * STAGE_ELEMS * sizeof(T) % 16 == 0 && DECAY_FLOATS % 4 == 0, "16-byte aligned buffers");
 
 __device__ __forceinline__ int64_t time_row(int64_t t, int64_t steps) { return REVERSE ? steps - 1 - t : t; }
-
-// exp(w) as hi + lo. Near w = 0 the decay is close to 1 and its fp32 rounding error, the
-// same at every step of a constant (wkv5) decay, compounds over thousands of steps: measured
-// in a numpy model, max error 4e-5 of the output's scale at T = 4096, w = -1e-4, against
-// 2e-6 with the low part kept. expm1 gives the decay minus one to full relative precision;
-// Fast2Sum (1 + e, exact since |e| < 1) splits off the rounding error of 1 + e exactly.
-__device__ __forceinline__ void decay_of(float w, float& hi, float& lo) {
-  if (DSPLIT && w > -0.25f && w < 0.25f) {
-    const float e = expm1f(w);
-    hi = 1.f + e;
-    lo = e - (hi - 1.f);
-  } else {
-    hi = expf(w);
-    lo = 0.f;
-  }
-}
 
 // The slots of a [CHUNK][WIDTH] tile this thread copies, VEC elements each; computed once,
 // a stage only adds its first time step.
@@ -148,6 +134,17 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
       for (int c = 0; c < MPT; ++c) state[ii * LDS + j][c] = p.state_in ? p.state_in[row + c * p.x_so] : 0.f;
     }
   }
+  // This thread's entries of X to dst (already offset to its first column) with strides sc, so.
+  auto store_state = [&](float* dst, int64_t sc, int64_t so) {
+#pragma unroll
+    for (int ii = 0; ii < EPT / LDS; ++ii) {
+#pragma unroll
+      for (int j = 0; j < LDS; ++j) {
+#pragma unroll
+        for (int c = 0; c < MPT; ++c) dst[((ii * TPH + lane) * LDS + j) * sc + c * so] = state[ii * LDS + j][c];
+      }
+    }
+  };
   // The bonus u on the key axis: per state row (keys contracted) or per column (keys output);
   // zero without u, which drops the bonus term.
   const T* u = p.u ? static_cast<const T*>(p.u) + h * p.u_sh : nullptr;
@@ -169,7 +166,13 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
     cp_async_commit();
   }
 
+  // Checkpoint n of this (b, h); X[c, o] is its [c][o], or [o][c] when the keys are the output axis.
+  const int64_t n_checkpoints = (steps + kCheckpointEvery - 1) / kCheckpointEvery;
+  float* const ck_bh = p.ckpt + (b * p.H + h) * n_checkpoints * N * N + (col0 + group * MPT) * (KEYS_OUTPUT ? N : 1);
   for (int64_t s = 0; s < n_stages; ++s) {
+    if (p.ckpt != nullptr && s * CHUNK % kCheckpointEvery == 0) {  // X before step s * CHUNK
+      store_state(ck_bh + s * CHUNK / kCheckpointEvery * N * N, KEYS_OUTPUT ? 1 : N, KEYS_OUTPUT ? N : 1);
+    }
     cp_async_wait<BUF - 2>();
     __syncthreads();  // stage s has landed for all; everyone is done with stage s - 1
     if (s + BUF - 1 < n_stages) load_stage(s + BUF - 1);
@@ -183,7 +186,7 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
     // Each decay once per CTA, not once per thread that shares its key.
     for (int i = tid; i < DECAY_FLOATS; i += THREADS) {
       float hi, lo;
-      decay_of(to_float(sw[i]), hi, lo);
+      decay_of<DSPLIT>(to_float(sw[i]), hi, lo);
       decay_hi[i] = hi;
       if constexpr (DSPLIT) decay_lo[i] = lo;
     }
@@ -223,7 +226,7 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
             const float kv = kf[j] * vt[c];
             const float hi = KEYS_OUTPUT ? col_hi[c] : row_hi[j];
             const float lo = KEYS_OUTPUT ? col_lo[c] : row_lo[j];
-            x = DSPLIT ? fmaf(x, hi, fmaf(x, lo, kv)) : fmaf(x, hi, kv);
+            x = decayed<DSPLIT>(x, hi, lo, kv);
           }
         }
       }
@@ -244,17 +247,7 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
   __syncthreads();
   if (n_stages > 0) store_stage(n_stages - 1);
 
-  if (p.state_out) {
-#pragma unroll
-    for (int ii = 0; ii < EPT / LDS; ++ii) {
-#pragma unroll
-      for (int j = 0; j < LDS; ++j) {
-        const int64_t row = x_off + ((ii * TPH + lane) * LDS + j) * p.x_sc;
-#pragma unroll
-        for (int c = 0; c < MPT; ++c) p.state_out[row + c * p.x_so] = state[ii * LDS + j][c];
-      }
-    }
-  }
+  if (p.state_out) store_state(p.state_out + x_off, p.x_sc, p.x_so);
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ for name in attngen.instances():
     assert err < 2e-2
 
 # wkv: one scan instance per kind, dtype and mode (N=64; N=256 for wide_head), then one
-# forward + backward through the dispatch (the fused finishing pass included).
+# forward + backward through the dispatch (the r, k, w, u pass grad_rkwu.cu included).
 from attngen import rwkv  # noqa: E402
 
 for name in rwkv.wkv_instances():
