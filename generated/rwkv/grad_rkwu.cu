@@ -27,33 +27,43 @@ namespace attngen {
 namespace rwkv {
 namespace {
 
+#ifndef GRAD_RKWU_E
+#define GRAD_RKWU_E 8
+#endif
+#ifndef GRAD_RKWU_MINB
+#define GRAD_RKWU_MINB 1
+#endif
+#ifndef GRAD_RKWU_THREADS
+#define GRAD_RKWU_THREADS 128
+#endif
+
 template <int N>
 struct Shape {
-  static constexpr int E = N <= 128 ? 4 : 8;   // values per thread: TPK <= 32 keeps a key in one warp
+  static constexpr int E = GRAD_RKWU_E > N / 32 ? GRAD_RKWU_E : N / 32;  // values per thread
   static constexpr int G = E / 4;               // float4 groups per thread
-  static constexpr int TPK = N / E;             // threads per key
-  static constexpr int KEYS = 8;                // keys per CTA
-  static constexpr int THREADS = KEYS * TPK;
+  static constexpr int TPK = N / E;             // threads per key (a key's lanes stay in one warp)
+  static constexpr int THREADS = GRAD_RKWU_THREADS < TPK ? TPK : GRAD_RKWU_THREADS;
+  static constexpr int KEYS = THREADS / TPK;    // keys per CTA
   static constexpr int W = kCheckpointEvery;    // steps per window (one checkpoint)
   static constexpr int L = 8;                   // steps per sub-window: L * E floats of states in registers
   static constexpr int SUBS = W / L;
   static constexpr int PARTS = 4 * L;           // dw, dk, dr, ov sums per step: 4L >= TPK
-  // Shared memory: v and do [W][N] as float; (k, decay, r, decay lo) and the sums [W][KEYS];
-  // the sub-window starts [SUBS][G][THREADS].
-  static constexpr size_t SMEM = sizeof(float) * 2 * W * N + sizeof(float4) * (2 * W * KEYS + SUBS * G * THREADS);
-  static_assert(W % L == 0 && PARTS % TPK == 0 && TPK <= 32, "shape");
+  // Shared memory: v and do [W][N] as float; (k, decay, r, decay lo) [W][KEYS]; the sub-window
+  // starts [SUBS][G][THREADS].
+  static constexpr size_t SMEM = sizeof(float) * 2 * W * N + sizeof(float4) * (W * KEYS + SUBS * G * THREADS);
+  static_assert(W % L == 0 && PARTS % TPK == 0 && TPK <= 32 && N % KEYS == 0, "shape");
+  static_assert(L % TPK == 0 || TPK % L == 0, "the finishing step finds ov_t by TPK | L or L | TPK");
 };
 
 template <typename T, int N>
-__global__ void __launch_bounds__(Shape<N>::THREADS) grad_rkwu_kernel(const GradRkwuParams p) {
+__global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_kernel(const GradRkwuParams p) {
   using S = Shape<N>;
   constexpr bool SPLIT = sizeof(T) == 4;  // fp32 inputs keep the decay's low part (decay.cuh)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float4* v_s = reinterpret_cast<float4*>(smem_raw);   // [W][N / 4]
   float4* do_s = v_s + S::W * N / 4;                   // [W][N / 4]
   float4* kar_s = do_s + S::W * N / 4;                 // [W][KEYS]: k, decay hi, r, decay lo
-  float4* sums_s = kar_s + S::W * S::KEYS;             // [W][KEYS]: the sums over i of dw, dk, dr, ov
-  float4* sub_s = sums_s + S::W * S::KEYS;             // [SUBS][G][THREADS]
+  float4* sub_s = kar_s + S::W * S::KEYS;              // [SUBS][G][THREADS]
 
   const int64_t b = blockIdx.x / p.H, h = blockIdx.x % p.H;
   const int tid = threadIdx.x, jj = tid / S::TPK, lane = tid % S::TPK;
@@ -113,10 +123,8 @@ __global__ void __launch_bounds__(Shape<N>::THREADS) grad_rkwu_kernel(const Grad
     return fmaf(a.w, c.w, fmaf(a.z, c.z, fmaf(a.y, c.y, fmaf(a.x, c.x, acc))));
   };
 
-  // The key this thread finishes gradients for, its bonus and du (see the window's end).
-  const int my_key = blockIdx.y * S::KEYS + tid % S::KEYS;
-  const float my_u = to_float(static_cast<const T*>(p.u)[h * p.u_sh + my_key]);
-  float du = 0.f;
+  const float u_j = to_float(static_cast<const T*>(p.u)[h * p.u_sh + j]);
+  float du = 0.f;  // sum over this lane's dr steps of r k ov
 
   float4 ds[S::G];
 #pragma unroll
@@ -174,25 +182,31 @@ __global__ void __launch_bounds__(Shape<N>::THREADS) grad_rkwu_kernel(const Grad
         part[3 * S::L + l] = ov;
       }
       reduce_scatter<S::PARTS, S::TPK>(part, lane);
+      // Each lane now holds some of the L steps' sums (what: dw, dk, dr, ov) and finishes those.
+      // ov_t is the slot-3 sum of the same step: in this lane when TPK divides L, else in
+      // lane 3L % TPK + l of the key, as its entry 3L / TPK (TPK a multiple of L).
+      float ov_far = 0.f;
+      if constexpr (S::TPK > S::L) {
+        ov_far = __shfl_sync(0xffffffffu, part[3 * S::L / S::TPK], (tid % 32) - lane + 3 * S::L % S::TPK + lane % S::L);
+      }
 #pragma unroll
       for (int i = 0; i < S::PARTS / S::TPK; ++i) {
         const int pair = i * S::TPK + lane, what = pair / S::L, l = pair % S::L;
-        reinterpret_cast<float*>(&sums_s[(q * S::L + l) * S::KEYS + jj])[what] = part[i];
+        float ov = ov_far;
+        if constexpr (S::TPK <= S::L) ov = part[3 * S::L / S::TPK + i % (S::L / S::TPK)];
+        const int64_t t = t0 + q * S::L + l;
+        if (what == 3 || t >= p.T) continue;
+        const float4 f = kar_s[(q * S::L + l) * S::KEYS + jj];  // k, decay hi, r, decay lo
+        const int64_t at = row0 + t * p.st + j;
+        if (what == 0) {
+          static_cast<T*>(p.dw)[at] = from_float<T>((f.y + f.w) * part[i]);
+        } else if (what == 1) {
+          static_cast<T*>(p.dk)[at] = from_float<T>(fmaf(f.z, u_j * ov, part[i]));
+        } else {
+          static_cast<T*>(p.dr)[at] = from_float<T>(fmaf(f.x, u_j * ov, part[i]));
+          du = fmaf(f.z * f.x, ov, du);
+        }
       }
-    }
-    __syncthreads();
-    // The window's gradients, (step, key) pairs spread over the CTA; a thread's key is fixed
-    // (THREADS is a multiple of KEYS), so it also keeps that key's du.
-    for (int i = tid; i < S::W * S::KEYS; i += S::THREADS) {
-      const int64_t t = t0 + i / S::KEYS;
-      if (t >= p.T) break;
-      const float4 f = kar_s[i], sum = sums_s[i];  // f: k, decay hi, r, decay lo
-      const int64_t at = row0 + t * p.st + my_key;
-      const float u_ov = my_u * sum.w;
-      static_cast<T*>(p.dw)[at] = from_float<T>((f.y + f.w) * sum.x);
-      static_cast<T*>(p.dk)[at] = from_float<T>(fmaf(f.z, u_ov, sum.y));
-      static_cast<T*>(p.dr)[at] = from_float<T>(fmaf(f.x, u_ov, sum.z));
-      du = fmaf(f.z * f.x, sum.w, du);
     }
   }
   // du of each key: the sum over the threads that kept it.
@@ -202,7 +216,7 @@ __global__ void __launch_bounds__(Shape<N>::THREADS) grad_rkwu_kernel(const Grad
   __syncthreads();
   if (tid < S::KEYS) {
     float sum = 0.f;
-    for (int i = tid; i < S::THREADS; i += S::KEYS) sum += du_s[i];
+    for (int i = 0; i < S::TPK; ++i) sum += du_s[tid * S::TPK + i];
     p.du_part[(b * p.H + h) * N + blockIdx.y * S::KEYS + tid] = sum;
   }
   if (p.d_s0) {
