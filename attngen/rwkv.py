@@ -67,6 +67,13 @@ def _register() -> None:
         y = q.new_empty(q.shape, dtype=torch.float32 if float_out else q.dtype)
         return y, q.new_empty((B, H, N, N) if return_state else (0,), dtype=torch.float32)
 
+    @torch.library.register_fake("attngen::wkv_grad_rkwu")
+    def _grad_rkwu_fake(r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0):
+        B, T, H, N = r.shape
+        f32 = dict(dtype=torch.float32)
+        grads = [r.new_empty(r.shape) for _ in range(3)]  # dr, dk, dw: contiguous, r's dtype
+        return (*grads, r.new_empty((B, H, N), **f32), r.new_empty((B, H, N, N) if want_d_state0 else (0,), **f32))
+
     @torch.library.custom_op("attngen::wkv", mutates_args=())
     def wkv_op(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: torch.Tensor,
                state: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

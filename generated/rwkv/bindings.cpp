@@ -224,9 +224,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv_grad_
   const std::string op = "wkv_grad_rkwu: ";
   if (r.dim() != 4) fail_value(op + "r must be [B, T, H, N], got shape " + str(r.sizes()));
   for (const at::Tensor* t : {&r, &k, &v, &d_o}) {
-    if (t->sizes() != r.sizes() || t->strides() != r.strides() || t->stride(3) != 1 || !t->is_cuda()) {
-      fail_value(op + "r, k, v, do must share r's shape " + str(r.sizes()) + " and strides " + str(r.strides()) +
-                 " (last dim contiguous) on the GPU, got " + str(t->sizes()) + " with strides " + str(t->strides()));
+    if (t->sizes() != r.sizes() || !t->is_contiguous() || !t->is_cuda()) {
+      fail_value(op + "r, k, v, do must be contiguous, on the GPU and of r's shape " + str(r.sizes()) + ", got " +
+                 str(t->sizes()) + " with strides " + str(t->strides()));
     }
   }
   for (const at::Tensor* t : {&k, &v, &d_o, &w, &u}) {
@@ -254,8 +254,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv_grad_
   p.du_part = du_part.data_ptr<float>();
   p.d_s0 = want_d_state0 ? d_s0.data_ptr<float>() : nullptr;
   p.B = B, p.T = T, p.H = H, p.N = N;
-  p.sb = r.stride(0), p.st = r.stride(1), p.sh = r.stride(2);
-  if (dr.strides() != r.strides()) fail_value(op + "r must be contiguous, got strides " + str(r.strides()));
+  p.sb = T * H * N, p.st = H * N, p.sh = N;  // contiguous (a size-1 dim's stride may read otherwise)
   const c10::cuda::CUDAGuard guard(r.device());
   const cudaError_t err = launch_grad_rkwu(p, dtype_code(r), c10::cuda::getCurrentCUDAStream());
   if (err != cudaSuccess) fail_runtime(std::string("wkv_grad_rkwu: launch failed: ") + cudaGetErrorString(err));

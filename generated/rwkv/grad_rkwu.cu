@@ -49,8 +49,9 @@ struct Shape {
   static constexpr int SUBS = W / L;
   static constexpr int PARTS = 4 * L;           // dw, dk, dr, ov sums per step: 4L >= TPK
   // Shared memory: v and do [W][N] as float; (k, decay, r, decay lo) [W][KEYS]; the sub-window
-  // starts [SUBS][G][THREADS].
-  static constexpr size_t SMEM = sizeof(float) * 2 * W * N + sizeof(float4) * (W * KEYS + SUBS * G * THREADS);
+  // starts [SUBS][G][THREADS]; the window's dw, dk, dr [3][W][KEYS] as float.
+  static constexpr size_t SMEM =
+      sizeof(float) * (2 * W * N + 3 * W * KEYS) + sizeof(float4) * (W * KEYS + SUBS * G * THREADS);
   static_assert(W % L == 0 && PARTS % TPK == 0 && TPK <= 32 && N % KEYS == 0, "shape");
   static_assert(L % TPK == 0 || TPK % L == 0, "the finishing step finds ov_t by TPK | L or L | TPK");
 };
@@ -64,10 +65,12 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
   float4* do_s = v_s + S::W * N / 4;                   // [W][N / 4]
   float4* kar_s = do_s + S::W * N / 4;                 // [W][KEYS]: k, decay hi, r, decay lo
   float4* sub_s = kar_s + S::W * S::KEYS;              // [SUBS][G][THREADS]
+  float* out_s = reinterpret_cast<float*>(sub_s + S::SUBS * S::G * S::THREADS);  // [3][W][KEYS]: dw, dk, dr
 
   const int64_t b = blockIdx.x / p.H, h = blockIdx.x % p.H;
   const int tid = threadIdx.x, jj = tid / S::TPK, lane = tid % S::TPK;
-  const int j = blockIdx.y * S::KEYS + jj;
+  const int key0 = blockIdx.y * S::KEYS, j = key0 + jj;
+  constexpr int VK = S::KEYS < 16 / int(sizeof(T)) ? S::KEYS : 16 / int(sizeof(T));  // keys per global access
   const int64_t row0 = b * p.sb + h * p.sh, w_row0 = b * p.w_sb + h * p.w_sh;
   const int64_t windows = (p.T + S::W - 1) / S::W;
   const int64_t state_row = ((b * p.H + h) * N + j) * N;  // row j of a [B, H, N, N] tensor
@@ -92,17 +95,37 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
       v_s[i] = make_float4(vv[0], vv[1], vv[2], vv[3]);
       do_s[i] = make_float4(dd[0], dd[1], dd[2], dd[3]);
     }
-    for (int i = tid; i < S::W * S::KEYS; i += S::THREADS) {
-      const int row = i / S::KEYS, key = blockIdx.y * S::KEYS + i % S::KEYS;
+    for (int i = tid; i < S::W * S::KEYS / VK; i += S::THREADS) {
+      const int row = i / (S::KEYS / VK), x = i % (S::KEYS / VK) * VK;
       const int64_t t = t0 + row;
-      float4 f = make_float4(0.f, 1.f, 0.f, 0.f);
+      float kk[VK], rr[VK], ww[VK];
       if (t < p.T) {
-        const int64_t at = row0 + t * p.st + key;
-        decay_of<SPLIT>(to_float(w[w_row0 + t * p.w_st + key]), f.y, f.w);
-        f.x = to_float(k[at]);
-        f.z = to_float(r[at]);
+        const int64_t at = row0 + t * p.st + key0 + x;
+        load_floats<VK>(k + at, kk);
+        load_floats<VK>(r + at, rr);
+        load_floats<VK>(w + w_row0 + t * p.w_st + key0 + x, ww);
       }
-      kar_s[i] = f;
+#pragma unroll
+      for (int e = 0; e < VK; ++e) {
+        float4 f = make_float4(0.f, 1.f, 0.f, 0.f);
+        if (t < p.T) {
+          decay_of<SPLIT>(ww[e], f.y, f.w);
+          f.x = kk[e];
+          f.z = rr[e];
+        }
+        kar_s[row * S::KEYS + x + e] = f;
+      }
+    }
+  };
+  // The window's finished gradients (out_s, fp32) to global memory, VK keys per access.
+  auto write_out = [&](int64_t t0) {
+    for (int i = tid; i < 3 * S::W * S::KEYS / VK; i += S::THREADS) {
+      const int what = i / (S::W * S::KEYS / VK), rest = i % (S::W * S::KEYS / VK);
+      const int row = rest / (S::KEYS / VK), x = rest % (S::KEYS / VK) * VK;
+      const int64_t t = t0 + row;
+      if (t >= p.T) continue;
+      T* dst = static_cast<T*>(what == 0 ? p.dw : what == 1 ? p.dk : p.dr) + row0 + t * p.st + key0 + x;
+      store_floats<VK>(dst, out_s + (what * S::W + row) * S::KEYS + x);
     }
   };
 
@@ -197,17 +220,19 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
         const int64_t t = t0 + q * S::L + l;
         if (what == 3 || t >= p.T) continue;
         const float4 f = kar_s[(q * S::L + l) * S::KEYS + jj];  // k, decay hi, r, decay lo
-        const int64_t at = row0 + t * p.st + j;
+        float& out = out_s[(what * S::W + q * S::L + l) * S::KEYS + jj];
         if (what == 0) {
-          static_cast<T*>(p.dw)[at] = from_float<T>((f.y + f.w) * part[i]);
+          out = (f.y + f.w) * part[i];
         } else if (what == 1) {
-          static_cast<T*>(p.dk)[at] = from_float<T>(fmaf(f.z, u_j * ov, part[i]));
+          out = fmaf(f.z, u_j * ov, part[i]);
         } else {
-          static_cast<T*>(p.dr)[at] = from_float<T>(fmaf(f.x, u_j * ov, part[i]));
+          out = fmaf(f.x, u_j * ov, part[i]);
           du = fmaf(f.z * f.x, ov, du);
         }
       }
     }
+    __syncthreads();
+    write_out(t0);
   }
   // du of each key: the sum over the threads that kept it.
   __syncthreads();
