@@ -105,6 +105,10 @@ def test_wkv6_forward_backward(dtype, T, regime, with_state):
         if name == "dw" and T == 1 and not with_state:
             assert not a.any(), "dw_0 = exp(w_0) sum_i dS_0 S_{-1} with S_{-1} = 0 must be exactly 0"
             continue
+        if name == "dw" and dtype == torch.float16:
+            # dw ~ decay ~ 1e-6 with decays near 0: fp16 holds that only as a subnormal (spacing
+            # 6e-8), so the reference is the float64 gradient rounded to fp16.
+            b = b.to(dtype)
         err = rel_err(a, b)
         assert err <= tol, f"{name}: rel err {err:.3g}"
 
