@@ -31,7 +31,7 @@ namespace {
 #define GRAD_RKWU_E 8
 #endif
 #ifndef GRAD_RKWU_MINB
-#define GRAD_RKWU_MINB 1
+#define GRAD_RKWU_MINB 3
 #endif
 #ifndef GRAD_RKWU_THREADS
 #define GRAD_RKWU_THREADS 128
@@ -48,10 +48,11 @@ struct Shape {
   static constexpr int L = 8;                   // steps per sub-window: L * E floats of states in registers
   static constexpr int SUBS = W / L;
   static constexpr int PARTS = 4 * L;           // dw, dk, dr, ov sums per step: 4L >= TPK
-  // Shared memory: v and do [W][N] as float; (k, decay, r, decay lo) [W][KEYS]; the sub-window
-  // starts [SUBS][G][THREADS]; the window's dw, dk, dr [3][W][KEYS] as float.
-  static constexpr size_t SMEM =
-      sizeof(float) * (2 * W * N + 3 * W * KEYS) + sizeof(float4) * (W * KEYS + SUBS * G * THREADS);
+  // Shared memory: (k, decay, r, decay lo) [W][KEYS] and the sub-window starts [SUBS][G][THREADS]
+  // as float; v and do [W][N] and the window's dw, dk, dr [3][W][KEYS] in the input type T
+  // (N = 64 bf16: 70.5 KB, three CTAs per SM).
+  template <typename T>
+  static constexpr size_t smem() { return sizeof(T) * (2 * W * N + 3 * W * KEYS) + sizeof(float4) * (W * KEYS + SUBS * G * THREADS); }
   static_assert(W % L == 0 && PARTS % TPK == 0 && TPK <= 32 && N % KEYS == 0, "shape");
   static_assert(L % TPK == 0 || TPK % L == 0, "the finishing step finds ov_t by TPK | L or L | TPK");
 };
@@ -61,11 +62,11 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
   using S = Shape<N>;
   constexpr bool SPLIT = sizeof(T) == 4;  // fp32 inputs keep the decay's low part (decay.cuh)
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  float4* v_s = reinterpret_cast<float4*>(smem_raw);   // [W][N / 4]
-  float4* do_s = v_s + S::W * N / 4;                   // [W][N / 4]
-  float4* kar_s = do_s + S::W * N / 4;                 // [W][KEYS]: k, decay hi, r, decay lo
+  float4* kar_s = reinterpret_cast<float4*>(smem_raw);  // [W][KEYS]: k, decay hi, r, decay lo
   float4* sub_s = kar_s + S::W * S::KEYS;              // [SUBS][G][THREADS]
-  float* out_s = reinterpret_cast<float*>(sub_s + S::SUBS * S::G * S::THREADS);  // [3][W][KEYS]: dw, dk, dr
+  T* v_s = reinterpret_cast<T*>(sub_s + S::SUBS * S::G * S::THREADS);  // [W][N]
+  T* do_s = v_s + S::W * N;                                             // [W][N]
+  T* out_s = do_s + S::W * N;                                           // [3][W][KEYS]: dw, dk, dr
 
   const int64_t b = blockIdx.x / p.H, h = blockIdx.x % p.H;
   const int tid = threadIdx.x, jj = tid / S::TPK, lane = tid % S::TPK;
@@ -80,20 +81,27 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
   const T* d_o = static_cast<const T*>(p.d_o);
   const T* w = static_cast<const T*>(p.w);
   auto quad = [&](int g) { return g * S::TPK + lane; };  // this thread's float4 group g of a row
+  constexpr int VN = 16 / int(sizeof(T));                // elements per 16-byte access
+  auto quad_at = [&](const T* tile, int t, int g) {      // group g of row t of a [W][N] tile, widened
+    float f[4];
+    load_floats<4>(tile + t * N + quad(g) * 4, f);
+    return make_float4(f[0], f[1], f[2], f[3]);
+  };
 
   // Window t0 .. t0 + W into shared memory, widened to float; steps past T read as k = r = do
   // = v = 0 and decay 1, so they leave both states as they are.
   auto stage = [&](int64_t t0) {
-    for (int i = tid; i < S::W * N / 4; i += S::THREADS) {
-      const int row = i / (N / 4), x = i % (N / 4) * 4;
+    using Vec = Pack<T, VN>;
+    for (int i = tid; i < S::W * N / VN; i += S::THREADS) {
+      const int row = i / (N / VN), x = i % (N / VN) * VN;
       const int64_t t = t0 + row;
-      float vv[4] = {0.f, 0.f, 0.f, 0.f}, dd[4] = {0.f, 0.f, 0.f, 0.f};
+      Vec vv{}, dd{};
       if (t < p.T) {
-        load_floats<4>(v + row0 + t * p.st + x, vv);
-        load_floats<4>(d_o + row0 + t * p.st + x, dd);
+        vv = *reinterpret_cast<const Vec*>(v + row0 + t * p.st + x);
+        dd = *reinterpret_cast<const Vec*>(d_o + row0 + t * p.st + x);
       }
-      v_s[i] = make_float4(vv[0], vv[1], vv[2], vv[3]);
-      do_s[i] = make_float4(dd[0], dd[1], dd[2], dd[3]);
+      reinterpret_cast<Vec*>(v_s)[i] = vv;
+      reinterpret_cast<Vec*>(do_s)[i] = dd;
     }
     for (int i = tid; i < S::W * S::KEYS / VK; i += S::THREADS) {
       const int row = i / (S::KEYS / VK), x = i % (S::KEYS / VK) * VK;
@@ -117,7 +125,7 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
       }
     }
   };
-  // The window's finished gradients (out_s, fp32) to global memory, VK keys per access.
+  // The window's finished gradients (out_s) to global memory, VK keys per access.
   auto write_out = [&](int64_t t0) {
     for (int i = tid; i < 3 * S::W * S::KEYS / VK; i += S::THREADS) {
       const int what = i / (S::W * S::KEYS / VK), rest = i % (S::W * S::KEYS / VK);
@@ -125,7 +133,7 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
       const int64_t t = t0 + row;
       if (t >= p.T) continue;
       T* dst = static_cast<T*>(what == 0 ? p.dw : what == 1 ? p.dk : p.dr) + row0 + t * p.st + key0 + x;
-      store_floats<VK>(dst, out_s + (what * S::W + row) * S::KEYS + x);
+      *reinterpret_cast<Pack<T, VK>*>(dst) = *reinterpret_cast<const Pack<T, VK>*>(out_s + (what * S::W + row) * S::KEYS + x);
     }
   };
 
@@ -140,7 +148,7 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
   auto advance = [&](float4 (&x)[S::G], int t) {
     const float4 f = kar_s[t * S::KEYS + jj];
 #pragma unroll
-    for (int g = 0; g < S::G; ++g) decay_add(x[g], f, f.x, v_s[t * (N / 4) + quad(g)]);
+    for (int g = 0; g < S::G; ++g) decay_add(x[g], f, f.x, quad_at(v_s, t, g));
   };
   auto dot = [](float4 a, float4 c, float acc) {
     return fmaf(a.w, c.w, fmaf(a.z, c.z, fmaf(a.y, c.y, fmaf(a.x, c.x, acc))));
@@ -192,7 +200,7 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
         float dw = 0.f, dk = 0.f, dr = 0.f, ov = 0.f;
 #pragma unroll
         for (int g = 0; g < S::G; ++g) {
-          const float4 vv = v_s[t * (N / 4) + quad(g)], dd = do_s[t * (N / 4) + quad(g)];
+          const float4 vv = quad_at(v_s, t, g), dd = quad_at(do_s, t, g);
           dw = dot(ds[g], prev[l][g], dw);
           dk = dot(ds[g], vv, dk);
           dr = dot(prev[l][g], dd, dr);
@@ -220,7 +228,7 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
         const int64_t t = t0 + q * S::L + l;
         if (what == 3 || t >= p.T) continue;
         const float4 f = kar_s[(q * S::L + l) * S::KEYS + jj];  // k, decay hi, r, decay lo
-        float& out = out_s[(what * S::W + q * S::L + l) * S::KEYS + jj];
+        float out;
         if (what == 0) {
           out = (f.y + f.w) * part[i];
         } else if (what == 1) {
@@ -229,6 +237,7 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
           out = fmaf(f.x, u_j * ov, part[i]);
           du = fmaf(f.z * f.x, ov, du);
         }
+        out_s[(what * S::W + q * S::L + l) * S::KEYS + jj] = from_float<T>(out);
       }
     }
     __syncthreads();
@@ -253,13 +262,13 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
 template <typename T, int N>
 cudaError_t launch_for(const GradRkwuParams& p, cudaStream_t stream) {
   using S = Shape<N>;
-  if (S::SMEM > 48 * 1024) {
+  if (S::template smem<T>() > 48 * 1024) {
     const cudaError_t err =
-        cudaFuncSetAttribute(grad_rkwu_kernel<T, N>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM);
+        cudaFuncSetAttribute(grad_rkwu_kernel<T, N>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::template smem<T>());
     if (err != cudaSuccess) return err;
   }
   const dim3 grid(static_cast<unsigned>(p.B * p.H), N / S::KEYS);
-  grad_rkwu_kernel<T, N><<<grid, S::THREADS, S::SMEM, stream>>>(p);
+  grad_rkwu_kernel<T, N><<<grid, S::THREADS, S::template smem<T>(), stream>>>(p);
   return cudaGetLastError();
 }
 
