@@ -14,9 +14,10 @@
 // memory), then, per sub-window in reverse, its L states in registers. No division by a decay.
 //
 // A CTA holds KEYS keys of one (b, h); TPK threads per key each own E values (in float4
-// groups, lane-interleaved so shared-memory reads do not conflict). Per sub-window the L
-// steps' four sums over i (dw, dk, dr, ov) meet in one reduce-scatter over the TPK lanes and
-// land in a per-window tile, from which the whole CTA writes the window's gradients.
+// groups, lane-interleaved so shared-memory reads do not conflict). ov_t does not depend on
+// the key: it is summed once per step while the window is staged. Per sub-window the L steps'
+// three sums over i (dw, dk, dr) meet in one reduce-scatter over the TPK lanes and land in a
+// per-window tile, from which the whole CTA writes the window's gradients.
 #include <cstdint>
 
 #include "../common/device.cuh"
@@ -52,14 +53,21 @@ struct Shape {
   static constexpr int W = kCheckpointEvery;    // steps per window (one checkpoint)
   static constexpr int L = 8;                   // steps per sub-window: L * E floats of states in registers
   static constexpr int SUBS = W / L;
-  static constexpr int PARTS = 4 * L;           // dw, dk, dr, ov sums per step: 4L >= TPK
-  // Shared memory: (k, decay, r, decay lo) [W][KEYS] and the sub-window starts [SUBS][G][THREADS]
-  // as float; v and do [W][N] and the window's dw, dk, dr [3][W][KEYS] in the input type T
-  // (N = 64 bf16: 70.5 KB, three CTAs per SM).
+  static constexpr int PARTS = (3 * L + TPK - 1) / TPK * TPK;  // dw, dk, dr sums per step, padded to TPK
+  // ov_t = do_t . v_t while staging: a row's N values span ROW_LANES lanes, in OV_PARTS warps.
   template <typename T>
-  static constexpr size_t smem() { return sizeof(T) * (2 * W * N + 3 * W * KEYS) + sizeof(float4) * (W * KEYS + SUBS * G * THREADS); }
-  static_assert(W % L == 0 && PARTS % TPK == 0 && TPK <= 32 && N % KEYS == 0, "shape");
-  static_assert(L % TPK == 0 || TPK % L == 0, "the finishing step finds ov_t by TPK | L or L | TPK");
+  static constexpr int ROW_LANES = N / (16 / int(sizeof(T)));
+  template <typename T>
+  static constexpr int OV_PARTS = ROW_LANES<T> > 32 ? ROW_LANES<T> / 32 : 1;
+  // Shared memory: (k, decay, r, decay lo) [W][KEYS], the sub-window starts [SUBS][G][THREADS]
+  // and ov [W][OV_PARTS] as float; v and do [W][N] and the window's dw, dk, dr [3][W][KEYS] in
+  // the input type T (N = 64 bf16: 70.8 KB, three CTAs per SM).
+  template <typename T>
+  static constexpr size_t smem() {
+    return sizeof(T) * (2 * W * N + 3 * W * KEYS) + sizeof(float4) * (W * KEYS + SUBS * G * THREADS) +
+           sizeof(float) * W * OV_PARTS<T>;
+  }
+  static_assert(W % L == 0 && TPK <= 32 && N % KEYS == 0, "shape");
 };
 
 template <typename T, int N>
@@ -69,7 +77,9 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float4* kar_s = reinterpret_cast<float4*>(smem_raw);  // [W][KEYS]: k, decay hi, r, decay lo
   float4* sub_s = kar_s + S::W * S::KEYS;              // [SUBS][G][THREADS]
-  T* v_s = reinterpret_cast<T*>(sub_s + S::SUBS * S::G * S::THREADS);  // [W][N]
+  constexpr int OV_PARTS = S::template OV_PARTS<T>;
+  float* ov_s = reinterpret_cast<float*>(sub_s + S::SUBS * S::G * S::THREADS);  // [W][OV_PARTS]
+  T* v_s = reinterpret_cast<T*>(ov_s + S::W * OV_PARTS);                      // [W][N]
   T* do_s = v_s + S::W * N;                                             // [W][N]
   T* out_s = do_s + S::W * N;                                           // [3][W][KEYS]: dw, dk, dr
 
@@ -93,12 +103,14 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
     return make_float4(f[0], f[1], f[2], f[3]);
   };
 
-  // Window t0 .. t0 + W into shared memory, widened to float; steps past T read as k = r = do
-  // = v = 0 and decay 1, so they leave both states as they are.
+  // Window t0 .. t0 + W into shared memory (k, r, decay widened to float), with ov_t; steps
+  // past T read as k = r = do = v = 0 and decay 1, so they leave both states as they are.
   auto stage = [&](int64_t t0) {
     using Vec = Pack<T, VN>;
+    constexpr int ROW_LANES = S::template ROW_LANES<T>, OV_LANES = ROW_LANES / OV_PARTS;
+    static_assert(S::W * N / VN % S::THREADS == 0 && OV_LANES <= 32, "every lane takes part in the ov shuffles");
     for (int i = tid; i < S::W * N / VN; i += S::THREADS) {
-      const int row = i / (N / VN), x = i % (N / VN) * VN;
+      const int row = i / ROW_LANES, x = i % ROW_LANES * VN;
       const int64_t t = t0 + row;
       Vec vv{}, dd{};
       if (t < p.T) {
@@ -107,6 +119,12 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
       }
       reinterpret_cast<Vec*>(v_s)[i] = vv;
       reinterpret_cast<Vec*>(do_s)[i] = dd;
+      float ov = 0.f;
+#pragma unroll
+      for (int e = 0; e < VN; ++e) ov = fmaf(to_float(vv.x[e]), to_float(dd.x[e]), ov);
+#pragma unroll
+      for (int m = 1; m < OV_LANES; m *= 2) ov += __shfl_xor_sync(0xffffffffu, ov, m);
+      if (i % OV_LANES == 0) ov_s[row * OV_PARTS + i % ROW_LANES / OV_LANES] = ov;
     }
     for (int i = tid; i < S::W * S::KEYS / VK; i += S::THREADS) {
       const int row = i / (S::KEYS / VK), x = i % (S::KEYS / VK) * VK;
@@ -202,37 +220,32 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
       for (int l = S::L - 1; l >= 0; --l) {
         const int t = q * S::L + l;
         const float4 f = kar_s[t * S::KEYS + jj];
-        float dw = 0.f, dk = 0.f, dr = 0.f, ov = 0.f;
+        float dw = 0.f, dk = 0.f, dr = 0.f;
 #pragma unroll
         for (int g = 0; g < S::G; ++g) {
           const float4 vv = quad_at(v_s, t, g), dd = quad_at(do_s, t, g);
           dw = dot(ds[g], prev[l][g], dw);
           dk = dot(ds[g], vv, dk);
           dr = dot(prev[l][g], dd, dr);
-          ov = dot(vv, dd, ov);
           decay_add(ds[g], f, f.z, dd);  // dS_{t-1} = decay_t dS_t + r_t do_t
         }
         part[l] = dw;
         part[S::L + l] = dk;
         part[2 * S::L + l] = dr;
-        part[3 * S::L + l] = ov;
       }
+#pragma unroll
+      for (int i = 3 * S::L; i < S::PARTS; ++i) part[i] = 0.f;
       reduce_scatter<S::PARTS, S::TPK>(part, lane);
-      // Each lane now holds some of the L steps' sums (what: dw, dk, dr, ov) and finishes those.
-      // ov_t is the slot-3 sum of the same step: in this lane when TPK divides L, else in
-      // lane 3L % TPK + l of the key, as its entry 3L / TPK (TPK a multiple of L).
-      float ov_far = 0.f;
-      if constexpr (S::TPK > S::L) {
-        ov_far = __shfl_sync(0xffffffffu, part[3 * S::L / S::TPK], (tid % 32) - lane + 3 * S::L % S::TPK + lane % S::L);
-      }
+      // Each lane now holds some of the L steps' sums (what: dw, dk, dr) and finishes those.
 #pragma unroll
       for (int i = 0; i < S::PARTS / S::TPK; ++i) {
         const int pair = i * S::TPK + lane, what = pair / S::L, l = pair % S::L;
-        float ov = ov_far;
-        if constexpr (S::TPK <= S::L) ov = part[3 * S::L / S::TPK + i % (S::L / S::TPK)];
         const int64_t t = t0 + q * S::L + l;
-        if (what == 3 || t >= p.T) continue;
+        if (what >= 3 || t >= p.T) continue;
         const float4 f = kar_s[(q * S::L + l) * S::KEYS + jj];  // k, decay hi, r, decay lo
+        float ov = 0.f;
+#pragma unroll
+        for (int o = 0; o < OV_PARTS; ++o) ov += ov_s[(q * S::L + l) * OV_PARTS + o];
         float out;
         if (what == 0) {
           out = (f.y + f.w) * part[i];
