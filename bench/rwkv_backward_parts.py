@@ -2,6 +2,7 @@
 forward with and without the checkpoints a gradient needs. Prints a table.
 
   python -m bench.rwkv_backward_parts [--shape B T H N]
+  ncu -k regex:grad_rkwu -c 1 python -m bench.rwkv_backward_parts --once grad_rkwu   (one call, for a profiler)
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from bench.rwkv import make_inputs  # noqa: E402
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", type=int, nargs=4, default=[8, 4096, 32, 64])
-    B, T, H, N = ap.parse_args().shape
+    ap.add_argument("--once", metavar="PART", help="call the first part whose name starts with PART once, untimed")
+    args = ap.parse_args()
+    B, T, H, N = args.shape
     r, k, v, w, u, s0 = make_inputs(B, T, H, N, torch.bfloat16, seed=0)
     r, k, v, w = (x.unflatten(-1, (H, N)) for x in (r, k, v, w))
     rwkv._register()
@@ -34,6 +37,11 @@ def main():
         "grad_rkwu (dr, dk, dw, du, dS0)": lambda: rwkv._grad_rkwu(r, k, v, w, u, d_o, ck, d_state, True),
         "dv scan": lambda: rwkv._scan(k, r, d_o, w, u, d_state, True, False, False, False),
     }
+    if args.once:
+        fn = next(fn for name, fn in parts.items() if name.startswith(args.once))
+        fn()
+        torch.cuda.synchronize()
+        return
     print(f"| B T H N = {B} {T} {H} {N}, bf16 | ms |\n|---|---|")
     for name, fn in parts.items():
         print(f"| {name} | {do_bench(fn):.3f} |")

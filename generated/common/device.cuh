@@ -72,6 +72,11 @@ __device__ __forceinline__ void cp_async_zfill(void* smem, const void* gmem, boo
   }
 }
 
+// Asks L2 to fetch the line holding `p` (PTX prefetch.global.L2); nothing waits for it.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int PENDING>

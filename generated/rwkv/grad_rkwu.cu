@@ -19,6 +19,7 @@
 // three sums over i (dw, dk, dr) meet in one reduce-scatter over the TPK lanes and land in a
 // per-window tile, from which the whole CTA writes the window's gradients.
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/device.cuh"
 #include "decay.cuh"
@@ -42,6 +43,18 @@ namespace {
 #ifndef GRAD_RKWU_THREADS
 #define GRAD_RKWU_THREADS 128
 #endif
+#ifndef GRAD_RKWU_L  // steps per sub-window
+#define GRAD_RKWU_L 8
+#endif
+#ifndef GRAD_RKWU_FLOAT_V  // v's tile in float where occupancy allows (Shape::V)
+#define GRAD_RKWU_FLOAT_V 1
+#endif
+#ifndef GRAD_RKWU_FLOAT_DO  // do's tile in float where occupancy allows after v's (Shape::D)
+#define GRAD_RKWU_FLOAT_DO 1
+#endif
+#ifndef GRAD_RKWU_PREFETCH  // the next window into L2 (prefetch)
+#define GRAD_RKWU_PREFETCH 1
+#endif
 
 template <int N>
 struct Shape {
@@ -51,7 +64,7 @@ struct Shape {
   static constexpr int THREADS = GRAD_RKWU_THREADS < TPK ? TPK : GRAD_RKWU_THREADS;
   static constexpr int KEYS = THREADS / TPK;    // keys per CTA
   static constexpr int W = kCheckpointEvery;    // steps per window (one checkpoint)
-  static constexpr int L = 8;                   // steps per sub-window: L * E floats of states in registers
+  static constexpr int L = GRAD_RKWU_L;         // steps per sub-window: L * E floats of states in registers
   static constexpr int SUBS = W / L;
   static constexpr int PARTS = (3 * L + TPK - 1) / TPK * TPK;  // dw, dk, dr sums per step, padded to TPK
   // ov_t = do_t . v_t while staging: a row's N values span ROW_LANES lanes, in OV_PARTS warps.
@@ -59,32 +72,67 @@ struct Shape {
   static constexpr int ROW_LANES = N / (16 / int(sizeof(T)));
   template <typename T>
   static constexpr int OV_PARTS = ROW_LANES<T> > 32 ? ROW_LANES<T> / 32 : 1;
-  // Shared memory: (k, decay, r, decay lo) [W][KEYS], the sub-window starts [SUBS][G][THREADS]
-  // and ov [W][OV_PARTS] as float; v and do [W][N] and the window's dw, dk, dr [3][W][KEYS] in
-  // the input type T (N = 64 bf16: 70.8 KB, three CTAs per SM).
-  template <typename T>
-  static constexpr size_t smem() {
-    return sizeof(T) * (2 * W * N + 3 * W * KEYS) + sizeof(float4) * (W * KEYS + SUBS * G * THREADS) +
-           sizeof(float) * W * OV_PARTS<T>;
+  static constexpr int SWIZZLE = KEYS < 8 ? KEYS : 8;  // kar_s rows: key ^ (t % SWIZZLE), see kar_at
+  // Shared memory: (k, decay, r, decay lo) [W][KEYS], the sub-window starts 1 .. SUBS - 1
+  // [SUBS - 1][G][THREADS] (start 0 is the checkpoint, read again from global memory) and
+  // ov [W][OV_PARTS] as float; the window's dw, dk, dr [3][W][KEYS] in the input type T;
+  // v [W][N] in V and do [W][N] in D: float where that keeps as many CTAs per SM as T would
+  // (v is read at three places per step, do at one, and widening them there was a quarter of
+  // the instructions: ncu, N = 64 bf16), else T.
+  template <typename T, typename V, typename D>
+  static constexpr size_t smem_with() {
+    return sizeof(T) * 3 * W * KEYS + (sizeof(V) + sizeof(D)) * W * N +
+           sizeof(float4) * (W * KEYS + (SUBS - 1) * G * THREADS) + sizeof(float) * W * OV_PARTS<T>;
   }
-  static_assert(W % L == 0 && TPK <= 32 && N % KEYS == 0, "shape");
+  static constexpr int ctas_per_sm(size_t bytes) {  // sm_90: 228 KB per SM, 1 KB of it reserved per CTA
+    const int fit = int(228 * 1024 / (bytes + 1024));
+    return fit < GRAD_RKWU_MINB ? fit : GRAD_RKWU_MINB;
+  }
+  template <typename T>
+  using V = std::conditional_t<(GRAD_RKWU_FLOAT_V && ctas_per_sm(smem_with<T, float, T>()) >= ctas_per_sm(smem_with<T, T, T>())),
+                               float, T>;
+  template <typename T>
+  using D = std::conditional_t<(GRAD_RKWU_FLOAT_DO && ctas_per_sm(smem_with<T, V<T>, float>()) >= ctas_per_sm(smem_with<T, V<T>, T>())),
+                               float, T>;
+  template <typename T>
+  static constexpr size_t smem() { return smem_with<T, V<T>, D<T>>(); }
+  static_assert(W % L == 0 && TPK <= 32 && N % KEYS == 0 && (KEYS & (KEYS - 1)) == 0 && (L & (L - 1)) == 0, "shape");
 };
+
+// Piece i (VN elements) of a tile: stored as loaded, or widened (`wide`) for a float tile.
+template <typename Tile, typename T, int VN>
+__device__ __forceinline__ void put_piece(Tile* tile, int i, const Pack<T, VN>& raw, const float (&wide)[VN]) {
+  if constexpr (std::is_same_v<Tile, T>) {
+    reinterpret_cast<Pack<T, VN>*>(tile)[i] = raw;
+  } else {
+#pragma unroll
+    for (int e = 0; e < VN; e += 4) {
+      reinterpret_cast<float4*>(tile)[(i * VN + e) / 4] = make_float4(wide[e], wide[e + 1], wide[e + 2], wide[e + 3]);
+    }
+  }
+}
 
 template <typename T, int N>
 __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_kernel(const GradRkwuParams p) {
   using S = Shape<N>;
   constexpr bool SPLIT = sizeof(T) == 4;  // fp32 inputs keep the decay's low part (decay.cuh)
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  using V = typename S::template V<T>;
+  using D = typename S::template D<T>;
   float4* kar_s = reinterpret_cast<float4*>(smem_raw);  // [W][KEYS]: k, decay hi, r, decay lo
-  float4* sub_s = kar_s + S::W * S::KEYS;              // [SUBS][G][THREADS]
+  float4* sub_s = kar_s + S::W * S::KEYS;              // [SUBS - 1][G][THREADS]
   constexpr int OV_PARTS = S::template OV_PARTS<T>;
-  float* ov_s = reinterpret_cast<float*>(sub_s + S::SUBS * S::G * S::THREADS);  // [W][OV_PARTS]
-  T* v_s = reinterpret_cast<T*>(ov_s + S::W * OV_PARTS);                      // [W][N]
-  T* do_s = v_s + S::W * N;                                             // [W][N]
-  T* out_s = do_s + S::W * N;                                           // [3][W][KEYS]: dw, dk, dr
+  float* ov_s = reinterpret_cast<float*>(sub_s + (S::SUBS - 1) * S::G * S::THREADS);  // [W][OV_PARTS]
+  V* v_s = reinterpret_cast<V*>(ov_s + S::W * OV_PARTS);                              // [W][N]
+  D* do_s = reinterpret_cast<D*>(v_s + S::W * N);                                     // [W][N]
+  T* out_s = reinterpret_cast<T*>(do_s + S::W * N);                                   // [3][W][KEYS]: dw, dk, dr
+  // Row t of kar_s holds key x at x ^ (t % SWIZZLE): a step's read (one row, a warp's keys)
+  // and the finishing read (a key's lanes on L rows) both meet distinct banks.
+  auto kar_at = [](int t, int x) { return t * S::KEYS + (x ^ (t & (S::SWIZZLE - 1))); };
 
   const int64_t b = blockIdx.x / p.H, h = blockIdx.x % p.H;
-  const int tid = threadIdx.x, jj = tid / S::TPK, lane = tid % S::TPK;
+  const unsigned utid = threadIdx.x;  // unsigned, so that the compiler knows lane < TPK
+  const int tid = utid, jj = utid / S::TPK, lane = utid % S::TPK;
   const int key0 = blockIdx.y * S::KEYS, j = key0 + jj;
   constexpr int VK = S::KEYS < 16 / int(sizeof(T)) ? S::KEYS : 16 / int(sizeof(T));  // keys per global access
   const int64_t row0 = b * p.sb + h * p.sh, w_row0 = b * p.w_sb + h * p.w_sh;
@@ -97,65 +145,108 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
   const T* w = static_cast<const T*>(p.w);
   auto quad = [&](int g) { return g * S::TPK + lane; };  // this thread's float4 group g of a row
   constexpr int VN = 16 / int(sizeof(T));                // elements per 16-byte access
-  auto quad_at = [&](const T* tile, int t, int g) {      // group g of row t of a [W][N] tile, widened
+  auto quad_at = [&](const auto* tile, int t, int g) {   // group g of row t of a [W][N] tile, widened
     float f[4];
     load_floats<4>(tile + t * N + quad(g) * 4, f);
     return make_float4(f[0], f[1], f[2], f[3]);
   };
 
   // Window t0 .. t0 + W into shared memory (k, r, decay widened to float), with ov_t; steps
-  // past T read as k = r = do = v = 0 and decay 1, so they leave both states as they are.
-  auto stage = [&](int64_t t0) {
+  // past T (rows from `rows` on) read as k = r = do = v = 0 and decay 1, so they leave both
+  // states as they are. Loads are issued in batches of up to BATCH per thread before their
+  // results are used, so their latencies overlap.
+  auto stage = [&](int64_t t0, int rows) {
+    constexpr int BATCH = 4;
     using Vec = Pack<T, VN>;
     constexpr int ROW_LANES = S::template ROW_LANES<T>, OV_LANES = ROW_LANES / OV_PARTS;
-    static_assert(S::W * N / VN % S::THREADS == 0 && OV_LANES <= 32, "every lane takes part in the ov shuffles");
-    for (int i = tid; i < S::W * N / VN; i += S::THREADS) {
-      const int row = i / ROW_LANES, x = i % ROW_LANES * VN;
-      const int64_t t = t0 + row;
-      Vec vv{}, dd{};
-      if (t < p.T) {
-        vv = *reinterpret_cast<const Vec*>(v + row0 + t * p.st + x);
-        dd = *reinterpret_cast<const Vec*>(d_o + row0 + t * p.st + x);
-      }
-      reinterpret_cast<Vec*>(v_s)[i] = vv;
-      reinterpret_cast<Vec*>(do_s)[i] = dd;
-      float ov = 0.f;
+    constexpr int V_ITEMS = S::W * N / VN, V_BATCH = V_ITEMS / S::THREADS < BATCH ? V_ITEMS / S::THREADS : BATCH;
+    static_assert(V_ITEMS % (V_BATCH * S::THREADS) == 0 && OV_LANES <= 32, "every lane takes part in the ov shuffles");
+    for (int i0 = tid; i0 < V_ITEMS; i0 += V_BATCH * S::THREADS) {
+      Vec vv[V_BATCH], dd[V_BATCH];
 #pragma unroll
-      for (int e = 0; e < VN; ++e) ov = fmaf(to_float(vv.x[e]), to_float(dd.x[e]), ov);
-#pragma unroll
-      for (int m = 1; m < OV_LANES; m *= 2) ov += __shfl_xor_sync(0xffffffffu, ov, m);
-      if (i % OV_LANES == 0) ov_s[row * OV_PARTS + i % ROW_LANES / OV_LANES] = ov;
-    }
-    for (int i = tid; i < S::W * S::KEYS / VK; i += S::THREADS) {
-      const int row = i / (S::KEYS / VK), x = i % (S::KEYS / VK) * VK;
-      const int64_t t = t0 + row;
-      float kk[VK], rr[VK], ww[VK];
-      if (t < p.T) {
-        const int64_t at = row0 + t * p.st + key0 + x;
-        load_floats<VK>(k + at, kk);
-        load_floats<VK>(r + at, rr);
-        load_floats<VK>(w + w_row0 + t * p.w_st + key0 + x, ww);
-      }
-#pragma unroll
-      for (int e = 0; e < VK; ++e) {
-        float4 f = make_float4(0.f, 1.f, 0.f, 0.f);
-        if (t < p.T) {
-          decay_of<SPLIT>(ww[e], f.y, f.w);
-          f.x = kk[e];
-          f.z = rr[e];
+      for (int n = 0; n < V_BATCH; ++n) {
+        const int i = i0 + n * S::THREADS, row = i / ROW_LANES, x = i % ROW_LANES * VN;
+        vv[n] = dd[n] = Vec{};
+        if (row < rows) {
+          vv[n] = *reinterpret_cast<const Vec*>(v + row0 + (t0 + row) * p.st + x);
+          dd[n] = *reinterpret_cast<const Vec*>(d_o + row0 + (t0 + row) * p.st + x);
         }
-        kar_s[row * S::KEYS + x + e] = f;
+      }
+#pragma unroll
+      for (int n = 0; n < V_BATCH; ++n) {
+        const int i = i0 + n * S::THREADS, row = i / ROW_LANES;
+        float vf[VN], df[VN], ov = 0.f;
+#pragma unroll
+        for (int e = 0; e < VN; ++e) {
+          vf[e] = to_float(vv[n].x[e]);
+          df[e] = to_float(dd[n].x[e]);
+          ov = fmaf(vf[e], df[e], ov);
+        }
+        put_piece(v_s, i, vv[n], vf);
+        put_piece(do_s, i, dd[n], df);
+#pragma unroll
+        for (int m = 1; m < OV_LANES; m *= 2) ov += __shfl_xor_sync(0xffffffffu, ov, m);
+        if (i % OV_LANES == 0) ov_s[row * OV_PARTS + i % ROW_LANES / OV_LANES] = ov;
+      }
+    }
+    constexpr int K_ITEMS = S::W * S::KEYS / VK, K_PER = (K_ITEMS + S::THREADS - 1) / S::THREADS;
+    constexpr int K_BATCH = K_PER < BATCH ? K_PER : BATCH;
+    for (int i0 = tid; i0 < K_ITEMS; i0 += K_BATCH * S::THREADS) {
+      float kk[K_BATCH][VK], rr[K_BATCH][VK], ww[K_BATCH][VK];
+#pragma unroll
+      for (int n = 0; n < K_BATCH; ++n) {
+        const int i = i0 + n * S::THREADS, row = i / (S::KEYS / VK), x = i % (S::KEYS / VK) * VK;
+        if (i < K_ITEMS && row < rows) {
+          const int64_t at = row0 + (t0 + row) * p.st + key0 + x;
+          load_floats<VK>(k + at, kk[n]);
+          load_floats<VK>(r + at, rr[n]);
+          load_floats<VK>(w + w_row0 + (t0 + row) * p.w_st + key0 + x, ww[n]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < K_BATCH; ++n) {
+        const int i = i0 + n * S::THREADS, row = i / (S::KEYS / VK), x = i % (S::KEYS / VK) * VK;
+        if (i >= K_ITEMS) break;
+#pragma unroll
+        for (int e = 0; e < VK; ++e) {
+          float4 f = make_float4(0.f, 1.f, 0.f, 0.f);
+          if (row < rows) {
+            decay_of<SPLIT>(ww[n][e], f.y, f.w);
+            f.x = kk[n][e];
+            f.z = rr[n][e];
+          }
+          kar_s[kar_at(row, x + e)] = f;
+        }
       }
     }
   };
+  // Window t0 .. t0 + W's rows into L2 while the one before it is worked on, so that its
+  // staging waits on L2 rather than on DRAM (the staging loads' wait was a tenth of the
+  // kernel's stall samples: ncu, N = 64 bf16).
+  auto prefetch = [&](int64_t t0) {
+    constexpr int LINE = 128 / int(sizeof(T));  // elements per 128-byte line
+    constexpr int ROW_LINES = (N + LINE - 1) / LINE, KEY_LINES = (S::KEYS + LINE - 1) / LINE;
+    constexpr int PER_ROW = 2 * ROW_LINES + 3 * KEY_LINES;
+    for (int i = tid; i < S::W * PER_ROW; i += S::THREADS) {
+      const int64_t t = t0 + i / PER_ROW;
+      const int line = i % PER_ROW;
+      const T* at;
+      if (line < 2 * ROW_LINES) {
+        at = (line < ROW_LINES ? v : d_o) + row0 + t * p.st + line % ROW_LINES * LINE;
+      } else {
+        const int x = line - 2 * ROW_LINES, which = x / KEY_LINES, off = key0 + x % KEY_LINES * LINE;
+        at = which == 2 ? w + w_row0 + t * p.w_st + off : (which ? r : k) + row0 + t * p.st + off;
+      }
+      prefetch_l2(at);
+    }
+  };
   // The window's finished gradients (out_s) to global memory, VK keys per access.
-  auto write_out = [&](int64_t t0) {
+  auto write_out = [&](int64_t t0, int rows) {
     for (int i = tid; i < 3 * S::W * S::KEYS / VK; i += S::THREADS) {
       const int what = i / (S::W * S::KEYS / VK), rest = i % (S::W * S::KEYS / VK);
       const int row = rest / (S::KEYS / VK), x = rest % (S::KEYS / VK) * VK;
-      const int64_t t = t0 + row;
-      if (t >= p.T) continue;
-      T* dst = static_cast<T*>(what == 0 ? p.dw : what == 1 ? p.dk : p.dr) + row0 + t * p.st + key0 + x;
+      if (row >= rows) continue;
+      T* dst = static_cast<T*>(what == 0 ? p.dw : what == 1 ? p.dk : p.dr) + row0 + (t0 + row) * p.st + key0 + x;
       *reinterpret_cast<Pack<T, VK>*>(dst) = *reinterpret_cast<const Pack<T, VK>*>(out_s + (what * S::W + row) * S::KEYS + x);
     }
   };
@@ -169,7 +260,7 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
   };
   // x <- decay_t x + k_t v_t over this thread's values: the forward recurrence.
   auto advance = [&](float4 (&x)[S::G], int t) {
-    const float4 f = kar_s[t * S::KEYS + jj];
+    const float4 f = kar_s[kar_at(t, jj)];
 #pragma unroll
     for (int g = 0; g < S::G; ++g) decay_add(x[g], f, f.x, quad_at(v_s, t, g));
   };
@@ -189,26 +280,27 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
   for (int64_t c = windows - 1; c >= 0; --c) {
     const int64_t t0 = c * S::W;
     __syncthreads();  // the previous window's buffers are no longer read
-    stage(t0);
+    const int rows = int(p.T - t0 < S::W ? p.T - t0 : S::W);  // steps of this window
+    stage(t0, rows);
     // The sub-window starts, rebuilt from the checkpoint (the state before step t0).
+    if (GRAD_RKWU_PREFETCH && c > 0) prefetch(t0 - S::W);
     float4 x[S::G];
     const float4* ck = reinterpret_cast<const float4*>(p.ckpt + ((b * p.H + h) * windows + c) * N * N + j * N);
 #pragma unroll
     for (int g = 0; g < S::G; ++g) x[g] = ck[quad(g)];
     __syncthreads();
-    for (int q = 0; q < S::SUBS; ++q) {
+    for (int q = 1; q < S::SUBS && q * S::L < rows; ++q) {
 #pragma unroll
-      for (int g = 0; g < S::G; ++g) sub_s[(q * S::G + g) * S::THREADS + tid] = x[g];
-      if (q + 1 == S::SUBS || t0 + (q + 1) * S::L >= p.T) break;
+      for (int l = 0; l < S::L; ++l) advance(x, (q - 1) * S::L + l);
 #pragma unroll
-      for (int l = 0; l < S::L; ++l) advance(x, q * S::L + l);
+      for (int g = 0; g < S::G; ++g) sub_s[((q - 1) * S::G + g) * S::THREADS + tid] = x[g];
     }
 
     for (int q = S::SUBS - 1; q >= 0; --q) {
-      if (t0 + q * S::L >= p.T) continue;
+      if (q * S::L >= rows) continue;
       float4 prev[S::L][S::G];  // prev[l] = S_{t-1} for step t = t0 + q L + l
 #pragma unroll
-      for (int g = 0; g < S::G; ++g) prev[0][g] = sub_s[(q * S::G + g) * S::THREADS + tid];
+      for (int g = 0; g < S::G; ++g) prev[0][g] = q ? sub_s[((q - 1) * S::G + g) * S::THREADS + tid] : ck[quad(g)];
 #pragma unroll
       for (int l = 1; l < S::L; ++l) {
 #pragma unroll
@@ -219,7 +311,7 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
 #pragma unroll
       for (int l = S::L - 1; l >= 0; --l) {
         const int t = q * S::L + l;
-        const float4 f = kar_s[t * S::KEYS + jj];
+        const float4 f = kar_s[kar_at(t, jj)];
         float dw = 0.f, dk = 0.f, dr = 0.f;
 #pragma unroll
         for (int g = 0; g < S::G; ++g) {
@@ -239,10 +331,10 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
       // Each lane now holds some of the L steps' sums (what: dw, dk, dr) and finishes those.
 #pragma unroll
       for (int i = 0; i < S::PARTS / S::TPK; ++i) {
-        const int pair = i * S::TPK + lane, what = pair / S::L, l = pair % S::L;
-        const int64_t t = t0 + q * S::L + l;
-        if (what >= 3 || t >= p.T) continue;
-        const float4 f = kar_s[(q * S::L + l) * S::KEYS + jj];  // k, decay hi, r, decay lo
+        // what is known at compile time when TPK divides L (N = 64: TPK = L = 8)
+        const int pair = i * S::TPK + lane, what = S::TPK <= S::L ? i * S::TPK / S::L : pair / S::L, l = pair % S::L;
+        if (what >= 3 || q * S::L + l >= rows) continue;
+        const float4 f = kar_s[kar_at(q * S::L + l, jj)];  // k, decay hi, r, decay lo
         float ov = 0.f;
 #pragma unroll
         for (int o = 0; o < OV_PARTS; ++o) ov += ov_s[(q * S::L + l) * OV_PARTS + o];
@@ -259,7 +351,7 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
       }
     }
     __syncthreads();
-    write_out(t0);
+    write_out(t0, rows);
   }
   // du of each key: the sum over the threads that kept it.
   __syncthreads();
