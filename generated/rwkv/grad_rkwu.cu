@@ -29,16 +29,20 @@ namespace attngen {
 namespace rwkv {
 namespace {
 
-// Build-time knobs, set from a sweep on the H100 (B8 T4096 H32 N64 bf16, bench.rwkv_backward_parts):
-//   E (values per thread) 8: 6.2 ms against 8.0 for 4 (with 128 or 256 threads alike, commit d7c56fc);
-//   MINB (CTAs per SM the registers must allow) 3: 4.50 ms, 2: 4.82, 4: 5.64 (commit a3b445e).
-//   MINB 3 caps registers at 168, where ptxas spills 36-84 bytes for 16-bit inputs: measured faster
-//   than 2 (no spills, two CTAs per SM) all the same.
+// Build-time knobs, set from sweeps on the H100 (B8 T4096 H32 N64 bf16, bench.rwkv_backward_parts;
+// bash bench/sweep_grad_rkwu.sh rebuilds and times variants):
+//   E (values per thread) 8: 6.2 ms against 8.0 for 4 (with 128 or 256 threads alike, commit d7c56fc).
+//   MINB (CTAs per SM the registers must allow) 2: 3.87 ms against 4.21 for 3, where ptxas spills
+//   72 bytes at 168 registers (commit 2d5d6c0, bench/results/h100/grad_rkwu_sweep.md). Before the
+//   float tiles and batched staging, 3 had won (4.50 against 4.82, commit a3b445e).
+//   L (steps per sub-window) 8: 3.87 ms against 4.36 for 4 (whose sub-window starts take 60 KB).
+//   FLOAT_DO: 3.87 ms against 3.92 with do in T. PREFETCH: 3.87 ms against 4.17 without (with
+//   MINB 3 the prefetch measured slower, 4.21 against 4.00: its registers push the spills up).
 #ifndef GRAD_RKWU_E
 #define GRAD_RKWU_E 8
 #endif
 #ifndef GRAD_RKWU_MINB
-#define GRAD_RKWU_MINB 3
+#define GRAD_RKWU_MINB 2
 #endif
 #ifndef GRAD_RKWU_THREADS
 #define GRAD_RKWU_THREADS 128
