@@ -286,8 +286,8 @@ __global__ void __launch_bounds__(Shape<N>::THREADS, GRAD_RKWU_MINB) grad_rkwu_k
     __syncthreads();  // the previous window's buffers are no longer read
     const int rows = int(p.T - t0 < S::W ? p.T - t0 : S::W);  // steps of this window
     stage(t0, rows);
-    // The sub-window starts, rebuilt from the checkpoint (the state before step t0).
     if (GRAD_RKWU_PREFETCH && c > 0) prefetch(t0 - S::W);
+    // The sub-window starts, rebuilt from the checkpoint (the state before step t0).
     float4 x[S::G];
     const float4* ck = reinterpret_cast<const float4*>(p.ckpt + ((b * p.H + h) * windows + c) * N * N + j * N);
 #pragma unroll
