@@ -186,3 +186,89 @@ def paged_decode_loops(q, k_cache, v_cache, block_table, context_lens, scale):
                 page, slot = int(block_table[s, t // bs]), t % bs
                 out[s, h] += w / total * v_cache[page, slot, g].double()
     return out
+
+
+def attention_mask(Lq: int, Lk: int, window_left: int = -1, window_right: int = -1, device=None):
+    """[Lq, Lk] bool, True where key j is visible to query row i (params.cuh of
+    flash_attention): the diagonal is aligned to the bottom-right corner, shift = Lk - Lq."""
+    i = torch.arange(Lq, device=device)[:, None] + (Lk - Lq)
+    j = torch.arange(Lk, device=device)[None, :]
+    visible = torch.ones(Lq, Lk, dtype=torch.bool, device=device)
+    if window_left >= 0:
+        visible &= j >= i - window_left
+    if window_right >= 0:
+        visible &= j <= i + window_right
+    return visible
+
+
+def flash_attention(q, k, v, causal=False, scale=None, window=None, alibi_slopes=None, soft_cap=None,
+                    dtype=torch.float64):
+    """Softmax attention on [B, L, H, D] tensors computed in `dtype` (float64: the reference;
+    the storage dtype: what a plain torch implementation gets, whose error sets the bound).
+    Returns (out [B, Lq, Hq, D] in `dtype`, lse [B, Hq, Lq] in float64; -inf and zeros for
+    rows that see no key)."""
+    B, Lq, Hq, D = q.shape
+    Lk, Hkv = k.shape[1], k.shape[2]
+    scale = D ** -0.5 if scale is None else scale
+    left, right = (-1, -1) if window is None else window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    qh = q.to(dtype).transpose(1, 2)                                         # [B, Hq, Lq, D]
+    kh = k.to(dtype).transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1)     # [B, Hq, Lk, D]
+    vh = v.to(dtype).transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1)
+    s = (qh @ kh.transpose(-1, -2)) * scale
+    if soft_cap:
+        s = soft_cap * torch.tanh(s / soft_cap)
+    if alibi_slopes is not None:
+        i = torch.arange(Lq, device=q.device)[:, None] + (Lk - Lq)
+        j = torch.arange(Lk, device=q.device)[None, :]
+        s = s - alibi_slopes.to(dtype)[None, :, None, None] * (i - j).abs().to(dtype)
+    visible = attention_mask(Lq, Lk, left, right, q.device)
+    s = s.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s.double(), dim=-1)                                # [B, Hq, Lq]
+    seen = visible.any(dim=-1)                                              # rows with a key
+    p = torch.softmax(s, dim=-1).masked_fill(~seen[:, None], 0.0)
+    out = (p @ vh).transpose(1, 2)
+    return out, lse.masked_fill(~seen, float("-inf"))
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dtype=torch.float64, **kwargs):
+    """flash_attention per packed sequence: q [Tq, Hq, D], k, v [Tk, Hkv, D] -> (out [Tq, Hq, D],
+    lse [Hq, Tq])."""
+    out = torch.zeros(q.shape, dtype=dtype, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float64, device=q.device)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        qs, ks = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        if cq[b + 1] == cq[b]:
+            continue
+        o, l = flash_attention(q[None, qs], k[None, ks], v[None, ks], dtype=dtype, **kwargs)
+        out[qs], lse[:, qs] = o[0], l[0]
+    return out, lse
+
+
+def flash_attention_loops(q, k, v, causal=False, scale=None):
+    """The seed's algorithm, literally, per (batch, head, row): scores over the visible keys,
+    a running max and sum over them one key at a time (the online softmax), in float64."""
+    B, Lq, Hq, D = q.shape
+    Lk, Hkv = k.shape[1], k.shape[2]
+    scale = D ** -0.5 if scale is None else scale
+    out = torch.zeros(B, Lq, Hq, D, dtype=torch.float64)
+    for b in range(B):
+        for h in range(Hq):
+            g = h // (Hq // Hkv)
+            for i in range(Lq):
+                run_max, run_sum, acc = -math.inf, 0.0, torch.zeros(D, dtype=torch.float64)
+                for j in range(Lk):
+                    if causal and j > i + Lk - Lq:
+                        continue
+                    s = scale * float(q[b, i, h].double() @ k[b, j, g].double())
+                    new_max = max(run_max, s)
+                    alpha = math.exp(run_max - new_max) if run_max > -math.inf else 0.0
+                    w = math.exp(s - new_max)
+                    run_sum = run_sum * alpha + w
+                    acc = acc * alpha + w * v[b, j, g].double()
+                    run_max = new_max
+                if run_sum > 0:
+                    out[b, i, h] = acc / run_sum
+    return out

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
-# benchmarks, tuned vs default; rwkv_tests/rwkv_bench and paged_tests/paged_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# benchmarks, tuned vs default; rwkv_tests/rwkv_bench, paged_tests/paged_bench and flash_tests/flash_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last.
 set -uo pipefail
@@ -12,7 +12,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 status=()
-STEPS=${STEPS:-gpu_tests memcheck racecheck bench rwkv_bench paged_bench tune_compare}
+STEPS=${STEPS:-gpu_tests memcheck racecheck bench rwkv_bench paged_bench flash_bench tune_compare}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 step() {  # step NAME COMMAND...: run, log to $OUT/r/NAME.log, remember exit status and seconds
   local name=$1; shift
@@ -30,10 +30,12 @@ want memcheck && step memcheck compute-sanitizer --tool memcheck --error-exitcod
 want racecheck && step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py
 want rwkv_tests && step rwkv_tests python3 -m pytest -q -m gpu tests/gpu/test_rwkv.py -p no:cacheprovider
 want paged_tests && step paged_tests python3 -m pytest -q -m gpu tests/gpu/test_paged.py -p no:cacheprovider
+want flash_tests && step flash_tests python3 -m pytest -q -m gpu tests/gpu/test_flash_attention.py -p no:cacheprovider -s
 want bench && step bench python3 -m bench.causal_linear ${BENCH_ARGS:-} --out "$OUT/r"
 want rwkv_bench && step rwkv_bench python3 -m bench.rwkv ${BENCH_ARGS:-} --out "$OUT/r"
 want paged_sweep && step paged_sweep python3 -m bench.sweep_paged --out "$OUT/r"
 want paged_bench && step paged_bench python3 -m bench.paged ${BENCH_ARGS:-} --out "$OUT/r"
+want flash_bench && step flash_bench python3 -m bench.flash_attention ${BENCH_ARGS:-} --out "$OUT/r"
 want tune_compare && step tune_compare python3 -m bench.tune_compare --out "$OUT/r"
 if want retune; then
   cp bench/results/h100/tune_causal_linear.json "$OUT/r/tune_first.json"
@@ -44,10 +46,10 @@ if want retune; then
   cp tuned/sm_90a/causal_linear.yaml "$OUT/r/tuned_second.yaml"
 fi
 tar -czf "$OUT/all.tgz" -C "$OUT/r" .
-cp "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/sweep_paged.md" "$OUT/" 2>/dev/null
+cp "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/sweep_paged.md" "$OUT/r/flash_attention.md" "$OUT/" 2>/dev/null
 echo
 echo "| step | rc | seconds |"
 echo "|---|---|---|"
 for s in "${status[@]}"; do IFS='|' read -r n rc sec <<< "$s"; echo "| $n | $rc | $sec |"; done
-cat "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/sweep_paged.md" 2>/dev/null
+cat "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/sweep_paged.md" "$OUT/r/flash_attention.md" 2>/dev/null
 if [ -f "$OUT/r/retune_check.log" ]; then cat "$OUT/r/retune_check.log"; fi

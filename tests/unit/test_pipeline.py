@@ -176,3 +176,20 @@ def test_touching_one_kind_rewrites_only_its_files(tmp_path):
     kernels = {rel for rel in diff if rel.endswith(".cu")}
     assert kernels and all("_low_occupancy_" in rel for rel in kernels)
     assert diff - kernels <= {"causal_linear/dispatch.cpp", "manifest.json", "build.ninja"}
+
+
+def test_flash_tile_layouts_are_conflict_free():
+    """The shared tiles of the flash kernels, padded or swizzled, serve ldmatrix reads and the
+    epilogue's fragment writes at one wavefront per phase; the Python
+    offset mirrors the template's (a permutation within each row, nothing overlaps)."""
+    from codegen.families import flash_attention as fa
+    for d, swizzle in ((64, 1), (96, 0), (128, 1), (128, 0), (256, 1)):
+        ways = banks.conflict_ways(fa.bank_accesses(d, swizzle, 128), 0)
+        assert ways["ldmatrix"] == ways["o_fragment_write"] == 1.0, (d, swizzle, ways)
+        # The fill is conflict-free when rows are whole 128-byte lines; a padded 96-wide row
+        # of 13 chunks makes one phase straddle two rows (1.25 ways on average, once per tile).
+        assert ways["cp_async_fill"] == (1.0 if d % 64 == 0 else 1.25), (d, swizzle, ways)
+        offsets = {fa.tile_offset(r, c, d, swizzle) for r in range(16) for c in range(d)}
+        assert len(offsets) == 16 * d and max(offsets) < 16 * fa.pitch(d, swizzle)
+    # A 72-wide padded tile has an even pitch in chunks: the model sees the 2-way conflict.
+    assert banks.conflict_ways(fa.bank_accesses(72, 0, 128), 0)["ldmatrix"] == 2.0

@@ -159,3 +159,39 @@ def test_paged_ring_over_the_shared_memory_limit(tmp_path):
     text = PAGED.replace("stages: [3]", "stages: [40]", 1)
     err = paged_error(tmp_path, text)
     assert err.field == "kernels.single_pass.grid.tile" and "exceeds the sm_90a limit" in str(err)
+
+
+FLASH = (ROOT / "specs" / "flash_attention.yaml").read_text()
+
+
+def flash_error(tmp_path, text) -> SpecError:
+    path = tmp_path / "flash_attention.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        pipeline.lower(pipeline.expand(pipeline.load([path])))
+    return info.value
+
+
+def test_flash_swizzle_needs_whole_128_byte_lines(tmp_path):
+    text = FLASH.replace('"swizzle == 1 and d % 64 == 0 or swizzle == 0 and d % 64 != 0"', '"swizzle == 1"')
+    err = flash_error(tmp_path, text)
+    assert err.line == line_of(text, "swizzle: [1, 0]") and err.field == "kernels.mma_sync.grid.swizzle"
+    assert "d=96 is not a multiple of 64" in str(err)
+
+
+def test_flash_rows_must_split_into_m_tiles(tmp_path):
+    text = FLASH.replace("block_m: [128]", "block_m: [96]", 1)
+    err = flash_error(tmp_path, text)
+    assert err.field == "kernels.mma_sync.grid.block_m" and "whole 16-row m-tiles over 4 warps" in str(err)
+
+
+def test_flash_register_estimate_rejects_wide_tiles(tmp_path):
+    text = FLASH.replace("block_n: [64]", "block_n: [512]", 1)
+    err = flash_error(tmp_path, text)
+    assert err.field == "kernels.mma_sync.grid.block_m" and "registers per thread" in str(err)
+
+
+def test_flash_shared_memory_over_the_limit(tmp_path):
+    text = FLASH.replace("stages: [2]", "stages: [4]", 1)
+    err = flash_error(tmp_path, text)
+    assert err.field == "kernels.mma_sync.grid.stages" and "exceeds the sm_90a limit" in str(err)

@@ -1,0 +1,229 @@
+"""Softmax attention forward (FlashAttention-2 on tensor cores): the generated `flash_attention`
+kernels as a torch custom op, in flash-attn's layouts.
+
+q [B, Lq, Hq, D], k and v [B, Lk, Hkv, D] (or packed [tokens, H, D] with cu_seqlens, as
+flash-attn's varlen API); any strides with a contiguous last dim; fp16 or bf16 with fp32
+softmax and accumulation. Query head h reads kv head h // (Hq // Hkv). Causal masks and
+windows align the last query row with the last key row (flash-attn >= 2.1). Forward only: a
+gradient through the op raises an error (it is never silently wrong).
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Optional, Sequence
+
+import torch
+
+from . import _ext
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+_registered = False
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    _ext.load()
+    name = "attngen::flash_attention"
+
+    @torch.library.register_fake(name)
+    def _fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right,
+              alibi_slopes, soft_cap):
+        if cu_seqlens_q is None:
+            lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+        else:
+            lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+        return q.new_empty(q.shape), lse
+
+    def setup_context(ctx, inputs, output):
+        pass
+
+    def backward(ctx, grad_out, grad_lse):
+        raise NotImplementedError("flash_attention: the backward pass is not implemented yet (forward only); "
+                                  "call it under torch.no_grad() or detach q, k and v")
+
+    torch.library.register_autograd(name, backward, setup_context=setup_context)
+    _registered = True
+
+
+def _fail(msg: str):
+    raise ValueError(f"flash_attention: {msg}")
+
+
+def _check_tensor(name: str, t, q: Optional[torch.Tensor]) -> None:
+    if not isinstance(t, torch.Tensor):
+        _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type not in ("cuda", "meta"):
+        _fail(f"{name} must be a CUDA tensor, got device {t.device}")
+    if q is not None and t.device != q.device:
+        _fail(f"{name} is on {t.device} but q is on {q.device}")
+
+
+def _check_qkv(q, k, v, rank: int, layout: str) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t, q if name != "q" else None)
+        if t.dtype not in SUPPORTED_DTYPES:
+            _fail(f"{name} has dtype {t.dtype}; supported: float16, bfloat16 (fp32 softmax and accumulation "
+                  f"inside; fp32 inputs are not supported by the tensor-core kernels)")
+        if t.dtype != q.dtype:
+            _fail(f"{name} has dtype {t.dtype} but q has {q.dtype}")
+        if t.dim() != rank:
+            _fail(f"{name} must be {rank}-D {layout}, got shape {tuple(t.shape)}")
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            _fail(f"{name} must have a contiguous last dim (stride 1), got strides {t.stride()}")
+    if k.shape[-1] != q.shape[-1]:
+        _fail(f"k has head size {k.shape[-1]} but q has D={q.shape[-1]}")
+    if k.shape != v.shape:
+        _fail(f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}")
+    Hq, Hkv = q.shape[-2], k.shape[-2]
+    if Hkv < 1 or Hq % Hkv:
+        _fail(f"Hq={Hq} is not a multiple of Hkv={Hkv} (q {tuple(q.shape)}, k {tuple(k.shape)})")
+
+
+def _window(causal: bool, window) -> tuple[int, int]:
+    """(left, right) with -1 for an unbounded side; causal caps right at 0."""
+    if window is None:
+        left, right = -1, -1
+    else:
+        if not isinstance(window, (tuple, list)) or len(window) != 2:
+            _fail(f"window must be a (left, right) pair of ints (-1: unbounded), got {window!r}")
+        left, right = (int(w) for w in window)
+        if left < -1 or right < -1:
+            _fail(f"window sizes must be >= 0, or -1 for unbounded, got {window!r}")
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def _extras(q, alibi_slopes, soft_cap, scale):
+    Hq, D = q.shape[-2], q.shape[-1]
+    scale = D ** -0.5 if scale is None else float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        _fail(f"scale must be finite and > 0, got {scale}")
+    soft_cap = 0.0 if soft_cap is None else float(soft_cap)
+    if not (math.isfinite(soft_cap) and soft_cap >= 0):
+        _fail(f"soft_cap must be a finite number >= 0 (0 or None: no cap), got {soft_cap}")
+    if alibi_slopes is not None:
+        _check_tensor("alibi_slopes", alibi_slopes, q)
+        if alibi_slopes.shape != (Hq,) or not alibi_slopes.is_floating_point():
+            _fail(f"alibi_slopes must be a float [Hq={Hq}], got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
+        alibi_slopes = alibi_slopes.to(torch.float32).contiguous()
+    return scale, alibi_slopes, soft_cap
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """The kernels move 16-byte rows: t itself when its pointer and strides allow that, else a
+    contiguous copy (a rare layout, e.g. a view starting mid-row)."""
+    if t.device.type == "meta":
+        return t
+    elems = 16 // t.element_size()
+    ok = t.data_ptr() % 16 == 0 and all(s % elems == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
+    return t if ok else t.contiguous() if not t.is_contiguous() else t.clone()
+
+
+def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k) -> None:
+    """The checks that read cu_seqlens (they synchronize): starts at 0, never decreasing, ends
+    at the packed row count, and no sequence longer than the max it is launched for."""
+    for name, cu, total, longest in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
+                                     ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
+        host = cu.tolist()
+        if host[0] != 0:
+            _fail(f"{name}[0] = {host[0]}; it must be 0")
+        lengths = [b - a for a, b in zip(host, host[1:])]
+        bad = [i for i, n in enumerate(lengths) if n < 0]
+        if bad:
+            _fail(f"{name} decreases at index {bad[0] + 1} ({host[bad[0]]} -> {host[bad[0] + 1]})")
+        if host[-1] != total:
+            _fail(f"{name}[-1] = {host[-1]} does not match the {total} packed rows of "
+                  f"{'q' if name.endswith('q') else 'k'}")
+        if lengths and max(lengths) > longest:
+            _fail(f"{name} holds a sequence of {max(lengths)} rows, longer than max_seqlen "
+                  f"{'q' if name.endswith('q') else 'k'} = {longest}")
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    scale: Optional[float] = None, window: Optional[Sequence[int]] = None,
+                    alibi_slopes: Optional[torch.Tensor] = None, soft_cap: Optional[float] = None,
+                    return_lse: bool = False, *, instance: Optional[str] = None):
+    """Softmax attention, out = softmax(scale * q k^T + mask) v, per (batch, query head).
+
+    q [B, Lq, Hq, D]; k, v [B, Lk, Hkv, D] with Hq a multiple of Hkv; fp16 or bf16. causal
+    masks keys past each row's diagonal, aligned to the bottom-right corner when Lq != Lk;
+    window=(left, right) keeps keys j with i + Lk - Lq - left <= j <= i + Lk - Lq + right
+    (-1: unbounded side); alibi_slopes [Hq] subtracts slope * |i + Lk - Lq - j|; soft_cap
+    applies cap * tanh(s / cap) before ALiBi. scale defaults to D ** -0.5. Returns out
+    [B, Lq, Hq, D] in q's dtype, and with return_lse the natural-log log-sum-exp
+    [B, Hq, Lq] fp32 (-inf for a row that sees no key; its output is zeros). `instance`
+    forces a compiled instance by name (benchmarks, tests)."""
+    _check_qkv(q, k, v, 4, "[B, L, H, D]")
+    if k.shape[0] != q.shape[0]:
+        _fail(f"k has batch {k.shape[0]} but q has {q.shape[0]}")
+    left, right = _window(causal, window)
+    scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale)
+    _register()
+    args = (_aligned(q), _aligned(k), _aligned(v), None, None, q.shape[1], k.shape[1], scale, left, right,
+            alibi_slopes, soft_cap)
+    out, lse = _call(args, instance)
+    return (out, lse) if return_lse else out
+
+
+def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                           causal: bool = False, scale: Optional[float] = None,
+                           window: Optional[Sequence[int]] = None, alibi_slopes: Optional[torch.Tensor] = None,
+                           soft_cap: Optional[float] = None, return_lse: bool = False, *,
+                           validate: bool = True, instance: Optional[str] = None):
+    """flash_attention over packed sequences (flash-attn's varlen API): q [Tq, Hq, D], k, v
+    [Tk, Hkv, D]; sequence b holds rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q (int32
+    [B + 1]) and the matching rows of k, v; lengths 0 and 1 are legal. Returns out [Tq, Hq, D]
+    and with return_lse the log-sum-exp [Hq, Tq]. validate=True reads cu_seqlens to check them
+    (this synchronizes; pass False inside CUDA graphs)."""
+    _check_qkv(q, k, v, 3, "[tokens, H, D]")
+    B = None
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        _check_tensor(name, cu, q)
+        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 1:
+            _fail(f"{name} must be int32 [B + 1], got {cu.dtype} {tuple(cu.shape)}")
+        if B is not None and cu.shape[0] - 1 != B:
+            _fail(f"cu_seqlens_q holds {B} sequences but cu_seqlens_k holds {cu.shape[0] - 1}")
+        B = cu.shape[0] - 1
+    for name, value, total in (("max_seqlen_q", max_seqlen_q, q.shape[0]), ("max_seqlen_k", max_seqlen_k, k.shape[0])):
+        if not isinstance(value, int) or value < 0 or value > total:
+            _fail(f"{name} must be an int in [0, {total}] (the packed rows), got {value!r}")
+    if validate:
+        check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
+    left, right = _window(causal, window)
+    scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale)
+    _register()
+    args = (_aligned(q), _aligned(k), _aligned(v), cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
+            max_seqlen_q, max_seqlen_k, scale, left, right, alibi_slopes, soft_cap)
+    out, lse = _call(args, instance)
+    return (out, lse) if return_lse else out
+
+
+def _call(args, instance: Optional[str]):
+    if instance is None:
+        return torch.ops.attngen.flash_attention(*args)
+    return torch.ops.attngen.flash_attention_with(*args, instance)
+
+
+def selected_instance(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+    """The instance dispatch picks for [B, L, H, D] tensors ('' if none covers them)."""
+    _check_qkv(q, k, v, 4, "[B, L, H, D]")
+    _register()
+    return torch.ops.attngen.flash_attention_select(_aligned(q), _aligned(k), _aligned(v))
+
+
+def instance_head_size(name: str) -> int:
+    """The head size an instance is built for, read from its name (codegen/instance.py)."""
+    match = re.search(r"_d(\d+)_", name)
+    if match is None or not name.startswith("flash_attention_"):
+        raise ValueError(f"{name!r} is not a flash_attention instance name")
+    return int(match.group(1))
+
+
+def instances() -> list[str]:
+    _register()
+    return list(torch.ops.attngen.flash_attention_instances())

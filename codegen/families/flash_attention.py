@@ -1,0 +1,133 @@
+"""FlashAttention forward (seed 004): lowering of the tensor-core softmax attention kernels.
+
+`mma_sync` is the FlashAttention-2 algorithm: a CTA owns `block_m` query rows of one (batch,
+head); its `warps` warps own `block_m / warps` rows each (whole 16-row m-tiles of the
+m16n8k16 MMA) and walk the visible keys in tiles of `block_n` rows that a `stages`-deep
+cp.async ring brings into shared memory. Per tile a warp computes S = Q K^T on tensor cores,
+updates its rows' running max and sum in registers (the online softmax, no shared memory),
+narrows the weights into A fragments and adds P V to its fp32 output rows.
+
+The shared tiles are rows of D 16-bit elements, either padded by one 16-byte chunk or
+XOR-swizzled (`swizzle`); the bank model below checks the three warp accesses they see.
+"""
+from __future__ import annotations
+
+from ..arch import Arch
+from ..instance import KernelInstance
+from ..passes import Rejected, banks
+
+NAME = "flash_attention"
+AXES = {"dtype": ("fp16", "bf16")}
+RUNTIME_VARS = {
+    "D": "head size",
+    "B": "batch (sequences)",
+    "Hq": "query heads",
+    "Hkv": "key/value heads",
+    "G": "query heads per kv head (Hq / Hkv)",
+    "Lq": "query rows (the longest sequence when packed)",
+    "Lk": "key rows (the longest sequence when packed)",
+    "align": "largest vector width (elements) that every pointer, stride and D allow",
+    "sm_count": "multiprocessors on the current device",
+}
+DERIVED_NAMES = {"dtype_bytes"}
+SHAPE_DIMS = ("B", "Hq", "Hkv", "Lq", "Lk", "D")
+FORWARD = "flash_attention/forward.cu.j2"
+TEMPLATE_PARAMS = {
+    FORWARD: {"d": "int", "block_m": "int", "block_n": "int", "warps": "int", "stages": "int",
+              "swizzle": "int0", "qregs": "int0", "minb": "int"},
+}
+SUPPORT_FILES = {
+    "flash_attention/params.cuh.j2": "flash_attention/params.cuh",
+    "flash_attention/bindings.cpp.j2": "flash_attention/bindings.cpp",
+}
+KEY_STRUCT = "AttentionKey"
+
+# Register estimate per thread: fp32 output and score fragments, Q fragments when held, and
+# what addressing, the softmax state and the operands in flight take (ptxas has the last
+# word; the compile tier checks its report for spills).
+REG_OVERHEAD = 56
+MAX_REGS = 255
+SMEM_PER_SM = 228 * 1024          # sm_90, of which 1 KB is reserved per resident CTA
+CHUNK = 16                        # bytes: one cp.async / one ldmatrix row
+
+
+def pitch(d: int, swizzle: int) -> int:
+    """Elements between rows of a shared tile (mma.cuh, Tile::PITCH)."""
+    return d if swizzle else d + 8
+
+
+def tile_offset(row: int, col: int, d: int, swizzle: int) -> int:
+    """Element offset of (row, col) in a shared tile: the mirror of mma.cuh's Tile::offset."""
+    if not swizzle:
+        return row * (d + 8) + col
+    chunk = col // 8
+    return row * d + ((chunk & ~7) | ((chunk ^ row) & 7)) * 8 + col % 8
+
+
+def bank_accesses(d: int, swizzle: int, threads: int) -> list:
+    """The warp accesses of the shared tiles: ldmatrix row reads (A operand of Q, B operands of
+    K and V: each phase reads 8 rows at one chunk), the cp.async fill (consecutive chunks of
+    consecutive rows) and the epilogue's 4-byte fragment writes (lane g, t: row g, cols 2t)."""
+    def ldmatrix(lane, _pad):
+        return tile_offset((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8, d, swizzle) * 2
+
+    chunks = d // 8
+
+    def fill(lane, _pad):
+        return tile_offset(lane // chunks, lane % chunks * 8, d, swizzle) * 2
+
+    def fragment_write(lane, _pad):
+        return tile_offset(lane // 4, lane % 4 * 2, d, swizzle) * 2
+
+    return [banks.Access("ldmatrix", CHUNK, ldmatrix), banks.Access("cp_async_fill", CHUNK, fill),
+            banks.Access("o_fragment_write", 4, fragment_write)]
+
+
+def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    p = inst.p
+    d, block_m, block_n, warps, stages, swizzle, qregs, minb = (
+        p[k] for k in ("d", "block_m", "block_n", "warps", "stages", "swizzle", "qregs", "minb"))
+    if inst.dtype_bytes != 2:
+        raise Rejected("d", f"tensor-core kinds take 16-bit operands, not {inst.a['dtype']}")
+    if d % 16:
+        raise Rejected("d", f"d={d} is not a multiple of 16 (the k-step of m16n8k16)")
+    if block_m % (16 * warps):
+        raise Rejected("block_m", f"block_m={block_m} does not split into whole 16-row m-tiles over {warps} warps")
+    if block_n % 16:
+        raise Rejected("block_n", f"block_n={block_n} is not a multiple of 16 (the k-step of P V)")
+    if swizzle not in (0, 1):
+        raise Rejected("swizzle", f"swizzle={swizzle}: 0 (padded rows) or 1 (XOR swizzle)")
+    if swizzle and d % 64:
+        raise Rejected("swizzle", f"the XOR swizzle permutes chunks within 128-byte lines; d={d} is not a multiple of 64")
+    if stages < 2:
+        raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
+    if qregs not in (0, 1):
+        raise Rejected("qregs", f"qregs={qregs}: 0 (Q fragments re-read per tile) or 1 (held in registers)")
+    mt = block_m // (16 * warps)
+    threads = warps * 32
+    regs = mt * d // 2 + mt * block_n // 2 + (mt * d // 4 if qregs else 0) + REG_OVERHEAD
+    if regs > MAX_REGS:
+        raise Rejected("block_m" if mt > 1 else "block_n",
+                       f"about {regs} registers per thread (output {mt * d // 2}, scores {mt * block_n // 2}"
+                       f"{f', Q {mt * d // 4}' if qregs else ''}) exceed {MAX_REGS}")
+    if regs * threads * minb > arch.regs_per_sm:
+        raise Rejected("minb", f"minb={minb} CTAs of {threads} threads at about {regs} registers exceed the "
+                               f"{arch.regs_per_sm} registers of an SM")
+    row = pitch(d, swizzle) * 2
+    smem = (block_m + stages * 2 * block_n) * row
+    if smem <= arch.max_smem_per_block and minb * (smem + 1024) > SMEM_PER_SM:  # (else: the arch check says it)
+        raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {SMEM_PER_SM}")
+    ways = banks.conflict_ways(bank_accesses(d, swizzle, threads), 0)
+    return inst.with_derived({
+        "threads": threads, "smem_bytes": smem, "mt": mt, "pitch": pitch(d, swizzle), "regs_estimate": regs,
+        "bank_ways": ways, "threads_param": "warps", "smem_param": "stages",
+    })
+
+
+def smem_bytes_at_runtime(inst: KernelInstance) -> str:
+    return str(inst.d["smem_bytes"])
+
+
+def axes_match_cpp(axes: dict) -> str:
+    """C++ condition selecting the instances built for these axis values."""
+    return f"key.dtype == DType::k{axes['dtype'].upper()}"
