@@ -116,7 +116,7 @@ def _extras(q, alibi_slopes, soft_cap, scale):
 def _aligned(t: torch.Tensor) -> torch.Tensor:
     """The kernels move 16-byte rows: t itself when its pointer and strides allow that, else a
     contiguous copy (a rare layout, e.g. a view starting mid-row)."""
-    if t.device.type == "meta":
+    if t.device.type == "meta" or torch.compiler.is_compiling():  # data pointers do not trace; the op checks
         return t
     elems = 16 // t.element_size()
     ok = t.data_ptr() % 16 == 0 and all(s % elems == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)

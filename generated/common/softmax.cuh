@@ -4,12 +4,20 @@
 // two rows of every 16-row m-tile (rows g and g + 8), each split over the 4 lanes of its quad.
 // Scores arrive in their own units; `log2_scale` turns them into base-2 exponents
 // (softmax_scale * log2(e) for raw q.k, log2(e) for scores already scaled), so the weights are
-// exp2f(s * log2_scale - max * log2_scale): one FFMA and one EX2 per score.
+// 2^(s * log2_scale - max * log2_scale): one FFMA and one MUFU.EX2 per score.
 #pragma once
 #include <cmath>
 
 namespace attngen {
 namespace softmax {
+
+// 2^x by the SFU's ex2.approx (relative error about 2^-22, subnormal results flushed to 0):
+// what exp2f becomes under --use_fast_math, without that flag's effect on the rest of the TU.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -42,14 +50,14 @@ __device__ __forceinline__ void online_step(float (&s)[MT][NT][4], float (&row_m
       for (int nt = 0; nt < NT; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
       tile_max = quad_max(tile_max);
       const float base = tile_max == -INFINITY ? 0.f : tile_max * log2_scale;
-      rescale[r] = exp2f(row_max[r] * log2_scale - base);  // row_max == -inf: exp2(-inf) = 0 (nothing yet)
+      rescale[r] = fast_exp2(row_max[r] * log2_scale - base);  // row_max == -inf: exp2(-inf) = 0 (nothing yet)
       row_max[r] = tile_max;
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          s[mt][nt][e] = exp2f(fmaf(s[mt][nt][e], log2_scale, -base));
+          s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], log2_scale, -base));
           sum += s[mt][nt][e];
         }
       }

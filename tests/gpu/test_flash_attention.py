@@ -174,7 +174,7 @@ def test_bad_input_on_the_device():
     with pytest.raises(ValueError, match=r"unsupported head size D=72; built: 64, 96, 128, 256 \(add it to specs/flash_attention.yaml\)"):
         fa.flash_attention(q, k, v)
     q, k, v = make(1, 8, 8, 2, 2, 64, torch.bfloat16)
-    with pytest.raises(ValueError, match="k is on cpu but q is on cuda"):
+    with pytest.raises(ValueError, match="k must be a CUDA tensor, got device cpu"):
         fa.flash_attention(q, k.cpu(), v)
     with pytest.raises(ValueError, match="does not match the 8 packed rows"):
         cu = torch.tensor([0, 7], dtype=torch.int32, device="cuda")
