@@ -186,7 +186,7 @@ def test_flash_rows_must_split_into_m_tiles(tmp_path):
 
 
 def test_flash_register_estimate_rejects_wide_tiles(tmp_path):
-    text = FLASH.replace("block_n: [32, 64, 128]", "block_n: [32, 64, 128, 512]", 1).replace("(64, 4, 64)", "(64, 4, 512)")
+    text = FLASH.replace("block_n: [32, 64, 128]", "block_n: [32, 64, 128, 512]", 1).replace("(64, 4, 64, 0)", "(64, 4, 512, 0)")
     err = flash_error(tmp_path, text)
     assert err.field == "kernels.mma_sync.grid.block_m" and "registers per thread" in str(err)
 
