@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jinja2
 
-from .arch import DTYPE_BYTES
+from .arch import DTYPE_BYTES, WGMMA_N
 from .errors import SpecError
 from .families import family_module
 from .instance import KernelInstance
@@ -119,7 +119,7 @@ def render_all(templates_dir: Path, specs_and_instances, namespace: str = NAMESP
     common = (templates_dir / "common").glob("*.j2")
     for template in sorted(t for t in common if t.name.endswith((".cuh.j2", ".h.j2"))):
         rel = f"common/{template.name[:-3]}"
-        files[rel] = _render(env, "specs/", f"common/{template.name}")
+        files[rel] = _render(env, "specs/", f"common/{template.name}", wgmma_n=WGMMA_N)
     for spec, instances in specs_and_instances:
         files.update(render_spec(env, spec, instances, namespace))
     files["extension.cpp"] = _render(env, "specs/", "extension.cpp.j2", namespace=namespace)

@@ -12,7 +12,7 @@ XOR-swizzled (`swizzle`); the bank model below checks the three warp accesses th
 """
 from __future__ import annotations
 
-from ..arch import Arch
+from ..arch import WGMMA_N, Arch
 from ..instance import KernelInstance
 from ..passes import Rejected, banks
 
@@ -32,12 +32,15 @@ RUNTIME_VARS = {
 DERIVED_NAMES = {"dtype_bytes"}
 SHAPE_DIMS = ("B", "Hq", "Hkv", "Lq", "Lk", "D")
 FORWARD = "flash_attention/forward.cu.j2"
+FORWARD_WGMMA = "flash_attention/forward_wgmma.cu.j2"
 TEMPLATE_PARAMS = {
     FORWARD: {"d": "int", "block_m": "int", "block_n": "int", "warps": "int", "stages": "int",
               "swizzle": "int0", "qregs": "int0", "minb": "int"},
+    FORWARD_WGMMA: {"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int"},
 }
 SUPPORT_FILES = {
     "flash_attention/params.cuh.j2": "flash_attention/params.cuh",
+    "flash_attention/forward_common.cuh.j2": "flash_attention/forward_common.cuh",
     "flash_attention/bindings.cpp.j2": "flash_attention/bindings.cpp",
 }
 KEY_STRUCT = "AttentionKey"
@@ -84,6 +87,12 @@ def bank_accesses(d: int, swizzle: int, threads: int) -> list:
 
 
 def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    if inst.template == FORWARD_WGMMA:
+        return _lower_wgmma(inst, arch)
+    return _lower_mma_sync(inst, arch)
+
+
+def _lower_mma_sync(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
     d, block_m, block_n, warps, stages, swizzle, qregs, minb = (
         p[k] for k in ("d", "block_m", "block_n", "warps", "stages", "swizzle", "qregs", "minb"))
@@ -121,6 +130,59 @@ def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "mt": mt, "pitch": pitch(d, swizzle), "regs_estimate": regs,
         "bank_ways": ways, "threads_param": "warps", "smem_param": "stages",
+    })
+
+
+def atoms_offset(row: int, col: int, rows: int) -> int:
+    """Element offset in a tile of 128-byte-swizzled atoms (wgmma.cuh, Atoms::offset)."""
+    return (col // 64) * rows * 64 + row * 64 + (((col // 8) % 8) ^ (row % 8)) * 8 + col % 8
+
+
+def atoms_bank_accesses(d: int, rows: int) -> list:
+    """Warp accesses of the wgmma kernel's tiles by threads (wgmma reads them itself, through
+    the 128-byte swizzle it is built for): the cp.async fill and the epilogue's writes."""
+    chunks = d // 8
+
+    def fill(lane, _pad):
+        return atoms_offset(lane // chunks, lane % chunks * 8, rows) * 2
+
+    def fragment_write(lane, _pad):
+        return atoms_offset(lane // 4, lane % 4 * 2, rows) * 2
+
+    return [banks.Access("cp_async_fill", CHUNK, fill), banks.Access("o_fragment_write", 4, fragment_write)]
+
+
+def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    p = inst.p
+    d, block_m, block_n, warpgroups, stages = (p[k] for k in ("d", "block_m", "block_n", "warpgroups", "stages"))
+    if not arch.name.endswith("a"):
+        raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
+    if inst.dtype_bytes != 2:
+        raise Rejected("d", f"tensor-core kinds take 16-bit operands, not {inst.a['dtype']}")
+    if d % 64 or d not in WGMMA_N:
+        raise Rejected("d", f"d={d}: rows of 128-byte swizzle atoms need a multiple of 64 that wgmma.cuh "
+                            f"instantiates as N ({', '.join(map(str, WGMMA_N))})")
+    if block_m != 64 * warpgroups:
+        raise Rejected("block_m", f"block_m={block_m}: each of the {warpgroups} warpgroups owns 64 rows "
+                                  f"(block_m = {64 * warpgroups})")
+    if block_n % 16 or block_n not in WGMMA_N:
+        raise Rejected("block_n", f"block_n={block_n} is not a wgmma N of wgmma.cuh "
+                                  f"({', '.join(map(str, WGMMA_N))}) and a multiple of 16")
+    if stages < 2:
+        raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
+    threads = warpgroups * 128
+    regs = block_n // 2 + d // 2 + REG_OVERHEAD
+    if regs > MAX_REGS:
+        raise Rejected("block_n", f"about {regs} registers per thread (scores {block_n // 2}, output {d // 2}) "
+                                  f"exceed {MAX_REGS}")
+    if regs * threads > arch.regs_per_sm:
+        raise Rejected("warpgroups", f"{warpgroups} warpgroups at about {regs} registers exceed the "
+                                     f"{arch.regs_per_sm} registers of an SM")
+    smem = (block_m + stages * 2 * block_n) * d * 2 + 1024   # + 1 KB to align the atoms
+    ways = banks.conflict_ways(atoms_bank_accesses(d, block_m), 0)
+    return inst.with_derived({
+        "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank_ways": ways,
+        "threads_param": "warpgroups", "smem_param": "stages",
     })
 
 

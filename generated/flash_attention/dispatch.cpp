@@ -14,18 +14,30 @@ cudaError_t launch_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stag
 size_t workspace_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_fp16_sm90a(const Params&);
-cudaError_t launch_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_d64_block_m128_block_n128_warpgroups2_stages2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_d64_block_m128_block_n128_warpgroups2_stages2_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_d64_block_m128_block_n128_warpgroups2_stages2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_d64_block_m128_block_n128_warpgroups2_stages2_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a(const Params&, cudaStream_t);
@@ -36,14 +48,10 @@ cudaError_t launch_flash_attention_candidates_d128_block_m64_block_n64_warps4_st
 size_t workspace_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a(const Params&);
-cudaError_t launch_flash_attention_candidates_d128_block_m128_block_n32_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_candidates_d128_block_m128_block_n32_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a(const Params&);
-cudaError_t launch_flash_attention_candidates_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_candidates_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&, cudaStream_t);
@@ -54,14 +62,10 @@ cudaError_t launch_flash_attention_candidates_d128_block_m64_block_n64_warps4_st
 size_t workspace_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_candidates_d128_block_m128_block_n32_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_candidates_d128_block_m128_block_n32_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_candidates_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_candidates_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&);
 
 namespace {
 
@@ -74,51 +78,55 @@ bool covers_5(const AttentionKey& key) { return ((key.D == 96) && ((key.align % 
 bool covers_6(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 bool covers_7(const AttentionKey& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
 bool covers_8(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_9(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_10(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_11(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_9(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_10(const AttentionKey& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
+bool covers_11(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
 bool covers_12(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_13(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_14(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_15(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_16(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_17(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_18(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_19(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_13(const AttentionKey& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
+bool covers_14(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_15(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_16(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_17(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_18(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_19(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 bool covers_20(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_21(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_22(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_23(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_21(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_22(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_23(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
 bool covers_24(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 bool covers_25(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_26(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_27(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 
 const Entry kEntries[] = {
     {"flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_0, workspace_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
     {"flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_fp16_sm90a", launch_flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_fp16_sm90a, covers_1, workspace_flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_fp16_sm90a},
-    {"flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a", launch_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a, covers_2, workspace_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a},
+    {"flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_2, workspace_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
     {"flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_3, workspace_flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
     {"flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_4, workspace_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
     {"flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_bf16_sm90a", launch_flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_bf16_sm90a, covers_5, workspace_flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_bf16_sm90a},
-    {"flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a", launch_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a, covers_6, workspace_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a},
+    {"flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_6, workspace_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
     {"flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_7, workspace_flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
-    {"flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a", launch_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a, covers_8, workspace_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a},
-    {"flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_9, workspace_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
-    {"flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_10, workspace_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
-    {"flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a, covers_11, workspace_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a},
-    {"flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_12, workspace_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
-    {"flash_attention_candidates_d128_block_m128_block_n32_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n32_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_13, workspace_flash_attention_candidates_d128_block_m128_block_n32_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
-    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_14, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
-    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a, covers_15, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a},
-    {"flash_attention_candidates_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_16, workspace_flash_attention_candidates_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
-    {"flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a", launch_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a, covers_17, workspace_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a},
-    {"flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_18, workspace_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
-    {"flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_19, workspace_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
-    {"flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a, covers_20, workspace_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a},
-    {"flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_21, workspace_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
-    {"flash_attention_candidates_d128_block_m128_block_n32_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n32_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_22, workspace_flash_attention_candidates_d128_block_m128_block_n32_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
-    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_23, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
-    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a, covers_24, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a},
-    {"flash_attention_candidates_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_25, workspace_flash_attention_candidates_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
+    {"flash_attention_hopper_d64_block_m128_block_n128_warpgroups2_stages2_fp16_sm90a", launch_flash_attention_hopper_d64_block_m128_block_n128_warpgroups2_stages2_fp16_sm90a, covers_8, workspace_flash_attention_hopper_d64_block_m128_block_n128_warpgroups2_stages2_fp16_sm90a},
+    {"flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_fp16_sm90a", launch_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_fp16_sm90a, covers_9, workspace_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_fp16_sm90a},
+    {"flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_fp16_sm90a", launch_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_fp16_sm90a, covers_10, workspace_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_fp16_sm90a},
+    {"flash_attention_hopper_d64_block_m128_block_n128_warpgroups2_stages2_bf16_sm90a", launch_flash_attention_hopper_d64_block_m128_block_n128_warpgroups2_stages2_bf16_sm90a, covers_11, workspace_flash_attention_hopper_d64_block_m128_block_n128_warpgroups2_stages2_bf16_sm90a},
+    {"flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_bf16_sm90a", launch_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_bf16_sm90a, covers_12, workspace_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_bf16_sm90a},
+    {"flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_bf16_sm90a", launch_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_bf16_sm90a, covers_13, workspace_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_bf16_sm90a},
+    {"flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a", launch_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a, covers_14, workspace_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a},
+    {"flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_15, workspace_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
+    {"flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_16, workspace_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
+    {"flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a, covers_17, workspace_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a},
+    {"flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_18, workspace_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
+    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_19, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
+    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a, covers_20, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a},
+    {"flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a", launch_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a, covers_21, workspace_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a},
+    {"flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_22, workspace_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
+    {"flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_23, workspace_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
+    {"flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a, covers_24, workspace_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a},
+    {"flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_25, workspace_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
+    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_26, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
+    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a, covers_27, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a},
 };
 
 }  // namespace
@@ -135,18 +143,18 @@ const Entry* flash_attention_find(const char* name) {
 }
 
 const Entry* flash_attention_select(const AttentionKey& key) {
-  // specs/flash_attention.yaml:83: when True -> mma_sync
+  // specs/flash_attention.yaml:104: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a
       if (kEntries[1].covers(key)) return &kEntries[1];  // flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_fp16_sm90a
-      if (kEntries[2].covers(key)) return &kEntries[2];  // flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a
+      if (kEntries[2].covers(key)) return &kEntries[2];  // flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a
       if (kEntries[3].covers(key)) return &kEntries[3];  // flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
       if (kEntries[4].covers(key)) return &kEntries[4];  // flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a
       if (kEntries[5].covers(key)) return &kEntries[5];  // flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_bf16_sm90a
-      if (kEntries[6].covers(key)) return &kEntries[6];  // flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a
+      if (kEntries[6].covers(key)) return &kEntries[6];  // flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a
       if (kEntries[7].covers(key)) return &kEntries[7];  // flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a
     }
   }

@@ -7,13 +7,9 @@
 //   (XOR-swizzled rows of 256 elements)
 //   bank conflicts (ways, from the bank pass): ldmatrix 1, cp_async_fill 1, o_fragment_write 1
 // What is computed is described in params.cuh.
-#include <cmath>
 #include <cstdint>
 
-#include "../common/device.cuh"
-#include "../common/mma.cuh"
-#include "../common/softmax.cuh"
-#include "params.cuh"
+#include "forward_common.cuh"
 
 namespace attngen {
 namespace flash_attention {
@@ -34,48 +30,11 @@ constexpr int NT = BLOCK_N / 8;            // 8-column score tiles
 constexpr int DT = D / 8;                  // 8-column output tiles
 constexpr int KD = D / 16;                 // k-steps of q . k
 constexpr int KN = BLOCK_N / 16;           // k-steps of p . v
-constexpr int CHUNKS = D / 8;              // 16-byte chunks per row
-constexpr float LOG2E = 1.4426950408889634f;
 static_assert(MT * 16 * WARPS == BLOCK_M && BLOCK_N % 16 == 0 && D % 16 == 0, "tile shape");
 
 using QTile = mma::Tile<BLOCK_M, D, SWIZZLE>;
 using KVTile = mma::Tile<BLOCK_N, D, SWIZZLE>;
 constexpr int STAGE_ELEMS = 2 * KVTile::ELEMS;  // K tile, then V tile
-
-// Where a CTA's sequence lives: its first rows in the token axes and its lengths.
-struct Sequence {
-  int64_t q_row0, k_row0;
-  int lq, lk;
-};
-
-__device__ __forceinline__ Sequence sequence_of(const Params& p, int64_t b) {
-  if (p.cu_seqlens_q == nullptr) return {0, 0, static_cast<int>(p.Lq), static_cast<int>(p.Lk)};
-  const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
-  return {q0, k0, static_cast<int>(p.cu_seqlens_q[b + 1] - q0), static_cast<int>(p.cu_seqlens_k[b + 1] - k0)};
-}
-
-// Stage `rows` rows of D elements starting at `src` (row stride `ld`) into a tile; rows at or
-// past `valid` are zero-filled and never read from global memory.
-template <class Tile, int ROWS>
-__device__ __forceinline__ void load_rows(T* tile, const T* src, int64_t ld, int valid) {
-#pragma unroll
-  for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
-    const int row = i / CHUNKS, col = i % CHUNKS * 8;
-    const bool ok = row < valid;
-    cp_async_zfill<16>(tile + Tile::offset(row, col), src + (ok ? row * ld + col : 0), ok);
-  }
-}
-
-// The visible-key test of params.cuh for query row i and key row j.
-template <bool WINDOW>
-__device__ __forceinline__ bool visible(int i, int j, int lk, int shift, int left, int right) {
-  if (j >= lk) return false;
-  if constexpr (WINDOW) {
-    if (right >= 0 && j > i + shift + right) return false;
-    if (left >= 0 && j < i + shift - left) return false;
-  }
-  return true;
-}
 
 // Grid: (query block, reversed so the longest causal rows start first; query head; batch).
 // WINDOW: a causal mask or window is set; EXTRAS: a soft cap or ALiBi transforms the scores.
@@ -90,16 +49,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
   const int m0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * BLOCK_M;
   if (m0 >= seq.lq) return;
   const int64_t kv_head = h / (p.Hq / p.Hkv);
-  const int shift = seq.lk - seq.lq;
-  const int left = WINDOW ? p.window_left : -1, right = WINDOW ? p.window_right : -1;
-  const int m_last = min(m0 + BLOCK_M, seq.lq) - 1;
-
-  // The keys any row of this block sees: [n_lo, n_hi).
-  int n_lo = 0, n_hi = seq.lk;
-  if (WINDOW && left >= 0) n_lo = max(0, m0 + shift - left);
-  if (WINDOW && right >= 0) n_hi = min(seq.lk, m_last + shift + right + 1);
-  const int tile0 = n_lo / BLOCK_N;
-  const int tiles = n_hi > n_lo ? (n_hi + BLOCK_N - 1) / BLOCK_N - tile0 : 0;
+  const Block<BLOCK_M, BLOCK_N, WINDOW> block(p, seq, m0);
+  const int tile0 = block.tile0, tiles = block.tiles;
 
   const T* q = static_cast<const T*>(p.q) + b * p.q_sb + (seq.q_row0 + m0) * p.q_sl + h * p.q_sh;
   const T* k = static_cast<const T*>(p.k) + b * p.k_sb + seq.k_row0 * p.k_sl + kv_head * p.k_sh;
@@ -107,12 +58,12 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
   auto issue_tile = [&](int it) {
     T* stage = ring + it % STAGES * STAGE_ELEMS;
     const int n0 = (tile0 + it) * BLOCK_N;
-    load_rows<KVTile, BLOCK_N>(stage, k + n0 * p.k_sl, p.k_sl, seq.lk - n0);
-    load_rows<KVTile, BLOCK_N>(stage + KVTile::ELEMS, v + n0 * p.v_sl, p.v_sl, seq.lk - n0);
+    load_rows<KVTile, BLOCK_N, D, THREADS>(stage, k + n0 * p.k_sl, p.k_sl, seq.lk - n0);
+    load_rows<KVTile, BLOCK_N, D, THREADS>(stage + KVTile::ELEMS, v + n0 * p.v_sl, p.v_sl, seq.lk - n0);
   };
 
   // The Q block joins the first group of the ring.
-  load_rows<QTile, BLOCK_M>(q_tile, q, p.q_sl, seq.lq - m0);
+  load_rows<QTile, BLOCK_M, D, THREADS>(q_tile, q, p.q_sl, seq.lq - m0);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < tiles) issue_tile(s);
@@ -193,54 +144,18 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
 
     // Score transforms, then the mask where this tile has invisible keys (tiles wholly inside
     // every row's window skip the per-element test).
-    const bool partial = n0 + BLOCK_N > seq.lk ||
-                         (WINDOW && right >= 0 && n0 + BLOCK_N - 1 > m0 + shift + right) ||
-                         (WINDOW && left >= 0 && n0 < m_last + shift - left);
-    if (EXTRAS || partial) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = m0 + row0 + mt * 16 + lane / 4 + (e >= 2 ? 8 : 0);
-            const int j = n0 + nt * 8 + lane % 4 * 2 + (e & 1);
-            float x = s[mt][nt][e];
-            if constexpr (EXTRAS) {
-              x *= p.scale;
-              if (p.soft_cap > 0.f) x = p.soft_cap * tanhf(x / p.soft_cap);
-              x -= slope * fabsf(static_cast<float>(i + shift - j));
-            }
-            s[mt][nt][e] = partial && !visible<WINDOW>(i, j, seq.lk, shift, left, right) ? -INFINITY : x;
-          }
-        }
-      }
-    }
+    transform_scores<MT, NT, EXTRAS>(s, p, block, row0, n0, seq.lk, block.partial(n0, seq.lk), slope, lane);
 
     float rescale[2 * MT];
     softmax::online_step<MT, NT>(s, row_max, row_sum, rescale, log2_scale);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        acc[mt][dt][0] *= rescale[2 * mt];
-        acc[mt][dt][1] *= rescale[2 * mt];
-        acc[mt][dt][2] *= rescale[2 * mt + 1];
-        acc[mt][dt][3] *= rescale[2 * mt + 1];
-      }
-    }
+    rescale_rows<MT, DT>(acc, rescale);
 
     // O += P V: the weights' C fragments, narrowed, are the A operand (mma.cuh).
 #pragma unroll
     for (int kn = 0; kn < KN; ++kn) {
       uint32_t pa[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        pa[mt][0] = mma::pack2<T>(s[mt][2 * kn][0], s[mt][2 * kn][1]);
-        pa[mt][1] = mma::pack2<T>(s[mt][2 * kn][2], s[mt][2 * kn][3]);
-        pa[mt][2] = mma::pack2<T>(s[mt][2 * kn + 1][0], s[mt][2 * kn + 1][1]);
-        pa[mt][3] = mma::pack2<T>(s[mt][2 * kn + 1][2], s[mt][2 * kn + 1][3]);
-      }
+      for (int mt = 0; mt < MT; ++mt) weights_as_a<T>(pa[mt], s, mt, kn);
 #pragma unroll
       for (int j = 0; j < DT / 2; ++j) {
         uint32_t vb[4];
@@ -258,48 +173,16 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
 
   // Epilogue: normalize, write the log-sum-exp, stage this warp's output rows in its own rows of
   // the Q tile (only this warp read them), then store them as 16-byte rows.
-  float inv[2 * MT], lse[2 * MT];
-  softmax::finish<MT>(row_max, row_sum, inv, lse, log2_scale);
-  float* lse_out = p.lse + b * p.lse_sb + h * p.lse_sh + seq.q_row0 + m0;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = row0 + mt * 16 + lane / 4 + hh * 8;
-      const float scale_row = inv[2 * mt + hh];
-      if (lane % 4 == 0 && m0 + row < seq.lq) lse_out[row] = lse[2 * mt + hh];
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        const int col = dt * 8 + lane % 4 * 2;
-        *reinterpret_cast<uint32_t*>(q_tile + QTile::offset(row, col)) =
-            mma::pack2<T>(acc[mt][dt][2 * hh] * scale_row, acc[mt][dt][2 * hh + 1] * scale_row);
-      }
-    }
-  }
-  __syncwarp();
-  T* out = static_cast<T*>(p.out) + b * p.o_sb + (seq.q_row0 + m0) * p.o_sl + h * p.o_sh;
-#pragma unroll
-  for (int i = lane; i < MT * 16 * CHUNKS; i += 32) {
-    const int row = row0 + i / CHUNKS, col = i % CHUNKS * 8;
-    if (m0 + row < seq.lq) {
-      *reinterpret_cast<uint4*>(out + row * p.o_sl + col) = *reinterpret_cast<const uint4*>(q_tile + QTile::offset(row, col));
-    }
-  }
+  store_rows<QTile, T, MT, DT>(p, seq, b, h, m0, row0, acc, row_max, row_sum, log2_scale, q_tile, lane);
 }
 
 template <bool WINDOW, bool EXTRAS>
 cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
   constexpr size_t smem = 131072;
   static_assert(smem == QTile::BYTES + STAGES * 2 * KVTile::BYTES, "lowering and template agree on shared memory");
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(forward_kernel<WINDOW, EXTRAS>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-  }
   const dim3 grid(static_cast<unsigned>((p.Lq + BLOCK_M - 1) / BLOCK_M), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(p.B));
-  forward_kernel<WINDOW, EXTRAS><<<grid, THREADS, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(forward_kernel<WINDOW, EXTRAS>, p, grid, THREADS, smem, stream);
 }
 
 }  // namespace
