@@ -36,7 +36,8 @@ FORWARD_WGMMA = "flash_attention/forward_wgmma.cu.j2"
 TEMPLATE_PARAMS = {
     FORWARD: {"d": "int", "block_m": "int", "block_n": "int", "warps": "int", "stages": "int",
               "swizzle": "int0", "qregs": "int0", "minb": "int"},
-    FORWARD_WGMMA: {"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int"},
+    FORWARD_WGMMA: {"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int",
+                    "overlap": "int0"},
 }
 SUPPORT_FILES = {
     "flash_attention/params.cuh.j2": "flash_attention/params.cuh",
@@ -154,7 +155,8 @@ def atoms_bank_accesses(d: int, rows: int) -> list:
 
 def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
-    d, block_m, block_n, warpgroups, stages = (p[k] for k in ("d", "block_m", "block_n", "warpgroups", "stages"))
+    d, block_m, block_n, warpgroups, stages, overlap = (
+        p[k] for k in ("d", "block_m", "block_n", "warpgroups", "stages", "overlap"))
     if not arch.name.endswith("a"):
         raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
     if inst.dtype_bytes != 2:
@@ -168,12 +170,16 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if block_n % 16 or block_n not in WGMMA_N:
         raise Rejected("block_n", f"block_n={block_n} is not a wgmma N of wgmma.cuh "
                                   f"({', '.join(map(str, WGMMA_N))}) and a multiple of 16")
-    if stages < 2:
-        raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
+    if overlap not in (0, 1):
+        raise Rejected("overlap", f"overlap={overlap}: 0 or 1 (next tile's scores during the softmax)")
+    if stages < 2 + overlap:
+        raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least {2 + overlap}"
+                                 f"{' when the next tile is read during the softmax' if overlap else ''}")
     threads = warpgroups * 128
-    regs = block_n // 2 + d // 2 + REG_OVERHEAD
+    scores = block_n // 2 * (1 + overlap)       # the packed weights reuse the scores' registers
+    regs = scores + d // 2 + REG_OVERHEAD
     if regs > MAX_REGS:
-        raise Rejected("block_n", f"about {regs} registers per thread (scores {block_n // 2}, output {d // 2}) "
+        raise Rejected("block_n", f"about {regs} registers per thread (scores {scores}, output {d // 2}) "
                                   f"exceed {MAX_REGS}")
     if regs * threads > arch.regs_per_sm:
         raise Rejected("warpgroups", f"{warpgroups} warpgroups at about {regs} registers exceed the "
