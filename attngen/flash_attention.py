@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 import torch
 
 from . import _ext
+from ._checks import check_tensor
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 _registered = False
@@ -53,12 +54,7 @@ def _fail(msg: str):
 
 
 def _check_tensor(name: str, t, q: Optional[torch.Tensor]) -> None:
-    if not isinstance(t, torch.Tensor):
-        _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type not in ("cuda", "meta"):
-        _fail(f"{name} must be a CUDA tensor, got device {t.device}")
-    if q is not None and t.device != q.device:
-        _fail(f"{name} is on {t.device} but q is on {q.device}")
+    check_tensor("flash_attention", name, t, q)
 
 
 def _check_qkv(q, k, v, rank: int, layout: str) -> None:

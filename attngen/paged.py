@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from . import _ext
+from ._checks import check_tensor
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 LAYOUTS = ("NHD", "HND")
@@ -41,12 +42,7 @@ def _fail(msg: str):
 
 
 def _check_tensor(name: str, t, q: Optional[torch.Tensor]) -> None:
-    if not isinstance(t, torch.Tensor):
-        _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type not in ("cuda", "meta"):
-        _fail(f"{name} must be a CUDA tensor, got device {t.device}")
-    if q is not None and t.device != q.device:
-        _fail(f"{name} is on {t.device} but q is on {q.device}")
+    check_tensor("paged_decode", name, t, q)
 
 
 def cache_view(k_cache: torch.Tensor, kv_layout: str, name: str = "k_cache") -> torch.Tensor:

@@ -1,14 +1,16 @@
 """FlashAttention forward (seed 004): lowering of the tensor-core softmax attention kernels.
 
-`mma_sync` is the FlashAttention-2 algorithm: a CTA owns `block_m` query rows of one (batch,
-head); its `warps` warps own `block_m / warps` rows each (whole 16-row m-tiles of the
-m16n8k16 MMA) and walk the visible keys in tiles of `block_n` rows that a `stages`-deep
-cp.async ring brings into shared memory. Per tile a warp computes S = Q K^T on tensor cores,
-updates its rows' running max and sum in registers (the online softmax, no shared memory),
-narrows the weights into A fragments and adds P V to its fp32 output rows.
+`hopper` (forward_wgmma.cu.j2): each warpgroup of 128 threads owns 64 query rows of one
+(batch, head); S = Q K^T is a wgmma with both operands in shared memory, stored as
+128-byte-swizzled atoms (wgmma.cuh), and O += P V a wgmma with the weights in registers and V
+read transposed. `mma_sync` (forward.cu.j2) is the FlashAttention-2 algorithm: a CTA owns
+`block_m` query rows; its `warps` warps own `block_m / warps` rows each (whole 16-row m-tiles
+of the m16n8k16 MMA). Both walk the visible keys in tiles of `block_n` rows that a
+`stages`-deep cp.async ring brings into shared memory, and keep the online softmax in
+registers (forward_common.cuh, softmax.cuh).
 
-The shared tiles are rows of D 16-bit elements, either padded by one 16-byte chunk or
-XOR-swizzled (`swizzle`); the bank model below checks the three warp accesses they see.
+The mma_sync tiles are rows of D 16-bit elements, either padded by one 16-byte chunk or
+XOR-swizzled (`swizzle`); the bank model below checks the warp accesses they see.
 """
 from __future__ import annotations
 
