@@ -39,7 +39,7 @@ TEMPLATE_PARAMS = {
     FORWARD: {"d": "int", "block_m": "int", "block_n": "int", "warps": "int", "stages": "int",
               "swizzle": "int0", "qregs": "int0", "minb": "int"},
     FORWARD_WGMMA: {"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int",
-                    "overlap": "int0"},
+                    "overlap": "int0", "minb": "int"},
 }
 SUPPORT_FILES = {
     "flash_attention/params.cuh.j2": "flash_attention/params.cuh",
@@ -52,6 +52,7 @@ KEY_STRUCT = "AttentionKey"
 # what addressing, the softmax state and the operands in flight take (ptxas has the last
 # word; the compile tier checks its report for spills).
 REG_OVERHEAD = 56
+WGMMA_REG_OVERHEAD = 40   # the wgmma kernel reads no operand fragments into registers but P
 MAX_REGS = 255
 SMEM_PER_SM = 228 * 1024          # sm_90, of which 1 KB is reserved per resident CTA
 CHUNK = 16                        # bytes: one cp.async / one ldmatrix row
@@ -157,8 +158,8 @@ def atoms_bank_accesses(d: int, rows: int) -> list:
 
 def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
-    d, block_m, block_n, warpgroups, stages, overlap = (
-        p[k] for k in ("d", "block_m", "block_n", "warpgroups", "stages", "overlap"))
+    d, block_m, block_n, warpgroups, stages, overlap, minb = (
+        p[k] for k in ("d", "block_m", "block_n", "warpgroups", "stages", "overlap", "minb"))
     if not arch.name.endswith("a"):
         raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
     if inst.dtype_bytes != 2:
@@ -179,14 +180,16 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
                                  f"{' when the next tile is read during the softmax' if overlap else ''}")
     threads = warpgroups * 128
     scores = block_n // 2 * (1 + overlap)       # the packed weights reuse the scores' registers
-    regs = scores + d // 2 + REG_OVERHEAD
+    regs = scores + d // 2 + WGMMA_REG_OVERHEAD
     if regs > MAX_REGS:
         raise Rejected("block_n", f"about {regs} registers per thread (scores {scores}, output {d // 2}) "
                                   f"exceed {MAX_REGS}")
-    if regs * threads > arch.regs_per_sm:
-        raise Rejected("warpgroups", f"{warpgroups} warpgroups at about {regs} registers exceed the "
-                                     f"{arch.regs_per_sm} registers of an SM")
+    if regs * threads * minb > arch.regs_per_sm:
+        raise Rejected("minb", f"minb={minb} CTAs of {warpgroups} warpgroups at about {regs} registers exceed "
+                               f"the {arch.regs_per_sm} registers of an SM")
     smem = (block_m + stages * 2 * block_n) * d * 2 + 1024   # + 1 KB to align the atoms
+    if smem <= arch.max_smem_per_block and minb * (smem + 1024) > SMEM_PER_SM:
+        raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {SMEM_PER_SM}")
     ways = banks.conflict_ways(atoms_bank_accesses(d, block_m), 0)
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank_ways": ways,
