@@ -5,7 +5,7 @@ FILTER ?= *
 JOBS ?=
 
 SHELL := /bin/bash
-.PHONY: help setup gen build tune test gpu-test gpu-check bench list clean
+.PHONY: help setup gen build tune test gpu-test gpu-check bench report list clean
 
 help:
 	@echo "setup      install what a fresh machine lacks (torch if missing, jinja2, pyyaml, ninja, pytest)"
@@ -16,6 +16,7 @@ help:
 	@echo "gpu-check  on the GPU machine: build, gpu tests, sanitizers, quick bench; logs under \$$OUT"
 	@echo "bench      side-by-side benchmarks, results under bench/results/<gpu>/"
 	@echo "tune       autotune SPEC's grids on the GPU (SPEC=specs/x.yaml), write tuned/<arch>/, then make gen"
+	@echo "report     static resource report of the built cubins: registers, spills, occupancy, bank ways (no GPU)"
 	@echo "list       instances a build would contain (FILTER=glob)"
 	@echo "clean      remove build/"
 
@@ -43,6 +44,9 @@ bench:
 
 tune:
 	$(PYTHON) -m codegen tune $(or $(SPEC),specs/causal_linear.yaml) $(if $(JOBS),-j $(JOBS))
+
+report:
+	$(PYTHON) -m codegen report
 
 list:
 	@$(PYTHON) -m codegen list --filter '$(FILTER)' $(SPEC)

@@ -36,6 +36,11 @@ want rwkv_bench && step rwkv_bench python3 -m bench.rwkv ${BENCH_ARGS:-} --out "
 want paged_sweep && step paged_sweep python3 -m bench.sweep_paged --out "$OUT/r"
 want paged_bench && step paged_bench python3 -m bench.paged ${BENCH_ARGS:-} --out "$OUT/r"
 want flash_bench && step flash_bench python3 -m bench.flash_attention ${BENCH_ARGS:-} --out "$OUT/r"
+if want bank_check; then  # the bank model against ncu's shared-memory counters (bench/bank_check.py)
+  step bank_ncu ncu --csv --print-kernel-base mangled --log-file "$OUT/r/ncu_banks.csv" \
+    --metrics "$(python3 -m bench.bank_check --metrics)" python3 -m bench.bank_check --launch
+  step bank_check python3 -m bench.bank_check --summarize "$OUT/r/ncu_banks.csv" --out "$OUT/r"
+fi
 want tune_compare && step tune_compare python3 -m bench.tune_compare --out "$OUT/r"
 if want retune; then
   cp bench/results/h100/tune_causal_linear.json "$OUT/r/tune_first.json"
@@ -46,10 +51,10 @@ if want retune; then
   cp tuned/sm_90a/causal_linear.yaml "$OUT/r/tuned_second.yaml"
 fi
 tar -czf "$OUT/all.tgz" -C "$OUT/r" .
-cp "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/sweep_paged.md" "$OUT/r/flash_attention.md" "$OUT/" 2>/dev/null
+cp "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/sweep_paged.md" "$OUT/r/flash_attention.md" "$OUT/r/bank_check.md" "$OUT/" 2>/dev/null
 echo
 echo "| step | rc | seconds |"
 echo "|---|---|---|"
 for s in "${status[@]}"; do IFS='|' read -r n rc sec <<< "$s"; echo "| $n | $rc | $sec |"; done
-cat "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/sweep_paged.md" "$OUT/r/flash_attention.md" 2>/dev/null
+cat "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/sweep_paged.md" "$OUT/r/flash_attention.md" "$OUT/r/bank_check.md" 2>/dev/null
 if [ -f "$OUT/r/retune_check.log" ]; then cat "$OUT/r/retune_check.log"; fi

@@ -6,6 +6,7 @@
                                                 render, dispatch)
   python -m codegen build [--target T] [-j N]   ninja build (extension, or cubins without CUDA torch)
   python -m codegen tune  SPEC [--out DIR]      autotune SPEC's grids on the GPU -> tuned/<arch>/
+  python -m codegen report [--out DIR]          static resource report of the built cubins (no GPU)
 
 A bad spec exits with status 2 and a message naming file:line and the field.
 """
@@ -100,6 +101,15 @@ def _cmd_build(args) -> int:
     return build(args.target, args.jobs)
 
 
+def _cmd_report(args) -> int:
+    from pathlib import Path
+
+    from .report import write
+    path = write(pipeline.ROOT, Path(args.out) if args.out else pipeline.ROOT / "bench" / "results" / "h100")
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m codegen", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -125,6 +135,9 @@ def main(argv=None) -> int:
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.add_argument("--out", default=None, help="report directory (default bench/results/<gpu>)")
     p.set_defaults(func=_cmd_tune)
+    p = sub.add_parser("report")
+    p.add_argument("--out", default=None, help="directory of report.md/.json (default bench/results/h100)")
+    p.set_defaults(func=_cmd_report)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

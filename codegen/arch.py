@@ -12,6 +12,10 @@ class Arch:
     max_smem_per_block: int   # bytes, opt-in dynamic limit
     default_smem_per_block: int  # bytes a kernel gets without cudaFuncSetAttribute
     regs_per_sm: int
+    smem_per_sm: int = 228 * 1024     # bytes shared by the resident CTAs, each also reserving...
+    smem_reserved_per_cta: int = 1024  # ...this much (CUDA programming guide, CC 8.0 and 9.0)
+    max_threads_per_sm: int = 2048
+    max_ctas_per_sm: int = 32
 
     @property
     def short(self) -> str:
@@ -25,7 +29,7 @@ ARCHES = {
     "sm_90": Arch("sm_90", "-gencode=arch=compute_90,code=sm_90", 1024, 227 * 1024,
                   48 * 1024, 65536),
     "sm_80": Arch("sm_80", "-gencode=arch=compute_80,code=sm_80", 1024, 163 * 1024,
-                  48 * 1024, 65536),
+                  48 * 1024, 65536, smem_per_sm=164 * 1024),
 }
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}

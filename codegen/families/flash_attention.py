@@ -54,7 +54,6 @@ KEY_STRUCT = "AttentionKey"
 REG_OVERHEAD = 56
 WGMMA_REG_OVERHEAD = 40   # the wgmma kernel reads no operand fragments into registers but P
 MAX_REGS = 255
-SMEM_PER_SM = 228 * 1024          # sm_90, of which 1 KB is reserved per resident CTA
 CHUNK = 16                        # bytes: one cp.async / one ldmatrix row
 
 
@@ -128,8 +127,8 @@ def _lower_mma_sync(inst: KernelInstance, arch: Arch) -> KernelInstance:
                                f"{arch.regs_per_sm} registers of an SM")
     row = pitch(d, swizzle) * 2
     smem = (block_m + stages * 2 * block_n) * row
-    if smem <= arch.max_smem_per_block and minb * (smem + 1024) > SMEM_PER_SM:  # (else: the arch check says it)
-        raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {SMEM_PER_SM}")
+    if smem <= arch.max_smem_per_block and minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
+        raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {arch.smem_per_sm}")
     ways = banks.conflict_ways(bank_accesses(d, swizzle, threads), 0)
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "mt": mt, "pitch": pitch(d, swizzle), "regs_estimate": regs,
@@ -188,8 +187,8 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("minb", f"minb={minb} CTAs of {warpgroups} warpgroups at about {regs} registers exceed "
                                f"the {arch.regs_per_sm} registers of an SM")
     smem = (block_m + stages * 2 * block_n) * d * 2 + 1024   # + 1 KB to align the atoms
-    if smem <= arch.max_smem_per_block and minb * (smem + 1024) > SMEM_PER_SM:
-        raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {SMEM_PER_SM}")
+    if smem <= arch.max_smem_per_block and minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
+        raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {arch.smem_per_sm}")
     ways = banks.conflict_ways(atoms_bank_accesses(d, block_m), 0)
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank_ways": ways,

@@ -58,3 +58,15 @@ def test_host_dispatch_compiles(tmp_path):
     proc = subprocess.run(["c++", "-std=c++17", "-fsyntax-only", f"-I{cuda_home()}/include", str(src)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_report_covers_every_instance(cubins, tmp_path):
+    """make report: one row per instance, each with ptxas' registers and a theoretical occupancy."""
+    from codegen import report
+    path = report.write(ROOT, tmp_path)
+    rows = json.loads((tmp_path / "report.json").read_text())
+    manifest = json.loads((ROOT / "generated" / "manifest.json").read_text())
+    assert [r["name"] for r in rows] == [m["name"] for m in manifest]
+    missing = [r["name"] for r in rows if not r["built"] or r["registers"] == 0 or r["ctas_per_sm"] < 1]
+    assert not missing, missing[:5]
+    assert path.read_text().count("\n| `") == len(rows)

@@ -1,0 +1,117 @@
+"""The static resource report (`make report`, no GPU): for every instance of the build, what ptxas
+reported when its cubin was compiled (registers, spills, stack), the threads and shared memory
+the lowering chose, the theoretical occupancy those allow on the arch, and the bank model's
+ways (wavefronts per request over the conflict-free ideal) for each shared-memory access the
+family declares.
+
+  python -m codegen report [--out DIR]     after `make build` (the cubin logs are its input)
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .arch import ARCHES, Arch
+
+REG_UNIT = 8            # registers per thread are allocated in steps of 8...
+WARP_REG_UNIT = 256     # ...and per warp in steps of 256 (CUDA occupancy calculator, CC 9.0)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """ptxas' report for one translation unit: the worst over its kernels."""
+    kernels: int
+    registers: int
+    spill_bytes: int       # stores + loads
+    stack_bytes: int
+
+
+def parse_ptxas_log(text: str) -> Resources:
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", text)]
+    spills = [int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)]
+    stacks = [int(x) for x in re.findall(r"(\d+) bytes stack frame", text)]
+    return Resources(len(regs), max(regs, default=0), max(spills, default=0), max(stacks, default=0))
+
+
+def occupancy(registers: int, threads: int, smem_bytes: int, arch: Arch) -> dict:
+    """Resident CTAs and warps per SM that registers, shared memory and threads allow, and which
+    of them binds."""
+    warps = -(-threads // 32)
+    regs_per_warp = -(-(-(-registers // REG_UNIT) * REG_UNIT * 32) // WARP_REG_UNIT) * WARP_REG_UNIT
+    limits = {
+        "registers": arch.regs_per_sm // (regs_per_warp * warps) if registers else arch.max_ctas_per_sm,
+        "shared memory": arch.smem_per_sm // (smem_bytes + arch.smem_reserved_per_cta),
+        "threads": arch.max_threads_per_sm // threads,
+        "CTA slots": arch.max_ctas_per_sm,
+    }
+    limiter = min(limits, key=limits.get)
+    ctas = limits[limiter]
+    return {"ctas_per_sm": ctas, "warps_per_sm": ctas * warps,
+            "occupancy": ctas * warps * 32 / arch.max_threads_per_sm, "limiter": limiter}
+
+
+def rows(manifest: list, cubin_dir: Path) -> list:
+    out = []
+    for inst in manifest:
+        log = cubin_dir / f"{inst['file'][:-3]}.cubin.log"
+        res = parse_ptxas_log(log.read_text()) if log.is_file() else None
+        d = inst["derived"]
+        arch = next(a for a in ARCHES.values() if inst["name"].endswith("_" + a.short))
+        row = {"name": inst["name"], "family": inst["family"], "kind": inst["kind"], "threads": d["threads"],
+               "smem_bytes": d["smem_bytes"], "bank_ways": d.get("bank_ways", {}), "built": res is not None}
+        if res is not None:
+            row.update({"kernels": res.kernels, "registers": res.registers, "spill_bytes": res.spill_bytes,
+                        "stack_bytes": res.stack_bytes, **occupancy(res.registers, d["threads"], d["smem_bytes"], arch)})
+        out.append(row)
+    return out
+
+
+def _ways(ways: dict) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in ways.items()) or "-"
+
+
+def markdown(table: list) -> str:
+    families = sorted({r["family"] for r in table})
+    built = [r for r in table if r["built"]]
+    lines = ["# Static resource report", "",
+             "Written by `make report` (`python -m codegen report`) from `generated/manifest.json` and the ptxas "
+             "logs of `make build` (`build/cubin/**/*.cubin.log`); no GPU involved. Registers and spills are "
+             "the worst over the kernels of a TU (causal/window and score-transform variants count as kernels); "
+             "occupancy is theoretical (registers, shared memory, threads and CTA slots of the arch); bank ways "
+             "are the model's wavefronts per request over the conflict-free ideal for each shared-memory access "
+             "the family declares (`codegen/passes/banks.py`), at the layout the instance uses.", "",
+             f"{len(table)} instances, {len(built)} with a ptxas log, "
+             f"{sum(1 for r in built if r['spill_bytes'])} with spills.", "",
+             "| family | instances | registers | occupancy (warps/SM) | bound by |", "|---|---|---|---|---|"]
+    for fam in families:
+        rs = [r for r in built if r["family"] == fam]
+        if not rs:
+            continue
+        limiters = sorted({r["limiter"] for r in rs})
+        lines.append(f"| {fam} | {len(rs)} | {min(r['registers'] for r in rs)}-{max(r['registers'] for r in rs)} | "
+                     f"{min(r['warps_per_sm'] for r in rs)}-{max(r['warps_per_sm'] for r in rs)} | {', '.join(limiters)} |")
+    for fam in families:
+        lines += ["", f"## {fam}", "",
+                  "| instance | threads | regs | spills | smem KB | CTAs/SM | warps/SM | bound by | bank ways |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in (r for r in table if r["family"] == fam):
+            if not r["built"]:
+                lines.append(f"| `{r['name']}` | {r['threads']} | (no ptxas log: run make build) | | "
+                             f"{r['smem_bytes'] / 1024:.1f} | | | | {_ways(r['bank_ways'])} |")
+                continue
+            lines.append(f"| `{r['name']}` | {r['threads']} | {r['registers']} | {r['spill_bytes']} | "
+                         f"{r['smem_bytes'] / 1024:.1f} | {r['ctas_per_sm']} | {r['warps_per_sm']} | {r['limiter']} | "
+                         f"{_ways(r['bank_ways'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(root: Path, out_dir: Path) -> Path:
+    manifest = json.loads((root / "generated" / "manifest.json").read_text())
+    table = rows(manifest, root / "build" / "cubin")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(json.dumps(table, indent=1) + "\n")
+    path = out_dir / "report.md"
+    path.write_text(markdown(table))
+    return path

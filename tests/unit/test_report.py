@@ -1,0 +1,38 @@
+"""Unit tier: the static resource report reads ptxas' logs and computes occupancy as the CUDA
+occupancy calculator does (register allocation in steps of 8 per thread, 256 per warp)."""
+from codegen.arch import ARCHES
+from codegen.report import markdown, occupancy, parse_ptxas_log
+
+LOG = """ptxas info    : Compiling entry function 'a' for 'sm_90a'
+    24 bytes stack frame, 24 bytes spill stores, 72 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 24 bytes cumulative stack size
+ptxas info    : Compiling entry function 'b' for 'sm_90a'
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 186 registers, used 1 barriers
+"""
+
+
+def test_ptxas_log_gives_the_worst_kernel():
+    res = parse_ptxas_log(LOG)
+    assert (res.kernels, res.registers, res.spill_bytes, res.stack_bytes) == (2, 255, 96, 24)
+
+
+def test_occupancy_matches_the_calculator():
+    h100 = ARCHES["sm_90a"]
+    # 4 warps at 255 registers (256 per thread): 8192 per warp, two CTAs; 96 KB of shared memory
+    # also allows two (228 KB, 1 KB reserved per CTA).
+    assert occupancy(255, 128, 96 * 1024, h100) == {"ctas_per_sm": 2, "warps_per_sm": 8, "occupancy": 0.125,
+                                                     "limiter": "registers"}
+    # 107 registers round up to 112: 3584 per warp, 18 one-warp CTAs.
+    assert occupancy(107, 32, 8 * 1024, h100)["ctas_per_sm"] == 18
+    # Shared memory binds: 160 KB leaves room for one.
+    got = occupancy(64, 256, 160 * 1024, h100)
+    assert got["ctas_per_sm"] == 1 and got["limiter"] == "shared memory"
+    # Threads bind: 1024-thread CTAs of few registers, two per SM.
+    assert occupancy(32, 1024, 0, h100)["ctas_per_sm"] == 2
+
+
+def test_markdown_says_what_is_not_built():
+    rows = [{"name": "x_sm90a", "family": "f", "kind": "k", "threads": 128, "smem_bytes": 2048, "bank_ways": {},
+             "built": False}]
+    assert "no ptxas log" in markdown(rows)
