@@ -103,8 +103,9 @@ def markdown(rows: list, meta: dict) -> str:
              f"{meta.get('commit', '?')})", "",
              "One small launch per kernel kind (the first instance of the kind in the manifest, 16-bit where it has one); "
              "ncu counts summed over the instance's kernels. `conflicts` are extra wavefronts ncu attributes to bank "
-             "conflicts, as a share of all wavefronts of the op. ldmatrix and wgmma operand reads are not LSU ld ops "
-             "and do not appear in these counters.", "",
+             "conflicts, as a share of all wavefronts of the op. ldmatrix reads count as ld; wgmma reads its "
+             "operands without the LSU and cp.async fills are not ld/st ops, so neither appears. The model's ways "
+             "cover only the accesses a family declares.", "",
              "| instance | kernels | ld wavefronts | ld conflicts | st wavefronts | st conflicts | model ways |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

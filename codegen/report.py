@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,10 +73,12 @@ def _ways(ways: dict) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in ways.items()) or "-"
 
 
-def markdown(table: list) -> str:
+def markdown(table: list, meta: dict | None = None) -> str:
     families = sorted({r["family"] for r in table})
     built = [r for r in table if r["built"]]
-    lines = ["# Static resource report", "",
+    meta = meta or {}
+    source = ", ".join(f"{k} {v}" for k, v in meta.items())
+    lines = [f"# Static resource report{f' ({source})' if source else ''}", "",
              "Written by `make report` (`python -m codegen report`) from `generated/manifest.json` and the ptxas "
              "logs of `make build` (`build/cubin/**/*.cubin.log`); no GPU involved. Registers and spills are "
              "the worst over the kernels of a TU (causal/window and score-transform variants count as kernels); "
@@ -107,11 +110,24 @@ def markdown(table: list) -> str:
     return "\n".join(lines) + "\n"
 
 
+def toolchain(root: Path) -> dict:
+    """The tree and compiler the cubins come from (the report's header)."""
+    from .build import cuda_home
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                            text=True).stdout.strip()
+    try:
+        nvcc = subprocess.run([f"{cuda_home()}/bin/nvcc", "--version"], capture_output=True, text=True).stdout
+        release = re.search(r"release ([\d.]+)", nvcc)
+    except OSError:
+        release = None
+    return {"tree": commit or "unknown", "nvcc": release.group(1) if release else "unknown"}
+
+
 def write(root: Path, out_dir: Path) -> Path:
     manifest = json.loads((root / "generated" / "manifest.json").read_text())
     table = rows(manifest, root / "build" / "cubin")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps(table, indent=1) + "\n")
     path = out_dir / "report.md"
-    path.write_text(markdown(table))
+    path.write_text(markdown(table, toolchain(root)))
     return path
