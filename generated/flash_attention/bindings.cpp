@@ -118,6 +118,10 @@ void check_all(const Inputs& in) {
   if (!(in.scale > 0.0) || !std::isfinite(in.scale)) fail_value(op + "scale must be finite and > 0, got " + std::to_string(in.scale));
   if (!(in.soft_cap >= 0.0) || !std::isfinite(in.soft_cap)) fail_value(op + "soft_cap must be >= 0 (0: none)");
   if (in.window_left < -1 || in.window_right < -1) fail_value(op + "window sizes must be >= 0, or -1 for unbounded");
+  const int64_t batch = in.packed() ? in.cu_q->size(0) - 1 : q.size(0);
+  if (batch > 65535 || Hq > 65535) {  // the grid's y (heads) and z (sequences) extents
+    fail_value(op + "B=" + str(batch) + " sequences and Hq=" + str(Hq) + " heads must each be at most 65535 per call");
+  }
   const int64_t rows = std::max({q.size(in.rows_dim()), in.k.size(in.rows_dim()), in.max_q, in.max_k});
   if (rows > 2147483647LL / 2) fail_value(op + "sequences of " + str(rows) + " rows exceed the kernels' 32-bit row indices");
 }

@@ -50,11 +50,12 @@ def test_every_instance_compiles_without_spills(cubins):
     assert not problems, "\n".join(problems)
 
 
-def test_host_dispatch_compiles(tmp_path):
+@pytest.mark.parametrize("family", ["causal_linear", "rwkv", "paged", "flash_attention"])
+def test_host_dispatch_compiles(family):
     if shutil.which("c++") is None:
         pytest.skip("no host C++ compiler")
     from codegen.build import cuda_home
-    src = ROOT / "generated" / "causal_linear" / "dispatch.cpp"
+    src = ROOT / "generated" / family / "dispatch.cpp"
     proc = subprocess.run(["c++", "-std=c++17", "-fsyntax-only", f"-I{cuda_home()}/include", str(src)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
