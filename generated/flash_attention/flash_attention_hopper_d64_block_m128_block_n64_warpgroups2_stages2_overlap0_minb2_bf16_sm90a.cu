@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
     wgmma::commit();
   };
 
-  float s[1][NT][4], s_next[OVERLAP ? 1 : 1][OVERLAP ? NT : 1][4];
+  float s[1][NT][4], s_next[1][OVERLAP ? NT : 1][4];  // s_next: the next tile's scores (OVERLAP)
   if (tiles > 0) {
     make_ready(0);
     issue_scores(s, 0);
