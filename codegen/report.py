@@ -61,7 +61,8 @@ def rows(manifest: list, cubin_dir: Path) -> list:
         d = inst["derived"]
         arch = next(a for a in ARCHES.values() if inst["name"].endswith("_" + a.short))
         row = {"name": inst["name"], "family": inst["family"], "kind": inst["kind"], "threads": d["threads"],
-               "smem_bytes": d["smem_bytes"], "bank_ways": d.get("bank_ways", {}), "built": res is not None}
+               "smem_bytes": d["smem_bytes"], "bank_ways": d.get("bank_ways", {}),
+               "bank_ways_pad0": d.get("bank_ways_pad0", {}), "built": res is not None}
         if res is not None:
             row.update({"kernels": res.kernels, "registers": res.registers, "spill_bytes": res.spill_bytes,
                         "stack_bytes": res.stack_bytes, **occupancy(res.registers, d["threads"], d["smem_bytes"], arch)})
@@ -71,6 +72,12 @@ def rows(manifest: list, cubin_dir: Path) -> list:
 
 def _ways(ways: dict) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in ways.items()) or "-"
+
+
+def _unpadded(row: dict) -> str:
+    """The ways of the accesses whose cost the padding or swizzle changes, without it."""
+    changed = {k: v for k, v in row["bank_ways_pad0"].items() if v != row["bank_ways"].get(k)}
+    return _ways(changed) if changed else ("same" if row["bank_ways_pad0"] else "-")
 
 
 def markdown(table: list, meta: dict | None = None) -> str:
@@ -84,7 +91,8 @@ def markdown(table: list, meta: dict | None = None) -> str:
              "the worst over the kernels of a TU (causal/window and score-transform variants count as kernels); "
              "occupancy is theoretical (registers, shared memory, threads and CTA slots of the arch); bank ways "
              "are the model's wavefronts per request over the conflict-free ideal for each shared-memory access "
-             "the family declares (`codegen/passes/banks.py`), at the layout the instance uses.", "",
+             "the family declares (`codegen/passes/banks.py`), at the layout the instance uses; `unpadded` gives "
+             "the accesses whose ways differ without the padding or swizzle (what the layout choice saves).", "",
              f"{len(table)} instances, {len(built)} with a ptxas log, "
              f"{sum(1 for r in built if r['spill_bytes'])} with spills.", "",
              "| family | instances | registers | occupancy (warps/SM) | bound by |", "|---|---|---|---|---|"]
@@ -97,16 +105,16 @@ def markdown(table: list, meta: dict | None = None) -> str:
                      f"{min(r['warps_per_sm'] for r in rs)}-{max(r['warps_per_sm'] for r in rs)} | {', '.join(limiters)} |")
     for fam in families:
         lines += ["", f"## {fam}", "",
-                  "| instance | threads | regs | spills | smem KB | CTAs/SM | warps/SM | bound by | bank ways |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| instance | threads | regs | spills | smem KB | CTAs/SM | warps/SM | bound by | bank ways | unpadded |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in (r for r in table if r["family"] == fam):
             if not r["built"]:
                 lines.append(f"| `{r['name']}` | {r['threads']} | (no ptxas log: run make build) | | "
-                             f"{r['smem_bytes'] / 1024:.1f} | | | | {_ways(r['bank_ways'])} |")
+                             f"{r['smem_bytes'] / 1024:.1f} | | | | {_ways(r['bank_ways'])} | {_unpadded(r)} |")
                 continue
             lines.append(f"| `{r['name']}` | {r['threads']} | {r['registers']} | {r['spill_bytes']} | "
                          f"{r['smem_bytes'] / 1024:.1f} | {r['ctas_per_sm']} | {r['warps_per_sm']} | {r['limiter']} | "
-                         f"{_ways(r['bank_ways'])} |")
+                         f"{_ways(r['bank_ways'])} | {_unpadded(r)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -93,7 +93,7 @@ def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "stage_bytes": stage_bytes,
         "ept": ept, "lds": lds, "o_ld": cols + pad, "o_tile_floats": o_tile_floats,
-        "o_read": read_floats, "bank_ways": ways, "threads_param": "tph", "smem_param": "chunk",
+        "o_read": read_floats, "bank_ways": ways, "bank_ways_pad0": banks.conflict_ways(accesses, 0), "threads_param": "tph", "smem_param": "chunk",
     })
 
 

@@ -70,20 +70,23 @@ def tile_offset(row: int, col: int, d: int, swizzle: int) -> int:
     return row * d + ((chunk & ~7) | ((chunk ^ row) & 7)) * 8 + col % 8
 
 
-def bank_accesses(d: int, swizzle: int, threads: int) -> list:
+def bank_accesses(d: int, swizzle: int, threads: int, offset=None) -> list:
     """The warp accesses of the shared tiles: ldmatrix row reads (A operand of Q, B operands of
     K and V: each phase reads 8 rows at one chunk), the cp.async fill (consecutive chunks of
-    consecutive rows) and the epilogue's 4-byte fragment writes (lane g, t: row g, cols 2t)."""
+    consecutive rows) and the epilogue's 4-byte fragment writes (lane g, t: row g, cols 2t).
+    `offset(row, col)` overrides the layout (the report's unpadded, unswizzled comparison)."""
+    at = offset or (lambda row, col: tile_offset(row, col, d, swizzle))
+
     def ldmatrix(lane, _pad):
-        return tile_offset((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8, d, swizzle) * 2
+        return at((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8) * 2
 
     chunks = d // 8
 
     def fill(lane, _pad):
-        return tile_offset(lane // chunks, lane % chunks * 8, d, swizzle) * 2
+        return at(lane // chunks, lane % chunks * 8) * 2
 
     def fragment_write(lane, _pad):
-        return tile_offset(lane // 4, lane % 4 * 2, d, swizzle) * 2
+        return at(lane // 4, lane % 4 * 2) * 2
 
     return [banks.Access("ldmatrix", CHUNK, ldmatrix), banks.Access("cp_async_fill", CHUNK, fill),
             banks.Access("o_fragment_write", 4, fragment_write)]
@@ -130,9 +133,10 @@ def _lower_mma_sync(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if smem <= arch.max_smem_per_block and minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
         raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {arch.smem_per_sm}")
     ways = banks.conflict_ways(bank_accesses(d, swizzle, threads), 0)
+    plain = banks.conflict_ways(bank_accesses(d, swizzle, threads, lambda row, col: row * d + col), 0)
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "mt": mt, "pitch": pitch(d, swizzle), "regs_estimate": regs,
-        "bank_ways": ways, "threads_param": "warps", "smem_param": "stages",
+        "bank_ways": ways, "bank_ways_pad0": plain, "threads_param": "warps", "smem_param": "stages",
     })
 
 

@@ -103,7 +103,7 @@ def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
         "threads": threads, "smem_bytes": smem, "stage_bytes": stage_bytes, "ept": ept, "lds": lds,
         "wcols": wcols, "o_ld": cols + pad, "o_tile_floats": o_tile_floats, "decay_floats": decay_floats,
         "o_read": read_floats, "keys_output": "true" if keys_output else "false",
-        "bank_ways": ways, "threads_param": "tph", "smem_param": "chunk",
+        "bank_ways": ways, "bank_ways_pad0": banks.conflict_ways(accesses, 0), "threads_param": "tph", "smem_param": "chunk",
     })
 
 
