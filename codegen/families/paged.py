@@ -99,7 +99,16 @@ def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
         x, group = lane % tx, lane // tx
         return None if x >= geo["pieces"] else (group // rows) * row_bytes + x * 16
 
-    ways = banks.conflict_ways([banks.Access("kv_tile_read", 16, tile_read)], 0)
+    # The merge of the token slots: lane (x, y, z) stores its output piece x of head slot
+    # z * heads + y * hpt as floats (vectorized to 16-byte stores, vec * 4 bytes per piece);
+    # the z = 0 lanes read the same layout back. Pieces 4 banks x vec / 4 apart: 2-way at vec 8.
+    def merge_slot(lane, _pad):
+        x, rest = lane % tx, lane // tx
+        y, z = rest % rows, rest // rows
+        return None if x >= geo["pieces"] else ((z * heads + y * p["hpt"]) * d + x * p["vec"]) * 4
+
+    ways = banks.conflict_ways([banks.Access("kv_tile_read", 16, tile_read),
+                                banks.Access("merge_write", 16, merge_slot)], 0)
     return inst.with_derived({
         **geo, "threads": threads, "smem_bytes": smem, "ring_bytes": ring, "merge_bytes": merge,
         "loads": loads, "split": "true" if split else "false", "bank_ways": ways,

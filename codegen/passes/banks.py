@@ -32,8 +32,16 @@ def wavefronts(addresses: list, width: int) -> int:
 
 
 def ideal(width: int) -> int:
-    """Wavefronts of a conflict-free access: one per phase."""
+    """Wavefronts of a conflict-free access of a full warp: one per phase."""
     return max(1, width // WORD)
+
+
+def active_phases(addresses: list, width: int) -> int:
+    """Phases with at least one active lane: the wavefronts a conflict-free access takes when
+    some lanes sit out (a row narrower than the lanes that split it)."""
+    per_phase = 32 * WORD // max(width, WORD) if width > WORD else 32
+    return sum(1 for start in range(0, len(addresses), per_phase)
+               if any(a is not None for a in addresses[start:start + per_phase]))
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,13 @@ class Access:
 
 
 def conflict_ways(accesses: list[Access], pad: int) -> dict:
-    return {a.name: a.cost(pad) / ideal(a.width) for a in accesses}
+    """Wavefronts per request over the conflict-free ideal of the lanes that take part (1: no
+    conflict; below 1: lanes of a phase share words, a broadcast)."""
+    out = {}
+    for a in accesses:
+        addresses = [a.address(lane, pad) for lane in range(32)]
+        out[a.name] = wavefronts(addresses, a.width) / max(1, active_phases(addresses, a.width))
+    return out
 
 
 def choose_pad(accesses: list[Access], unit: int, limit: int = 32) -> int:

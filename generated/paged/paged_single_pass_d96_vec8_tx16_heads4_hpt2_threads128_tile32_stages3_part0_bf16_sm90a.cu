@@ -4,7 +4,7 @@
 //   kind single_pass: one CTA per (sequence, query-head group) over the whole context; K and V tiles staged through a cp.async ring, each read once for all `heads` query heads of a kv head
 //   128 threads = 4 token slots x 2 rows of 2 query heads x 16 lanes over D,
 //   36864 bytes of shared memory (3 stages of 32 K and V rows)
-//   bank conflicts (ways, from the bank pass): kv_tile_read 1
+//   bank conflicts (ways, from the bank pass): kv_tile_read 1, merge_write 1.5
 // What is computed is described in params.cuh.
 #include <cmath>
 #include <cstdint>

@@ -4,7 +4,7 @@
 //   kind split_k: the context split into partitions of `part` tokens, one CTA each, then a reduce kernel merging the partitions' log-sum-exp and outputs
 //   128 threads = 2 token slots x 4 rows of 2 query heads x 16 lanes over D,
 //   24576 bytes of shared memory (3 stages of 32 K and V rows)
-//   bank conflicts (ways, from the bank pass): kv_tile_read 0.5
+//   bank conflicts (ways, from the bank pass): kv_tile_read 1, merge_write 2
 // What is computed is described in params.cuh.
 #include <cmath>
 #include <cstdint>

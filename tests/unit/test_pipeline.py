@@ -101,6 +101,11 @@ def test_bank_model():
     access = banks.Access("w", 4, write)
     assert access.cost(0) == 4
     assert access.cost(banks.choose_pad([access], unit=4)) == 1
+    # Ways count against the phases whose lanes take part: 16-byte pieces 32 bytes apart, half
+    # the lanes idle (a row of 8 pieces over 16 lanes), are 2-way, as ncu measured for the
+    # paged merge stores (bench/results/h100/bank_check.md: 512 conflicts in 1024 wavefronts).
+    half = banks.Access("half", 16, lambda lane, _: None if lane % 16 >= 8 else (lane // 16 * 512 + lane % 16 * 32))
+    assert banks.conflict_ways([half], 0) == {"half": 2.0}
 
 
 def test_expressions_evaluate_and_translate_alike():
