@@ -116,7 +116,7 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
         return t
     elems = 16 // t.element_size()
     ok = t.data_ptr() % 16 == 0 and all(s % elems == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
-    return t if ok else t.contiguous() if not t.is_contiguous() else t.clone()
+    return t if ok else t.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation
 
 
 def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k) -> None:
