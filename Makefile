@@ -16,7 +16,7 @@ help:
 	@echo "gpu-check  on the GPU machine: build, gpu tests, sanitizers, quick bench; logs under \$$OUT"
 	@echo "bench      side-by-side benchmarks, results under bench/results/<gpu>/"
 	@echo "tune       autotune SPEC's grids on the GPU (SPEC=specs/x.yaml), write tuned/<arch>/, then make gen"
-	@echo "report     static resource report of the built cubins: registers, spills, occupancy, bank ways (no GPU)"
+	@echo "report     static resource report of the built cubins (registers, spills, occupancy, bank ways) and the roofline of the committed benchmarks (no GPU)"
 	@echo "list       instances a build would contain (FILTER=glob)"
 	@echo "clean      remove build/"
 
@@ -46,7 +46,7 @@ tune:
 	$(PYTHON) -m codegen tune $(or $(SPEC),specs/causal_linear.yaml) $(if $(JOBS),-j $(JOBS))
 
 report:
-	$(PYTHON) -m codegen report
+	$(PYTHON) -m codegen report && $(PYTHON) -m bench.roofline
 
 list:
 	@$(PYTHON) -m codegen list --filter '$(FILTER)' $(SPEC)
