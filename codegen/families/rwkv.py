@@ -97,7 +97,13 @@ def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
     smem = buf * stage_bytes + decay_floats * 4 + 2 * o_tile_floats * 4
     row_read = banks.Access("q_read", lds * nbytes, lambda lane, _: (lane % tph) * lds * nbytes)
     col_read = banks.Access("vo_read", mpt * nbytes, lambda lane, _: (lane // tph) * mpt * nbytes)
-    ways = banks.conflict_ways([row_read, col_read], 0)
+    # The fp32 decays of a step, read per state row (keys contracted: lds floats at the lane's
+    # rows, in pieces of at most 16 bytes) or per column (keys output: mpt floats of the group).
+    if keys_output:
+        decay_read = banks.Access("decay_read", min(mpt, 4) * 4, lambda lane, _: (lane // tph) * mpt * 4)
+    else:
+        decay_read = banks.Access("decay_read", min(lds, 4) * 4, lambda lane, _: (lane % tph) * lds * 4)
+    ways = banks.conflict_ways([row_read, col_read, decay_read], 0)
     ways.update(banks.conflict_ways(accesses, pad))
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "stage_bytes": stage_bytes, "ept": ept, "lds": lds,

@@ -3,7 +3,7 @@
 // Instance rwkv_rev_contracted_col_split_n128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
 //   kind col_split: the output columns of one (b, h) split over N / 8 CTAs, for when B*H alone cannot fill the GPU
 //   128 threads, 135168 bytes of shared memory, 8 state rows per thread
-//   bank conflicts (ways, from the bank pass): q_read 1, vo_read 1, o_write 4, o_read 1
+//   bank conflicts (ways, from the bank pass): q_read 1, vo_read 1, decay_read 1, o_write 4, o_read 1
 // The scan and the meaning of q, kc, vo, w, u per pass are described in params.cuh.
 #include "../common/device.cuh"
 #include "decay.cuh"

@@ -3,7 +3,7 @@
 // Instance rwkv_rev_contracted_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a
 //   kind full_head: one CTA per (b, h) holding the whole N x N state in registers (8 x 4 per thread); r, k, v, w of 8 steps staged per barrier through a cp.async ring
 //   32 threads, 12288 bytes of shared memory, 8 state rows per thread
-//   bank conflicts (ways, from the bank pass): q_read 1, vo_read 1, o_write 1, o_read 1
+//   bank conflicts (ways, from the bank pass): q_read 1, vo_read 1, decay_read 1, o_write 1, o_read 1
 // The scan and the meaning of q, kc, vo, w, u per pass are described in params.cuh.
 #include "../common/device.cuh"
 #include "decay.cuh"

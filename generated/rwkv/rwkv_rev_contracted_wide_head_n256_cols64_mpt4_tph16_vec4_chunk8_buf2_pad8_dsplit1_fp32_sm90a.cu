@@ -3,7 +3,7 @@
 // Instance rwkv_rev_contracted_wide_head_n256_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
 //   kind wide_head: N = 256, whose state does not fit one CTA's registers: 64 output columns per CTA, four CTAs per (b, h)
 //   256 threads, 74240 bytes of shared memory, 16 state rows per thread
-//   bank conflicts (ways, from the bank pass): q_read 1, vo_read 1, o_write 1, o_read 1
+//   bank conflicts (ways, from the bank pass): q_read 1, vo_read 1, decay_read 1, o_write 1, o_read 1
 // The scan and the meaning of q, kc, vo, w, u per pass are described in params.cuh.
 #include "../common/device.cuh"
 #include "decay.cuh"
