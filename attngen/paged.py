@@ -1,8 +1,10 @@
 """Paged decode attention (vLLM paged_attention v1/v2, with GQA): the generated `paged_decode`
 kernels as a torch op.
 
-One query token per sequence attends over the first context_lens[s] tokens of its key/value
-cache, stored in pages of block_size tokens that block_table[s] lists in order. The kernels
+One query token per sequence (or Q <= 16 of them: speculative decoding, prefill tails) attends
+over the first context_lens[s] tokens of its key/value cache, stored in pages of block_size
+tokens that block_table[s] lists in order; the Q query tokens are the last Q of the context,
+causal among themselves. The kernels
 read the cache through the strides of its [blocks, block_size, Hkv, D] view, so both layouts
 (NHD: that view; HND: [blocks, Hkv, block_size, D], transposed here without a copy) use the
 same instances. Nothing on the launch path reads device memory, so a call can be captured in
@@ -20,6 +22,7 @@ from . import _ext
 from ._checks import check_tensor
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_QUERY_TOKENS = 16
 LAYOUTS = ("NHD", "HND")
 _registered = False
 
@@ -59,11 +62,14 @@ def check_inputs(q, k_cache, v_cache, block_table, context_lens, alibi_slopes, s
                  kv_layout: str):
     """Shape, dtype and device checks that need no device memory; returns the NHD views."""
     _check_tensor("q", q, None)
-    if q.dim() != 3:
-        _fail(f"q must be 3-D [S, Hq, D], got shape {tuple(q.shape)}")
+    if q.dim() not in (3, 4):
+        _fail(f"q must be [S, Hq, D] or [S, Q, Hq, D], got shape {tuple(q.shape)}")
     if q.dtype not in SUPPORTED_DTYPES:
         _fail(f"q has dtype {q.dtype}; supported: float32, float16, bfloat16")
-    S, Hq, D = q.shape
+    S, Hq, D = q.shape[0], q.shape[-2], q.shape[-1]
+    if q.dim() == 4 and not 1 <= q.shape[1] <= MAX_QUERY_TOKENS:
+        _fail(f"q has {q.shape[1]} query tokens per sequence (shape {tuple(q.shape)}); supported: 1 to "
+              f"{MAX_QUERY_TOKENS}")
     views = []
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         _check_tensor(name, cache, q)
@@ -137,12 +143,13 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                  kv_layout: str = "NHD", validate: bool = False) -> torch.Tensor:
     """Decode attention over a paged KV cache.
 
-    q [S, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D] (kv_layout="NHD") or
+    q [S, Hq, D], or [S, Q, Hq, D] for Q <= 16 query tokens per sequence: token i sits at
+    position context_lens[s] - Q + i and sees the cache up to it (causal); k_cache, v_cache [num_blocks, block_size, Hkv, D] (kv_layout="NHD") or
     [num_blocks, Hkv, block_size, D] ("HND"); block_table [S, max_blocks] int32;
     context_lens [S] int32. Query head h reads kv head h // (Hq // Hkv). scale defaults to
     D ** -0.5; soft_cap applies cap * tanh(score / cap); alibi_slopes [Hq] adds
-    slope * (t - context_len + 1). Returns out [S, Hq, D] in q's dtype (zeros where a
-    context is empty). validate=True checks the block table's entries and the context
+    slope * (t - position). Returns out shaped as q, in q's dtype (zeros where a query sees
+    no token). validate=True checks the block table's entries and the context
     lengths first (this synchronizes; leave it off inside CUDA graphs)."""
     args = _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout,
                     validate)
@@ -164,12 +171,13 @@ def selected_instance(q, k_cache, v_cache, block_table, context_lens, kv_layout=
 
 
 def instance_heads(name: str) -> int:
-    """Query heads one CTA of instance `name` serves (its GQA packing), read from the name,
-    which spells every compile-time parameter (codegen/instance.py)."""
-    match = re.search(r"_heads(\d+)_", name)
+    """Query rows one CTA of instance `name` serves, read from the name, which spells every
+    compile-time parameter (codegen/instance.py): the GQA packing `heads` of the CUDA-core
+    kinds, 16 * mt (query token, head) rows of grouped_mma."""
+    match = re.search(r"_heads(\d+)_", name) or re.search(r"_grouped_mma_.*_mt(\d+)_", name)
     if match is None:
         raise ValueError(f"{name!r} is not a paged_decode instance name")
-    return int(match.group(1))
+    return int(match.group(1)) * (16 if "_grouped_mma_" in name else 1)
 
 
 def instances() -> list[str]:

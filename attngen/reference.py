@@ -136,31 +136,38 @@ def wkv_grad_rkwu(r, k, v, w, u, d_o, checkpoints, d_state=None, want_d_state0=T
 def paged_decode(q, k_cache, v_cache, block_table, context_lens, scale=None, alibi_slopes=None,
                  soft_cap=0.0, kv_layout="NHD", dtype=torch.float64) -> torch.Tensor:
     """Paged decode attention by gathering each sequence's pages into a contiguous K and V and
-    taking a softmax in `dtype`. Cache NHD [blocks, block_size, Hkv, D] or HND
-    [blocks, Hkv, block_size, D]; zeros for a sequence with no context."""
+    taking a softmax in `dtype`. q [S, Hq, D] or [S, Q, Hq, D]: query token i of Q sits at
+    position n - Q + i of its context of n tokens and sees tokens 0 .. n - Q + i. Cache NHD
+    [blocks, block_size, Hkv, D] or HND [blocks, Hkv, block_size, D]; zeros for a query that
+    sees no token. Returns the shape of q."""
     if kv_layout == "HND":
         k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-    S, Hq, D = q.shape
+    q4 = q if q.dim() == 4 else q[:, None]
+    S, Q, Hq, D = q4.shape
     bs, Hkv = k_cache.shape[1], k_cache.shape[2]
     group = Hq // Hkv
     scale = D ** -0.5 if scale is None else scale
-    out = torch.zeros(S, Hq, D, dtype=dtype)
+    out = torch.zeros(S, Q, Hq, D, dtype=dtype)
+    k_cache, v_cache = k_cache.cpu(), v_cache.cpu()
     for s in range(S):
         n = int(context_lens[s])
         if n == 0:
             continue
         pages = block_table[s, : (n + bs - 1) // bs].long().cpu()
-        k = k_cache.cpu()[pages].reshape(-1, Hkv, D)[:n].to(dtype)      # [n, Hkv, D]
-        v = v_cache.cpu()[pages].reshape(-1, Hkv, D)[:n].to(dtype)
+        k = k_cache[pages].reshape(-1, Hkv, D)[:n].to(dtype)      # [n, Hkv, D]
+        v = v_cache[pages].reshape(-1, Hkv, D)[:n].to(dtype)
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [n, Hq, D]
-        scores = torch.einsum("hd,nhd->hn", q[s].cpu().to(dtype), k) * scale
+        scores = torch.einsum("ihd,nhd->ihn", q4[s].cpu().to(dtype), k) * scale   # [Q, Hq, n]
         if soft_cap:
             scores = soft_cap * torch.tanh(scores / soft_cap)
+        position = torch.arange(Q, dtype=dtype) + (n - Q)                       # [Q]
+        t = torch.arange(n, dtype=dtype)
         if alibi_slopes is not None:
-            pos = torch.arange(n, dtype=dtype) - (n - 1)
-            scores = scores + alibi_slopes.cpu().to(dtype)[:, None] * pos
-        out[s] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
-    return out
+            scores = scores + alibi_slopes.cpu().to(dtype)[None, :, None] * (t - position[:, None])[:, None, :]
+        scores = scores.masked_fill((t > position[:, None])[:, None, :], float("-inf"))
+        weights = scores.softmax(-1).nan_to_num()                                # rows that see nothing: 0
+        out[s] = torch.einsum("ihn,nhd->ihd", weights, v)
+    return out if q.dim() == 4 else out[:, 0]
 
 
 def paged_decode_loops(q, k_cache, v_cache, block_table, context_lens, scale):

@@ -1,6 +1,8 @@
 """Paged decode beside torch (gather the pages, then SDPA) and a device copy, in one run, on
-the shapes of issue 5 and ../shared/ANCHORS.md: bf16, D 128, 16-token pages behind a shuffled
-block table. Effective bandwidth = bytes of K and V inside the contexts / time; the copy's
+the shapes of issue 5 and ../shared/ANCHORS.md, and on issue 14's table (every group size G in
+1-8 and 16 at 64 sequences, contexts 1024 and 4096; 8 sequences at 32768; Q = 4 query tokens
+against Q = 1): bf16, D 128, 16-token pages behind a shuffled block table. Effective
+bandwidth = bytes of K and V inside the contexts / time, each byte counted once; the copy's
 (read + write) bandwidth is the ceiling. Also times each kernel kind forced, which is what the
 spec's dispatch rule rests on. Writes paged.json and paged.md under --out.
 
@@ -23,6 +25,7 @@ import attngen  # noqa: E402
 from attngen import paged  # noqa: E402
 from bench import run_meta  # noqa: E402
 from bench.causal_linear import do_bench  # noqa: E402
+from codegen import dispatch, pipeline  # noqa: E402
 
 BLOCK = 16
 D = 128
@@ -34,9 +37,14 @@ CASES = [
     ("8 seqs Hq32 Hkv32 ctx 32768", 8, 32, 32, 32768, 2.0, 4.412),
     ("64 seqs Hq32 Hkv8 ctx U(1..8192)", 64, 32, 8, "uniform", 1.6, None),
 ]
+KINDS = ("single_pass", "split_k", "grouped_mma")
+# Issue 14: (G, Hkv, sequences, context, target TB/s); Q = 4 against Q = 1 at the shapes below.
+GROUP_CASES = ([(G, 4 if G == 16 else 8, 64, ctx, 2.0) for ctx in (1024, 4096) for G in (1, 2, 3, 4, 5, 6, 7, 8, 16)]
+               + [(G, 8, 8, 32768, 2.5) for G in (1, 4, 8)])
+QUERY_CASES = [(G, 8, 64, 4096) for G in (1, 4, 8)]
 
 
-def make_case(S, Hq, Hkv, lens, dtype=torch.bfloat16, seed=0):
+def make_case(S, Hq, Hkv, lens, dtype=torch.bfloat16, seed=0, Q=None):
     g = torch.Generator().manual_seed(seed)
     if lens == "uniform":
         lens = torch.randint(1, 8193, (S,), generator=g).tolist()
@@ -52,7 +60,8 @@ def make_case(S, Hq, Hkv, lens, dtype=torch.bfloat16, seed=0):
         at += nb
     k = torch.randn(sum(blocks), BLOCK, Hkv, D, dtype=dtype, device="cuda")
     v = torch.randn(sum(blocks), BLOCK, Hkv, D, dtype=dtype, device="cuda")
-    q = torch.randn(S, Hq, D, dtype=dtype, device="cuda")
+    q = torch.randn(S, Hq, D, dtype=dtype, device="cuda") if Q is None else torch.randn(S, Q, Hq, D, dtype=dtype,
+                                                                                        device="cuda")
     return q, k, v, bt.cuda(), torch.tensor(lens, dtype=torch.int32, device="cuda")
 
 
@@ -77,12 +86,22 @@ def copy_tbps(nbytes=2 * 2**30) -> float:
     return 2 * nbytes / ms / 1e9
 
 
+_SPEC = None
+
+
 def forced(case, kind):
+    """The instance of `kind` the spec's covers rule takes for this case (codegen/dispatch.py),
+    and a call through it."""
+    global _SPEC
+    if _SPEC is None:
+        _SPEC = [x for x in pipeline.lower(pipeline.expand(pipeline.load())) if x[0].family == "paged"][0]
+    spec, insts = _SPEC
     q, k, v, bt, lens = case
-    group = q.shape[1] // k.shape[2]
-    names = [n for n in paged.instances() if f"_{kind}_d{D}_" in n and n.endswith("_bf16_sm90a")]
-    # the widest GQA packing that divides the group, as the dispatch would take
-    best = max((n for n in names if group % paged.instance_heads(n) == 0), key=paged.instance_heads)
+    Q = 1 if q.dim() == 3 else q.shape[1]
+    runtime = {"D": D, "G": q.shape[-2] // k.shape[2], "S": q.shape[0], "Q": Q, "Hq": q.shape[-2], "Hkv": k.shape[2],
+               "L": bt.shape[1] * BLOCK, "align": 8, "sm_count": torch.cuda.get_device_properties(0).multi_processor_count}
+    best = next(i.name for i in dispatch.ordered(spec, insts, kind)
+                if i.a == {"dtype": "bf16"} and dispatch.covers(spec, i, runtime))
     return best, lambda: paged.paged_decode_with(best, q, k, v, bt, lens)
 
 
@@ -101,13 +120,13 @@ def run(quick: bool):
         want = torch_gather_sdpa(*case)
         row["rel_diff_vs_torch"] = ((out.float() - want.float()).norm() / want.float().norm()).item()
         row["attngen_ms"] = do_bench(lambda: attngen.paged_decode(*case))
-        for kind in ("single_pass", "split_k"):
+        for kind in KINDS:
             inst, fn = forced(case, kind)
             row[f"{kind}_ms"] = do_bench(fn)
             row[f"{kind}_instance"] = inst
         if not (quick and S * max(cl.tolist()) > 2**20):     # the gather of 8 x 32768 tokens is slow
             row["torch_ms"] = do_bench(lambda: torch_gather_sdpa(*case))
-        for key in ("attngen", "single_pass", "split_k", "torch"):
+        for key in ("attngen", *KINDS, "torch"):
             if f"{key}_ms" in row:
                 row[f"{key}_tbps"] = nbytes / row[f"{key}_ms"] / 1e9
         row["fraction_of_copy"] = row["attngen_tbps"] / copy
@@ -118,23 +137,76 @@ def run(quick: bool):
     return copy, rows
 
 
-def markdown(copy, rows, meta) -> str:
+def group_table(quick: bool) -> list:
+    """Issue 14's table: dispatched and forced kinds per group size, one row per shape."""
+    rows = []
+    for G, Hkv, S, ctx, target in GROUP_CASES:
+        case = make_case(S, G * Hkv, Hkv, ctx, seed=G)
+        nbytes = kv_bytes(case[1], case[4])
+        row = {"G": G, "Hq": G * Hkv, "Hkv": Hkv, "S": S, "context": ctx, "target_tbps": target,
+               "instance": paged.selected_instance(*case), "attngen_ms": do_bench(lambda: attngen.paged_decode(*case))}
+        for kind in KINDS:
+            row[f"{kind}_ms"] = do_bench(forced(case, kind)[1])
+        if not quick and S * ctx <= 2**18:
+            row["torch_ms"] = do_bench(lambda: torch_gather_sdpa(*case))
+        for key in ("attngen", *KINDS, "torch"):
+            if f"{key}_ms" in row:
+                row[f"{key}_tbps"] = nbytes / row[f"{key}_ms"] / 1e9
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        case = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def query_table() -> list:
+    """Q = 4 query tokens against Q = 1 at one shape (the same cache), dispatched."""
+    rows = []
+    for G, Hkv, S, ctx in QUERY_CASES:
+        one = make_case(S, G * Hkv, Hkv, ctx, seed=G)
+        four = (torch.randn(S, 4, G * Hkv, D, dtype=torch.bfloat16, device="cuda"), *one[1:])
+        row = {"G": G, "Hkv": Hkv, "S": S, "context": ctx, "q1_ms": do_bench(lambda: attngen.paged_decode(*one)),
+               "q4_ms": do_bench(lambda: attngen.paged_decode(*four)), "q4_instance": paged.selected_instance(*four)}
+        row["ratio"] = row["q4_ms"] / row["q1_ms"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        one = four = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def markdown(copy, rows, meta, groups=(), queries=()) -> str:
     f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     out = [f"# Paged decode, bf16, D {D}, block {BLOCK}, shuffled pages ({meta['device']}, torch {meta['torch']}, "
            f"commit {meta['commit']})", "",
            f"Copy bandwidth in this run (read + write of 2 GiB): **{copy:.3f} TB/s** (the ceiling).", "",
            "Effective bandwidth = bytes of K and V inside the contexts / time (TB/s); times in ms, "
            "median of triton do_bench, same run for every column:", "",
-           "| case | attngen | target | ms | single_pass forced | split_k forced | torch gather + SDPA | "
-           "ANCHORS torch ms | attngen / copy | instance |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| case | attngen | target | ms | single_pass forced | split_k forced | grouped_mma forced | "
+           "torch gather + SDPA | ANCHORS torch ms | attngen / copy | instance |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         torch_cell = f"{f(r.get('torch_tbps'))} ({f(r.get('torch_ms'))} ms)" if "torch_ms" in r else "-"
         out.append(f"| {r['case']} | **{f(r['attngen_tbps'])}** | {'>= ' + str(r['target_tbps']) if r['target_tbps'] else '-'} | "
-                   f"{f(r['attngen_ms'])} | {f(r['single_pass_tbps'])} | {f(r['split_k_tbps'])} | {torch_cell} | "
+                   f"{f(r['attngen_ms'])} | {f(r['single_pass_tbps'])} | {f(r['split_k_tbps'])} | "
+                   f"{f(r['grouped_mma_tbps'])} | {torch_cell} | "
                    f"{f(r['anchor_torch_ms'])} | {r['fraction_of_copy']:.0%} | `{r['instance']}` |")
     out += ["", "rel. difference attngen vs torch (bf16 outputs): "
             + ", ".join(f"{r['rel_diff_vs_torch']:.1e}" for r in rows)]
+    if groups:
+        out += ["", "## Every group size (issue 14): TB/s of K and V, each byte counted once", "",
+                "| G | Hq/Hkv | seqs | context | attngen | target | " + " | ".join(f"{k} forced" for k in KINDS)
+                + " | torch gather + SDPA | instance |", "|---" * (7 + len(KINDS)) + "|"]
+        for r in groups:
+            out.append(f"| {r['G']} | {r['Hq']}/{r['Hkv']} | {r['S']} | {r['context']} | **{f(r['attngen_tbps'])}** | "
+                       f">= {r['target_tbps']} | " + " | ".join(f(r[f'{k}_tbps']) for k in KINDS)
+                       + f" | {f(r.get('torch_tbps'))} | `{r['instance']}` |")
+    if queries:
+        out += ["", "## Q = 4 query tokens against Q = 1 (same cache, dispatched; target ratio <= 1.3)", "",
+                "| G | Hkv | seqs | context | Q=1 ms | Q=4 ms | ratio | Q=4 instance |", "|---|---|---|---|---|---|---|---|"]
+        for r in queries:
+            out.append(f"| {r['G']} | {r['Hkv']} | {r['S']} | {r['context']} | {f(r['q1_ms'])} | {f(r['q4_ms'])} | "
+                       f"**{r['ratio']:.2f}** | `{r['q4_instance']}` |")
     return "\n".join(out) + "\n"
 
 
@@ -145,11 +217,13 @@ def main():
     args = ap.parse_args()
     t0 = time.time()
     copy, rows = run(args.quick)
+    groups, queries = group_table(args.quick), query_table()
     meta = run_meta(t0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "paged.json").write_text(json.dumps({"meta": meta, "copy_tbps": copy, "rows": rows}, indent=1) + "\n")
-    (out / "paged.md").write_text(markdown(copy, rows, meta))
+    (out / "paged.json").write_text(json.dumps({"meta": meta, "copy_tbps": copy, "rows": rows, "groups": groups,
+                                                "queries": queries}, indent=1) + "\n")
+    (out / "paged.md").write_text(markdown(copy, rows, meta, groups, queries))
     print((out / "paged.md").read_text())
 
 

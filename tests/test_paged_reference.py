@@ -48,6 +48,22 @@ def test_empty_context_gives_zeros_and_extras_change_the_result():
     assert not torch.allclose(alibi[1], plain[1]) and not torch.allclose(capped[1], plain[1])
 
 
+@pytest.mark.parametrize("Q", [1, 2, 5])
+def test_multi_token_queries_are_decodes_of_growing_contexts(Q):
+    """Query token i of Q over a context of n tokens is a one-token decode over the first
+    n - Q + 1 + i tokens (its own position included); a query with no visible token gets 0."""
+    lens = [Q + 3, 17, Q - 1]
+    k, v, bt, cl = paged_cache(lens, 2, 8, 8, seed=Q)
+    q = torch.randn(len(lens), Q, 4, 8, dtype=torch.float64)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], dtype=torch.float64)
+    got = reference.paged_decode(q, k, v, bt, cl, alibi_slopes=slopes, soft_cap=2.0)
+    for i in range(Q):
+        seen = torch.clamp(cl - Q + 1 + i, min=0).to(torch.int32)
+        want = reference.paged_decode(q[:, i], k, v, bt, seen, alibi_slopes=slopes, soft_cap=2.0)
+        torch.testing.assert_close(got[:, i], want, rtol=1e-12, atol=1e-12)
+    assert torch.count_nonzero(got[2, 0]) == 0 and torch.count_nonzero(got[2, 1:]) == got[2, 1:].numel()
+
+
 def meta(*shape, dtype=torch.bfloat16):
     return torch.empty(*shape, device="meta", dtype=dtype)
 
@@ -57,7 +73,8 @@ def test_bad_inputs_raise_value_errors_naming_the_argument():
     bt, cl = meta(2, 4, dtype=torch.int32), meta(2, dtype=torch.int32)
     good = dict(q=q, k_cache=k, v_cache=v, block_table=bt, context_lens=cl)
     cases = [
-        (dict(q=meta(2, 8, 128, 1)), r"q must be 3-D \[S, Hq, D\]"),
+        (dict(q=meta(2, 1, 8, 128, 1)), r"q must be \[S, Hq, D\] or \[S, Q, Hq, D\]"),
+        (dict(q=meta(2, 17, 8, 128)), r"q has 17 query tokens per sequence .*; supported: 1 to 16"),
         (dict(q=meta(2, 8, 128, dtype=torch.float64)), "q has dtype torch.float64; supported"),
         (dict(k_cache=meta(10, 16, 2, 128, dtype=torch.float16)), "k_cache has dtype torch.float16 but q has"),
         (dict(v_cache=meta(10, 16, 2, 64)), "v_cache has head size 64"),

@@ -7,12 +7,22 @@ read and widening of a K or V piece serves all of them), and the tz slots take t
 a staged tile in turn. K and V tiles of `tile` tokens go
 through a `stages`-deep cp.async ring; every thread keeps a running max, sum and output piece
 over its own tokens, merged across the tz slots once at the end (no barrier per token).
+A group that `heads` does not divide is padded: its last CTA computes zero queries for the
+missing heads and stores nothing for them. Multi-token queries take a CTA per query token.
+
+`grouped_mma` (decode_mma.cu.j2) runs the same attention on m16n8k16 tensor cores: a CTA holds
+16 * `mt` query rows, the (query token, head) pairs of one kv head (padded), and each of its
+`warps` warps takes a slice of every staged tile of `tile` tokens, so each page of K and V is
+read once per (sequence, kv head, partition) whatever the group size and number of query
+tokens. Its partitions are chosen at launch from the batch and the SM count (`waves`,
+`min_part`) rather than fixed.
 """
 from __future__ import annotations
 
 from ..arch import Arch
 from ..instance import KernelInstance
 from ..passes import Rejected, banks, vectorize
+from . import flash_attention
 
 NAME = "paged"
 AXES = {"dtype": ("fp32", "fp16", "bf16")}
@@ -20,6 +30,7 @@ RUNTIME_VARS = {
     "D": "head size",
     "G": "query heads per kv head (Hq / Hkv)",
     "S": "sequences in the batch",
+    "Q": "query tokens per sequence (1: plain decode)",
     "Hq": "query heads",
     "Hkv": "key/value heads",
     "L": "longest context the block table can hold (max_blocks * block_size)",
@@ -29,9 +40,12 @@ RUNTIME_VARS = {
 DERIVED_NAMES = {"dtype_bytes"}
 SHAPE_DIMS = ("S", "Hq", "Hkv", "D", "L")
 DECODE = "paged/decode.cu.j2"
+DECODE_MMA = "paged/decode_mma.cu.j2"
 TEMPLATE_PARAMS = {
     DECODE: {"d": "int", "vec": "int", "tx": "int", "heads": "int", "hpt": "int", "threads": "int",
              "tile": "int", "stages": "int", "part": "int0"},
+    DECODE_MMA: {"d": "int", "warps": "int", "tile": "int", "stages": "int", "mt": "int", "waves": "int",
+                 "min_part": "int"},
 }
 SUPPORT_FILES = {
     "paged/params.cuh.j2": "paged/params.cuh",
@@ -41,6 +55,11 @@ SUPPORT_FILES = {
 }
 KEY_STRUCT = "DecodeKey"
 MAX_SCORES = 32   # scores a thread holds per stage (registers)
+# Register estimate of grouped_mma per thread: output and score fragments plus what the
+# addressing, the row state and the operands in flight take (ptxas has the last word; the
+# compile tier checks its report for spills).
+MMA_REG_OVERHEAD = 64
+MAX_REGS = 255
 
 
 def _is_pow2(x: int) -> bool:
@@ -71,6 +90,8 @@ def _geometry(p: dict, nbytes: int) -> dict:
 
 
 def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    if inst.template == DECODE_MMA:
+        return _lower_mma(inst, arch)
     p, nbytes = inst.p, inst.dtype_bytes
     geo = _geometry(p, nbytes)
     d, tx, heads, threads, tile, stages, part = (p[k] for k in ("d", "tx", "heads", "threads", "tile",
@@ -123,3 +144,50 @@ def smem_bytes_at_runtime(inst: KernelInstance) -> str:
 def axes_match_cpp(axes: dict) -> str:
     """C++ condition selecting the instances built for these axis values."""
     return f"key.dtype == DType::k{axes['dtype'].upper()}"
+
+
+def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    p = inst.p
+    d, warps, tile, stages, mt, waves, min_part = (p[k] for k in ("d", "warps", "tile", "stages", "mt", "waves",
+                                                                  "min_part"))
+    if inst.dtype_bytes != 2:
+        raise Rejected("d", f"tensor-core kinds take 16-bit operands, not {inst.a['dtype']}")
+    if d % 16:
+        raise Rejected("d", f"d={d} is not a multiple of 16 (the k-step of m16n8k16)")
+    if tile % (16 * warps):
+        raise Rejected("tile", f"tile={tile} does not split into 16-token slices over {warps} warps")
+    if stages < 2:
+        raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
+    if waves < 1 or min_part < tile or min_part % tile:
+        raise Rejected("min_part", f"waves={waves} must be >= 1 and min_part={min_part} a multiple of tile={tile}")
+    threads, rows, warp_tokens = 32 * warps, 16 * mt, tile // warps
+    regs = mt * d // 2 + mt * warp_tokens // 2 + MMA_REG_OVERHEAD
+    if regs > MAX_REGS:
+        raise Rejected("mt", f"about {regs} registers per thread (output {mt * d // 2}, scores "
+                             f"{mt * warp_tokens // 2}) exceed {MAX_REGS}")
+    swizzle = int(d % 64 == 0)      # whole 128-byte lines: XOR swizzle; otherwise rows padded by a chunk
+    row_bytes = flash_attention.pitch(d, swizzle) * 2
+    ring = rows * row_bytes + stages * 2 * tile * row_bytes
+    merge_bytes = warps * rows * (d + 8 + 2) * 4         # the warps' rows, max and sum (fp32)
+    smem = max(ring, merge_bytes)
+    if smem > arch.max_smem_per_block:
+        raise Rejected("stages", f"{smem} bytes of shared memory exceed the {arch.max_smem_per_block} of a block")
+    ctas_per_sm = min(arch.smem_per_sm // (smem + arch.smem_reserved_per_cta), arch.max_threads_per_sm // threads,
+                      arch.regs_per_sm // (threads * min(MAX_REGS, regs)), arch.max_ctas_per_sm)
+    if ctas_per_sm < 1:
+        raise Rejected("stages", f"{smem} bytes of shared memory leave no room for one CTA per SM")
+
+    def merge_write(lane, _pad):   # float2 of row lane / 4, columns 2 (lane % 4): rows d + 8 floats apart
+        return ((lane // 4) * (d + 8) + lane % 4 * 2) * 4
+
+    accesses = [a for a in flash_attention.bank_accesses(d, swizzle, threads) if a.name != "o_fragment_write"]
+    plain = [a for a in flash_attention.bank_accesses(d, swizzle, threads, lambda row, col: row * d + col)
+             if a.name != "o_fragment_write"]
+    merge = banks.Access("merge_write", 8, merge_write)
+    return inst.with_derived({
+        "threads": threads, "rows": rows, "warp_tokens": warp_tokens, "swizzle": swizzle, "smem_bytes": smem,
+        "ctas_per_sm": ctas_per_sm, "regs_estimate": regs,
+        "bank_ways": banks.conflict_ways(accesses + [merge], 0),
+        "bank_ways_pad0": banks.conflict_ways(plain + [merge], 0),
+        "threads_param": "warps", "smem_param": "stages",
+    })

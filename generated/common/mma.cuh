@@ -31,6 +31,16 @@ template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, f
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// The C fragments of n-tiles 2kn and 2kn + 1 of m-tile mt, narrowed to T: the A operand of
+// the 16 x 16 block they cover (the weights P of P V, as the table above shows).
+template <typename T, int MT, int NT>
+__device__ __forceinline__ void c_as_a(uint32_t (&a)[4], const float (&c)[MT][NT][4], int mt, int kn) {
+  a[0] = pack2<T>(c[mt][2 * kn][0], c[mt][2 * kn][1]);
+  a[1] = pack2<T>(c[mt][2 * kn][2], c[mt][2 * kn][3]);
+  a[2] = pack2<T>(c[mt][2 * kn + 1][0], c[mt][2 * kn + 1][1]);
+  a[3] = pack2<T>(c[mt][2 * kn + 1][2], c[mt][2 * kn + 1][3]);
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

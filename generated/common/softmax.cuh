@@ -81,5 +81,21 @@ __device__ __forceinline__ void finish(const float (&row_max)[2 * MT], const flo
   }
 }
 
+// Earlier output rows scaled by a softmax step's rescale factors (C fragments: c0, c1 in row
+// g, c2, c3 in row g + 8 of each m-tile).
+template <int MT, int DT>
+__device__ __forceinline__ void rescale_rows(float (&acc)[MT][DT][4], const float (&rescale)[2 * MT]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      acc[mt][dt][0] *= rescale[2 * mt];
+      acc[mt][dt][1] *= rescale[2 * mt];
+      acc[mt][dt][2] *= rescale[2 * mt + 1];
+      acc[mt][dt][3] *= rescale[2 * mt + 1];
+    }
+  }
+}
+
 }  // namespace softmax
 }  // namespace attngen

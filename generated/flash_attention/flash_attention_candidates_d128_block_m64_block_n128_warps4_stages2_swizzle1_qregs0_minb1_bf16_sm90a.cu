@@ -148,14 +148,14 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
 
     float rescale[2 * MT];
     softmax::online_step<MT, NT>(s, row_max, row_sum, rescale, log2_scale);
-    rescale_rows<MT, DT>(acc, rescale);
+    softmax::rescale_rows<MT, DT>(acc, rescale);
 
     // O += P V: the weights' C fragments, narrowed, are the A operand (mma.cuh).
 #pragma unroll
     for (int kn = 0; kn < KN; ++kn) {
       uint32_t pa[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) weights_as_a<T>(pa[mt], s, mt, kn);
+      for (int mt = 0; mt < MT; ++mt) mma::c_as_a<T>(pa[mt], s, mt, kn);
 #pragma unroll
       for (int j = 0; j < DT / 2; ++j) {
         uint32_t vb[4];

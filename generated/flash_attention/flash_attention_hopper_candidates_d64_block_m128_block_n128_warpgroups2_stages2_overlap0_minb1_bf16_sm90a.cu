@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
     transform_scores<1, NT, EXTRAS>(s, p, block, row0, n0, seq.lk, block.partial(n0, seq.lk), slope, lane);
     float rescale[2];
     softmax::online_step<1, NT>(s, row_max, row_sum, rescale, log2_scale);
-    rescale_rows<1, DT>(acc, rescale);
+    softmax::rescale_rows<1, DT>(acc, rescale);
 
     // O += P V: the weights as A fragments in registers, V (rows are keys, D contiguous) read
     // transposed: 16 key rows per k-step, D / 64 atoms apart along N. Every A fragment is
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
     // compiler insert a wait for each.
     uint32_t pa[KN][4];
 #pragma unroll
-    for (int kn = 0; kn < KN; ++kn) weights_as_a<T>(pa[kn], s, 0, kn);
+    for (int kn = 0; kn < KN; ++kn) mma::c_as_a<T>(pa[kn], s, 0, kn);
     const uint32_t v_addr = mma::smem_addr(ring + it % STAGES * STAGE_ELEMS + KVTile::ELEMS);
     wgmma::fence();
 #pragma unroll

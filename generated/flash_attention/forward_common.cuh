@@ -109,30 +109,6 @@ __device__ __forceinline__ void transform_scores(float (&s)[MT][NT][4], const Pa
   }
 }
 
-// The earlier output rows scaled by the softmax step's rescale factors.
-template <int MT, int DT>
-__device__ __forceinline__ void rescale_rows(float (&acc)[MT][DT][4], const float (&rescale)[2 * MT]) {
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      acc[mt][dt][0] *= rescale[2 * mt];
-      acc[mt][dt][1] *= rescale[2 * mt];
-      acc[mt][dt][2] *= rescale[2 * mt + 1];
-      acc[mt][dt][3] *= rescale[2 * mt + 1];
-    }
-  }
-}
-
-// The weights of key block kn (16 keys), narrowed to T: the A operand of P V (mma.cuh).
-template <typename T, int MT, int NT>
-__device__ __forceinline__ void weights_as_a(uint32_t (&pa)[4], const float (&s)[MT][NT][4], int mt, int kn) {
-  pa[0] = mma::pack2<T>(s[mt][2 * kn][0], s[mt][2 * kn][1]);
-  pa[1] = mma::pack2<T>(s[mt][2 * kn][2], s[mt][2 * kn][3]);
-  pa[2] = mma::pack2<T>(s[mt][2 * kn + 1][0], s[mt][2 * kn + 1][1]);
-  pa[3] = mma::pack2<T>(s[mt][2 * kn + 1][2], s[mt][2 * kn + 1][3]);
-}
-
 // Epilogue of one warp: normalize its rows, write their log-sum-exp, stage them in rows
 // row0 .. row0 + 16 MT of `tile` (rows only this warp used), then store them as 16-byte rows.
 // The caller has made every earlier use of those tile rows, by any thread, complete.

@@ -27,6 +27,8 @@ const Entry* paged_decode_select(const DecodeKey& key);
 
 namespace {
 
+constexpr int64_t kMaxQueryTokens = 16;  // multi-token decode (speculative decoding, prefill tails)
+
 using detail::device_str;
 using detail::fail_runtime;
 using detail::fail_value;
@@ -43,7 +45,7 @@ DType dtype_code(const at::Tensor& t) {
 }
 
 struct Inputs {
-  const at::Tensor& q;
+  const at::Tensor& q;   // [S, Q, Hq, D] (a 3-D q [S, Hq, D] is viewed with Q = 1)
   const at::Tensor& k;   // [blocks, block_size, Hkv, D] view
   const at::Tensor& v;
   const at::Tensor& block_table;
@@ -61,11 +63,14 @@ void check_on_q_device(const std::string& what, const at::Tensor& t, const at::T
 void check_all(const Inputs& in) {
   const std::string op = "paged_decode: ";
   const at::Tensor& q = in.q;
-  if (q.dim() != 3) fail_value(op + "q must be 3-D [S, Hq, D], got shape " + str(q.sizes()));
   check_on_q_device("q", q, q);
   dtype_code(q);
-  if (q.size(2) > 1 && q.stride(2) != 1) fail_value(op + "q must have a contiguous last dim, got strides " + str(q.strides()));
-  const int64_t S = q.size(0), Hq = q.size(1), D = q.size(2);
+  if (q.size(3) > 1 && q.stride(3) != 1) fail_value(op + "q must have a contiguous last dim, got strides " + str(q.strides()));
+  const int64_t S = q.size(0), Q = q.size(1), Hq = q.size(2), D = q.size(3);
+  if (Q < 1 || Q > kMaxQueryTokens) {
+    fail_value(op + "q has " + str(Q) + " query tokens per sequence (shape " + str(q.sizes()) + "); supported: 1 to " +
+               str(kMaxQueryTokens));
+  }
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"k_cache", &in.k}, {"v_cache", &in.v}}) {
     check_on_q_device(name, *t, q);
     if (t->scalar_type() != q.scalar_type()) fail_value(op + name + " has dtype " + str(*t) + " but q has " + str(q));
@@ -101,15 +106,16 @@ void check_all(const Inputs& in) {
 }
 
 int64_t vector_align(const Inputs& in) {
-  const int64_t D = in.q.size(2);
-  return std::min(detail::vector_align({&in.q}, 2, {D}), detail::vector_align({&in.k, &in.v}, 3, {D}));
+  const int64_t D = in.q.size(3);
+  return std::min(detail::vector_align({&in.q}, 3, {D}), detail::vector_align({&in.k, &in.v}, 3, {D}));
 }
 
 DecodeKey make_key(const Inputs& in) {
   DecodeKey key{};
-  key.D = in.q.size(2);
+  key.D = in.q.size(3);
   key.S = in.q.size(0);
-  key.Hq = in.q.size(1);
+  key.Q = in.q.size(1);
+  key.Hq = in.q.size(2);
   key.Hkv = in.k.size(2);
   key.G = key.Hq / key.Hkv;
   key.L = in.block_table.size(1) * in.k.size(1);
@@ -136,15 +142,16 @@ at::Tensor launch(const Entry* entry, const Inputs& in) {
   p.context_lens = in.context_lens.data_ptr<int32_t>();
   p.alibi = in.alibi ? in.alibi->data_ptr<float>() : nullptr;
   p.out = out.data_ptr();
-  p.S = q.size(0), p.Hq = q.size(1), p.Hkv = in.k.size(2), p.D = q.size(2), p.max_blocks = in.block_table.size(1);
+  p.S = q.size(0), p.Q = q.size(1), p.Hq = q.size(2), p.Hkv = in.k.size(2), p.D = q.size(3);
+  p.max_blocks = in.block_table.size(1);
   p.block_shift = block_shift(in.k.size(1));
   p.scale = static_cast<float>(in.scale);
   p.soft_cap = static_cast<float>(in.soft_cap);
-  p.q_ss = q.stride(0), p.q_sh = q.stride(1);
+  p.q_ss = q.stride(0), p.q_sq = q.stride(1), p.q_sh = q.stride(2);
   p.k_sb = in.k.stride(0), p.k_st = in.k.stride(1), p.k_sh = in.k.stride(2);
   p.v_sb = in.v.stride(0), p.v_st = in.v.stride(1), p.v_sh = in.v.stride(2);
   p.bt_ss = in.block_table.stride(0);
-  p.out_ss = out.stride(0), p.out_sh = out.stride(1);
+  p.out_ss = out.stride(0), p.out_sq = out.stride(1), p.out_sh = out.stride(2);  // contiguous (reduce.h)
   p.sm_count = detail::sm_count(q.device().index(), "paged_decode");
   const size_t workspace_bytes = entry->workspace(p);
   at::Tensor workspace;
@@ -159,39 +166,49 @@ at::Tensor launch(const Entry* entry, const Inputs& in) {
 }
 
 std::string describe(const DecodeKey& key) {
-  return "D=" + str(key.D) + ", Hq=" + str(key.Hq) + ", Hkv=" + str(key.Hkv) + " (group " + str(key.G) +
+  return "D=" + str(key.D) + ", Q=" + str(key.Q) + " query tokens, Hq=" + str(key.Hq) + ", Hkv=" + str(key.Hkv) + " (group " + str(key.G) +
          "), vector alignment " + str(key.align) + " elements";
 }
 
-at::Tensor paged_decode_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& block_table,
+// q as [S, Q, Hq, D]: a 3-D q is one query token per sequence.
+at::Tensor with_query_dim(const at::Tensor& q) {
+  if (q.dim() == 3) return q.unsqueeze(1);
+  if (q.dim() == 4) return q;
+  fail_value("paged_decode: q must be [S, Hq, D] or [S, Q, Hq, D], got shape " + str(q.sizes()));
+}
+
+at::Tensor paged_decode_cuda(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v, const at::Tensor& block_table,
                          const at::Tensor& context_lens, double scale, const std::optional<at::Tensor>& alibi, double soft_cap) {
+  const at::Tensor q = with_query_dim(q_in);
   const Inputs in{q, k, v, block_table, context_lens, alibi, scale, soft_cap};
   check_all(in);
-  if (q.numel() == 0) return at::empty(q.sizes(), q.options());
+  if (q.numel() == 0) return at::empty(q_in.sizes(), q.options());
   const DecodeKey key = make_key(in);
   const Entry* entry = paged_decode_select(key);
   if (entry == nullptr) {
     fail_value("paged_decode: unsupported head size or layout: " + describe(key) + " (dtype " + str(q) +
                "); no compiled instance covers it; `make list FILTER='paged*'` shows the instances");
   }
-  return launch(entry, in);
+  return launch(entry, in).view(q_in.sizes());
 }
 
-at::Tensor paged_decode_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& block_table,
+at::Tensor paged_decode_with_cuda(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v, const at::Tensor& block_table,
                               const at::Tensor& context_lens, double scale, const std::optional<at::Tensor>& alibi,
                               double soft_cap, const std::string& instance) {
+  const at::Tensor q = with_query_dim(q_in);
   const Inputs in{q, k, v, block_table, context_lens, alibi, scale, soft_cap};
   check_all(in);
   const Entry* entry = paged_decode_find(instance.c_str());
   if (entry == nullptr) fail_value("paged_decode_with: no instance named " + instance);
-  if (q.numel() == 0) return at::empty(q.sizes(), q.options());
+  if (q.numel() == 0) return at::empty(q_in.sizes(), q.options());
   const DecodeKey key = make_key(in);
   if (!entry->covers(key)) fail_value("paged_decode_with: instance " + instance + " does not cover " + describe(key));
-  return launch(entry, in);
+  return launch(entry, in).view(q_in.sizes());
 }
 
-std::string paged_decode_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+std::string paged_decode_select_name(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& block_table, const at::Tensor& context_lens) {
+  const at::Tensor q = with_query_dim(q_in);
   const std::optional<at::Tensor> no_alibi;
   const Inputs in{q, k, v, block_table, context_lens, no_alibi, 1.0, 0.0};
   check_all(in);

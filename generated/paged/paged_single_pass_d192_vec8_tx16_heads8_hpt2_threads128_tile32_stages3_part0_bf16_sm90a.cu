@@ -63,46 +63,57 @@ __device__ __forceinline__ void issue_tile(T* stage, const Params& p, const int3
   }
 }
 
-// Grid: (sequence, group of HEADS query heads, partition).
+// CTAs per (query token, kv head): the group of G query heads in packs of HEADS, the last
+// one padded (its missing heads compute on zeros and are never stored).
+__host__ __device__ __forceinline__ int64_t packs_per_group(const Params& p) {
+  return (p.Hq / p.Hkv + HEADS - 1) / HEADS;
+}
+
+// Grid: (sequence, (query token, kv head, pack of HEADS query heads), partition).
 __global__ void __launch_bounds__(THREADS) decode_kernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* ring = reinterpret_cast<T*>(smem_raw);
   const int64_t seq = blockIdx.x;
-  const int64_t head0 = static_cast<int64_t>(blockIdx.y) * HEADS;
-  const int64_t kv_head = head0 / (p.Hq / p.Hkv);
+  const int64_t G = p.Hq / p.Hkv, packs = packs_per_group(p);
+  const int64_t qi = blockIdx.y / (p.Hkv * packs);
+  const int64_t kv_head = blockIdx.y / packs % p.Hkv;
   const int x = threadIdx.x % TX, y = threadIdx.x / TX % ROWS, z = threadIdx.x / (TX * ROWS);
-  const int64_t my_head0 = head0 + y * HPT;  // this thread's heads: my_head0 .. my_head0 + HPT - 1
+  // This thread's heads of the group: my_rank0 .. my_rank0 + HPT - 1 (those >= G are padding).
+  const int64_t my_rank0 = blockIdx.y % packs * HEADS + y * HPT;
+  const int64_t my_head0 = kv_head * G + my_rank0;
 
   const int64_t capacity = p.max_blocks << p.block_shift;
   const int64_t len = p.context_lens[seq];
   const int n = static_cast<int>(len < 0 ? 0 : (len > capacity ? capacity : len));
+  const int pos = n - static_cast<int>(p.Q) + static_cast<int>(qi);  // this query token's position
   const int begin = SPLIT ? static_cast<int>(blockIdx.z) * PART : 0;
   if (SPLIT && blockIdx.z > 0 && begin >= n) return;  // past this sequence's context: the reduce skips it
-  const int end = SPLIT ? min(begin + PART, n) : n;
+  const int end = max(begin, min(SPLIT ? begin + PART : n, pos + 1));  // tokens this CTA sees: [begin, end)
 
   // This lane's pieces of its heads' queries, scaled; its output pieces; base-2 running max
   // and sum over its own tokens.
   float qf[HPT][CHUNKS][VEC], acc[HPT][CHUNKS][VEC], run_max[HPT], run_sum[HPT], slope[HPT];
 #pragma unroll
   for (int h = 0; h < HPT; ++h) {
-    const T* q = static_cast<const T*>(p.q) + seq * p.q_ss + (my_head0 + h) * p.q_sh;
+    const bool real = my_rank0 + h < G;
+    const T* q = static_cast<const T*>(p.q) + seq * p.q_ss + qi * p.q_sq + (my_head0 + h) * p.q_sh;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       const int piece = x + c * TX;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) qf[h][c][j] = acc[h][c][j] = 0.f;
-      if (!piece_used(piece)) continue;
+      if (!piece_used(piece) || !real) continue;
       load_floats<VEC>(q + piece * VEC, qf[h][c]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) qf[h][c][j] *= p.scale;
     }
     run_max[h] = -INFINITY;
     run_sum[h] = 0.f;
-    slope[h] = p.alibi ? p.alibi[my_head0 + h] : 0.f;
+    slope[h] = p.alibi && real ? p.alibi[my_head0 + h] : 0.f;
   }
 
   const int32_t* pages = p.block_table + seq * p.bt_ss;
-  const int tiles = (end - begin + TILE - 1) / TILE;
+  const int tiles = (end - begin + TILE - 1) / TILE;  // 0 when no token is visible
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < tiles) issue_tile(ring + s * STAGE_ELEMS, p, pages, kv_head, begin + s * TILE, end);
@@ -157,7 +168,7 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const Params p) {
         const int t = first + i * TZ + z;
         float s = score[h][i];
         if (p.soft_cap > 0.f) s = p.soft_cap * tanhf(s / p.soft_cap);
-        s += slope[h] * static_cast<float>(t - n + 1);
+        s += slope[h] * static_cast<float>(t - pos);
         score[h][i] = t < end ? s * LOG2E : -INFINITY;
         tile_max = fmax_nan(tile_max, score[h][i]);
       }
@@ -228,6 +239,7 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const Params p) {
   for (int h = 0; h < HPT; ++h) {
     const int head_slot = y * HPT + h;
     const int64_t head = my_head0 + h;
+    if (my_rank0 + h >= G) continue;  // padding of the last pack
     float top = -INFINITY;
 #pragma unroll
     for (int zz = 0; zz < TZ; ++zz) top = fmax_nan(top, slot_max[zz * HEADS + head_slot]);
@@ -243,12 +255,12 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const Params p) {
     float* part_out = nullptr;
     if constexpr (SPLIT) {
       const int64_t parts = gridDim.z;
-      const int64_t row = (seq * p.Hq + head) * parts + blockIdx.z;
+      const int64_t row = ((seq * p.Q + qi) * p.Hq + head) * parts + blockIdx.z;
       float* lse = static_cast<float*>(p.workspace);
       part_out = lse + split_lse_floats(p.S, p.Hq, parts) + row * D;
       if (x == 0) lse[row] = top == -INFINITY ? -INFINITY : top + log2f(total);
     }
-    T* out = static_cast<T*>(p.out) + seq * p.out_ss + head * p.out_sh;
+    T* out = static_cast<T*>(p.out) + seq * p.out_ss + qi * p.out_sq + head * p.out_sh;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       const int piece = x + c * TX;
@@ -283,13 +295,14 @@ int64_t partitions(const Params& p) {
 
 size_t workspace_paged_single_pass_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_bf16_sm90a(const Params& p) {
   if (!SPLIT) return 0;
-  return static_cast<size_t>(split_workspace_floats(p.S, p.Hq, partitions(p), D)) * sizeof(float);
+  return static_cast<size_t>(split_workspace_floats(p.S, p.Q * p.Hq, partitions(p), D)) * sizeof(float);
 }
 
 cudaError_t launch_paged_single_pass_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_bf16_sm90a(const Params& p, cudaStream_t stream) {
   constexpr size_t smem = 73728;
   const int64_t parts = partitions(p);
-  const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.Hq / HEADS), static_cast<unsigned>(parts));
+  const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.Q * p.Hkv * packs_per_group(p)),
+                  static_cast<unsigned>(parts));
   if (smem > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
@@ -297,15 +310,7 @@ cudaError_t launch_paged_single_pass_d192_vec8_tx16_heads8_hpt2_threads128_tile3
   decode_kernel<<<grid, THREADS, smem, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || !SPLIT) return err;
-  ReduceParams r{};
-  r.lse = static_cast<const float*>(p.workspace);
-  r.o = r.lse + split_lse_floats(p.S, p.Hq, parts);
-  r.context_lens = p.context_lens;
-  r.out = p.out;
-  r.S = p.S, r.Hq = p.Hq, r.D = D, r.parts = parts, r.part_tokens = PART;
-  r.capacity = p.max_blocks << p.block_shift;
-  r.out_ss = p.out_ss, r.out_sh = p.out_sh;
-  return launch_reduce(r, DType::kBF16, stream);
+  return launch_reduce(reduce_params(p, parts, PART), DType::kBF16, stream);
 }
 
 }  // namespace paged

@@ -2,12 +2,13 @@
 // or templates/paged/params.cuh.j2 and run `make gen`.
 // The ABI every paged decode instance shares: raw pointers, 64-bit sizes and strides.
 //
-// For sequence s and query head h (kv head g = h / (Hq / Hkv)), with n = context_lens[s]
-// (clamped to what the block table holds) and token t stored at page block_table[s][t / bs],
+// For sequence s, query token i < Q and query head h (kv head g = h / (Hq / Hkv)), with
+// n = context_lens[s] (clamped to what the block table holds; it counts the Q new tokens, so
+// query i sits at position pos = n - Q + i) and token t stored at page block_table[s][t / bs],
 // slot t % bs:
-//   score_t = scale * q[s,h] . K_t          then soft cap: cap * tanh(score / cap) if cap > 0
-//                                           then ALiBi: + slope[h] * (t - n + 1) if slopes
-//   out[s,h] = sum_t softmax(score)_t V_t   (zeros when n == 0)
+//   score_t = scale * q[s,i,h] . K_t        then soft cap: cap * tanh(score / cap) if cap > 0
+//                                           then ALiBi: + slope[h] * (t - pos) if slopes
+//   out[s,i,h] = sum_{t <= pos} softmax(score)_t V_t   (zeros when no token is visible)
 #pragma once
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -16,23 +17,23 @@ namespace attngen {
 namespace paged {
 
 struct Params {
-  const void* q;               // [S, Hq, D], last dim contiguous
+  const void* q;               // [S, Q, Hq, D], last dim contiguous
   const void* k;               // cache viewed [blocks, block_size, Hkv, D], last dim contiguous
   const void* v;               // same view as k
   const int32_t* block_table;  // [S, max_blocks]
   const int32_t* context_lens; // [S]
   const float* alibi;          // [Hq] fp32 slopes, or null
-  void* out;                   // [S, Hq, D], the input type
-  int64_t S, Hq, Hkv, D, max_blocks;
+  void* out;                   // [S, Q, Hq, D] contiguous, the input type
+  int64_t S, Q, Hq, Hkv, D, max_blocks;
   int block_shift;             // log2(block_size): block sizes are powers of two
   float scale;                 // applied to q . k
   float soft_cap;              // 0: none
   // Strides in elements.
-  int64_t q_ss, q_sh;
+  int64_t q_ss, q_sq, q_sh;
   int64_t k_sb, k_st, k_sh;    // block, token in block, head
   int64_t v_sb, v_st, v_sh;
   int64_t bt_ss;
-  int64_t out_ss, out_sh;
+  int64_t out_ss, out_sq, out_sh;
   int64_t sm_count;
   void* workspace;             // split kinds: partial outputs and log-sum-exps (Entry::workspace bytes)
 };
@@ -44,6 +45,7 @@ struct DecodeKey {
   int64_t D;  // head size
   int64_t G;  // query heads per kv head (Hq / Hkv)
   int64_t S;  // sequences in the batch
+  int64_t Q;  // query tokens per sequence (1: plain decode)
   int64_t Hq;  // query heads
   int64_t Hkv;  // key/value heads
   int64_t L;  // longest context the block table can hold (max_blocks * block_size)

@@ -10,23 +10,39 @@
 namespace attngen {
 namespace paged {
 
-// Partition p of (sequence s, query head h) left its output normalized by its own sum,
-// o[s][h][p][:], and its log-sum-exp in base 2, lse[s][h][p] (-inf when it saw no token).
+// Partition p of (sequence s, query row r = query token * Hq + query head) left its output
+// normalized by its own sum, o[s][r][p][:], and its log-sum-exp in base 2, lse[s][r][p]
+// (-inf when it saw no token).
 struct ReduceParams {
-  const float* lse;            // [S, Hq, parts]
-  const float* o;              // [S, Hq, parts, D]
+  const float* lse;            // [S, rows, parts]
+  const float* o;              // [S, rows, parts, D]
   const int32_t* context_lens; // [S]
-  void* out;                   // [S, Hq, D], the input type
-  int64_t S, Hq, D, parts;
+  void* out;                   // [S, rows, D] (the [S, Q, Hq, D] output), the input type
+  int64_t S, rows, D, parts;   // rows = Q * Hq query rows per sequence
   int64_t part_tokens;         // tokens per partition
   int64_t capacity;            // max_blocks * block_size: contexts are clamped to it
-  int64_t out_ss, out_sh;
+  int64_t out_ss, out_sr;      // strides of a sequence and of a query row
 };
 
 // Workspace floats of a split launch: lse first (padded to 16 bytes), then o.
-__host__ __device__ inline int64_t split_lse_floats(int64_t S, int64_t Hq, int64_t parts) { return (S * Hq * parts + 3) / 4 * 4; }
-__host__ __device__ inline int64_t split_workspace_floats(int64_t S, int64_t Hq, int64_t parts, int64_t D) {
-  return split_lse_floats(S, Hq, parts) + S * Hq * parts * D;
+__host__ __device__ inline int64_t split_lse_floats(int64_t S, int64_t rows, int64_t parts) { return (S * rows * parts + 3) / 4 * 4; }
+__host__ __device__ inline int64_t split_workspace_floats(int64_t S, int64_t rows, int64_t parts, int64_t D) {
+  return split_lse_floats(S, rows, parts) + S * rows * parts * D;
+}
+
+// The merge of a split launch of `parts` partitions of `part_tokens` tokens over p.workspace.
+// The output is contiguous over (query token, head) (the bindings allocate it), so the Q * Hq
+// rows of a sequence are one stride apart.
+inline ReduceParams reduce_params(const Params& p, int64_t parts, int64_t part_tokens) {
+  ReduceParams r{};
+  r.lse = static_cast<const float*>(p.workspace);
+  r.o = r.lse + split_lse_floats(p.S, p.Q * p.Hq, parts);
+  r.context_lens = p.context_lens;
+  r.out = p.out;
+  r.S = p.S, r.rows = p.Q * p.Hq, r.D = p.D, r.parts = parts, r.part_tokens = part_tokens;
+  r.capacity = p.max_blocks << p.block_shift;
+  r.out_ss = p.out_ss, r.out_sr = p.out_sh;
+  return r;
 }
 
 cudaError_t launch_reduce(const ReduceParams& p, DType dtype, cudaStream_t stream);

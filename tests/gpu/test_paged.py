@@ -1,6 +1,7 @@
 """GPU tier for paged decode: every generated instance, and the dispatched op over the issue's
-matrix (context lengths, mixed batches, shuffled pages, every group size of Hq = 32), against
-the float64 gather reference; extras, layouts, bad input, CUDA graphs, torch.compile."""
+matrix (group sizes 1-8 and 16, 1 to 16 query tokens, context lengths 1 to 32768 in one batch,
+shuffled pages, every dtype), against the float64 gather reference; extras, layouts, bad
+input, CUDA graphs, torch.compile."""
 import pytest
 import torch
 
@@ -12,8 +13,11 @@ from .conftest import family_manifest
 
 pytestmark = pytest.mark.gpu
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPE_BYTES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 LENGTHS = [1, 15, 16, 17, 1000, 32768]
+GROUPS = [1, 2, 3, 4, 5, 6, 7, 8, 16]
+QUERY_TOKENS = [1, 2, 5, 16]
 
 
 def worst_rel_err(out, ref):
@@ -33,15 +37,16 @@ def poison(numel):
         torch.full((numel,), float("nan"), dtype=dtype, device="cuda")
 
 
-def make_case(lens, Hq, Hkv, D, dtype, block_size=16, seed=0, layout="NHD", spare=5):
-    """q, a cache whose pages are shuffled (and interleaved between sequences), block table,
-    lengths; cache rows past each context hold NaN, so reading them shows."""
+def make_case(lens, Hq, Hkv, D, dtype, block_size=16, seed=0, layout="NHD", spare=5, Q=None):
+    """q ([S, Hq, D], or [S, Q, Hq, D] when Q is given), a cache whose pages are shuffled (and
+    interleaved between sequences), block table, lengths; cache rows past each context hold
+    NaN, so reading them shows."""
     g = torch.Generator().manual_seed(seed)
     S = len(lens)
     max_blocks = max(1, max((n + block_size - 1) // block_size for n in lens))
     num_blocks = S * max_blocks + spare
     bt = torch.randperm(num_blocks, generator=g)[: S * max_blocks].to(torch.int32).reshape(S, max_blocks)
-    q = torch.randn(S, Hq, D, generator=g)
+    q = torch.randn(S, Hq, D, generator=g) if Q is None else torch.randn(S, Q, Hq, D, generator=g)
     k = torch.full((num_blocks, block_size, Hkv, D), float("nan"))
     v = torch.full((num_blocks, block_size, Hkv, D), float("nan"))
     for s, n in enumerate(lens):
@@ -61,19 +66,30 @@ def expected(case, layout="NHD", **extras):
     return reference.paged_decode(q, k.nan_to_num(), v.nan_to_num(), bt, cl, kv_layout=layout, **extras)
 
 
+def instance_group(params: dict) -> tuple:
+    """(G, Q) an instance is tested with: a padded group where it packs heads (the packing
+    minus one), and query tokens that spill into a second block of rows for grouped_mma."""
+    if "heads" in params:
+        heads = params["heads"]
+        return (heads - 1 if heads > 2 else heads), 2
+    return (16, 3) if params["mt"] == 2 else (7, 3)
+
+
 def test_every_instance():
     rows = family_manifest("paged")
     assert rows, "no paged instances in the manifest"
     failures, cases = [], {}
     for name, row in sorted(rows.items()):
-        dtype, D, heads = DTYPES[row["dtype"]], row["params"]["d"], row["params"]["heads"]
-        key = (row["dtype"], D, heads)
+        dtype, D = DTYPES[row["dtype"]], row["params"]["d"]
+        G, Q = instance_group(row["params"])
+        key = (row["dtype"], D, G, Q)
         if key not in cases:
-            # Two kv heads of `heads` query heads each; contexts around a page, a tile and a partition.
-            case = make_case([1, 15, 16, 17, 100, 600], 2 * heads, 2, D, dtype, seed=D + heads)
+            # Two kv heads; contexts around a page, a tile and a partition, and one shorter than
+            # Q (its first query tokens see nothing).
+            case = make_case([1, 2, 15, 16, 17, 100, 600], 2 * G, 2, D, dtype, seed=D + G, Q=Q)
             cases[key] = (case, expected(case))
         case, want = cases[key]
-        poison(want.numel() * 4 + 8 * 2 * heads * 2 * D * 4)
+        poison(want.numel() * 4 + 8 * 2 * G * Q * 2 * D * 4)
         got = paged.paged_decode_with(name, *case)
         err = worst_rel_err(got, want)
         if err > TOL[dtype]:
@@ -81,23 +97,41 @@ def test_every_instance():
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("Hkv", [1, 2, 4, 8, 32])
-def test_issue_matrix_every_group_size(dtype, Hkv):
-    """Hq = 32 over Hkv; contexts 1, 15, 16, 17, 1000, 32768 in one batch (mixed lengths,
-    shuffled pages), block 16, D 128, through dispatch; and the same batch single-pass."""
-    case = make_case(LENGTHS, 32, Hkv, 128, dtype, seed=Hkv)
+def matrix():
+    """The issue's matrix: every (G, Q) in bf16; the corners and a middle in fp16 and fp32."""
+    for G in GROUPS:
+        for Q in QUERY_TOKENS:
+            yield torch.bfloat16, G, Q
+    for dtype in (torch.float16, torch.float32):
+        for G, Q in [(1, 1), (3, 2), (7, 5), (8, 1), (16, 16)]:
+            yield dtype, G, Q
+
+
+@pytest.mark.parametrize("dtype,G,Q", list(matrix()))
+def test_issue_matrix_group_sizes_and_query_tokens(dtype, G, Q):
+    """Hq = 2 G over 2 kv heads, Q query tokens; contexts 1, 15, 16, 17, 1000, 32768 in one
+    batch (mixed lengths, shuffled pages), block 16, D 128, through dispatch; and the same batch
+    through the CUDA-core single-pass kind."""
+    case = make_case(LENGTHS, 2 * G, 2, 128, dtype, seed=G * 17 + Q, Q=Q)
     want = expected(case)
     poison(want.numel() * 4)
     got = attngen.paged_decode(*case)
-    assert worst_rel_err(got, want) <= TOL[dtype]
-    single = [n for n in paged.instances() if "single_pass_d128_" in n and n.endswith(f"{_dt(dtype)}_sm90a")]
-    name = next(n for n in single if (32 // Hkv) % paged.instance_heads(n) == 0)
-    assert worst_rel_err(paged.paged_decode_with(name, *case), want) <= TOL[dtype]
+    assert worst_rel_err(got, want) <= TOL[dtype], paged.selected_instance(*case)
+    name = covering_instance("single_pass", 128, dtype, G, Q)
+    assert worst_rel_err(paged.paged_decode_with(name, *case), want) <= TOL[dtype], name
 
 
 def _dt(dtype):
     return {v: k for k, v in DTYPES.items()}[dtype]
+
+
+def covering_instance(kind: str, D: int, dtype, G: int, Q: int = 1) -> str:
+    """The instance of `kind` that dispatch would take for this shape, by the spec's covers rule."""
+    spec, insts = [x for x in pipeline.lower(pipeline.expand(pipeline.load())) if x[0].family == "paged"][0]
+    runtime = {"D": D, "G": G, "S": 1, "Q": Q, "Hq": G, "Hkv": 1, "L": 4096, "align": 16 // DTYPE_BYTES[dtype],
+               "sm_count": 132}
+    return next(i.name for i in dispatch.ordered(spec, insts, kind)
+                if i.a == {"dtype": _dt(dtype)} and dispatch.covers(spec, i, runtime))
 
 
 @pytest.mark.parametrize("D", [64, 80, 96, 112, 192, 256])
@@ -111,11 +145,12 @@ def test_head_sizes_block_sizes_layouts(D, block_size, layout):
         assert worst_rel_err(got, want) <= TOL[dtype], (D, block_size, layout, dtype)
 
 
+@pytest.mark.parametrize("Q", [None, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_alibi_soft_cap_and_scale(dtype):
-    case = make_case([5, 300, 2000], 16, 4, 128, dtype, seed=3)
+def test_alibi_soft_cap_and_scale(dtype, Q):
+    case = make_case([5, 300, 2000], 16, 4, 128, dtype, seed=3, Q=Q)
     slopes = torch.tensor([2.0 ** (-(i + 1) / 2) for i in range(16)], device="cuda")
-    for extras in (dict(alibi_slopes=slopes), dict(soft_cap=2.0, scale=0.5),
+    for extras in (dict(alibi_slopes=slopes), dict(soft_cap=2.0, scale=0.5), dict(scale=-0.3),
                    dict(alibi_slopes=slopes, soft_cap=5.0)):
         want = expected(case, **extras)
         got = attngen.paged_decode(*case, **extras)
@@ -134,12 +169,13 @@ def test_empty_context_strided_q_and_fewer_lengths_than_capacity():
 
 
 def test_nan_in_the_cache_inside_a_context_reaches_the_output():
-    """The softmax must not skip a NaN score (fmaxf would): it poisons its heads, as in torch."""
-    for kind in ("single_pass", "split_k"):
-        q, k, v, bt, cl = make_case([40, 1500], 8, 2, 64, torch.float32, seed=9)
+    """The softmax must not skip a NaN score: it poisons its heads, as in torch."""
+    for kind, dtype in (("single_pass", torch.float32), ("split_k", torch.float32), ("grouped_mma", torch.bfloat16)):
+        q, k, v, bt, cl = make_case([40, 1500], 8, 2, 64, dtype, seed=9)
         page, slot = int(bt[1, 20]), 3                # token 323 of sequence 1, kv head 1
         k[page, slot, 1, 5] = float("nan")
-        name = next(n for n in paged.instances() if f"_{kind}_d64_" in n and "_heads4_" in n and n.endswith("fp32_sm90a"))
+        name = next(n for n in paged.instances() if f"_{kind}_d64_" in n and ("_heads4_" in n or "_mt1_" in n)
+                    and n.endswith(f"{_dt(dtype)}_sm90a"))
         out = paged.paged_decode_with(name, q, k, v, bt, cl)
         assert out[1, 4:].isnan().all() and not out[0].isnan().any() and not out[1, :4].isnan().any(), kind
 
@@ -195,13 +231,17 @@ def test_torch_compile_fullgraph():
 def test_dispatch_matches_its_python_mirror():
     spec, insts = [x for x in pipeline.lower(pipeline.expand(pipeline.load())) if x[0].family == "paged"][0]
     sm = torch.cuda.get_device_properties(0).multi_processor_count
-    for S, Hq, Hkv, D, ctx in [(64, 32, 8, 128, 4096), (8, 32, 32, 128, 32768), (1, 32, 1, 64, 100),
-                               (300, 8, 8, 256, 1024), (2, 24, 8, 80, 5000), (4, 16, 2, 96, 64)]:
-        case = make_case([1] * S, Hq, Hkv, D, torch.bfloat16)
+    for S, Q, Hq, Hkv, D, ctx, dtype in [
+            (64, 1, 32, 8, 128, 4096, "bf16"), (8, 1, 32, 32, 128, 32768, "bf16"), (1, 1, 32, 1, 64, 100, "bf16"),
+            (300, 1, 8, 8, 256, 1024, "bf16"), (2, 1, 24, 8, 80, 5000, "bf16"), (4, 1, 16, 2, 96, 64, "bf16"),
+            (4, 4, 8, 8, 128, 512, "bf16"), (4, 2, 8, 8, 128, 512, "fp16"), (4, 1, 28, 4, 128, 4096, "fp32"),
+            (4, 3, 64, 4, 64, 4096, "fp32")]:
+        case = make_case([1] * S, Hq, Hkv, D, DTYPES[dtype], Q=Q)
         q, k, v, _, cl = case
         bt = torch.zeros(S, ctx // 16, dtype=torch.int32, device="cuda")
         got = paged.selected_instance(q, k, v, bt, cl)
-        runtime = {"D": D, "G": Hq // Hkv, "S": S, "Hq": Hq, "Hkv": Hkv, "L": ctx, "align": 8, "sm_count": sm}
-        want = dispatch.select(spec, insts, runtime, {"dtype": "bf16"})
-        assert got == (want.name if want else ""), (S, Hq, Hkv, D, ctx)
+        runtime = {"D": D, "G": Hq // Hkv, "S": S, "Q": Q, "Hq": Hq, "Hkv": Hkv, "L": ctx, "align": 8 if dtype != "fp32" else 4,
+                   "sm_count": sm}
+        want = dispatch.select(spec, insts, runtime, {"dtype": dtype})
+        assert got == (want.name if want else ""), (S, Q, Hq, Hkv, D, ctx, dtype)
 
