@@ -147,6 +147,8 @@ def group_table(quick: bool) -> list:
                "instance": paged.selected_instance(*case), "attngen_ms": do_bench(lambda: attngen.paged_decode(*case))}
         for kind in KINDS:
             row[f"{kind}_ms"] = do_bench(forced(case, kind)[1])
+        row["candidates_tbps"] = {short(name): nbytes / do_bench(lambda: paged.paged_decode_with(name, *case)) / 1e9
+                                  for name in candidates()}
         if not quick and S * ctx <= 2**18:
             row["torch_ms"] = do_bench(lambda: torch_gather_sdpa(*case))
         for key in ("attngen", *KINDS, "torch"):
@@ -157,6 +159,16 @@ def group_table(quick: bool) -> list:
         case = None
         torch.cuda.empty_cache()
     return rows
+
+
+def candidates() -> list:
+    """The grouped_mma_candidates instances (other stages and split targets, never dispatched)."""
+    return [n for n in paged.instances() if "_grouped_mma_candidates_" in n and n.endswith("_bf16_sm90a")]
+
+
+def short(name: str) -> str:
+    """stages3_waves8 out of a grouped_mma instance name."""
+    return "_".join(part for part in name.split("_") if part.startswith(("stages", "waves")))
 
 
 def query_table() -> list:
@@ -196,11 +208,19 @@ def markdown(copy, rows, meta, groups=(), queries=()) -> str:
     if groups:
         out += ["", "## Every group size (issue 14): TB/s of K and V, each byte counted once", "",
                 "| G | Hq/Hkv | seqs | context | attngen | target | " + " | ".join(f"{k} forced" for k in KINDS)
-                + " | torch gather + SDPA | instance |", "|---" * (7 + len(KINDS)) + "|"]
+                + " | best grouped_mma candidate | torch gather + SDPA | instance |", "|---" * (8 + len(KINDS)) + "|"]
         for r in groups:
+            best = max(r["candidates_tbps"].items(), key=lambda kv: kv[1], default=("-", None))
             out.append(f"| {r['G']} | {r['Hq']}/{r['Hkv']} | {r['S']} | {r['context']} | **{f(r['attngen_tbps'])}** | "
                        f">= {r['target_tbps']} | " + " | ".join(f(r[f'{k}_tbps']) for k in KINDS)
-                       + f" | {f(r.get('torch_tbps'))} | `{r['instance']}` |")
+                       + f" | {f(best[1])} ({best[0]}) | {f(r.get('torch_tbps'))} | `{r['instance']}` |")
+        names = sorted({n for r in groups for n in r["candidates_tbps"]})
+        if names:
+            out += ["", "grouped_mma candidates forced (TB/s; the default is stages3_waves2):", "",
+                    "| G | context | " + " | ".join(names) + " |", "|---|---" + "|---" * len(names) + "|"]
+            for r in groups:
+                out.append(f"| {r['G']} | {r['context']} | " + " | ".join(f(r["candidates_tbps"].get(n)) for n in names)
+                           + " |")
     if queries:
         out += ["", "## Q = 4 query tokens against Q = 1 (same cache, dispatched; target ratio <= 1.3)", "",
                 "| G | Hkv | seqs | context | Q=1 ms | Q=4 ms | ratio | Q=4 instance |", "|---|---|---|---|---|---|---|---|"]

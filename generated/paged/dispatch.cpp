@@ -478,6 +478,34 @@ cudaError_t launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_min_p
 size_t workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_min_part256_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_min_part256_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_min_part256_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_min_part256_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_min_part256_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_min_part256_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_min_part256_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_min_part256_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_min_part256_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves8_min_part256_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves8_min_part256_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_min_part256_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_min_part256_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_min_part256_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_min_part256_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves8_min_part256_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves8_min_part256_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_min_part256_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_min_part256_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_min_part256_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_min_part256_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_min_part256_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_min_part256_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves8_min_part256_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves8_min_part256_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_min_part256_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_min_part256_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_min_part256_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_min_part256_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves8_min_part256_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves8_min_part256_bf16_sm90a(const Params&);
 
 namespace {
 
@@ -715,6 +743,20 @@ bool covers_230(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 
 bool covers_231(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
 bool covers_232(const DecodeKey& key) { return ((key.D == 192) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
 bool covers_233(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
+bool covers_234(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_235(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_236(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_237(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_238(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_239(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_240(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_241(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_242(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_243(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_244(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_245(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_246(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_247(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 
 const Entry kEntries[] = {
     {"paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a", launch_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a, covers_0, workspace_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a},
@@ -951,6 +993,20 @@ const Entry kEntries[] = {
     {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_min_part256_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_min_part256_bf16_sm90a, covers_231, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_min_part256_bf16_sm90a},
     {"paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_min_part256_bf16_sm90a", launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_min_part256_bf16_sm90a, covers_232, workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_min_part256_bf16_sm90a},
     {"paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_min_part256_bf16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_min_part256_bf16_sm90a, covers_233, workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_min_part256_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_min_part256_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_min_part256_fp16_sm90a, covers_234, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_min_part256_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_min_part256_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_min_part256_fp16_sm90a, covers_235, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_min_part256_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_min_part256_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_min_part256_fp16_sm90a, covers_236, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_min_part256_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves8_min_part256_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves8_min_part256_fp16_sm90a, covers_237, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves8_min_part256_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_min_part256_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_min_part256_fp16_sm90a, covers_238, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_min_part256_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_min_part256_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_min_part256_fp16_sm90a, covers_239, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_min_part256_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves8_min_part256_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves8_min_part256_fp16_sm90a, covers_240, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves8_min_part256_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_min_part256_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_min_part256_bf16_sm90a, covers_241, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_min_part256_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_min_part256_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_min_part256_bf16_sm90a, covers_242, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_min_part256_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_min_part256_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_min_part256_bf16_sm90a, covers_243, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_min_part256_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves8_min_part256_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves8_min_part256_bf16_sm90a, covers_244, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves8_min_part256_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_min_part256_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_min_part256_bf16_sm90a, covers_245, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_min_part256_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_min_part256_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_min_part256_bf16_sm90a, covers_246, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_min_part256_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves8_min_part256_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves8_min_part256_bf16_sm90a, covers_247, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves8_min_part256_bf16_sm90a},
 };
 
 }  // namespace
@@ -967,8 +1023,8 @@ const Entry* paged_decode_find(const char* name) {
 }
 
 const Entry* paged_decode_select(const DecodeKey& key) {
-  // specs/paged.yaml:105: when G * Q >= 4 -> grouped_mma
-  if (((key.G * key.Q) >= 4)) {
+  // specs/paged.yaml:127: when G * Q >= 3 -> grouped_mma
+  if (((key.G * key.Q) >= 3)) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[210].covers(key)) return &kEntries[210];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_min_part256_fp16_sm90a
       if (kEntries[211].covers(key)) return &kEntries[211];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_min_part256_fp16_sm90a
@@ -998,7 +1054,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[233].covers(key)) return &kEntries[233];  // paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_min_part256_bf16_sm90a
     }
   }
-  // specs/paged.yaml:112: when L <= 512 -> single_pass
+  // specs/paged.yaml:134: when L <= 512 -> single_pass
   if ((key.L <= 512)) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a
@@ -1112,7 +1168,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[104].covers(key)) return &kEntries[104];  // paged_single_pass_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_bf16_sm90a
     }
   }
-  // specs/paged.yaml:114: when True -> split_k
+  // specs/paged.yaml:136: when True -> split_k
   if (true) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[105].covers(key)) return &kEntries[105];  // paged_split_k_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_fp32_sm90a

@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const Params p) {
       const int64_t parts = gridDim.z;
       const int64_t row = ((seq * p.Q + qi) * p.Hq + head) * parts + blockIdx.z;
       float* lse = static_cast<float*>(p.workspace);
-      part_out = lse + split_lse_floats(p.S, p.Hq, parts) + row * D;
+      part_out = lse + split_lse_floats(p.S, p.Q * p.Hq, parts) + row * D;
       if (x == 0) lse[row] = top == -INFINITY ? -INFINITY : top + log2f(total);
     }
     T* out = static_cast<T*>(p.out) + seq * p.out_ss + qi * p.out_sq + head * p.out_sh;

@@ -1,5 +1,6 @@
 """Small launches of one instance per kernel kind and direction, for compute-sanitizer
-(memcheck, racecheck): `compute-sanitizer --tool racecheck python3 tests/gpu/sanitize_small.py`."""
+(memcheck, racecheck): `compute-sanitizer --tool racecheck python3 tests/gpu/sanitize_small.py [FAMILY ...]`
+(families: causal_linear, rwkv, paged, flash_attention; default all)."""
 import sys
 from pathlib import Path
 
@@ -9,90 +10,110 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import attngen  # noqa: E402
 from attngen import reference  # noqa: E402
 
+
+WANT = set(sys.argv[1:]) or {"causal_linear", "rwkv", "paged", "flash_attention"}
 seen = set()
-for name in attngen.instances():
-    kind = name.split("_e")[0] if "_generic_" not in name else name.split("_emax")[0]
-    key = (kind, "fp32" in name, "bf16" in name)
-    if key in seen or "_e64_m64_" not in name and "generic" not in name:
-        continue
-    seen.add(key)
-    dtype = torch.float32 if "fp32" in name else torch.bfloat16 if "bf16" in name else torch.float16
-    E, M = (64, 64) if "generic" not in name else (40, 36)
-    q, k, v = (torch.randn(1, 2, 600, D, device="cuda").to(dtype) for D in (E, E, M))  # 600: split_time splits
-    out = attngen.causal_dot_product_with(name, q, k, v, "_rev_" in name)
-    ref = reference.causal_dot_product(q, k, v, "_rev_" in name)
-    err = ((out.double() - ref).norm() / ref.norm()).item()
-    print(f"{name}: rel err {err:.2e}")
-    assert err < 2e-2
 
-# wkv: one scan instance per kind, dtype and mode (N=64; N=256 for wide_head), then one
-# forward + backward through the dispatch (the r, k, w, u pass grad_rkwu.cu included).
-from attngen import rwkv  # noqa: E402
 
-for name in rwkv.wkv_instances():
-    kind = name.split("_n")[0]
-    key = (kind, "fp32" in name, "bf16" in name)
-    if key in seen or not ("_n64_" in name or "wide_head" in name):
-        continue
-    seen.add(key)
-    dtype = torch.float32 if "fp32" in name else torch.bfloat16 if "bf16" in name else torch.float16
-    N = 256 if "wide_head" in name else 64
-    q, kc, vo = (torch.randn(1, 40, 2, N, device="cuda").to(dtype) for _ in range(3))
-    w = -torch.rand(1, 40, 2, N, device="cuda").to(dtype)
-    u, s0 = torch.randn(2, N, device="cuda").to(dtype), torch.randn(1, 2, N, N, device="cuda")
-    rev, keys_out = "_rev_" in name, "_output_" in name
-    y, s = rwkv.wkv_scan_with(name, q, kc, vo, w, u, s0, rev, keys_out, True, False)
-    ref, _ = reference.wkv_scan(q, kc, vo, w, u, s0, rev, keys_out)
-    err = ((y.double() - ref).norm() / ref.norm()).item()
-    print(f"{name}: rel err {err:.2e}")
-    assert err < 2e-2
-r, k, v = (torch.randn(2, 70, 2, 64, device="cuda", requires_grad=True) for _ in range(3))
-w = (-torch.rand(2, 70, 2, 64, device="cuda")).requires_grad_()
-u = torch.randn(2, 64, device="cuda", requires_grad=True)
-o, s = attngen.wkv6(r, k, v, w, u, torch.randn(2, 2, 64, 64, device="cuda"))
-(o.sum() + s.sum()).backward()
-
-# paged decode: one instance per kind, dtype and GQA packing (D=80: lanes past the row idle),
-# with a context that ends mid-page and mid-tile, an empty one, and one over two partitions.
-from attngen import paged  # noqa: E402
-
-for name in paged.instances():
-    heads = paged.instance_heads(name)
-    key = (name.split("_d")[0], "fp32" in name, "bf16" in name, heads)
-    if key in seen or "_d80_" not in name:
-        continue
-    seen.add(key)
-    dtype = torch.float32 if "fp32" in name else torch.bfloat16 if "bf16" in name else torch.float16
-    lens = [37, 0, 1100]
-    bt = torch.randperm(3 * 9 * 8, device="cuda")[: 3 * 9].to(torch.int32).view(3, 9)
-    kc = torch.randn(3 * 9 * 8, 128, 2, 80, device="cuda").to(dtype)
-    vc = torch.randn(3 * 9 * 8, 128, 2, 80, device="cuda").to(dtype)
-    q = torch.randn(3, 2 * heads, 80, device="cuda").to(dtype)
-    cl = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    slopes = torch.rand(2 * heads, device="cuda")
-    out = paged.paged_decode_with(name, q, kc, vc, bt, cl, alibi_slopes=slopes)
-    ref = reference.paged_decode(q, kc, vc, bt, cl, alibi_slopes=slopes)
-    err = ((out.double().cpu() - ref).norm() / ref.norm()).item()
-    print(f"{name}: rel err {err:.2e}")
-    assert err < 2e-2
-
-# flash attention: every instance, causal (masked tiles) and windowed with ALiBi (the four
-# compile-time variants), short odd lengths, a packed batch with empty sequences.
-import importlib  # noqa: E402
-
-fa = importlib.import_module("attngen.flash_attention")
-for name in fa.instances():
-    seen.add(name)
-    D = fa.instance_head_size(name)
-    dtype = torch.bfloat16 if "bf16" in name else torch.float16
-    q, k, v = (torch.randn(2, L, H, D, device="cuda").to(dtype) for L, H in ((70, 4), (133, 2), (133, 2)))
-    for kwargs in ({"causal": True}, {"window": (40, 3), "alibi_slopes": torch.rand(4, device="cuda")}, {}):
-        out = fa.flash_attention(q, k, v, instance=name, **kwargs)
-        ref, _ = reference.flash_attention(q, k, v, **kwargs)
+def causal_linear():
+    for name in attngen.instances():
+        kind = name.split("_e")[0] if "_generic_" not in name else name.split("_emax")[0]
+        key = (kind, "fp32" in name, "bf16" in name)
+        if key in seen or "_e64_m64_" not in name and "generic" not in name:
+            continue
+        seen.add(key)
+        dtype = torch.float32 if "fp32" in name else torch.bfloat16 if "bf16" in name else torch.float16
+        E, M = (64, 64) if "generic" not in name else (40, 36)
+        q, k, v = (torch.randn(1, 2, 600, D, device="cuda").to(dtype) for D in (E, E, M))  # 600: split_time splits
+        out = attngen.causal_dot_product_with(name, q, k, v, "_rev_" in name)
+        ref = reference.causal_dot_product(q, k, v, "_rev_" in name)
         err = ((out.double() - ref).norm() / ref.norm()).item()
-        assert err < 2e-2, (name, kwargs, err)
-    print(f"{name}: rel err {err:.2e}")
-    cu = torch.tensor([0, 0, 5, 70], dtype=torch.int32, device="cuda")
-    fa.flash_attention_varlen(q[0], q[1, :, :2], q[1, :, 2:], cu, cu, 65, 65, causal=True, instance=name)
+        print(f"{name}: rel err {err:.2e}")
+        assert err < 2e-2
+
+
+
+def rwkv_family():
+    # wkv: one scan instance per kind, dtype and mode (N=64; N=256 for wide_head), then one
+    # forward + backward through the dispatch (the r, k, w, u pass grad_rkwu.cu included).
+    from attngen import rwkv  # noqa: E402
+
+    for name in rwkv.wkv_instances():
+        kind = name.split("_n")[0]
+        key = (kind, "fp32" in name, "bf16" in name)
+        if key in seen or not ("_n64_" in name or "wide_head" in name):
+            continue
+        seen.add(key)
+        dtype = torch.float32 if "fp32" in name else torch.bfloat16 if "bf16" in name else torch.float16
+        N = 256 if "wide_head" in name else 64
+        q, kc, vo = (torch.randn(1, 40, 2, N, device="cuda").to(dtype) for _ in range(3))
+        w = -torch.rand(1, 40, 2, N, device="cuda").to(dtype)
+        u, s0 = torch.randn(2, N, device="cuda").to(dtype), torch.randn(1, 2, N, N, device="cuda")
+        rev, keys_out = "_rev_" in name, "_output_" in name
+        y, s = rwkv.wkv_scan_with(name, q, kc, vo, w, u, s0, rev, keys_out, True, False)
+        ref, _ = reference.wkv_scan(q, kc, vo, w, u, s0, rev, keys_out)
+        err = ((y.double() - ref).norm() / ref.norm()).item()
+        print(f"{name}: rel err {err:.2e}")
+        assert err < 2e-2
+    r, k, v = (torch.randn(2, 70, 2, 64, device="cuda", requires_grad=True) for _ in range(3))
+    w = (-torch.rand(2, 70, 2, 64, device="cuda")).requires_grad_()
+    u = torch.randn(2, 64, device="cuda", requires_grad=True)
+    o, s = attngen.wkv6(r, k, v, w, u, torch.randn(2, 2, 64, 64, device="cuda"))
+    (o.sum() + s.sum()).backward()
+
+
+def paged_family():
+    # paged decode: one instance per kind, dtype and packing (D=80: lanes past the row idle;
+    # grouped_mma at D=128 too), a group one short of the packing (padding), two query tokens, with
+    # a context that ends mid-page and mid-tile, an empty one, and one over two partitions.
+    from attngen import paged  # noqa: E402
+
+    for name in paged.instances():
+        heads = paged.instance_heads(name)
+        key = (name.split("_d")[0], "fp32" in name, "bf16" in name, heads, "_d80_" in name)
+        if key in seen or "_d80_" not in name and "_d128_" not in name or "_d128_" in name and "_grouped_" not in name:
+            continue
+        seen.add(key)
+        dtype = torch.float32 if "fp32" in name else torch.bfloat16 if "bf16" in name else torch.float16
+        D, group = (80 if "_d80_" in name else 128), max(1, heads - 1)
+        lens = [37, 0, 1100]
+        bt = torch.randperm(3 * 9 * 8, device="cuda")[: 3 * 9].to(torch.int32).view(3, 9)
+        kc = torch.randn(3 * 9 * 8, 128, 2, D, device="cuda").to(dtype)
+        vc = torch.randn(3 * 9 * 8, 128, 2, D, device="cuda").to(dtype)
+        q = torch.randn(3, 2, 2 * group, D, device="cuda").to(dtype)
+        cl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        slopes = torch.rand(2 * group, device="cuda")
+        out = paged.paged_decode_with(name, q, kc, vc, bt, cl, alibi_slopes=slopes)
+        ref = reference.paged_decode(q, kc, vc, bt, cl, alibi_slopes=slopes)
+        err = ((out.double().cpu() - ref).norm() / ref.norm()).item()
+        print(f"{name}: rel err {err:.2e}")
+        assert err < 2e-2
+
+
+def flash_attention():
+    # flash attention: every instance, causal (masked tiles) and windowed with ALiBi (the four
+    # compile-time variants), short odd lengths, a packed batch with empty sequences.
+    import importlib  # noqa: E402
+
+    fa = importlib.import_module("attngen.flash_attention")
+    for name in fa.instances():
+        seen.add(name)
+        D = fa.instance_head_size(name)
+        dtype = torch.bfloat16 if "bf16" in name else torch.float16
+        q, k, v = (torch.randn(2, L, H, D, device="cuda").to(dtype) for L, H in ((70, 4), (133, 2), (133, 2)))
+        for kwargs in ({"causal": True}, {"window": (40, 3), "alibi_slopes": torch.rand(4, device="cuda")}, {}):
+            out = fa.flash_attention(q, k, v, instance=name, **kwargs)
+            ref, _ = reference.flash_attention(q, k, v, **kwargs)
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            assert err < 2e-2, (name, kwargs, err)
+        print(f"{name}: rel err {err:.2e}")
+        cu = torch.tensor([0, 0, 5, 70], dtype=torch.int32, device="cuda")
+        fa.flash_attention_varlen(q[0], q[1, :, :2], q[1, :, 2:], cu, cu, 65, 65, causal=True, instance=name)
+
+
+for family, run in (("causal_linear", causal_linear), ("rwkv", rwkv_family), ("paged", paged_family),
+                    ("flash_attention", flash_attention)):
+    if family in WANT:
+        run()
 torch.cuda.synchronize()
-print(f"sanitized {len(seen)} instances and one wkv6 backward")
+print(f"sanitized {len(seen)} instances ({', '.join(sorted(WANT))})")

@@ -72,7 +72,7 @@ def instance_group(params: dict) -> tuple:
     if "heads" in params:
         heads = params["heads"]
         return (heads - 1 if heads > 2 else heads), 2
-    return (16, 3) if params["mt"] == 2 else (7, 3)
+    return (16, 3) if params["mt"] == 2 else (7, 3)   # 48 rows: two blocks of 32; 21 rows: two of 16
 
 
 def test_every_instance():
@@ -91,7 +91,11 @@ def test_every_instance():
         case, want = cases[key]
         poison(want.numel() * 4 + 8 * 2 * G * Q * 2 * D * 4)
         got = paged.paged_decode_with(name, *case)
-        err = worst_rel_err(got, want)
+        try:
+            err = worst_rel_err(got, want)
+        except AssertionError as bad:
+            failures.append(f"{name}: {bad}")
+            continue
         if err > TOL[dtype]:
             failures.append(f"{name}: relative error {err:.2e}")
     assert not failures, "\n".join(failures)
