@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
-# benchmarks, tuned vs default; rwkv_tests/rwkv_bench, paged_tests/paged_bench and flash_tests/flash_bench run one family's; `retune` adds a fresh second tuning run compared with the SANITIZE="paged" limits the sanitizer steps to the named families.
-# committed table). Logs and results go under $OUT
+# benchmarks, tuned vs default; rwkv_tests/rwkv_bench, paged_tests/paged_bench and flash_tests/flash_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check}

@@ -75,7 +75,7 @@ def paged_family():
             continue
         seen.add(key)
         dtype = torch.float32 if "fp32" in name else torch.bfloat16 if "bf16" in name else torch.float16
-        D, group = (80 if "_d80_" in name else 128), max(1, heads - 1)
+        D, group = (80 if "_d80_" in name else 128), (heads - 1 if heads > 2 else heads)
         lens = [37, 0, 1100]
         bt = torch.randperm(3 * 9 * 8, device="cuda")[: 3 * 9].to(torch.int32).view(3, 9)
         kc = torch.randn(3 * 9 * 8, 128, 2, D, device="cuda").to(dtype)
