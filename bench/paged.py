@@ -124,6 +124,8 @@ def run(quick: bool):
             inst, fn = forced(case, kind)
             row[f"{kind}_ms"] = do_bench(fn)
             row[f"{kind}_instance"] = inst
+        row["candidates_tbps"] = {short(name): nbytes / do_bench(lambda: paged.paged_decode_with(name, *case)) / 1e9
+                                  for name in candidates()}
         if not (quick and S * max(cl.tolist()) > 2**20):     # the gather of 8 x 32768 tokens is slow
             row["torch_ms"] = do_bench(lambda: torch_gather_sdpa(*case))
         for key in ("attngen", *KINDS, "torch"):
@@ -167,8 +169,8 @@ def candidates() -> list:
 
 
 def short(name: str) -> str:
-    """stages3_waves8 out of a grouped_mma instance name."""
-    return "_".join(part for part in name.split("_") if part.startswith(("stages", "waves")))
+    """stages3_waves2_fill90 out of a grouped_mma instance name."""
+    return "_".join(part for part in name.split("_") if part.startswith(("stages", "waves", "fill")))
 
 
 def query_table() -> list:
@@ -214,13 +216,13 @@ def markdown(copy, rows, meta, groups=(), queries=()) -> str:
             out.append(f"| {r['G']} | {r['Hq']}/{r['Hkv']} | {r['S']} | {r['context']} | **{f(r['attngen_tbps'])}** | "
                        f">= {r['target_tbps']} | " + " | ".join(f(r[f'{k}_tbps']) for k in KINDS)
                        + f" | {f(best[1])} ({best[0]}) | {f(r.get('torch_tbps'))} | `{r['instance']}` |")
-        names = sorted({n for r in groups for n in r["candidates_tbps"]})
+        names = sorted({n for r in groups + rows for n in r["candidates_tbps"]})
         if names:
-            out += ["", "grouped_mma candidates forced (TB/s; the default is stages3_waves2):", "",
-                    "| G | context | " + " | ".join(names) + " |", "|---|---" + "|---" * len(names) + "|"]
-            for r in groups:
-                out.append(f"| {r['G']} | {r['context']} | " + " | ".join(f(r["candidates_tbps"].get(n)) for n in names)
-                           + " |")
+            out += ["", "grouped_mma candidates forced (TB/s; the default is stages3_waves2_fill90):", "",
+                    "| case | " + " | ".join(names) + " |", "|---" + "|---" * len(names) + "|"]
+            for r in rows + groups:
+                label = r["case"] if "case" in r else f"G {r['G']}, {r['S']} seqs, context {r['context']}"
+                out.append(f"| {label} | " + " | ".join(f(r["candidates_tbps"].get(n)) for n in names) + " |")
     if queries:
         out += ["", "## Q = 4 query tokens against Q = 1 (same cache, dispatched; target ratio <= 1.3)", "",
                 "| G | Hkv | seqs | context | Q=1 ms | Q=4 ms | ratio | Q=4 instance |", "|---|---|---|---|---|---|---|---|"]

@@ -45,7 +45,7 @@ TEMPLATE_PARAMS = {
     DECODE: {"d": "int", "vec": "int", "tx": "int", "heads": "int", "hpt": "int", "threads": "int",
              "tile": "int", "stages": "int", "part": "int0"},
     DECODE_MMA: {"d": "int", "warps": "int", "tile": "int", "stages": "int", "mt": "int", "waves": "int",
-                 "min_part": "int"},
+                 "fill": "int0", "min_part": "int"},
 }
 SUPPORT_FILES = {
     "paged/params.cuh.j2": "paged/params.cuh",
@@ -148,8 +148,8 @@ def axes_match_cpp(axes: dict) -> str:
 
 def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
-    d, warps, tile, stages, mt, waves, min_part = (p[k] for k in ("d", "warps", "tile", "stages", "mt", "waves",
-                                                                  "min_part"))
+    d, warps, tile, stages, mt, waves, fill, min_part = (p[k] for k in ("d", "warps", "tile", "stages", "mt", "waves",
+                                                                        "fill", "min_part"))
     if inst.dtype_bytes != 2:
         raise Rejected("d", f"tensor-core kinds take 16-bit operands, not {inst.a['dtype']}")
     if d % 16:
@@ -160,6 +160,8 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
     if waves < 1 or min_part < tile or min_part % tile:
         raise Rejected("min_part", f"waves={waves} must be >= 1 and min_part={min_part} a multiple of tile={tile}")
+    if not 0 <= fill <= 100:
+        raise Rejected("fill", f"fill={fill} is a percentage of the waves' CTA slots (0-100)")
     threads, rows, warp_tokens = 32 * warps, 16 * mt, tile // warps
     regs = mt * d // 2 + mt * warp_tokens // 2 + MMA_REG_OVERHEAD
     if regs > MAX_REGS:
