@@ -22,6 +22,7 @@ from . import _ext
 from ._checks import check_tensor
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FP8_CACHE_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 MAX_QUERY_TOKENS = 16
 LAYOUTS = ("NHD", "HND")
 _registered = False
@@ -34,7 +35,8 @@ def _register() -> None:
     _ext.load()
 
     @torch.library.register_fake("attngen::paged_decode")
-    def _fake(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes=None, soft_cap=0.0):
+    def _fake(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes=None, soft_cap=0.0, k_scale=None,
+              v_scale=None):
         return q.new_empty(q.shape)
 
     _registered = True
@@ -59,7 +61,7 @@ def cache_view(k_cache: torch.Tensor, kv_layout: str, name: str = "k_cache") -> 
 
 
 def check_inputs(q, k_cache, v_cache, block_table, context_lens, alibi_slopes, soft_cap, scale,
-                 kv_layout: str):
+                 kv_layout: str, k_scale=None, v_scale=None):
     """Shape, dtype and device checks that need no device memory; returns the NHD views."""
     _check_tensor("q", q, None)
     if q.dim() not in (3, 4):
@@ -71,10 +73,15 @@ def check_inputs(q, k_cache, v_cache, block_table, context_lens, alibi_slopes, s
         _fail(f"q has {q.shape[1]} query tokens per sequence (shape {tuple(q.shape)}); supported: 1 to "
               f"{MAX_QUERY_TOKENS}")
     views = []
+    fp8 = isinstance(k_cache, torch.Tensor) and k_cache.dtype in FP8_CACHE_DTYPES
+    if fp8 and q.dtype == torch.float32:
+        _fail(f"an fp8 cache (k_cache {k_cache.dtype}) needs a float16 or bfloat16 q, got {q.dtype}")
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         _check_tensor(name, cache, q)
-        if cache.dtype != q.dtype:
-            _fail(f"{name} has dtype {cache.dtype} but q has {q.dtype}")
+        if cache.dtype != (k_cache.dtype if fp8 else q.dtype):
+            _fail(f"{name} has dtype {cache.dtype} but {'k_cache' if fp8 else 'q'} has "
+                  f"{k_cache.dtype if fp8 else q.dtype} (the cache holds q's dtype, or float8_e4m3fn / float8_e5m2 "
+                  "for both K and V)")
         view = cache_view(cache, kv_layout, name)
         if view.shape[3] != D:
             _fail(f"{name} has head size {view.shape[3]} (shape {tuple(cache.shape)}, kv_layout={kv_layout}) "
@@ -103,6 +110,14 @@ def check_inputs(q, k_cache, v_cache, block_table, context_lens, alibi_slopes, s
         _fail(f"soft_cap must be a finite number >= 0 (0 or None: no cap), got {soft_cap}")
     if not math.isfinite(scale):
         _fail(f"scale must be finite, got {scale}")
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if x is None:
+            continue
+        if not fp8:
+            _fail(f"{name} is given but the cache is {k_cache.dtype}; scales go with an fp8 cache")
+        _check_tensor(name, x, q)
+        if x.dtype != torch.float32 or x.dim() != 1 or x.shape[0] not in (1, Hkv):
+            _fail(f"{name} must be a float32 [1] or [Hkv={Hkv}], got {x.dtype} {tuple(x.shape)}")
     return k, v
 
 
@@ -125,22 +140,26 @@ def validate_block_table(k: torch.Tensor, block_table: torch.Tensor, context_len
               f"(used by context_lens[{s}] = {int(lens[s])})")
 
 
-def _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout, validate):
+def _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout, validate,
+             k_scale=None, v_scale=None):
     soft_cap = 0.0 if soft_cap is None else float(soft_cap)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    k, v = check_inputs(q, k_cache, v_cache, block_table, context_lens, alibi_slopes, soft_cap, scale, kv_layout)
+    k, v = check_inputs(q, k_cache, v_cache, block_table, context_lens, alibi_slopes, soft_cap, scale, kv_layout,
+                        k_scale, v_scale)
     if validate:
         validate_block_table(k, block_table, context_lens)
     if alibi_slopes is not None:
         alibi_slopes = alibi_slopes.to(torch.float32).contiguous()
+    k_scale, v_scale = (None if x is None else x.contiguous() for x in (k_scale, v_scale))
     _register()
-    return (q, k, v, block_table, context_lens, scale, alibi_slopes, soft_cap)
+    return (q, k, v, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale)
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                  context_lens: torch.Tensor, scale: Optional[float] = None, *,
                  alibi_slopes: Optional[torch.Tensor] = None, soft_cap: Optional[float] = None,
-                 kv_layout: str = "NHD", validate: bool = False) -> torch.Tensor:
+                 kv_layout: str = "NHD", validate: bool = False, k_scale: Optional[torch.Tensor] = None,
+                 v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Decode attention over a paged KV cache.
 
     q [S, Hq, D], or [S, Q, Hq, D] for Q <= 16 query tokens per sequence: token i sits at
@@ -148,18 +167,21 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     [num_blocks, Hkv, block_size, D] ("HND"); block_table [S, max_blocks] int32;
     context_lens [S] int32. Query head h reads kv head h // (Hq // Hkv). scale defaults to
     D ** -0.5; soft_cap applies cap * tanh(score / cap); alibi_slopes [Hq] adds
-    slope * (t - position). Returns out shaped as q, in q's dtype (zeros where a query sees
-    no token). validate=True checks the block table's entries and the context
+    slope * (t - position). An fp8 cache (float8_e4m3fn or float8_e5m2, with a float16 or
+    bfloat16 q, as vLLM's kv_cache_dtype="fp8") holds K / k_scale and V / v_scale: k_scale and
+    v_scale are float32 [1] (per tensor) or [Hkv] (per kv head), 1 when omitted. Returns out
+    shaped as q, in q's dtype (zeros where a query sees no token). validate=True checks the block table's entries and the context
     lengths first (this synchronizes; leave it off inside CUDA graphs)."""
     args = _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout,
-                    validate)
+                    validate, k_scale, v_scale)
     return torch.ops.attngen.paged_decode(*args)
 
 
 def paged_decode_with(instance: str, q, k_cache, v_cache, block_table, context_lens, scale=None, *,
-                      alibi_slopes=None, soft_cap=None, kv_layout="NHD"):
+                      alibi_slopes=None, soft_cap=None, kv_layout="NHD", k_scale=None, v_scale=None):
     """paged_decode through the named instance (benchmarks, tests); an error if it does not cover the call."""
-    args = _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout, False)
+    args = _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout, False,
+                    k_scale, v_scale)
     return torch.ops.attngen.paged_decode_with(*args, instance)
 
 

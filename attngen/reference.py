@@ -134,12 +134,13 @@ def wkv_grad_rkwu(r, k, v, w, u, d_o, checkpoints, d_state=None, want_d_state0=T
 
 
 def paged_decode(q, k_cache, v_cache, block_table, context_lens, scale=None, alibi_slopes=None,
-                 soft_cap=0.0, kv_layout="NHD", dtype=torch.float64) -> torch.Tensor:
+                 soft_cap=0.0, kv_layout="NHD", dtype=torch.float64, k_scale=None, v_scale=None) -> torch.Tensor:
     """Paged decode attention by gathering each sequence's pages into a contiguous K and V and
     taking a softmax in `dtype`. q [S, Hq, D] or [S, Q, Hq, D]: query token i of Q sits at
     position n - Q + i of its context of n tokens and sees tokens 0 .. n - Q + i. Cache NHD
     [blocks, block_size, Hkv, D] or HND [blocks, Hkv, block_size, D]; zeros for a query that
-    sees no token. Returns the shape of q."""
+    sees no token. An fp8 cache is dequantized first: K = k_scale * k, V = v_scale * v with
+    k_scale, v_scale [1] or [Hkv]. Returns the shape of q."""
     if kv_layout == "HND":
         k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     q4 = q if q.dim() == 4 else q[:, None]
@@ -148,7 +149,11 @@ def paged_decode(q, k_cache, v_cache, block_table, context_lens, scale=None, ali
     group = Hq // Hkv
     scale = D ** -0.5 if scale is None else scale
     out = torch.zeros(S, Q, Hq, D, dtype=dtype)
-    k_cache, v_cache = k_cache.cpu(), v_cache.cpu()
+    k_cache, v_cache = k_cache.cpu().to(dtype), v_cache.cpu().to(dtype)
+    if k_scale is not None:
+        k_cache = k_cache * k_scale.cpu().to(dtype)[:, None]          # [Hkv or 1, 1] over (head, dim)
+    if v_scale is not None:
+        v_cache = v_cache * v_scale.cpu().to(dtype)[:, None]
     for s in range(S):
         n = int(context_lens[s])
         if n == 0:

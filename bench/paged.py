@@ -42,6 +42,7 @@ KINDS = ("single_pass", "split_k", "grouped_mma")
 GROUP_CASES = ([(G, 4 if G == 16 else 8, 64, ctx, 2.0) for ctx in (1024, 4096) for G in (1, 2, 3, 4, 5, 6, 7, 8, 16)]
                + [(G, 8, 8, 32768, 2.5) for G in (1, 4, 8)])
 QUERY_CASES = [(G, 8, 64, 4096) for G in (1, 4, 8)]
+FP8_CASES = [(G, 8, 64, 4096) for G in (1, 4, 8)]      # issue 14: fp8 at G 8 <= 0.6x the bf16 time
 
 
 def make_case(S, Hq, Hkv, lens, dtype=torch.bfloat16, seed=0, Q=None):
@@ -98,7 +99,7 @@ def forced(case, kind):
     spec, insts = _SPEC
     q, k, v, bt, lens = case
     Q = 1 if q.dim() == 3 else q.shape[1]
-    runtime = {"D": D, "G": q.shape[-2] // k.shape[2], "S": q.shape[0], "Q": Q, "Hq": q.shape[-2], "Hkv": k.shape[2],
+    runtime = {"D": D, "G": q.shape[-2] // k.shape[2], "S": q.shape[0], "Q": Q, "KVE": 0, "Hq": q.shape[-2], "Hkv": k.shape[2],
                "L": bt.shape[1] * BLOCK, "align": 8, "sm_count": torch.cuda.get_device_properties(0).multi_processor_count}
     best = next(i.name for i in dispatch.ordered(spec, insts, kind)
                 if i.a == {"dtype": "bf16"} and dispatch.covers(spec, i, runtime))
@@ -189,7 +190,31 @@ def query_table() -> list:
     return rows
 
 
-def markdown(copy, rows, meta, groups=(), queries=()) -> str:
+def fp8_table() -> list:
+    """The same shapes with the cache in bf16 and in fp8 (e4m3, e5m2; per-kv-head scales),
+    dispatched, in one run."""
+    rows = []
+    for G, Hkv, S, ctx in FP8_CASES:
+        case = make_case(S, G * Hkv, Hkv, ctx, seed=G)
+        q, k, v, bt, cl = case
+        scale = torch.full((Hkv,), 0.05, device="cuda")
+        row = {"G": G, "Hkv": Hkv, "S": S, "context": ctx, "bf16_ms": do_bench(lambda: attngen.paged_decode(*case))}
+        for name, dt in (("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)):
+            k8, v8 = (x.float().div_(0.05).to(dt) for x in (k, v))
+            args = (q, k8, v8, bt, cl)
+            row[f"{name}_ms"] = do_bench(lambda: attngen.paged_decode(*args, k_scale=scale, v_scale=scale))
+            row[f"{name}_ratio"] = row[f"{name}_ms"] / row["bf16_ms"]
+            row[f"{name}_instance"] = paged.selected_instance(*args)
+            row[f"{name}_tbps"] = kv_bytes(k8, cl) / row[f"{name}_ms"] / 1e9
+            k8 = v8 = args = None
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        case = q = k = v = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def markdown(copy, rows, meta, groups=(), queries=(), fp8=()) -> str:
     f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     out = [f"# Paged decode, bf16, D {D}, block {BLOCK}, shuffled pages ({meta['device']}, torch {meta['torch']}, "
            f"commit {meta['commit']})", "",
@@ -229,6 +254,14 @@ def markdown(copy, rows, meta, groups=(), queries=()) -> str:
         for r in queries:
             out.append(f"| {r['G']} | {r['Hkv']} | {r['S']} | {r['context']} | {f(r['q1_ms'])} | {f(r['q4_ms'])} | "
                        f"**{r['ratio']:.2f}** | `{r['q4_instance']}` |")
+    if fp8:
+        out += ["", "## fp8 cache against bf16 (same shapes, dispatched, per-kv-head scales; target e4m3 / bf16 <= 0.6 at G 8)",
+                "", "| G | Hkv | seqs | context | bf16 ms | e4m3 ms | e4m3 / bf16 | e4m3 TB/s (fp8 bytes) | e5m2 ms | "
+                "e5m2 / bf16 | instance |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in fp8:
+            out.append(f"| {r['G']} | {r['Hkv']} | {r['S']} | {r['context']} | {f(r['bf16_ms'])} | {f(r['e4m3_ms'])} | "
+                       f"**{r['e4m3_ratio']:.2f}** | {f(r['e4m3_tbps'])} | {f(r['e5m2_ms'])} | {r['e5m2_ratio']:.2f} | "
+                       f"`{r['e4m3_instance']}` |")
     return "\n".join(out) + "\n"
 
 
@@ -239,13 +272,13 @@ def main():
     args = ap.parse_args()
     t0 = time.time()
     copy, rows = run(args.quick)
-    groups, queries = group_table(args.quick), query_table()
+    groups, queries, fp8 = group_table(args.quick), query_table(), fp8_table()
     meta = run_meta(t0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "paged.json").write_text(json.dumps({"meta": meta, "copy_tbps": copy, "rows": rows, "groups": groups,
-                                                "queries": queries}, indent=1) + "\n")
-    (out / "paged.md").write_text(markdown(copy, rows, meta, groups, queries))
+                                                "queries": queries, "fp8": fp8}, indent=1) + "\n")
+    (out / "paged.md").write_text(markdown(copy, rows, meta, groups, queries, fp8))
     print((out / "paged.md").read_text())
 
 

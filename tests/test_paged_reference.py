@@ -37,6 +37,17 @@ def test_head_major_layout_is_the_same_cache_transposed():
     torch.testing.assert_close(hnd, nhd, rtol=0, atol=0)
 
 
+def test_fp8_cache_is_dequantized_by_its_scales():
+    k, v, bt, cl = paged_cache([5, 40], 2, 8, 8)
+    q = torch.randn(2, 4, 8, dtype=torch.float64)
+    k_scale, v_scale = torch.tensor([0.5, 2.0]), torch.tensor([3.0, 0.25])
+    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e5m2)
+    got = reference.paged_decode(q, k8, v8, bt, cl, k_scale=k_scale, v_scale=v_scale)
+    want = reference.paged_decode(q, k8.double() * k_scale.double()[:, None], v8.double() * v_scale.double()[:, None],
+                                  bt, cl)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_empty_context_gives_zeros_and_extras_change_the_result():
     k, v, bt, cl = paged_cache([0, 20], 1, 8, 8)
     q = torch.randn(2, 2, 8, dtype=torch.float64)
@@ -89,6 +100,15 @@ def test_bad_inputs_raise_value_errors_naming_the_argument():
     for change, message in cases:
         with pytest.raises(ValueError, match=message):
             paged.paged_decode(**{**good, **change})
+    fp8 = dict(k_cache=meta(10, 16, 2, 128, dtype=torch.float8_e4m3fn), v_cache=meta(10, 16, 2, 128, dtype=torch.float8_e4m3fn))
+    with pytest.raises(ValueError, match="an fp8 cache .* needs a float16 or bfloat16 q, got torch.float32"):
+        paged.paged_decode(**{**good, **fp8, "q": meta(2, 8, 128, dtype=torch.float32)})
+    with pytest.raises(ValueError, match="v_cache has dtype torch.bfloat16 but k_cache has torch.float8_e4m3fn"):
+        paged.paged_decode(**{**good, "k_cache": fp8["k_cache"]})
+    with pytest.raises(ValueError, match=r"v_scale must be a float32 \[1\] or \[Hkv=2\]"):
+        paged.paged_decode(**{**good, **fp8}, v_scale=meta(4, dtype=torch.float32))
+    with pytest.raises(ValueError, match="k_scale is given but the cache is torch.bfloat16"):
+        paged.paged_decode(**good, k_scale=meta(1, dtype=torch.float32))
     with pytest.raises(ValueError, match="kv_layout must be one of"):
         paged.paged_decode(**good, kv_layout="NDH")
     with pytest.raises(ValueError, match=r"alibi_slopes must be a float \[Hq=8\]"):

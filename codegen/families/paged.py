@@ -31,6 +31,7 @@ RUNTIME_VARS = {
     "G": "query heads per kv head (Hq / Hkv)",
     "S": "sequences in the batch",
     "Q": "query tokens per sequence (1: plain decode)",
+    "KVE": "exponent bits of an fp8 cache (4: e4m3, 5: e5m2; 0: the cache has q's dtype)",
     "Hq": "query heads",
     "Hkv": "key/value heads",
     "L": "longest context the block table can hold (max_blocks * block_size)",
@@ -45,7 +46,7 @@ TEMPLATE_PARAMS = {
     DECODE: {"d": "int", "vec": "int", "tx": "int", "heads": "int", "hpt": "int", "threads": "int",
              "tile": "int", "stages": "int", "part": "int0"},
     DECODE_MMA: {"d": "int", "warps": "int", "tile": "int", "stages": "int", "mt": "int", "waves": "int",
-                 "fill": "int0", "min_part": "int"},
+                 "fill": "int0", "min_part": "int", "kv_e": "int0"},
 }
 SUPPORT_FILES = {
     "paged/params.cuh.j2": "paged/params.cuh",
@@ -148,8 +149,8 @@ def axes_match_cpp(axes: dict) -> str:
 
 def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
-    d, warps, tile, stages, mt, waves, fill, min_part = (p[k] for k in ("d", "warps", "tile", "stages", "mt", "waves",
-                                                                        "fill", "min_part"))
+    d, warps, tile, stages, mt, waves, fill, min_part, kv_e = (
+        p[k] for k in ("d", "warps", "tile", "stages", "mt", "waves", "fill", "min_part", "kv_e"))
     if inst.dtype_bytes != 2:
         raise Rejected("d", f"tensor-core kinds take 16-bit operands, not {inst.a['dtype']}")
     if d % 16:
@@ -160,6 +161,8 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
     if waves < 1 or min_part < tile or min_part % tile:
         raise Rejected("min_part", f"waves={waves} must be >= 1 and min_part={min_part} a multiple of tile={tile}")
+    if kv_e not in (0, 4, 5):
+        raise Rejected("kv_e", f"kv_e={kv_e}: 0 (the cache has q's dtype), 4 (fp8 e4m3) or 5 (fp8 e5m2)")
     if not 0 <= fill <= 100:
         raise Rejected("fill", f"fill={fill} is a percentage of the waves' CTA slots (0-100)")
     threads, rows, warp_tokens = 32 * warps, 16 * mt, tile // warps
@@ -169,7 +172,9 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
                              f"{mt * warp_tokens // 2}) exceed {MAX_REGS}")
     swizzle = int(d % 64 == 0)      # whole 128-byte lines: XOR swizzle; otherwise rows padded by a chunk
     row_bytes = flash_attention.pitch(d, swizzle) * 2
-    ring = rows * row_bytes + stages * 2 * tile * row_bytes
+    # fp8: the ring holds raw rows of d bytes, widened into one 16-bit K and V tile pair
+    raw_tile = tile * d if kv_e else tile * row_bytes
+    ring = rows * row_bytes + (2 * tile * row_bytes if kv_e else 0) + stages * 2 * raw_tile
     merge_bytes = warps * rows * (d + 8 + 2) * 4         # the warps' rows, max and sum (fp32)
     smem = max(ring, merge_bytes)
     if smem > arch.max_smem_per_block:
@@ -189,6 +194,8 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     return inst.with_derived({
         "threads": threads, "rows": rows, "warp_tokens": warp_tokens, "swizzle": swizzle, "smem_bytes": smem,
         "ctas_per_sm": ctas_per_sm, "regs_estimate": regs,
+        "cache_doc": (f"fp8 e{kv_e}m{7 - kv_e}, widened to {inst.a['dtype']} in shared memory tile by tile" if kv_e
+                      else f"{inst.a['dtype']}, as q"),
         "bank_ways": banks.conflict_ways(accesses + [merge], 0),
         "bank_ways_pad0": banks.conflict_ways(plain + [merge], 0),
         "threads_param": "warps", "smem_param": "stages",

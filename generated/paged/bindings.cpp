@@ -53,7 +53,16 @@ struct Inputs {
   const std::optional<at::Tensor>& alibi;
   double scale;
   double soft_cap;
+  const std::optional<at::Tensor>& k_scale;  // fp8 cache: [1] or [Hkv] fp32
+  const std::optional<at::Tensor>& v_scale;
 };
+
+// Exponent bits of an fp8 cache element (4: e4m3, 5: e5m2), 0 for any other dtype.
+int64_t fp8_exponent_bits(const at::Tensor& t) {
+  if (t.scalar_type() == at::ScalarType::Float8_e4m3fn) return 4;
+  if (t.scalar_type() == at::ScalarType::Float8_e5m2) return 5;
+  return 0;
+}
 
 void check_on_q_device(const std::string& what, const at::Tensor& t, const at::Tensor& q) {
   if (!t.is_cuda()) fail_value("paged_decode: " + what + " must be a CUDA tensor, got device " + device_str(t));
@@ -71,9 +80,16 @@ void check_all(const Inputs& in) {
     fail_value(op + "q has " + str(Q) + " query tokens per sequence (shape " + str(q.sizes()) + "); supported: 1 to " +
                str(kMaxQueryTokens));
   }
+  const bool fp8 = fp8_exponent_bits(in.k) != 0;
+  if (fp8 && q.scalar_type() == at::kFloat) {
+    fail_value(op + "an fp8 cache (k_cache " + str(in.k) + ") needs a float16 or bfloat16 q, got " + str(q));
+  }
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"k_cache", &in.k}, {"v_cache", &in.v}}) {
     check_on_q_device(name, *t, q);
-    if (t->scalar_type() != q.scalar_type()) fail_value(op + name + " has dtype " + str(*t) + " but q has " + str(q));
+    if (t->scalar_type() != (fp8 ? in.k.scalar_type() : q.scalar_type())) {
+      fail_value(op + name + " has dtype " + str(*t) + " but " + (fp8 ? "k_cache has " + str(in.k) : "q has " + str(q)) +
+                 " (the cache holds q's dtype, or float8_e4m3fn / float8_e5m2 for both K and V)");
+    }
     if (t->dim() != 4 || t->size(3) != D) {
       fail_value(op + name + " must be [num_blocks, block_size, Hkv, D=" + str(D) + "] (as viewed), got shape " + str(t->sizes()));
     }
@@ -100,14 +116,32 @@ void check_all(const Inputs& in) {
       fail_value(op + "alibi_slopes must be a contiguous float32 [Hq=" + str(Hq) + "], got " + str(*in.alibi) + " " + str(in.alibi->sizes()));
     }
   }
+  for (const auto& [name, t] : {std::pair<const char*, const std::optional<at::Tensor>*>{"k_scale", &in.k_scale},
+                                {"v_scale", &in.v_scale}}) {
+    if (!*t) continue;
+    if (!fp8) fail_value(op + name + " is given but the cache is " + str(in.k) + "; scales go with an fp8 cache");
+    const at::Tensor& x = **t;
+    check_on_q_device(name, x, q);
+    if (x.scalar_type() != at::kFloat || x.dim() != 1 || (x.size(0) != 1 && x.size(0) != Hkv) ||
+        (x.size(0) > 1 && x.stride(0) != 1)) {
+      fail_value(op + name + " must be a contiguous float32 [1] or [Hkv=" + str(Hkv) + "], got " + str(x) + " " + str(x.sizes()));
+    }
+  }
+  if (in.k_scale && in.v_scale && in.k_scale->size(0) != in.v_scale->size(0)) {
+    fail_value(op + "k_scale has " + str(in.k_scale->size(0)) + " scales but v_scale has " + str(in.v_scale->size(0)) +
+               " (both per tensor or both per kv head)");
+  }
   if (!std::isfinite(in.scale)) fail_value(op + "scale must be finite");
   if (!(in.soft_cap >= 0.0) || !std::isfinite(in.soft_cap)) fail_value(op + "soft_cap must be >= 0 (0: none)");
   if (S > 2147483647LL) fail_value(op + "S=" + str(S) + " sequences exceed one launch");
 }
 
+// In elements of q; an fp8 cache's alignment (in its 1-byte elements) counts half: its 16-byte
+// copies carry 16 elements where q's carry 8.
 int64_t vector_align(const Inputs& in) {
   const int64_t D = in.q.size(3);
-  return std::min(detail::vector_align({&in.q}, 3, {D}), detail::vector_align({&in.k, &in.v}, 3, {D}));
+  const int64_t cache = detail::vector_align({&in.k, &in.v}, 3, {D});
+  return std::min(detail::vector_align({&in.q}, 3, {D}), fp8_exponent_bits(in.k) ? cache / 2 : cache);
 }
 
 DecodeKey make_key(const Inputs& in) {
@@ -120,6 +154,7 @@ DecodeKey make_key(const Inputs& in) {
   key.G = key.Hq / key.Hkv;
   key.L = in.block_table.size(1) * in.k.size(1);
   key.align = vector_align(in);
+  key.KVE = fp8_exponent_bits(in.k);
   key.sm_count = detail::sm_count(in.q.device().index(), "paged_decode");
   key.dtype = dtype_code(in.q);
   return key;
@@ -141,6 +176,10 @@ at::Tensor launch(const Entry* entry, const Inputs& in) {
   p.block_table = in.block_table.data_ptr<int32_t>();
   p.context_lens = in.context_lens.data_ptr<int32_t>();
   p.alibi = in.alibi ? in.alibi->data_ptr<float>() : nullptr;
+  p.k_scale = in.k_scale ? in.k_scale->data_ptr<float>() : nullptr;
+  p.v_scale = in.v_scale ? in.v_scale->data_ptr<float>() : nullptr;
+  const int64_t scales = in.k_scale ? in.k_scale->size(0) : (in.v_scale ? in.v_scale->size(0) : 1);
+  p.scale_sh = scales > 1 ? 1 : 0;
   p.out = out.data_ptr();
   p.S = q.size(0), p.Q = q.size(1), p.Hq = q.size(2), p.Hkv = in.k.size(2), p.D = q.size(3);
   p.max_blocks = in.block_table.size(1);
@@ -166,7 +205,8 @@ at::Tensor launch(const Entry* entry, const Inputs& in) {
 }
 
 std::string describe(const DecodeKey& key) {
-  return "D=" + str(key.D) + ", Q=" + str(key.Q) + " query tokens, Hq=" + str(key.Hq) + ", Hkv=" + str(key.Hkv) + " (group " + str(key.G) +
+  return "D=" + str(key.D) + ", Q=" + str(key.Q) + " query tokens" + (key.KVE ? ", fp8 e" + str(key.KVE) + " cache" : "") +
+         ", Hq=" + str(key.Hq) + ", Hkv=" + str(key.Hkv) + " (group " + str(key.G) +
          "), vector alignment " + str(key.align) + " elements";
 }
 
@@ -178,9 +218,10 @@ at::Tensor with_query_dim(const at::Tensor& q) {
 }
 
 at::Tensor paged_decode_cuda(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v, const at::Tensor& block_table,
-                         const at::Tensor& context_lens, double scale, const std::optional<at::Tensor>& alibi, double soft_cap) {
+                         const at::Tensor& context_lens, double scale, const std::optional<at::Tensor>& alibi, double soft_cap,
+                         const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
   const at::Tensor q = with_query_dim(q_in);
-  const Inputs in{q, k, v, block_table, context_lens, alibi, scale, soft_cap};
+  const Inputs in{q, k, v, block_table, context_lens, alibi, scale, soft_cap, k_scale, v_scale};
   check_all(in);
   if (q.numel() == 0) return at::empty(q_in.sizes(), q.options());
   const DecodeKey key = make_key(in);
@@ -194,9 +235,10 @@ at::Tensor paged_decode_cuda(const at::Tensor& q_in, const at::Tensor& k, const 
 
 at::Tensor paged_decode_with_cuda(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v, const at::Tensor& block_table,
                               const at::Tensor& context_lens, double scale, const std::optional<at::Tensor>& alibi,
-                              double soft_cap, const std::string& instance) {
+                              double soft_cap, const std::optional<at::Tensor>& k_scale,
+                              const std::optional<at::Tensor>& v_scale, const std::string& instance) {
   const at::Tensor q = with_query_dim(q_in);
-  const Inputs in{q, k, v, block_table, context_lens, alibi, scale, soft_cap};
+  const Inputs in{q, k, v, block_table, context_lens, alibi, scale, soft_cap, k_scale, v_scale};
   check_all(in);
   const Entry* entry = paged_decode_find(instance.c_str());
   if (entry == nullptr) fail_value("paged_decode_with: no instance named " + instance);
@@ -209,8 +251,8 @@ at::Tensor paged_decode_with_cuda(const at::Tensor& q_in, const at::Tensor& k, c
 std::string paged_decode_select_name(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& block_table, const at::Tensor& context_lens) {
   const at::Tensor q = with_query_dim(q_in);
-  const std::optional<at::Tensor> no_alibi;
-  const Inputs in{q, k, v, block_table, context_lens, no_alibi, 1.0, 0.0};
+  const std::optional<at::Tensor> none;
+  const Inputs in{q, k, v, block_table, context_lens, none, 1.0, 0.0, none, none};
   check_all(in);
   const Entry* entry = paged_decode_select(make_key(in));
   return entry ? entry->name : "";
@@ -227,9 +269,9 @@ std::vector<std::string> paged_decode_instances() {
 }  // namespace attngen
 
 TORCH_LIBRARY_FRAGMENT(attngen, m) {
-  m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor context_lens, float scale, Tensor? alibi_slopes=None, float soft_cap=0.0) -> Tensor");
+  m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor context_lens, float scale, Tensor? alibi_slopes=None, float soft_cap=0.0, Tensor? k_scale=None, Tensor? v_scale=None) -> Tensor");
   m.def("paged_decode_with(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor context_lens, float scale, "
-        "Tensor? alibi_slopes, float soft_cap, str instance) -> Tensor");
+        "Tensor? alibi_slopes, float soft_cap, Tensor? k_scale, Tensor? v_scale, str instance) -> Tensor");
   m.def("paged_decode_select(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor context_lens) -> str",
         &attngen::paged::paged_decode_select_name);
   m.def("paged_decode_instances() -> str[]", &attngen::paged::paged_decode_instances);

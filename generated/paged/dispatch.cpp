@@ -430,327 +430,471 @@ cudaError_t launch_paged_split_k_d256_vec8_tx16_heads2_hpt2_threads128_tile32_st
 size_t workspace_paged_split_k_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_bf16_sm90a(const Params&);
 cudaError_t launch_paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
 
 namespace {
 
-bool covers_0(const DecodeKey& key) { return ((key.D == 64) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_1(const DecodeKey& key) { return ((key.D == 64) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_2(const DecodeKey& key) { return ((key.D == 64) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_3(const DecodeKey& key) { return ((key.D == 64) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_4(const DecodeKey& key) { return ((key.D == 64) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_5(const DecodeKey& key) { return ((key.D == 80) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_6(const DecodeKey& key) { return ((key.D == 80) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_7(const DecodeKey& key) { return ((key.D == 80) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_8(const DecodeKey& key) { return ((key.D == 80) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_9(const DecodeKey& key) { return ((key.D == 80) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_10(const DecodeKey& key) { return ((key.D == 96) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_11(const DecodeKey& key) { return ((key.D == 96) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_12(const DecodeKey& key) { return ((key.D == 96) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_13(const DecodeKey& key) { return ((key.D == 96) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_14(const DecodeKey& key) { return ((key.D == 96) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_15(const DecodeKey& key) { return ((key.D == 112) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_16(const DecodeKey& key) { return ((key.D == 112) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_17(const DecodeKey& key) { return ((key.D == 112) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_18(const DecodeKey& key) { return ((key.D == 112) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_19(const DecodeKey& key) { return ((key.D == 112) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_20(const DecodeKey& key) { return ((key.D == 128) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_21(const DecodeKey& key) { return ((key.D == 128) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_22(const DecodeKey& key) { return ((key.D == 128) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_23(const DecodeKey& key) { return ((key.D == 128) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_24(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_25(const DecodeKey& key) { return ((key.D == 192) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_26(const DecodeKey& key) { return ((key.D == 192) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_27(const DecodeKey& key) { return ((key.D == 192) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_28(const DecodeKey& key) { return ((key.D == 192) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_29(const DecodeKey& key) { return ((key.D == 192) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_30(const DecodeKey& key) { return ((key.D == 256) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_31(const DecodeKey& key) { return ((key.D == 256) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_32(const DecodeKey& key) { return ((key.D == 256) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_33(const DecodeKey& key) { return ((key.D == 256) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_34(const DecodeKey& key) { return ((key.D == 256) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_35(const DecodeKey& key) { return ((key.D == 64) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_36(const DecodeKey& key) { return ((key.D == 64) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_37(const DecodeKey& key) { return ((key.D == 64) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_38(const DecodeKey& key) { return ((key.D == 64) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_39(const DecodeKey& key) { return ((key.D == 64) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_40(const DecodeKey& key) { return ((key.D == 80) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_41(const DecodeKey& key) { return ((key.D == 80) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_42(const DecodeKey& key) { return ((key.D == 80) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_43(const DecodeKey& key) { return ((key.D == 80) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_44(const DecodeKey& key) { return ((key.D == 80) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_45(const DecodeKey& key) { return ((key.D == 96) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_46(const DecodeKey& key) { return ((key.D == 96) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_47(const DecodeKey& key) { return ((key.D == 96) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_48(const DecodeKey& key) { return ((key.D == 96) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_49(const DecodeKey& key) { return ((key.D == 96) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_50(const DecodeKey& key) { return ((key.D == 112) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_51(const DecodeKey& key) { return ((key.D == 112) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_52(const DecodeKey& key) { return ((key.D == 112) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_53(const DecodeKey& key) { return ((key.D == 112) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_54(const DecodeKey& key) { return ((key.D == 112) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_55(const DecodeKey& key) { return ((key.D == 128) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_56(const DecodeKey& key) { return ((key.D == 128) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_57(const DecodeKey& key) { return ((key.D == 128) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_58(const DecodeKey& key) { return ((key.D == 128) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_59(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_60(const DecodeKey& key) { return ((key.D == 192) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_61(const DecodeKey& key) { return ((key.D == 192) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_62(const DecodeKey& key) { return ((key.D == 192) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_63(const DecodeKey& key) { return ((key.D == 192) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_64(const DecodeKey& key) { return ((key.D == 192) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_65(const DecodeKey& key) { return ((key.D == 256) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_66(const DecodeKey& key) { return ((key.D == 256) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_67(const DecodeKey& key) { return ((key.D == 256) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_68(const DecodeKey& key) { return ((key.D == 256) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_69(const DecodeKey& key) { return ((key.D == 256) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_70(const DecodeKey& key) { return ((key.D == 64) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_71(const DecodeKey& key) { return ((key.D == 64) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_72(const DecodeKey& key) { return ((key.D == 64) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_73(const DecodeKey& key) { return ((key.D == 64) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_74(const DecodeKey& key) { return ((key.D == 64) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_75(const DecodeKey& key) { return ((key.D == 80) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_76(const DecodeKey& key) { return ((key.D == 80) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_77(const DecodeKey& key) { return ((key.D == 80) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_78(const DecodeKey& key) { return ((key.D == 80) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_79(const DecodeKey& key) { return ((key.D == 80) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_80(const DecodeKey& key) { return ((key.D == 96) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_81(const DecodeKey& key) { return ((key.D == 96) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_82(const DecodeKey& key) { return ((key.D == 96) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_83(const DecodeKey& key) { return ((key.D == 96) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_84(const DecodeKey& key) { return ((key.D == 96) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_85(const DecodeKey& key) { return ((key.D == 112) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_86(const DecodeKey& key) { return ((key.D == 112) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_87(const DecodeKey& key) { return ((key.D == 112) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_88(const DecodeKey& key) { return ((key.D == 112) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_89(const DecodeKey& key) { return ((key.D == 112) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_90(const DecodeKey& key) { return ((key.D == 128) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_91(const DecodeKey& key) { return ((key.D == 128) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_92(const DecodeKey& key) { return ((key.D == 128) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_93(const DecodeKey& key) { return ((key.D == 128) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_94(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_95(const DecodeKey& key) { return ((key.D == 192) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_96(const DecodeKey& key) { return ((key.D == 192) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_97(const DecodeKey& key) { return ((key.D == 192) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_98(const DecodeKey& key) { return ((key.D == 192) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_99(const DecodeKey& key) { return ((key.D == 192) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_100(const DecodeKey& key) { return ((key.D == 256) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_101(const DecodeKey& key) { return ((key.D == 256) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_102(const DecodeKey& key) { return ((key.D == 256) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_103(const DecodeKey& key) { return ((key.D == 256) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_104(const DecodeKey& key) { return ((key.D == 256) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_105(const DecodeKey& key) { return ((key.D == 64) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_106(const DecodeKey& key) { return ((key.D == 64) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_107(const DecodeKey& key) { return ((key.D == 64) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_108(const DecodeKey& key) { return ((key.D == 64) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_109(const DecodeKey& key) { return ((key.D == 64) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_110(const DecodeKey& key) { return ((key.D == 80) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_111(const DecodeKey& key) { return ((key.D == 80) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_112(const DecodeKey& key) { return ((key.D == 80) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_113(const DecodeKey& key) { return ((key.D == 80) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_114(const DecodeKey& key) { return ((key.D == 80) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_115(const DecodeKey& key) { return ((key.D == 96) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_116(const DecodeKey& key) { return ((key.D == 96) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_117(const DecodeKey& key) { return ((key.D == 96) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_118(const DecodeKey& key) { return ((key.D == 96) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_119(const DecodeKey& key) { return ((key.D == 96) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_120(const DecodeKey& key) { return ((key.D == 112) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_121(const DecodeKey& key) { return ((key.D == 112) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_122(const DecodeKey& key) { return ((key.D == 112) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_123(const DecodeKey& key) { return ((key.D == 112) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_124(const DecodeKey& key) { return ((key.D == 112) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_125(const DecodeKey& key) { return ((key.D == 128) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_126(const DecodeKey& key) { return ((key.D == 128) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_127(const DecodeKey& key) { return ((key.D == 128) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_128(const DecodeKey& key) { return ((key.D == 128) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_129(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_130(const DecodeKey& key) { return ((key.D == 192) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_131(const DecodeKey& key) { return ((key.D == 192) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_132(const DecodeKey& key) { return ((key.D == 192) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_133(const DecodeKey& key) { return ((key.D == 192) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_134(const DecodeKey& key) { return ((key.D == 192) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_135(const DecodeKey& key) { return ((key.D == 256) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_136(const DecodeKey& key) { return ((key.D == 256) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_137(const DecodeKey& key) { return ((key.D == 256) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_138(const DecodeKey& key) { return ((key.D == 256) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_139(const DecodeKey& key) { return ((key.D == 256) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0)); }
-bool covers_140(const DecodeKey& key) { return ((key.D == 64) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_141(const DecodeKey& key) { return ((key.D == 64) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_142(const DecodeKey& key) { return ((key.D == 64) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_143(const DecodeKey& key) { return ((key.D == 64) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_144(const DecodeKey& key) { return ((key.D == 64) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_145(const DecodeKey& key) { return ((key.D == 80) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_146(const DecodeKey& key) { return ((key.D == 80) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_147(const DecodeKey& key) { return ((key.D == 80) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_148(const DecodeKey& key) { return ((key.D == 80) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_149(const DecodeKey& key) { return ((key.D == 80) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_150(const DecodeKey& key) { return ((key.D == 96) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_151(const DecodeKey& key) { return ((key.D == 96) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_152(const DecodeKey& key) { return ((key.D == 96) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_153(const DecodeKey& key) { return ((key.D == 96) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_154(const DecodeKey& key) { return ((key.D == 96) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_155(const DecodeKey& key) { return ((key.D == 112) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_156(const DecodeKey& key) { return ((key.D == 112) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_157(const DecodeKey& key) { return ((key.D == 112) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_158(const DecodeKey& key) { return ((key.D == 112) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_159(const DecodeKey& key) { return ((key.D == 112) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_160(const DecodeKey& key) { return ((key.D == 128) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_161(const DecodeKey& key) { return ((key.D == 128) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_162(const DecodeKey& key) { return ((key.D == 128) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_163(const DecodeKey& key) { return ((key.D == 128) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_164(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_165(const DecodeKey& key) { return ((key.D == 192) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_166(const DecodeKey& key) { return ((key.D == 192) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_167(const DecodeKey& key) { return ((key.D == 192) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_168(const DecodeKey& key) { return ((key.D == 192) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_169(const DecodeKey& key) { return ((key.D == 192) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_170(const DecodeKey& key) { return ((key.D == 256) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_171(const DecodeKey& key) { return ((key.D == 256) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_172(const DecodeKey& key) { return ((key.D == 256) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_173(const DecodeKey& key) { return ((key.D == 256) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_174(const DecodeKey& key) { return ((key.D == 256) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_175(const DecodeKey& key) { return ((key.D == 64) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_176(const DecodeKey& key) { return ((key.D == 64) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_177(const DecodeKey& key) { return ((key.D == 64) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_178(const DecodeKey& key) { return ((key.D == 64) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_179(const DecodeKey& key) { return ((key.D == 64) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_180(const DecodeKey& key) { return ((key.D == 80) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_181(const DecodeKey& key) { return ((key.D == 80) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_182(const DecodeKey& key) { return ((key.D == 80) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_183(const DecodeKey& key) { return ((key.D == 80) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_184(const DecodeKey& key) { return ((key.D == 80) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_185(const DecodeKey& key) { return ((key.D == 96) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_186(const DecodeKey& key) { return ((key.D == 96) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_187(const DecodeKey& key) { return ((key.D == 96) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_188(const DecodeKey& key) { return ((key.D == 96) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_189(const DecodeKey& key) { return ((key.D == 96) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_190(const DecodeKey& key) { return ((key.D == 112) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_191(const DecodeKey& key) { return ((key.D == 112) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_192(const DecodeKey& key) { return ((key.D == 112) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_193(const DecodeKey& key) { return ((key.D == 112) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_194(const DecodeKey& key) { return ((key.D == 112) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_195(const DecodeKey& key) { return ((key.D == 128) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_196(const DecodeKey& key) { return ((key.D == 128) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_197(const DecodeKey& key) { return ((key.D == 128) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_198(const DecodeKey& key) { return ((key.D == 128) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_199(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_200(const DecodeKey& key) { return ((key.D == 192) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_201(const DecodeKey& key) { return ((key.D == 192) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_202(const DecodeKey& key) { return ((key.D == 192) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_203(const DecodeKey& key) { return ((key.D == 192) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_204(const DecodeKey& key) { return ((key.D == 192) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_205(const DecodeKey& key) { return ((key.D == 256) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_206(const DecodeKey& key) { return ((key.D == 256) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_207(const DecodeKey& key) { return ((key.D == 256) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_208(const DecodeKey& key) { return ((key.D == 256) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_209(const DecodeKey& key) { return ((key.D == 256) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0)); }
-bool covers_210(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_211(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_212(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_213(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_214(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_215(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_216(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_217(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_218(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_219(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_220(const DecodeKey& key) { return ((key.D == 192) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_221(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_222(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_223(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_224(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_225(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_226(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_227(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_228(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_229(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_230(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_231(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_232(const DecodeKey& key) { return ((key.D == 192) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_233(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16))); }
-bool covers_234(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_235(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_236(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_237(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_238(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_239(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_240(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_241(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_242(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_243(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_244(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_245(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_0(const DecodeKey& key) { return ((key.D == 64) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_1(const DecodeKey& key) { return ((key.D == 64) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_2(const DecodeKey& key) { return ((key.D == 64) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_3(const DecodeKey& key) { return ((key.D == 64) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_4(const DecodeKey& key) { return ((key.D == 64) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_5(const DecodeKey& key) { return ((key.D == 80) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_6(const DecodeKey& key) { return ((key.D == 80) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_7(const DecodeKey& key) { return ((key.D == 80) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_8(const DecodeKey& key) { return ((key.D == 80) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_9(const DecodeKey& key) { return ((key.D == 80) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_10(const DecodeKey& key) { return ((key.D == 96) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_11(const DecodeKey& key) { return ((key.D == 96) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_12(const DecodeKey& key) { return ((key.D == 96) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_13(const DecodeKey& key) { return ((key.D == 96) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_14(const DecodeKey& key) { return ((key.D == 96) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_15(const DecodeKey& key) { return ((key.D == 112) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_16(const DecodeKey& key) { return ((key.D == 112) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_17(const DecodeKey& key) { return ((key.D == 112) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_18(const DecodeKey& key) { return ((key.D == 112) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_19(const DecodeKey& key) { return ((key.D == 112) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_20(const DecodeKey& key) { return ((key.D == 128) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_21(const DecodeKey& key) { return ((key.D == 128) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_22(const DecodeKey& key) { return ((key.D == 128) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_23(const DecodeKey& key) { return ((key.D == 128) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_24(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_25(const DecodeKey& key) { return ((key.D == 192) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_26(const DecodeKey& key) { return ((key.D == 192) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_27(const DecodeKey& key) { return ((key.D == 192) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_28(const DecodeKey& key) { return ((key.D == 192) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_29(const DecodeKey& key) { return ((key.D == 192) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_30(const DecodeKey& key) { return ((key.D == 256) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_31(const DecodeKey& key) { return ((key.D == 256) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_32(const DecodeKey& key) { return ((key.D == 256) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_33(const DecodeKey& key) { return ((key.D == 256) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_34(const DecodeKey& key) { return ((key.D == 256) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_35(const DecodeKey& key) { return ((key.D == 64) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_36(const DecodeKey& key) { return ((key.D == 64) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_37(const DecodeKey& key) { return ((key.D == 64) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_38(const DecodeKey& key) { return ((key.D == 64) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_39(const DecodeKey& key) { return ((key.D == 64) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_40(const DecodeKey& key) { return ((key.D == 80) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_41(const DecodeKey& key) { return ((key.D == 80) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_42(const DecodeKey& key) { return ((key.D == 80) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_43(const DecodeKey& key) { return ((key.D == 80) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_44(const DecodeKey& key) { return ((key.D == 80) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_45(const DecodeKey& key) { return ((key.D == 96) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_46(const DecodeKey& key) { return ((key.D == 96) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_47(const DecodeKey& key) { return ((key.D == 96) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_48(const DecodeKey& key) { return ((key.D == 96) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_49(const DecodeKey& key) { return ((key.D == 96) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_50(const DecodeKey& key) { return ((key.D == 112) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_51(const DecodeKey& key) { return ((key.D == 112) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_52(const DecodeKey& key) { return ((key.D == 112) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_53(const DecodeKey& key) { return ((key.D == 112) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_54(const DecodeKey& key) { return ((key.D == 112) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_55(const DecodeKey& key) { return ((key.D == 128) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_56(const DecodeKey& key) { return ((key.D == 128) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_57(const DecodeKey& key) { return ((key.D == 128) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_58(const DecodeKey& key) { return ((key.D == 128) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_59(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_60(const DecodeKey& key) { return ((key.D == 192) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_61(const DecodeKey& key) { return ((key.D == 192) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_62(const DecodeKey& key) { return ((key.D == 192) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_63(const DecodeKey& key) { return ((key.D == 192) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_64(const DecodeKey& key) { return ((key.D == 192) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_65(const DecodeKey& key) { return ((key.D == 256) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_66(const DecodeKey& key) { return ((key.D == 256) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_67(const DecodeKey& key) { return ((key.D == 256) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_68(const DecodeKey& key) { return ((key.D == 256) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_69(const DecodeKey& key) { return ((key.D == 256) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_70(const DecodeKey& key) { return ((key.D == 64) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_71(const DecodeKey& key) { return ((key.D == 64) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_72(const DecodeKey& key) { return ((key.D == 64) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_73(const DecodeKey& key) { return ((key.D == 64) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_74(const DecodeKey& key) { return ((key.D == 64) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_75(const DecodeKey& key) { return ((key.D == 80) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_76(const DecodeKey& key) { return ((key.D == 80) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_77(const DecodeKey& key) { return ((key.D == 80) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_78(const DecodeKey& key) { return ((key.D == 80) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_79(const DecodeKey& key) { return ((key.D == 80) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_80(const DecodeKey& key) { return ((key.D == 96) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_81(const DecodeKey& key) { return ((key.D == 96) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_82(const DecodeKey& key) { return ((key.D == 96) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_83(const DecodeKey& key) { return ((key.D == 96) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_84(const DecodeKey& key) { return ((key.D == 96) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_85(const DecodeKey& key) { return ((key.D == 112) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_86(const DecodeKey& key) { return ((key.D == 112) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_87(const DecodeKey& key) { return ((key.D == 112) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_88(const DecodeKey& key) { return ((key.D == 112) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_89(const DecodeKey& key) { return ((key.D == 112) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_90(const DecodeKey& key) { return ((key.D == 128) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_91(const DecodeKey& key) { return ((key.D == 128) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_92(const DecodeKey& key) { return ((key.D == 128) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_93(const DecodeKey& key) { return ((key.D == 128) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_94(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_95(const DecodeKey& key) { return ((key.D == 192) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_96(const DecodeKey& key) { return ((key.D == 192) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_97(const DecodeKey& key) { return ((key.D == 192) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_98(const DecodeKey& key) { return ((key.D == 192) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_99(const DecodeKey& key) { return ((key.D == 192) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_100(const DecodeKey& key) { return ((key.D == 256) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_101(const DecodeKey& key) { return ((key.D == 256) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_102(const DecodeKey& key) { return ((key.D == 256) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_103(const DecodeKey& key) { return ((key.D == 256) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_104(const DecodeKey& key) { return ((key.D == 256) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_105(const DecodeKey& key) { return ((key.D == 64) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_106(const DecodeKey& key) { return ((key.D == 64) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_107(const DecodeKey& key) { return ((key.D == 64) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_108(const DecodeKey& key) { return ((key.D == 64) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_109(const DecodeKey& key) { return ((key.D == 64) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_110(const DecodeKey& key) { return ((key.D == 80) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_111(const DecodeKey& key) { return ((key.D == 80) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_112(const DecodeKey& key) { return ((key.D == 80) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_113(const DecodeKey& key) { return ((key.D == 80) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_114(const DecodeKey& key) { return ((key.D == 80) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_115(const DecodeKey& key) { return ((key.D == 96) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_116(const DecodeKey& key) { return ((key.D == 96) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_117(const DecodeKey& key) { return ((key.D == 96) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_118(const DecodeKey& key) { return ((key.D == 96) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_119(const DecodeKey& key) { return ((key.D == 96) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_120(const DecodeKey& key) { return ((key.D == 112) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_121(const DecodeKey& key) { return ((key.D == 112) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_122(const DecodeKey& key) { return ((key.D == 112) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_123(const DecodeKey& key) { return ((key.D == 112) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_124(const DecodeKey& key) { return ((key.D == 112) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_125(const DecodeKey& key) { return ((key.D == 128) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_126(const DecodeKey& key) { return ((key.D == 128) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_127(const DecodeKey& key) { return ((key.D == 128) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_128(const DecodeKey& key) { return ((key.D == 128) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_129(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_130(const DecodeKey& key) { return ((key.D == 192) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_131(const DecodeKey& key) { return ((key.D == 192) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_132(const DecodeKey& key) { return ((key.D == 192) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_133(const DecodeKey& key) { return ((key.D == 192) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_134(const DecodeKey& key) { return ((key.D == 192) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_135(const DecodeKey& key) { return ((key.D == 256) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_136(const DecodeKey& key) { return ((key.D == 256) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_137(const DecodeKey& key) { return ((key.D == 256) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_138(const DecodeKey& key) { return ((key.D == 256) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_139(const DecodeKey& key) { return ((key.D == 256) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 4) == 0) && (key.KVE == 0)); }
+bool covers_140(const DecodeKey& key) { return ((key.D == 64) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_141(const DecodeKey& key) { return ((key.D == 64) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_142(const DecodeKey& key) { return ((key.D == 64) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_143(const DecodeKey& key) { return ((key.D == 64) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_144(const DecodeKey& key) { return ((key.D == 64) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_145(const DecodeKey& key) { return ((key.D == 80) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_146(const DecodeKey& key) { return ((key.D == 80) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_147(const DecodeKey& key) { return ((key.D == 80) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_148(const DecodeKey& key) { return ((key.D == 80) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_149(const DecodeKey& key) { return ((key.D == 80) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_150(const DecodeKey& key) { return ((key.D == 96) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_151(const DecodeKey& key) { return ((key.D == 96) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_152(const DecodeKey& key) { return ((key.D == 96) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_153(const DecodeKey& key) { return ((key.D == 96) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_154(const DecodeKey& key) { return ((key.D == 96) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_155(const DecodeKey& key) { return ((key.D == 112) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_156(const DecodeKey& key) { return ((key.D == 112) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_157(const DecodeKey& key) { return ((key.D == 112) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_158(const DecodeKey& key) { return ((key.D == 112) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_159(const DecodeKey& key) { return ((key.D == 112) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_160(const DecodeKey& key) { return ((key.D == 128) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_161(const DecodeKey& key) { return ((key.D == 128) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_162(const DecodeKey& key) { return ((key.D == 128) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_163(const DecodeKey& key) { return ((key.D == 128) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_164(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_165(const DecodeKey& key) { return ((key.D == 192) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_166(const DecodeKey& key) { return ((key.D == 192) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_167(const DecodeKey& key) { return ((key.D == 192) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_168(const DecodeKey& key) { return ((key.D == 192) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_169(const DecodeKey& key) { return ((key.D == 192) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_170(const DecodeKey& key) { return ((key.D == 256) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_171(const DecodeKey& key) { return ((key.D == 256) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_172(const DecodeKey& key) { return ((key.D == 256) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_173(const DecodeKey& key) { return ((key.D == 256) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_174(const DecodeKey& key) { return ((key.D == 256) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_175(const DecodeKey& key) { return ((key.D == 64) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_176(const DecodeKey& key) { return ((key.D == 64) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_177(const DecodeKey& key) { return ((key.D == 64) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_178(const DecodeKey& key) { return ((key.D == 64) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_179(const DecodeKey& key) { return ((key.D == 64) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_180(const DecodeKey& key) { return ((key.D == 80) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_181(const DecodeKey& key) { return ((key.D == 80) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_182(const DecodeKey& key) { return ((key.D == 80) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_183(const DecodeKey& key) { return ((key.D == 80) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_184(const DecodeKey& key) { return ((key.D == 80) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_185(const DecodeKey& key) { return ((key.D == 96) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_186(const DecodeKey& key) { return ((key.D == 96) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_187(const DecodeKey& key) { return ((key.D == 96) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_188(const DecodeKey& key) { return ((key.D == 96) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_189(const DecodeKey& key) { return ((key.D == 96) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_190(const DecodeKey& key) { return ((key.D == 112) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_191(const DecodeKey& key) { return ((key.D == 112) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_192(const DecodeKey& key) { return ((key.D == 112) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_193(const DecodeKey& key) { return ((key.D == 112) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_194(const DecodeKey& key) { return ((key.D == 112) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_195(const DecodeKey& key) { return ((key.D == 128) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_196(const DecodeKey& key) { return ((key.D == 128) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_197(const DecodeKey& key) { return ((key.D == 128) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_198(const DecodeKey& key) { return ((key.D == 128) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_199(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_200(const DecodeKey& key) { return ((key.D == 192) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_201(const DecodeKey& key) { return ((key.D == 192) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_202(const DecodeKey& key) { return ((key.D == 192) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_203(const DecodeKey& key) { return ((key.D == 192) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_204(const DecodeKey& key) { return ((key.D == 192) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_205(const DecodeKey& key) { return ((key.D == 256) && (((16 >= key.G) && ((2 * key.G) > 16)) || ((16 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_206(const DecodeKey& key) { return ((key.D == 256) && (((8 >= key.G) && ((2 * key.G) > 8)) || ((8 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_207(const DecodeKey& key) { return ((key.D == 256) && (((4 >= key.G) && ((2 * key.G) > 4)) || ((4 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_208(const DecodeKey& key) { return ((key.D == 256) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_209(const DecodeKey& key) { return ((key.D == 256) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_210(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_211(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_212(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_213(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_214(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_215(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_216(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_217(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_218(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_219(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_220(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_221(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_222(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_223(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_224(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_225(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_226(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_227(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_228(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_229(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_230(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_231(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_232(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_233(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_234(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_235(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_236(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_237(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_238(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_239(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_240(const DecodeKey& key) { return ((key.D == 192) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_241(const DecodeKey& key) { return ((key.D == 192) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_242(const DecodeKey& key) { return ((key.D == 192) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_243(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_244(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_245(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_246(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_247(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_248(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_249(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_250(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_251(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_252(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_253(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_254(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_255(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_256(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_257(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_258(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_259(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_260(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_261(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_262(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_263(const DecodeKey& key) { return ((key.D == 96) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_264(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_265(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_266(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_267(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_268(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_269(const DecodeKey& key) { return ((key.D == 112) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_270(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_271(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_272(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_273(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_274(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_275(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_276(const DecodeKey& key) { return ((key.D == 192) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_277(const DecodeKey& key) { return ((key.D == 192) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_278(const DecodeKey& key) { return ((key.D == 192) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_279(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_280(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_281(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
+bool covers_282(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_283(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_284(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_285(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_286(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_287(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_288(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_289(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_290(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_291(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_292(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_293(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 
 const Entry kEntries[] = {
     {"paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a", launch_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a, covers_0, workspace_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a},
@@ -963,42 +1107,90 @@ const Entry kEntries[] = {
     {"paged_split_k_d256_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_bf16_sm90a", launch_paged_split_k_d256_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_bf16_sm90a, covers_207, workspace_paged_split_k_d256_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_bf16_sm90a},
     {"paged_split_k_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_bf16_sm90a", launch_paged_split_k_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_bf16_sm90a, covers_208, workspace_paged_split_k_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_bf16_sm90a},
     {"paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_bf16_sm90a", launch_paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_bf16_sm90a, covers_209, workspace_paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_bf16_sm90a},
-    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a, covers_210, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a, covers_211, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a, covers_212, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a, covers_213, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a, covers_214, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a, covers_215, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a, covers_216, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a, covers_217, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a, covers_218, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a, covers_219, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a, covers_220, workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a, covers_221, workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a, covers_222, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a, covers_223, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a, covers_224, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a, covers_225, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a, covers_226, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a, covers_227, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a, covers_228, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a, covers_229, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a, covers_230, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a, covers_231, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a, covers_232, workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a, covers_233, workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_fp16_sm90a, covers_234, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_fp16_sm90a, covers_235, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_fp16_sm90a, covers_236, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_fp16_sm90a, covers_237, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_fp16_sm90a, covers_238, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_fp16_sm90a, covers_239, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_bf16_sm90a, covers_240, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_bf16_sm90a, covers_241, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_bf16_sm90a, covers_242, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_bf16_sm90a, covers_243, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_bf16_sm90a, covers_244, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_bf16_sm90a, covers_245, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_bf16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_210, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a, covers_211, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a, covers_212, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_213, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a, covers_214, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a, covers_215, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a},
+    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_216, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a, covers_217, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a, covers_218, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a},
+    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_219, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a, covers_220, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a, covers_221, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a},
+    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_222, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a, covers_223, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a, covers_224, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a},
+    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_225, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a, covers_226, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a, covers_227, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a},
+    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_228, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a, covers_229, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a, covers_230, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a},
+    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_231, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a, covers_232, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a, covers_233, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_234, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a, covers_235, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a, covers_236, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_237, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a, covers_238, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a, covers_239, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a},
+    {"paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_240, workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a, covers_241, workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a, covers_242, workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a},
+    {"paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_243, workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a, covers_244, workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a, covers_245, workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_246, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a, covers_247, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a, covers_248, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_249, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a, covers_250, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a, covers_251, workspace_paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a},
+    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_252, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a, covers_253, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a, covers_254, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a},
+    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_255, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a, covers_256, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a, covers_257, workspace_paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a},
+    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_258, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a, covers_259, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a, covers_260, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a},
+    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_261, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a, covers_262, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a, covers_263, workspace_paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a},
+    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_264, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a, covers_265, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a, covers_266, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a},
+    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_267, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a, covers_268, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a, covers_269, workspace_paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_270, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a, covers_271, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a, covers_272, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_273, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a, covers_274, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a, covers_275, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a},
+    {"paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_276, workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a, covers_277, workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a, covers_278, workspace_paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a},
+    {"paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_279, workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a, covers_280, workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a, covers_281, workspace_paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_282, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_283, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a, covers_284, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_285, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a, covers_286, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a, covers_287, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_288, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_289, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_290, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_291, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a, covers_292, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_293, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
 };
 
 }  // namespace
@@ -1015,38 +1207,86 @@ const Entry* paged_decode_find(const char* name) {
 }
 
 const Entry* paged_decode_select(const DecodeKey& key) {
-  // specs/paged.yaml:135: when G * Q >= 3 -> grouped_mma
-  if (((key.G * key.Q) >= 3)) {
+  // specs/paged.yaml:138: when G * Q >= 3 or KVE > 0 -> grouped_mma
+  if ((((key.G * key.Q) >= 3) || (key.KVE > 0))) {
     if (key.dtype == DType::kFP16) {
-      if (kEntries[210].covers(key)) return &kEntries[210];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a
-      if (kEntries[211].covers(key)) return &kEntries[211];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a
-      if (kEntries[212].covers(key)) return &kEntries[212];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a
-      if (kEntries[213].covers(key)) return &kEntries[213];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a
-      if (kEntries[214].covers(key)) return &kEntries[214];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a
-      if (kEntries[215].covers(key)) return &kEntries[215];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a
-      if (kEntries[216].covers(key)) return &kEntries[216];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a
-      if (kEntries[217].covers(key)) return &kEntries[217];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a
-      if (kEntries[218].covers(key)) return &kEntries[218];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_fp16_sm90a
-      if (kEntries[219].covers(key)) return &kEntries[219];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a
-      if (kEntries[220].covers(key)) return &kEntries[220];  // paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a
-      if (kEntries[221].covers(key)) return &kEntries[221];  // paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_fp16_sm90a
+      if (kEntries[210].covers(key)) return &kEntries[210];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[211].covers(key)) return &kEntries[211];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a
+      if (kEntries[212].covers(key)) return &kEntries[212];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a
+      if (kEntries[213].covers(key)) return &kEntries[213];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[214].covers(key)) return &kEntries[214];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a
+      if (kEntries[215].covers(key)) return &kEntries[215];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a
+      if (kEntries[216].covers(key)) return &kEntries[216];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[217].covers(key)) return &kEntries[217];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a
+      if (kEntries[218].covers(key)) return &kEntries[218];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a
+      if (kEntries[219].covers(key)) return &kEntries[219];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[220].covers(key)) return &kEntries[220];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a
+      if (kEntries[221].covers(key)) return &kEntries[221];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a
+      if (kEntries[222].covers(key)) return &kEntries[222];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[223].covers(key)) return &kEntries[223];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a
+      if (kEntries[224].covers(key)) return &kEntries[224];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a
+      if (kEntries[225].covers(key)) return &kEntries[225];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[226].covers(key)) return &kEntries[226];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a
+      if (kEntries[227].covers(key)) return &kEntries[227];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a
+      if (kEntries[228].covers(key)) return &kEntries[228];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[229].covers(key)) return &kEntries[229];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a
+      if (kEntries[230].covers(key)) return &kEntries[230];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a
+      if (kEntries[231].covers(key)) return &kEntries[231];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[232].covers(key)) return &kEntries[232];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a
+      if (kEntries[233].covers(key)) return &kEntries[233];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a
+      if (kEntries[234].covers(key)) return &kEntries[234];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[235].covers(key)) return &kEntries[235];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_fp16_sm90a
+      if (kEntries[236].covers(key)) return &kEntries[236];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_fp16_sm90a
+      if (kEntries[237].covers(key)) return &kEntries[237];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[238].covers(key)) return &kEntries[238];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a
+      if (kEntries[239].covers(key)) return &kEntries[239];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a
+      if (kEntries[240].covers(key)) return &kEntries[240];  // paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[241].covers(key)) return &kEntries[241];  // paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a
+      if (kEntries[242].covers(key)) return &kEntries[242];  // paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a
+      if (kEntries[243].covers(key)) return &kEntries[243];  // paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[244].covers(key)) return &kEntries[244];  // paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_fp16_sm90a
+      if (kEntries[245].covers(key)) return &kEntries[245];  // paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[222].covers(key)) return &kEntries[222];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a
-      if (kEntries[223].covers(key)) return &kEntries[223];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a
-      if (kEntries[224].covers(key)) return &kEntries[224];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a
-      if (kEntries[225].covers(key)) return &kEntries[225];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a
-      if (kEntries[226].covers(key)) return &kEntries[226];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a
-      if (kEntries[227].covers(key)) return &kEntries[227];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a
-      if (kEntries[228].covers(key)) return &kEntries[228];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a
-      if (kEntries[229].covers(key)) return &kEntries[229];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a
-      if (kEntries[230].covers(key)) return &kEntries[230];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_bf16_sm90a
-      if (kEntries[231].covers(key)) return &kEntries[231];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a
-      if (kEntries[232].covers(key)) return &kEntries[232];  // paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a
-      if (kEntries[233].covers(key)) return &kEntries[233];  // paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_bf16_sm90a
+      if (kEntries[246].covers(key)) return &kEntries[246];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[247].covers(key)) return &kEntries[247];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a
+      if (kEntries[248].covers(key)) return &kEntries[248];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a
+      if (kEntries[249].covers(key)) return &kEntries[249];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[250].covers(key)) return &kEntries[250];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a
+      if (kEntries[251].covers(key)) return &kEntries[251];  // paged_grouped_mma_d64_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a
+      if (kEntries[252].covers(key)) return &kEntries[252];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[253].covers(key)) return &kEntries[253];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a
+      if (kEntries[254].covers(key)) return &kEntries[254];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a
+      if (kEntries[255].covers(key)) return &kEntries[255];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[256].covers(key)) return &kEntries[256];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a
+      if (kEntries[257].covers(key)) return &kEntries[257];  // paged_grouped_mma_d80_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a
+      if (kEntries[258].covers(key)) return &kEntries[258];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[259].covers(key)) return &kEntries[259];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a
+      if (kEntries[260].covers(key)) return &kEntries[260];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a
+      if (kEntries[261].covers(key)) return &kEntries[261];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[262].covers(key)) return &kEntries[262];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a
+      if (kEntries[263].covers(key)) return &kEntries[263];  // paged_grouped_mma_d96_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a
+      if (kEntries[264].covers(key)) return &kEntries[264];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[265].covers(key)) return &kEntries[265];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a
+      if (kEntries[266].covers(key)) return &kEntries[266];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a
+      if (kEntries[267].covers(key)) return &kEntries[267];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[268].covers(key)) return &kEntries[268];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a
+      if (kEntries[269].covers(key)) return &kEntries[269];  // paged_grouped_mma_d112_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a
+      if (kEntries[270].covers(key)) return &kEntries[270];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[271].covers(key)) return &kEntries[271];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e4_bf16_sm90a
+      if (kEntries[272].covers(key)) return &kEntries[272];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt2_waves2_fill90_min_part256_kv_e5_bf16_sm90a
+      if (kEntries[273].covers(key)) return &kEntries[273];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[274].covers(key)) return &kEntries[274];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a
+      if (kEntries[275].covers(key)) return &kEntries[275];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a
+      if (kEntries[276].covers(key)) return &kEntries[276];  // paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[277].covers(key)) return &kEntries[277];  // paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a
+      if (kEntries[278].covers(key)) return &kEntries[278];  // paged_grouped_mma_d192_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a
+      if (kEntries[279].covers(key)) return &kEntries[279];  // paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[280].covers(key)) return &kEntries[280];  // paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e4_bf16_sm90a
+      if (kEntries[281].covers(key)) return &kEntries[281];  // paged_grouped_mma_d256_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e5_bf16_sm90a
     }
   }
-  // specs/paged.yaml:142: when L <= 512 -> single_pass
+  // specs/paged.yaml:145: when L <= 512 -> single_pass
   if ((key.L <= 512)) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a
@@ -1160,7 +1400,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[104].covers(key)) return &kEntries[104];  // paged_single_pass_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_bf16_sm90a
     }
   }
-  // specs/paged.yaml:144: when True -> split_k
+  // specs/paged.yaml:147: when True -> split_k
   if (true) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[105].covers(key)) return &kEntries[105];  // paged_split_k_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_fp32_sm90a

@@ -9,6 +9,8 @@
 //   score_t = scale * q[s,i,h] . K_t        then soft cap: cap * tanh(score / cap) if cap > 0
 //                                           then ALiBi: + slope[h] * (t - pos) if slopes
 //   out[s,i,h] = sum_{t <= pos} softmax(score)_t V_t   (zeros when no token is visible)
+// An fp8 cache (e4m3 or e5m2, 16-bit q) holds K / k_scale and V / v_scale: K_t = k_scale[g] *
+// k[t], V_t = v_scale[g] * v[t], with one fp32 scale per tensor or per kv head.
 #pragma once
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -23,6 +25,9 @@ struct Params {
   const int32_t* block_table;  // [S, max_blocks]
   const int32_t* context_lens; // [S]
   const float* alibi;          // [Hq] fp32 slopes, or null
+  const float* k_scale;        // fp8 cache: [1] or [Hkv] fp32 dequantization scales, or null (1)
+  const float* v_scale;
+  int64_t scale_sh;            // 0: one scale per tensor, 1: one per kv head
   void* out;                   // [S, Q, Hq, D] contiguous, the input type
   int64_t S, Q, Hq, Hkv, D, max_blocks;
   int block_shift;             // log2(block_size): block sizes are powers of two
@@ -46,6 +51,7 @@ struct DecodeKey {
   int64_t G;  // query heads per kv head (Hq / Hkv)
   int64_t S;  // sequences in the batch
   int64_t Q;  // query tokens per sequence (1: plain decode)
+  int64_t KVE;  // exponent bits of an fp8 cache (4: e4m3, 5: e5m2; 0: the cache has q's dtype)
   int64_t Hq;  // query heads
   int64_t Hkv;  // key/value heads
   int64_t L;  // longest context the block table can hold (max_blocks * block_size)

@@ -63,7 +63,23 @@ def make_case(lens, Hq, Hkv, D, dtype, block_size=16, seed=0, layout="NHD", spar
 
 def expected(case, layout="NHD", **extras):
     q, k, v, bt, cl = case
-    return reference.paged_decode(q, k.nan_to_num(), v.nan_to_num(), bt, cl, kv_layout=layout, **extras)
+    k, v = (x.float().nan_to_num() if x.dtype in paged.FP8_CACHE_DTYPES else x.nan_to_num() for x in (k, v))
+    return reference.paged_decode(q, k, v, bt, cl, kv_layout=layout, **extras)
+
+
+FP8 = {4: torch.float8_e4m3fn, 5: torch.float8_e5m2}
+
+
+def quantized(case, fp8_dtype, per_head: bool):
+    """The case with its cache stored in fp8 as K / k_scale, V / v_scale (scales that put the
+    values near the middle of the fp8 range), and the scales: float32 [Hkv] or [1]."""
+    q, k, v, bt, cl = case
+    n = k.shape[2] if per_head else 1
+    k_scale = torch.linspace(0.02, 0.05, n, device="cuda")
+    v_scale = torch.linspace(0.05, 0.03, n, device="cuda")
+    k8 = (k.float() / k_scale[:, None]).to(fp8_dtype)
+    v8 = (v.float() / v_scale[:, None]).to(fp8_dtype)
+    return (q, k8, v8, bt, cl), k_scale, v_scale
 
 
 def instance_group(params: dict) -> tuple:
@@ -75,22 +91,35 @@ def instance_group(params: dict) -> tuple:
     return (16, 3) if params["mt"] == 2 else (7, 3)   # 48 rows: two blocks of 32; 21 rows: two of 16
 
 
+def instance_case(row: dict, seed: int):
+    """(case, extras) for one instance of the manifest: its dtype and head size, the group and
+    query tokens of instance_group, the cache in fp8 where the instance reads one."""
+    dtype, D = DTYPES[row["dtype"]], row["params"]["d"]
+    G, Q = instance_group(row["params"])
+    # Two kv heads; contexts around a page, a tile and a partition, and one shorter than Q
+    # (its first query tokens see nothing).
+    case = make_case([1, 2, 15, 16, 17, 100, 600], 2 * G, 2, D, dtype, seed=seed, Q=Q)
+    kv_e = row["params"].get("kv_e", 0)
+    if not kv_e:
+        return case, {}
+    case, k_scale, v_scale = quantized(case, FP8[kv_e], per_head=True)
+    return case, {"k_scale": k_scale, "v_scale": v_scale}
+
+
 def test_every_instance():
     rows = family_manifest("paged")
     assert rows, "no paged instances in the manifest"
     failures, cases = [], {}
     for name, row in sorted(rows.items()):
-        dtype, D = DTYPES[row["dtype"]], row["params"]["d"]
+        dtype = DTYPES[row["dtype"]]
         G, Q = instance_group(row["params"])
-        key = (row["dtype"], D, G, Q)
+        key = (row["dtype"], row["params"]["d"], G, Q, row["params"].get("kv_e", 0))
         if key not in cases:
-            # Two kv heads; contexts around a page, a tile and a partition, and one shorter than
-            # Q (its first query tokens see nothing).
-            case = make_case([1, 2, 15, 16, 17, 100, 600], 2 * G, 2, D, dtype, seed=D + G, Q=Q)
-            cases[key] = (case, expected(case))
-        case, want = cases[key]
-        poison(want.numel() * 4 + 8 * 2 * G * Q * 2 * D * 4)
-        got = paged.paged_decode_with(name, *case)
+            case, extras = instance_case(row, seed=sum(key[1:]))
+            cases[key] = (case, extras, expected(case, **extras))
+        case, extras, want = cases[key]
+        poison(want.numel() * 4 + 8 * 2 * G * Q * 2 * row["params"]["d"] * 4)
+        got = paged.paged_decode_with(name, *case, **extras)
         try:
             err = worst_rel_err(got, want)
         except AssertionError as bad:
@@ -125,6 +154,35 @@ def test_issue_matrix_group_sizes_and_query_tokens(dtype, G, Q):
     assert worst_rel_err(paged.paged_decode_with(name, *case), want) <= TOL[dtype], name
 
 
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("kv_e", [4, 5])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_cache(dtype, kv_e, per_head):
+    """An fp8 cache (e4m3, e5m2) with per-tensor or per-kv-head scales, through dispatch, at
+    group sizes 1, 3, 8 and 1 or 5 query tokens, against the reference on the dequantized cache."""
+    for G, Q in [(1, 1), (3, 5), (8, 1)]:
+        case, k_scale, v_scale = quantized(make_case(LENGTHS, 2 * G, 2, 128, dtype, seed=G + kv_e, Q=Q),
+                                           FP8[kv_e], per_head)
+        want = expected(case, k_scale=k_scale, v_scale=v_scale)
+        poison(want.numel() * 4)
+        got = attngen.paged_decode(*case, k_scale=k_scale, v_scale=v_scale)
+        assert worst_rel_err(got, want) <= TOL[dtype], (G, Q, paged.selected_instance(*case))
+    with pytest.raises(ValueError, match="k_scale must be a float32 \\[1\\] or \\[Hkv=2\\]"):
+        attngen.paged_decode(*case, k_scale=torch.ones(3, device="cuda"))
+
+
+def test_fp8_cache_bad_input():
+    case, k_scale, v_scale = quantized(make_case([40, 9], 4, 2, 64, torch.bfloat16), torch.float8_e4m3fn, True)
+    q, k8, v8, bt, cl = case
+    with pytest.raises(ValueError, match="an fp8 cache .* needs a float16 or bfloat16 q"):
+        attngen.paged_decode(q.float(), k8, v8, bt, cl)
+    with pytest.raises(ValueError, match="v_cache has dtype torch.float8_e5m2 but k_cache has torch.float8_e4m3fn"):
+        attngen.paged_decode(q, k8, v8.float().to(torch.float8_e5m2), bt, cl)
+    plain = make_case([40, 9], 4, 2, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match="k_scale is given but the cache is torch.bfloat16"):
+        attngen.paged_decode(*plain, k_scale=k_scale)
+
+
 def _dt(dtype):
     return {v: k for k, v in DTYPES.items()}[dtype]
 
@@ -132,7 +190,7 @@ def _dt(dtype):
 def covering_instance(kind: str, D: int, dtype, G: int, Q: int = 1) -> str:
     """The instance of `kind` that dispatch would take for this shape, by the spec's covers rule."""
     spec, insts = [x for x in pipeline.lower(pipeline.expand(pipeline.load())) if x[0].family == "paged"][0]
-    runtime = {"D": D, "G": G, "S": 1, "Q": Q, "Hq": G, "Hkv": 1, "L": 4096, "align": 16 // DTYPE_BYTES[dtype],
+    runtime = {"D": D, "G": G, "S": 1, "Q": Q, "KVE": 0, "Hq": G, "Hkv": 1, "L": 4096, "align": 16 // DTYPE_BYTES[dtype],
                "sm_count": 132}
     return next(i.name for i in dispatch.ordered(spec, insts, kind)
                 if i.a == {"dtype": _dt(dtype)} and dispatch.covers(spec, i, runtime))
@@ -244,7 +302,7 @@ def test_dispatch_matches_its_python_mirror():
         q, k, v, _, cl = case
         bt = torch.zeros(S, ctx // 16, dtype=torch.int32, device="cuda")
         got = paged.selected_instance(q, k, v, bt, cl)
-        runtime = {"D": D, "G": Hq // Hkv, "S": S, "Q": Q, "Hq": Hq, "Hkv": Hkv, "L": ctx, "align": 8 if dtype != "fp32" else 4,
+        runtime = {"D": D, "G": Hq // Hkv, "S": S, "Q": Q, "KVE": 0, "Hq": Hq, "Hkv": Hkv, "L": ctx, "align": 8 if dtype != "fp32" else 4,
                    "sm_count": sm}
         want = dispatch.select(spec, insts, runtime, {"dtype": dtype})
         assert got == (want.name if want else ""), (S, Q, Hq, Hkv, D, ctx, dtype)
