@@ -164,9 +164,11 @@ def group_table(quick: bool) -> list:
     return rows
 
 
-def candidates() -> list:
-    """The grouped_mma_candidates instances (other stages and split targets, never dispatched)."""
-    return [n for n in paged.instances() if "_grouped_mma_candidates_" in n and n.endswith("_bf16_sm90a")]
+def candidates(kv_e: int = 0) -> list:
+    """The grouped_mma_candidates instances (other stages and split targets, never dispatched)
+    reading a cache in q's dtype (kv_e 0) or fp8 e4m3 (kv_e 4)."""
+    return [n for n in paged.instances()
+            if "_grouped_mma_candidates_" in n and f"_kv_e{kv_e}_" in n and n.endswith("_bf16_sm90a")]
 
 
 def short(name: str) -> str:
@@ -206,6 +208,10 @@ def fp8_table() -> list:
             row[f"{name}_ratio"] = row[f"{name}_ms"] / row["bf16_ms"]
             row[f"{name}_instance"] = paged.selected_instance(*args)
             row[f"{name}_tbps"] = kv_bytes(k8, cl) / row[f"{name}_ms"] / 1e9
+            if name == "e4m3":
+                row["e4m3_candidates_ms"] = {
+                    short(n): do_bench(lambda: paged.paged_decode_with(n, *args, k_scale=scale, v_scale=scale))
+                    for n in candidates(4)}
             k8 = v8 = args = None
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -262,6 +268,8 @@ def markdown(copy, rows, meta, groups=(), queries=(), fp8=()) -> str:
             out.append(f"| {r['G']} | {r['Hkv']} | {r['S']} | {r['context']} | {f(r['bf16_ms'])} | {f(r['e4m3_ms'])} | "
                        f"**{r['e4m3_ratio']:.2f}** | {f(r['e4m3_tbps'])} | {f(r['e5m2_ms'])} | {r['e5m2_ratio']:.2f} | "
                        f"`{r['e4m3_instance']}` |")
+        out += ["", "e4m3 candidates forced (ms): " + "; ".join(
+            f"G {r['G']}: " + ", ".join(f"{k} {v:.3f}" for k, v in r["e4m3_candidates_ms"].items()) for r in fp8)]
     return "\n".join(out) + "\n"
 
 
