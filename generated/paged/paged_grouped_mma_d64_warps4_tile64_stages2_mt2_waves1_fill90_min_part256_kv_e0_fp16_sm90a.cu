@@ -141,13 +141,17 @@ __device__ __forceinline__ uint32_t widen2(uint16_t two) {
   }
 }
 
-// The raw fp8 K and V tiles of a stage widened into the 16-bit tiles the MMAs read; 8 values
-// (8 bytes in, one 16-byte chunk out) per step.
-__device__ __forceinline__ void widen_tile(T* wide, const uint8_t* raw) {
+// One warp's rows [row0, row0 + WARP_TOKENS) of the raw fp8 K and V tiles of a stage widened
+// into the 16-bit tiles its MMAs read; 8 values (8 bytes in, one 16-byte chunk out) per step.
+// Only this warp reads those rows, so a __syncwarp orders the widening and the reads: warps
+// convert and multiply independently, with no CTA barrier between. Measured on the H100
+// (bench/results/h100/paged.md, commit a9f1efb): the whole tile widened by all threads behind a
+// __syncthreads read 0.85x the bf16 time at G 8, 64 seqs x 4096.
+__device__ __forceinline__ void widen_rows(T* wide, const uint8_t* raw, int row0, int lane) {
   constexpr int GROUPS = D / 8;
 #pragma unroll
-  for (int i = threadIdx.x; i < 2 * TILE * GROUPS; i += THREADS) {
-    const int which = i / (TILE * GROUPS), row = i / GROUPS % TILE, col = i % GROUPS * 8;
+  for (int i = lane; i < 2 * WARP_TOKENS * GROUPS; i += 32) {
+    const int which = i / (WARP_TOKENS * GROUPS), row = row0 + i / GROUPS % WARP_TOKENS, col = i % GROUPS * 8;
     const uint2 in = *reinterpret_cast<const uint2*>(raw + which * RAW_TILE + row * D + col);
     const uint4 out = make_uint4(widen2(in.x & 0xffffu), widen2(in.x >> 16), widen2(in.y & 0xffffu), widen2(in.y >> 16));
     *reinterpret_cast<uint4*>(wide + which * KVTile::ELEMS + KVTile::offset(row, col)) = out;
@@ -229,16 +233,16 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const Params p, const S
     const int ahead = it + STAGES - 1;
     if (ahead < tiles) issue_tile(ring + ahead % STAGES * STAGE_ELEMS, p, pages, kv_head, begin + ahead * TILE, end);
     cp_async_commit();
+    const int first = begin + it * TILE + warp * WARP_TOKENS;  // this warp's tokens: [first, first + WARP_TOKENS)
+    if (first >= end) continue;
     const T* k_tile;
     if constexpr (FP8) {
-      widen_tile(wide, reinterpret_cast<const uint8_t*>(ring + it % STAGES * STAGE_ELEMS));  // C is uint8_t
-      __syncthreads();  // the widened tiles are complete (the next widening waits for the barrier above)
+      widen_rows(wide, reinterpret_cast<const uint8_t*>(ring + it % STAGES * STAGE_ELEMS), warp * WARP_TOKENS, lane);
+      __syncwarp();  // this warp's widened rows are complete (its previous reads of them came before)
       k_tile = wide;
     } else {
       k_tile = reinterpret_cast<const T*>(ring + it % STAGES * STAGE_ELEMS);  // C is T
     }
-    const int first = begin + it * TILE + warp * WARP_TOKENS;  // this warp's tokens: [first, first + WARP_TOKENS)
-    if (first >= end) continue;
     const uint32_t k_base = mma::smem_addr(k_tile), v_base = mma::smem_addr(k_tile + KVTile::ELEMS);
 
     // S = Q K^T over this warp's tokens.
