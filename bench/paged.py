@@ -173,7 +173,7 @@ def candidates(kv_e: int = 0) -> list:
 
 def short(name: str) -> str:
     """stages3_waves2_fill90 out of a grouped_mma instance name."""
-    return "_".join(part for part in name.split("_") if part.startswith(("stages", "waves", "fill")))
+    return "_".join(part for part in name.split("_") if part.startswith(("warps", "stages", "waves", "fill")))
 
 
 def query_table() -> list:
@@ -249,7 +249,7 @@ def markdown(copy, rows, meta, groups=(), queries=(), fp8=()) -> str:
                        + f" | {f(best[1])} ({best[0]}) | {f(r.get('torch_tbps'))} | `{r['instance']}` |")
         names = sorted({n for r in groups + rows for n in r["candidates_tbps"]})
         if names:
-            out += ["", "grouped_mma candidates forced (TB/s; the default is stages3_waves2_fill90):", "",
+            out += ["", "grouped_mma candidates forced (TB/s; the default is warps4_stages2_waves1_fill90):", "",
                     "| case | " + " | ".join(names) + " |", "|---" + "|---" * len(names) + "|"]
             for r in rows + groups:
                 label = r["case"] if "case" in r else f"G {r['G']}, {r['S']} seqs, context {r['context']}"

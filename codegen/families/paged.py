@@ -45,7 +45,7 @@ DECODE_MMA = "paged/decode_mma.cu.j2"
 TEMPLATE_PARAMS = {
     DECODE: {"d": "int", "vec": "int", "tx": "int", "heads": "int", "hpt": "int", "threads": "int",
              "tile": "int", "stages": "int", "part": "int0"},
-    DECODE_MMA: {"d": "int", "warps": "int", "tile": "int", "stages": "int", "mt": "int", "waves": "int",
+    DECODE_MMA: {"d": "int", "warps": "int", "tile": "int", "stages": "int", "mt": "int", "waves": "int0",
                  "fill": "int0", "min_part": "int", "kv_e": "int0"},
 }
 SUPPORT_FILES = {
@@ -159,8 +159,8 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("tile", f"tile={tile} does not split into 16-token slices over {warps} warps")
     if stages < 2:
         raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
-    if waves < 1 or min_part < tile or min_part % tile:
-        raise Rejected("min_part", f"waves={waves} must be >= 1 and min_part={min_part} a multiple of tile={tile}")
+    if waves < 0 or min_part < tile or min_part % tile:
+        raise Rejected("min_part", f"waves={waves} must be >= 0 and min_part={min_part} a multiple of tile={tile}")
     if kv_e not in (0, 4, 5):
         raise Rejected("kv_e", f"kv_e={kv_e}: 0 (the cache has q's dtype), 4 (fp8 e4m3) or 5 (fp8 e5m2)")
     if not 0 <= fill <= 100:

@@ -574,6 +574,8 @@ cudaError_t launch_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill9
 size_t workspace_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
@@ -590,6 +592,12 @@ cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_w
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
@@ -606,6 +614,10 @@ cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_w
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
 
 namespace {
 
@@ -894,19 +906,25 @@ bool covers_281(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 
 bool covers_282(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_283(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_284(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_285(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
-bool covers_286(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_285(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_286(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_287(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_288(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_289(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
-bool covers_290(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_289(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_290(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_291(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_292(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_293(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
+bool covers_292(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
+bool covers_293(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_294(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_295(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_296(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_297(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
+bool covers_298(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_299(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_300(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_301(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
+bool covers_302(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_303(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 
 const Entry kEntries[] = {
     {"paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a", launch_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a, covers_0, workspace_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a},
@@ -1191,22 +1209,28 @@ const Entry kEntries[] = {
     {"paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_279, workspace_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
     {"paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_280, workspace_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
     {"paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a, covers_281, workspace_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_282, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a, covers_283, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_284, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_285, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a, covers_286, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_287, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a, covers_288, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_289, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_290, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_291, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_292, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_293, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a, covers_294, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_295, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_296, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_297, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_fp16_sm90a, covers_282, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_283, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a, covers_284, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_285, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_286, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a, covers_287, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_288, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a, covers_289, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_290, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_291, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_292, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a, covers_293, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_294, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_295, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_296, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_297, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a, covers_298, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_299, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_300, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_301, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_302, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_303, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
 };
 
 }  // namespace
@@ -1223,7 +1247,7 @@ const Entry* paged_decode_find(const char* name) {
 }
 
 const Entry* paged_decode_select(const DecodeKey& key) {
-  // specs/paged.yaml:140: when G * Q >= 3 or KVE > 0 -> grouped_mma
+  // specs/paged.yaml:145: when G * Q >= 3 or KVE > 0 -> grouped_mma
   if ((((key.G * key.Q) >= 3) || (key.KVE > 0))) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[210].covers(key)) return &kEntries[210];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_fp16_sm90a
@@ -1302,7 +1326,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[281].covers(key)) return &kEntries[281];  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a
     }
   }
-  // specs/paged.yaml:147: when L <= 512 -> single_pass
+  // specs/paged.yaml:152: when L <= 512 -> single_pass
   if ((key.L <= 512)) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a
@@ -1416,7 +1440,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[104].covers(key)) return &kEntries[104];  // paged_single_pass_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_bf16_sm90a
     }
   }
-  // specs/paged.yaml:149: when True -> split_k
+  // specs/paged.yaml:154: when True -> split_k
   if (true) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[105].covers(key)) return &kEntries[105];  // paged_split_k_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_fp32_sm90a
