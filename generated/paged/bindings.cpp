@@ -186,6 +186,7 @@ at::Tensor launch(const Entry* entry, const Inputs& in) {
   p.block_shift = block_shift(in.k.size(1));
   p.scale = static_cast<float>(in.scale);
   p.soft_cap = static_cast<float>(in.soft_cap);
+  p.soft_cap_inv = in.soft_cap > 0.0 ? static_cast<float>(1.0 / in.soft_cap) : 0.f;
   p.q_ss = q.stride(0), p.q_sq = q.stride(1), p.q_sh = q.stride(2);
   p.k_sb = in.k.stride(0), p.k_st = in.k.stride(1), p.k_sh = in.k.stride(2);
   p.v_sb = in.v.stride(0), p.v_st = in.v.stride(1), p.v_sh = in.v.stride(2);

@@ -59,23 +59,25 @@ constexpr int WIDE_ELEMS = FP8 ? 2 * KVTile::ELEMS : 0;
 static_assert(WARP_TOKENS % 16 == 0 && TILE == WARPS * WARP_TOKENS && D % 16 == 0, "tiling");
 
 // Row blocks of ROWS query rows per kv head: the Q * G (query token, head) pairs of a group.
-__host__ __device__ __forceinline__ int64_t row_blocks(const Params& p) {
-  return (p.Q * (p.Hq / p.Hkv) + ROWS - 1) / ROWS;
+__host__ __device__ __forceinline__ unsigned row_blocks(const Params& p) {
+  return (static_cast<unsigned>(p.Q) * group_size(p) + ROWS - 1) / ROWS;
 }
 
 // Query row r of row block rb: pair rb * ROWS + r, token-major over (query token, rank in the
 // group). Rows past the last pair are padding: zero queries, never stored.
+// 32-bit arithmetic: a 64-bit division is a call.
 struct QueryRow {
-  int64_t token, head;
+  int token, head;
   bool real;
 };
-__device__ __forceinline__ QueryRow query_row(const Params& p, int64_t group, int64_t kv_head, int64_t rb, int r) {
-  const int64_t pair = rb * ROWS + r;
-  return {pair / group, kv_head * group + pair % group, pair < p.Q * group};
+__device__ __forceinline__ QueryRow query_row(unsigned query_tokens, unsigned group, unsigned kv_head, unsigned rb,
+                                              int r) {
+  const unsigned pair = rb * ROWS + r;
+  return {static_cast<int>(pair / group), static_cast<int>(kv_head * group + pair % group), pair < query_tokens * group};
 }
 
-// The split of the context over the (sequence, kv head, row block) CTAs of the batch: the
-// fewest partitions (of whole tiles, none shorter than MIN_PART tokens) that give at least
+// The split of the context over the (sequence, kv head, row block) CTAs of the batch: none
+// where one even wave holds them all, otherwise the fewest partitions (of whole tiles, none shorter than MIN_PART tokens) that give at least
 // WAVES waves of CTAS_PER_SM CTAs on every SM with the waves FILL% occupied (a last wave
 // nearly empty costs as much as a full one). Measured on the H100 (bench/results/h100/
 // paged.md, commit ba8f2ed): at 8 sequences x 8 kv heads x 32768 tokens, 9 partitions (2.2
@@ -93,6 +95,12 @@ Split split_of(const Params& p) {
   const int64_t capacity = p.max_blocks << p.block_shift;
   const int64_t ctas = p.S * p.Hkv * row_blocks(p);
   const int64_t slots = CTAS_PER_SM * p.sm_count;
+  // One wave of whole contexts when it fits and shares the SMs evenly (the busiest SM within
+  // FILL% of the mean): no reduce, no partition seams. Measured on the H100 (bench/results/
+  // h100/paged.md, commit 2633a6c): 256 CTAs at G 16, 64 seqs read 2.06 / 2.63 TB/s unsplit
+  // against 1.74 / 2.46 in 3 partitions at contexts 1024 / 4096.
+  const int64_t busiest = (ctas + p.sm_count - 1) / p.sm_count;
+  if (WAVES <= 1 && ctas <= slots && ctas * 100 >= FILL * busiest * p.sm_count) return split_with(capacity, 1);
   const int64_t most = capacity / MIN_PART > 1 ? capacity / MIN_PART : 1;
   const int64_t fewest = (WAVES * slots + ctas - 1) / ctas;
   const Split first = split_with(capacity, fewest < 1 ? 1 : (fewest > most ? most : fewest));
@@ -159,14 +167,16 @@ __device__ __forceinline__ void widen_rows(T* wide, const uint8_t* raw, int row0
 }
 
 // Grid: (sequence, (kv head, row block), partition).
-__global__ void __launch_bounds__(THREADS) decode_kernel(const Params p, const Split split) {
+// The lowering's occupancy as the register bound: without it ptxas may trade a few spills for
+// more CTAs than shared memory admits.
+__global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Params p, const Split split) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* q_tile = reinterpret_cast<T*>(smem_raw);
   T* wide = q_tile + QTile::ELEMS;                           // FP8: the widened K and V tiles
   C* ring = reinterpret_cast<C*>(wide + WIDE_ELEMS);
   const int64_t seq = blockIdx.x;
-  const int64_t group = p.Hq / p.Hkv, blocks = row_blocks(p);
-  const int64_t kv_head = blockIdx.y / blocks, rb = blockIdx.y % blocks;
+  const unsigned group = group_size(p), blocks = row_blocks(p);
+  const unsigned kv_head = blockIdx.y / blocks, rb = blockIdx.y % blocks, query_tokens = static_cast<unsigned>(p.Q);
   const bool split_kv = gridDim.z > 1;
 
   const int64_t capacity = p.max_blocks << p.block_shift;
@@ -182,7 +192,7 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const Params p, const S
 #pragma unroll
     for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
       const int r = i / CHUNKS, col = i % CHUNKS * 8;
-      const QueryRow row = query_row(p, group, kv_head, rb, r);
+      const QueryRow row = query_row(query_tokens, group, kv_head, rb, r);
       const T* src = row.real ? q + row.token * p.q_sq + row.head * p.q_sh + col : q;
       cp_async_zfill<16>(q_tile + QTile::offset(r, col), src, row.real);
     }
@@ -203,7 +213,7 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const Params p, const S
   float slope[2 * MT];
 #pragma unroll
   for (int r = 0; r < 2 * MT; ++r) {
-    const QueryRow row = query_row(p, group, kv_head, rb, r / 2 * 16 + r % 2 * 8 + lane / 4);
+    const QueryRow row = query_row(query_tokens, group, kv_head, rb, r / 2 * 16 + r % 2 * 8 + lane / 4);
     position[r] = n - static_cast<int>(p.Q) + static_cast<int>(row.token);
     row_end[r] = row.real ? min(end, position[r] + 1) : begin;
     slope[r] = row.real && p.alibi ? p.alibi[row.head] : 0.f;
@@ -280,7 +290,7 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const Params p, const S
           const int t = first + nt * 8 + lane % 4 * 2 + e % 2;
           float x = s[mt][nt][e] * score_scale;
           if (extras) {
-            if (p.soft_cap > 0.f) x = p.soft_cap * tanhf(x / p.soft_cap);
+            if (p.soft_cap > 0.f) x = p.soft_cap * tanhf(x * p.soft_cap_inv);
             x += slope[r] * static_cast<float>(t - position[r]);
           }
           s[mt][nt][e] = t < row_end[r] ? x : -INFINITY;
@@ -343,7 +353,7 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const Params p, const S
 #pragma unroll
   for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
     const int r = i / CHUNKS, col = i % CHUNKS * 8;
-    const QueryRow row = query_row(p, group, kv_head, rb, r);
+    const QueryRow row = query_row(query_tokens, group, kv_head, rb, r);
     if (!row.real) continue;
     float top = -INFINITY;
 #pragma unroll
@@ -360,7 +370,9 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const Params p, const S
     }
     // top == -inf: no visible token, the output is zeros. A NaN in the cache inside the
     // context reaches `total` and the output, as it would in the reference.
-    const float inv = top == -INFINITY ? 0.f : v_scale / total;
+    // total >= 1 (the warp holding the max adds 2^0): the fast division is within 2 ulp, and
+    // IEEE division's slow path would be a call (a stack frame the compile tier counts as spills).
+    const float inv = top == -INFINITY ? 0.f : __fdividef(v_scale, total);
 #pragma unroll
     for (int j = 0; j < 8; ++j) o[j] *= inv;
     if (split_kv) {

@@ -65,18 +65,23 @@ __device__ __forceinline__ void issue_tile(T* stage, const Params& p, const int3
 
 // CTAs per (query token, kv head): the group of G query heads in packs of HEADS, the last
 // one padded (its missing heads compute on zeros and are never stored).
-__host__ __device__ __forceinline__ int64_t packs_per_group(const Params& p) {
-  return (p.Hq / p.Hkv + HEADS - 1) / HEADS;
+__host__ __device__ __forceinline__ unsigned packs_per_group(const Params& p) {
+  return (group_size(p) + HEADS - 1) / HEADS;
 }
 
 // Grid: (sequence, (query token, kv head, pack of HEADS query heads), partition).
-__global__ void __launch_bounds__(THREADS) decode_kernel(const Params p) {
+// One CTA per SM as the register bound: without a bound ptxas held some instances to 80
+// registers and spilled a few bytes (the compile tier rejects any spill); shared memory sets
+// the occupancy of these kernels.
+__global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* ring = reinterpret_cast<T*>(smem_raw);
   const int64_t seq = blockIdx.x;
-  const int64_t G = p.Hq / p.Hkv, packs = packs_per_group(p);
-  const int64_t qi = blockIdx.y / (p.Hkv * packs);
-  const int64_t kv_head = blockIdx.y / packs % p.Hkv;
+  // 32-bit index arithmetic: a 64-bit division is a call (its stack frame showed as spills).
+  const unsigned G = group_size(p), packs = packs_per_group(p);
+  const unsigned hkv = static_cast<unsigned>(p.Hkv);
+  const int64_t qi = blockIdx.y / (hkv * packs);
+  const int64_t kv_head = blockIdx.y / packs % hkv;
   const int x = threadIdx.x % TX, y = threadIdx.x / TX % ROWS, z = threadIdx.x / (TX * ROWS);
   // This thread's heads of the group: my_rank0 .. my_rank0 + HPT - 1 (those >= G are padding).
   const int64_t my_rank0 = blockIdx.y % packs * HEADS + y * HPT;
@@ -167,7 +172,7 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const Params p) {
       for (int i = 0; i < SCORES; ++i) {
         const int t = first + i * TZ + z;
         float s = score[h][i];
-        if (p.soft_cap > 0.f) s = p.soft_cap * tanhf(s / p.soft_cap);
+        if (p.soft_cap > 0.f) s = p.soft_cap * tanhf(s * p.soft_cap_inv);
         s += slope[h] * static_cast<float>(t - pos);
         score[h][i] = t < end ? s * LOG2E : -INFINITY;
         tile_max = fmax_nan(tile_max, score[h][i]);
@@ -239,7 +244,7 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const Params p) {
   for (int h = 0; h < HPT; ++h) {
     const int head_slot = y * HPT + h;
     const int64_t head = my_head0 + h;
-    if (my_rank0 + h >= G) continue;  // padding of the last pack
+    const bool real = my_rank0 + h < G;  // false: padding of the last pack, nothing stored
     float top = -INFINITY;
 #pragma unroll
     for (int zz = 0; zz < TZ; ++zz) top = fmax_nan(top, slot_max[zz * HEADS + head_slot]);
@@ -251,20 +256,22 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const Params p) {
       weight[zz] = top == -INFINITY ? 0.f : exp2f(slot_max[zz * HEADS + head_slot] - top);
       total += weight[zz] * slot_sum[zz * HEADS + head_slot];
     }
-    const float inv = top == -INFINITY ? 0.f : 1.f / total;
+    // total >= 1 (the slot holding the max adds 2^0): the fast division is within 2 ulp, and
+    // IEEE division's slow path would be a call (a stack frame the compile tier counts as spills).
+    const float inv = top == -INFINITY ? 0.f : __fdividef(1.f, total);
     float* part_out = nullptr;
     if constexpr (SPLIT) {
       const int64_t parts = gridDim.z;
       const int64_t row = ((seq * p.Q + qi) * p.Hq + head) * parts + blockIdx.z;
       float* lse = static_cast<float*>(p.workspace);
       part_out = lse + split_lse_floats(p.S, p.Q * p.Hq, parts) + row * D;
-      if (x == 0) lse[row] = top == -INFINITY ? -INFINITY : top + log2f(total);
+      if (x == 0 && real) lse[row] = top == -INFINITY ? -INFINITY : top + log2f(total);
     }
     T* out = static_cast<T*>(p.out) + seq * p.out_ss + qi * p.out_sq + head * p.out_sh;
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       const int piece = x + c * TX;
-      if (!piece_used(piece)) continue;
+      if (!piece_used(piece) || !real) continue;
       float o[VEC];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {

@@ -33,6 +33,7 @@ struct Params {
   int block_shift;             // log2(block_size): block sizes are powers of two
   float scale;                 // applied to q . k
   float soft_cap;              // 0: none
+  float soft_cap_inv;          // 1 / soft_cap (0: none), so the kernels multiply
   // Strides in elements.
   int64_t q_ss, q_sq, q_sh;
   int64_t k_sb, k_st, k_sh;    // block, token in block, head
@@ -42,6 +43,11 @@ struct Params {
   int64_t sm_count;
   void* workspace;             // split kinds: partial outputs and log-sum-exps (Entry::workspace bytes)
 };
+
+// Query heads per kv head, in 32-bit arithmetic (a 64-bit division is a call on the device).
+__host__ __device__ inline unsigned group_size(const Params& p) {
+  return static_cast<unsigned>(p.Hq) / static_cast<unsigned>(p.Hkv);
+}
 
 enum class DType : int { kFP32 = 0, kFP16 = 1, kBF16 = 2 };
 
