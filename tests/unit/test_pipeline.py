@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from codegen import expr, pipeline, render
-from codegen.families import causal_linear
+from codegen.arch import ARCHES
+from codegen.families import causal_linear, paged
 from codegen.passes import Rejected, banks, lower_one
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,3 +201,22 @@ def test_flash_tile_layouts_are_conflict_free():
         assert len(offsets) == 16 * d and max(offsets) < 16 * fa.pitch(d, swizzle)
     # A 72-wide padded tile has an even pitch in chunks: the model sees the 2-way conflict.
     assert banks.conflict_ways(fa.bank_accesses(72, 0, 128), 0)["ldmatrix"] == 2.0
+
+
+def test_grouped_decode_tiles_are_conflict_free_and_fit_their_occupancy(lowered):
+    """grouped_mma's ldmatrix reads and merge stores are conflict-free in the bank model
+    (swizzled rows at D 64/128/192/256, padded rows otherwise, merge rows padded by 8 floats),
+    its cp.async fills too where rows are swizzled, and its occupancy estimate fits shared
+    memory: the split rule relies on it."""
+    arch = ARCHES["sm_90a"]
+    insts = [i for _, group in lowered for i in group if i.template == paged.DECODE_MMA]
+    assert insts
+    for inst in insts:
+        d = inst.d
+        ways = d["bank_ways"]
+        assert ways["ldmatrix"] == 1 and ways["merge_write"] == 1, (inst.name, ways)
+        if d["swizzle"]:   # padded rows of 10, 12 or 14 chunks leave the 16-byte fills 1.5-1.75-way
+            assert ways["cp_async_fill"] == 1, (inst.name, ways)
+        assert d["swizzle"] == (inst.p["d"] % 64 == 0)
+        assert 1 <= d["ctas_per_sm"] and d["ctas_per_sm"] * (d["smem_bytes"] + arch.smem_reserved_per_cta) \
+            <= arch.smem_per_sm, inst.name

@@ -161,6 +161,19 @@ def test_paged_ring_over_the_shared_memory_limit(tmp_path):
     assert err.field == "kernels.single_pass.grid.tile" and "exceeds the sm_90a limit" in str(err)
 
 
+def test_paged_grouped_mma_cache_exponent_bits(tmp_path):
+    text = PAGED.replace("kv_e: [0, 4, 5]", "kv_e: [0, 3]")
+    err = paged_error(tmp_path, text)
+    assert err.line == line_of(text, "kv_e: [0, 3]") and err.field == "kernels.grouped_mma.grid.kv_e"
+    assert "kv_e=3: 0 (the cache has q's dtype), 4 (fp8 e4m3) or 5 (fp8 e5m2)" in str(err)
+
+
+def test_paged_grouped_mma_rows_over_the_register_file(tmp_path):
+    text = PAGED.replace('      - "mt == 1 or d <= 128"', '      - "mt == 1 or d <= 256"')
+    err = paged_error(tmp_path, text)
+    assert err.field == "kernels.grouped_mma.grid.mt" and "registers per thread (output 192" in str(err)
+
+
 FLASH = (ROOT / "specs" / "flash_attention.yaml").read_text()
 
 
