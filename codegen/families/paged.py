@@ -60,7 +60,6 @@ MAX_SCORES = 32   # scores a thread holds per stage (registers)
 # addressing, the row state and the operands in flight take (ptxas has the last word; the
 # compile tier checks its report for spills).
 MMA_REG_OVERHEAD = 64
-MMA_FP8_REG_OVERHEAD = 32   # fp8 K read into operands and V widened: ptxas used 165 at D 128, 16 rows
 MAX_REGS = 255
 
 
@@ -167,15 +166,15 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if not 0 <= fill <= 100:
         raise Rejected("fill", f"fill={fill} is a percentage of the waves' CTA slots (0-100)")
     threads, rows, warp_tokens = 32 * warps, 16 * mt, tile // warps
-    regs = mt * d // 2 + mt * warp_tokens // 2 + MMA_REG_OVERHEAD + (MMA_FP8_REG_OVERHEAD if kv_e else 0)
+    regs = mt * d // 2 + mt * warp_tokens // 2 + MMA_REG_OVERHEAD
     if regs > MAX_REGS:
         raise Rejected("mt", f"about {regs} registers per thread (output {mt * d // 2}, scores "
                              f"{mt * warp_tokens // 2}) exceed {MAX_REGS}")
     swizzle = int(d % 64 == 0)      # whole 128-byte lines: XOR swizzle; otherwise rows padded by a chunk
     row_bytes = flash_attention.pitch(d, swizzle) * 2
-    # fp8: the ring holds raw rows (pitch 16 mod 32 bytes); V is widened into one 16-bit tile
-    raw_tile = tile * (d + 16 + (32 - d % 32) % 32) if kv_e else tile * row_bytes
-    ring = rows * row_bytes + (tile * row_bytes if kv_e else 0) + stages * 2 * raw_tile
+    # fp8: the ring holds raw rows of d bytes, widened into one 16-bit K and V tile pair
+    raw_tile = tile * d if kv_e else tile * row_bytes
+    ring = rows * row_bytes + (2 * tile * row_bytes if kv_e else 0) + stages * 2 * raw_tile
     merge_bytes = warps * rows * (d + 8 + 2) * 4         # the warps' rows, max and sum (fp32)
     smem = max(ring, merge_bytes)
     if smem > arch.max_smem_per_block:
@@ -195,8 +194,7 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     return inst.with_derived({
         "threads": threads, "rows": rows, "warp_tokens": warp_tokens, "swizzle": swizzle, "smem_bytes": smem,
         "ctas_per_sm": ctas_per_sm, "regs_estimate": regs,
-        "cache_doc": (f"fp8 e{kv_e}m{7 - kv_e}: K widened into MMA operands, V into a {inst.a['dtype']} tile by each warp"
-                      if kv_e
+        "cache_doc": (f"fp8 e{kv_e}m{7 - kv_e}, widened to {inst.a['dtype']} in shared memory tile by tile" if kv_e
                       else f"{inst.a['dtype']}, as q"),
         "bank_ways": banks.conflict_ways(accesses + [merge], 0),
         "bank_ways_pad0": banks.conflict_ways(plain + [merge], 0),

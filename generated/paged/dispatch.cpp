@@ -594,6 +594,8 @@ cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_w
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
@@ -614,6 +616,8 @@ cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_w
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
 
 namespace {
 
@@ -909,16 +913,18 @@ bool covers_288(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 
 bool covers_289(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_290(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_291(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_292(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_292(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_293(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_294(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_295(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_296(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
-bool covers_297(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_296(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_297(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_298(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_299(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_300(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
-bool covers_301(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_300(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_301(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
+bool covers_302(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_303(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 
 const Entry kEntries[] = {
     {"paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a", launch_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a, covers_0, workspace_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a},
@@ -1213,16 +1219,18 @@ const Entry kEntries[] = {
     {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a, covers_289, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a},
     {"paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_290, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
     {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_291, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a, covers_292, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_293, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_294, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_295, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_296, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a, covers_297, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_298, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_299, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_300, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_301, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_292, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a, covers_293, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_294, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_295, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_296, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_297, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a, covers_298, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_299, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_300, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_301, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_302, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_303, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
 };
 
 }  // namespace

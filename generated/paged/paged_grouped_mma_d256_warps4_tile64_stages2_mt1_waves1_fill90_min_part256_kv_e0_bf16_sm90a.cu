@@ -51,13 +51,11 @@ constexpr float LOG2E = 1.4426950408889634f;
 using QTile = mma::Tile<ROWS, D, true>;
 using KVTile = mma::Tile<TILE, D, true>;
 // A stage of the ring: the K tile, then the V tile, as the cache holds them: 16-bit tiles laid
-// out for ldmatrix, or raw fp8 rows of RAW_PITCH bytes. fp8 K is read straight into MMA
-// operands (read_k_fp8); fp8 V is widened into a 16-bit tile (`wide`) for ldmatrix.trans.
-// RAW_PITCH = 16 (mod 32) bytes: the 8 rows a K read touches start 4 banks apart.
-constexpr int RAW_PITCH = FP8 ? D + 16 + (32 - D % 32) % 32 : D;
-constexpr int RAW_TILE = FP8 ? TILE * RAW_PITCH : KVTile::ELEMS;  // cache elements
+// out for ldmatrix, or raw fp8 rows [TILE][D] that widen_tile turns into one 16-bit K and V
+// tile pair (`wide`) before the MMAs read them.
+constexpr int RAW_TILE = FP8 ? TILE * D : KVTile::ELEMS;  // cache elements
 constexpr int STAGE_ELEMS = 2 * RAW_TILE;
-constexpr int WIDE_ELEMS = FP8 ? KVTile::ELEMS : 0;
+constexpr int WIDE_ELEMS = FP8 ? 2 * KVTile::ELEMS : 0;
 static_assert(WARP_TOKENS % 16 == 0 && TILE == WARPS * WARP_TOKENS && D % 16 == 0, "tiling");
 
 // Row blocks of ROWS query rows per kv head: the Q * G (query token, head) pairs of a group.
@@ -133,7 +131,7 @@ __device__ __forceinline__ void issue_tile(C* stage, const Params& p, const int3
       k_at = page * p.k_sb + slot * p.k_st + kv_head * p.k_sh + col;
       v_at = page * p.v_sb + slot * p.v_st + kv_head * p.v_sh + col;
     }
-    const int at = FP8 ? row * RAW_PITCH + col : KVTile::offset(row, col);
+    const int at = FP8 ? row * D + col : KVTile::offset(row, col);
     cp_async_zfill<16>(stage + at, k + k_at, valid);
     cp_async_zfill<16>(stage + RAW_TILE + at, v + v_at, valid);
   }
@@ -151,46 +149,20 @@ __device__ __forceinline__ uint32_t widen2(uint16_t two) {
   }
 }
 
-// One warp's rows [row0, row0 + WARP_TOKENS) of the raw fp8 V tile of a stage widened into the
-// 16-bit tile its P V MMAs read; 8 values (8 bytes in, one 16-byte chunk out) per step. Only
-// this warp reads those rows, so a __syncwarp orders the widening and the reads: warps convert
-// and multiply independently, with no CTA barrier between. Measured on the H100 (bench/results/
-// h100/paged.md, G 8, 64 seqs x 4096, fp8 / bf16 time): K and V widened by all threads behind
-// a __syncthreads 0.85 (commit a9f1efb), by each warp 0.70-0.71 (36c01c0).
+// One warp's rows [row0, row0 + WARP_TOKENS) of the raw fp8 K and V tiles of a stage widened
+// into the 16-bit tiles its MMAs read; 8 values (8 bytes in, one 16-byte chunk out) per step.
+// Only this warp reads those rows, so a __syncwarp orders the widening and the reads: warps
+// convert and multiply independently, with no CTA barrier between. Measured on the H100
+// (bench/results/h100/paged.md, commit a9f1efb): the whole tile widened by all threads behind a
+// __syncthreads read 0.85x the bf16 time at G 8, 64 seqs x 4096.
 __device__ __forceinline__ void widen_rows(T* wide, const uint8_t* raw, int row0, int lane) {
   constexpr int GROUPS = D / 8;
 #pragma unroll
-  for (int i = lane; i < WARP_TOKENS * GROUPS; i += 32) {
-    const int row = row0 + i / GROUPS, col = i % GROUPS * 8;
-    const uint2 in = *reinterpret_cast<const uint2*>(raw + row * RAW_PITCH + col);
+  for (int i = lane; i < 2 * WARP_TOKENS * GROUPS; i += 32) {
+    const int which = i / (WARP_TOKENS * GROUPS), row = row0 + i / GROUPS % WARP_TOKENS, col = i % GROUPS * 8;
+    const uint2 in = *reinterpret_cast<const uint2*>(raw + which * RAW_TILE + row * D + col);
     const uint4 out = make_uint4(widen2(in.x & 0xffffu), widen2(in.x >> 16), widen2(in.y & 0xffffu), widen2(in.y >> 16));
-    *reinterpret_cast<uint4*>(wide + KVTile::offset(row, col)) = out;
-  }
-}
-
-// S += Q K^T over one warp's tokens with K read from its raw fp8 rows straight into B operands.
-// The reduction over D may run in any order if Q and K agree on it: in k-block kd, lane (g, t)
-// takes head-dim elements 16 kd + 4t .. 4t + 3 as the MMA's k = 2t, 2t+1 (b0, a0/a1) and
-// 2t+8, 2t+9 (b1, a2/a3), so one 4-byte read of a K row gives both B registers and one 8-byte
-// read of a Q row two A registers (no ldmatrix, no widened K tile).
-__device__ __forceinline__ void qk_fp8(float (&s)[MT][NT][4], const T* q_tile, const uint8_t* k_raw, int lane) {
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll 4  // fully unrolled, the hoisted Q and K reads of 32 query rows spilled
-  for (int kd = 0; kd < KD; ++kd) {
-    uint32_t a[MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const uint2 lo = *reinterpret_cast<const uint2*>(q_tile + QTile::offset(mt * 16 + g, kd * 16 + 4 * t));
-      const uint2 hi = *reinterpret_cast<const uint2*>(q_tile + QTile::offset(mt * 16 + g + 8, kd * 16 + 4 * t));
-      a[mt][0] = lo.x, a[mt][1] = hi.x, a[mt][2] = lo.y, a[mt][3] = hi.y;
-    }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const uint32_t w = *reinterpret_cast<const uint32_t*>(k_raw + (nt * 8 + g) * RAW_PITCH + kd * 16 + 4 * t);
-      const uint32_t b0 = widen2(w & 0xffffu), b1 = widen2(w >> 16);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) mma::m16n8k16<T>(s[mt][nt], a[mt], b0, b1);
-    }
+    *reinterpret_cast<uint4*>(wide + which * KVTile::ELEMS + KVTile::offset(row, col)) = out;
   }
 }
 
@@ -273,7 +245,15 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
     cp_async_commit();
     const int first = begin + it * TILE + warp * WARP_TOKENS;  // this warp's tokens: [first, first + WARP_TOKENS)
     if (first >= end) continue;
-    const C* stage = ring + it % STAGES * STAGE_ELEMS;
+    const T* k_tile;
+    if constexpr (FP8) {
+      widen_rows(wide, reinterpret_cast<const uint8_t*>(ring + it % STAGES * STAGE_ELEMS), warp * WARP_TOKENS, lane);
+      __syncwarp();  // this warp's widened rows are complete (its previous reads of them came before)
+      k_tile = wide;
+    } else {
+      k_tile = reinterpret_cast<const T*>(ring + it % STAGES * STAGE_ELEMS);  // C is T
+    }
+    const uint32_t k_base = mma::smem_addr(k_tile), v_base = mma::smem_addr(k_tile + KVTile::ELEMS);
 
     // S = Q K^T over this warp's tokens.
     float s[MT][NT][4];
@@ -282,30 +262,19 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
     }
-    uint32_t v_base;
-    if constexpr (FP8) {
-      const uint8_t* raw = reinterpret_cast<const uint8_t*>(stage);  // C is uint8_t
-      qk_fp8(s, q_tile, raw + warp * WARP_TOKENS * RAW_PITCH, lane);
-      widen_rows(wide, raw + RAW_TILE, warp * WARP_TOKENS, lane);
-      __syncwarp();  // this warp's widened V rows are complete (its reads of the last ones came before the barrier)
-      v_base = mma::smem_addr(wide);
-    } else {
-      const uint32_t k_base = mma::smem_addr(stage);  // C is T
-      v_base = mma::smem_addr(stage + KVTile::ELEMS);
 #pragma unroll
-      for (int kd = 0; kd < KD; ++kd) {
-        uint32_t a[MT][4];
+    for (int kd = 0; kd < KD; ++kd) {
+      uint32_t a[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma::ldmatrix_x4(a[mt], q_base + 2 * QTile::moved(q_lane, mt * 16, kd * 16));
+      for (int mt = 0; mt < MT; ++mt) mma::ldmatrix_x4(a[mt], q_base + 2 * QTile::moved(q_lane, mt * 16, kd * 16));
 #pragma unroll
-        for (int j = 0; j < NT / 2; ++j) {
-          uint32_t kb[4];
-          mma::ldmatrix_x4(kb, k_base + 2 * KVTile::moved(k_lane, warp * WARP_TOKENS + j * 16, kd * 16));
+      for (int j = 0; j < NT / 2; ++j) {
+        uint32_t kb[4];
+        mma::ldmatrix_x4(kb, k_base + 2 * KVTile::moved(k_lane, warp * WARP_TOKENS + j * 16, kd * 16));
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            mma::m16n8k16<T>(s[mt][2 * j], a[mt], kb[0], kb[1]);
-            mma::m16n8k16<T>(s[mt][2 * j + 1], a[mt], kb[2], kb[3]);
-          }
+        for (int mt = 0; mt < MT; ++mt) {
+          mma::m16n8k16<T>(s[mt][2 * j], a[mt], kb[0], kb[1]);
+          mma::m16n8k16<T>(s[mt][2 * j + 1], a[mt], kb[2], kb[3]);
         }
       }
     }
