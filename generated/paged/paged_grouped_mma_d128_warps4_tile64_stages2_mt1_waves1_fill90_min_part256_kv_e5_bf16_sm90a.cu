@@ -154,7 +154,9 @@ __device__ __forceinline__ uint32_t widen2(uint16_t two) {
 // Only this warp reads those rows, so a __syncwarp orders the widening and the reads: warps
 // convert and multiply independently, with no CTA barrier between. Measured on the H100
 // (bench/results/h100/paged.md, commit a9f1efb): the whole tile widened by all threads behind a
-// __syncthreads read 0.85x the bf16 time at G 8, 64 seqs x 4096.
+// __syncthreads read 0.85x the bf16 time at G 8, 64 seqs x 4096; per warp 0.70-0.71 (36c01c0).
+// Reading K straight from its raw rows into MMA operands (Q and K in a permuted reduction order,
+// no widened K tile; commit f42387e) measured the same 0.70-0.71, so K is widened like V.
 __device__ __forceinline__ void widen_rows(T* wide, const uint8_t* raw, int row0, int lane) {
   constexpr int GROUPS = D / 8;
 #pragma unroll
