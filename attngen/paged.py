@@ -23,7 +23,6 @@ from ._checks import check_tensor
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8_CACHE_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-MAX_QUERY_TOKENS = 16
 LAYOUTS = ("NHD", "HND")
 _registered = False
 
@@ -68,10 +67,7 @@ def check_inputs(q, k_cache, v_cache, block_table, context_lens, alibi_slopes, s
         _fail(f"q must be [S, Hq, D] or [S, Q, Hq, D], got shape {tuple(q.shape)}")
     if q.dtype not in SUPPORTED_DTYPES:
         _fail(f"q has dtype {q.dtype}; supported: float32, float16, bfloat16")
-    S, Hq, D = q.shape[0], q.shape[-2], q.shape[-1]
-    if q.dim() == 4 and not 1 <= q.shape[1] <= MAX_QUERY_TOKENS:
-        _fail(f"q has {q.shape[1]} query tokens per sequence (shape {tuple(q.shape)}); supported: 1 to "
-              f"{MAX_QUERY_TOKENS}")
+    S, Hq, D = q.shape[0], q.shape[-2], q.shape[-1]   # the op checks the number of query tokens
     views = []
     fp8 = isinstance(k_cache, torch.Tensor) and k_cache.dtype in FP8_CACHE_DTYPES
     if fp8 and q.dtype == torch.float32:

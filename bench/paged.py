@@ -101,8 +101,7 @@ def forced(case, kind):
     Q = 1 if q.dim() == 3 else q.shape[1]
     runtime = {"D": D, "G": q.shape[-2] // k.shape[2], "S": q.shape[0], "Q": Q, "KVE": 0, "Hq": q.shape[-2], "Hkv": k.shape[2],
                "L": bt.shape[1] * BLOCK, "align": 8, "sm_count": torch.cuda.get_device_properties(0).multi_processor_count}
-    best = next(i.name for i in dispatch.ordered(spec, insts, kind)
-                if i.a == {"dtype": "bf16"} and dispatch.covers(spec, i, runtime))
+    best = dispatch.first_covering(spec, insts, kind, runtime, {"dtype": "bf16"}).name
     return best, lambda: paged.paged_decode_with(best, q, k, v, bt, lens)
 
 

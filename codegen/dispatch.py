@@ -46,6 +46,13 @@ def select(spec: Spec, instances: list[KernelInstance], runtime: dict, axes: dic
     return None
 
 
+def first_covering(spec: Spec, instances: list[KernelInstance], kind: str, runtime: dict,
+                   axes: dict) -> KernelInstance | None:
+    """The instance of `kind` that the generated table would try first for `runtime` and `axes`
+    (benchmarks and tests forcing one kind)."""
+    return next((i for i in ordered(spec, instances, kind) if i.a == axes and covers(spec, i, runtime)), None)
+
+
 def runtime_for(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
     """Run-time variables of contiguous tensors of `shape` (B, H, L, E, M)."""
     align = 16 // dtype_bytes

@@ -55,6 +55,10 @@ SUPPORT_FILES = {
     "paged/reduce.cu.j2": "paged/reduce.cu",
 }
 KEY_STRUCT = "DecodeKey"
+# Query tokens per sequence a call may bring (speculative decoding, chunked-prefill tails): the
+# bindings check it, the grouped kind's row blocks cover any Q * G.
+MAX_QUERY_TOKENS = 16
+SUPPORT_CONSTANTS = {"max_query_tokens": MAX_QUERY_TOKENS}
 MAX_SCORES = 32   # scores a thread holds per stage (registers)
 # Register estimate of grouped_mma per thread: output and score fragments plus what the
 # addressing, the row state and the operands in flight take (ptxas has the last word; the

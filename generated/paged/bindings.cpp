@@ -27,7 +27,7 @@ const Entry* paged_decode_select(const DecodeKey& key);
 
 namespace {
 
-constexpr int64_t kMaxQueryTokens = 16;  // multi-token decode (speculative decoding, prefill tails)
+constexpr int64_t kMaxQueryTokens = 16;  // codegen/families/paged.py MAX_QUERY_TOKENS
 
 using detail::device_str;
 using detail::fail_runtime;

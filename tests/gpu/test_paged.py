@@ -197,8 +197,7 @@ def covering_instance(kind: str, D: int, dtype, G: int, Q: int = 1) -> str:
     spec, insts = [x for x in pipeline.lower(pipeline.expand(pipeline.load())) if x[0].family == "paged"][0]
     runtime = {"D": D, "G": G, "S": 1, "Q": Q, "KVE": 0, "Hq": G, "Hkv": 1, "L": 4096, "align": 16 // DTYPE_BYTES[dtype],
                "sm_count": 132}
-    return next(i.name for i in dispatch.ordered(spec, insts, kind)
-                if i.a == {"dtype": _dt(dtype)} and dispatch.covers(spec, i, runtime))
+    return dispatch.first_covering(spec, insts, kind, runtime, {"dtype": _dt(dtype)}).name
 
 
 @pytest.mark.parametrize("D", [64, 80, 96, 112, 192, 256])
@@ -258,6 +257,9 @@ def test_bad_input_from_the_kernels_side():
         attngen.paged_decode(odd, k, v, bt, cl)
     with pytest.raises(ValueError, match="context_lens must be int32"):
         attngen.paged_decode(q, k, v, bt, cl.long())
+    many = torch.zeros(2, 17, 4, 64, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match=r"q has 17 query tokens per sequence .*; supported: 1 to 16"):
+        attngen.paged_decode(many, k, v, bt, cl)
 
 
 def test_validate_catches_bad_block_table_and_long_context():
