@@ -59,7 +59,7 @@ def make_inputs(B, H, L, E, M, dtype, layout, seed):
 
 
 def time_forward(impl, B, H, L, E, M, dtype):
-    layout = "bhld" if impl == "attngen" else "blhd"
+    layout = "blhd" if impl.startswith("fla") else "bhld"
     nbytes = B * H * L * (2 * E + M) * torch.finfo(dtype).bits // 8
     get = rotating(lambda i: make_inputs(B, H, L, E, M, dtype, layout, i), nbytes)
     fn = forward_fn(impl)
@@ -69,13 +69,16 @@ def time_forward(impl, B, H, L, E, M, dtype):
 def forward_fn(impl):
     if impl == "attngen":
         return attngen.causal_dot_product
+    if impl.startswith("instance:"):
+        name = impl.split(":", 1)[1]
+        return lambda q, k, v: attngen.causal_dot_product_with(name, q, k, v)
     from fla.ops.linear_attn import chunk_linear_attn, fused_recurrent_linear_attn
     f = chunk_linear_attn if impl == "fla_chunk" else fused_recurrent_linear_attn
     return lambda q, k, v: f(q, k, v, scale=1.0, normalize=False)[0]
 
 
 def time_fwd_bwd(impl, B, H, L, E, M, dtype, backward_only=False):
-    layout = "bhld" if impl == "attngen" else "blhd"
+    layout = "blhd" if impl.startswith("fla") else "bhld"
     q, k, v = (x.requires_grad_() for x in make_inputs(B, H, L, E, M, dtype, layout, 0))
     fn = forward_fn(impl)
     grad = torch.randn(q.shape[:-1] + (M,), device="cuda", dtype=dtype)
@@ -83,6 +86,12 @@ def time_fwd_bwd(impl, B, H, L, E, M, dtype, backward_only=False):
         out = fn(q, k, v)
         return do_bench(lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True))
     return do_bench(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), grad))
+
+
+def chunked_variants(E: int, M: int) -> list[str]:
+    """The bf16 forward chunked instances (dispatched kind and its candidates) built for
+    exactly this E and M: timed side by side to choose the chunked kind's defaults."""
+    return [n for n in attngen.instances() if "_fwd_chunked" in n and f"_e{E}_m{M}_" in n and n.endswith("_bf16_sm90a")]
 
 
 def have_fla() -> bool:
@@ -103,19 +112,25 @@ def run(quick: bool):
                "instance_fp32": attngen.selected_instance(*make_inputs(B, H, 16, E, M, torch.float32, "bhld", 0))}
         row["attngen_fwd_fp32_ms"] = time_forward("attngen", B, H, L, E, M, torch.float32)
         row["attngen_fwd_bf16_ms"] = time_forward("attngen", B, H, L, E, M, torch.bfloat16)
+        row["attngen_fwd_fp16_ms"] = time_forward("attngen", B, H, L, E, M, torch.float16)
+        row["instance_bf16"] = attngen.selected_instance(*make_inputs(B, H, L, E, M, torch.bfloat16, "bhld", 0))
         if fla:
             row["fla_chunk_fwd_fp32_ms"] = time_forward("fla_chunk", B, H, L, E, M, torch.float32)
             row["fla_chunk_fwd_bf16_ms"] = time_forward("fla_chunk", B, H, L, E, M, torch.bfloat16)
             if not quick:
                 row["fla_fused_recurrent_fwd_fp32_ms"] = time_forward("fla_recurrent", B, H, L, E, M, torch.float32)
+        row["chunked_bf16_ms"] = {name: time_forward(f"instance:{name}", B, H, L, E, M, torch.bfloat16)
+                                  for name in chunked_variants(E, M)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     (B, H, L, E, M), lmha_bwd = BACKWARD_SHAPE
     bwd = {"shape": dict(B=B, H=H, L=L, E=E, M=M), "lmha_bwd_fp32_anchor_ms": lmha_bwd,
            "attngen_bwd_fp32_ms": time_fwd_bwd("attngen", B, H, L, E, M, torch.float32, backward_only=True),
            "attngen_fwd_bwd_fp32_ms": time_fwd_bwd("attngen", B, H, L, E, M, torch.float32)}
+    bwd["attngen_fwd_bwd_bf16_ms"] = time_fwd_bwd("attngen", B, H, L, E, M, torch.bfloat16)
     if fla:
         bwd["fla_chunk_fwd_bwd_fp32_ms"] = time_fwd_bwd("fla_chunk", B, H, L, E, M, torch.float32)
+        bwd["fla_chunk_fwd_bwd_bf16_ms"] = time_fwd_bwd("fla_chunk", B, H, L, E, M, torch.bfloat16)
     print(json.dumps(bwd), flush=True)
     return rows, bwd
 
@@ -137,6 +152,10 @@ def environment() -> dict:
             "timing": "triton.testing.do_bench median, inputs rotated beyond L2"}
 
 
+def geomean(xs) -> float:
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
 def fmt(x):
     return f"{x:.3f}" if isinstance(x, (int, float)) else "-"
 
@@ -156,13 +175,36 @@ def markdown(env, rows, bwd) -> str:
                      f"{fmt(r.get('fla_chunk_fwd_bf16_ms'))} | {fmt(r.get('fla_fused_recurrent_fwd_fp32_ms'))} | "
                      f"`{r['instance_fp32']}` |")
     ratios = [r["lmha_fwd_fp32_anchor_ms"] / r["attngen_fwd_fp32_ms"] for r in rows]
-    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    lines += ["", f"Geometric mean speed-up of the fp32 forward over the lmha anchors: {geo:.2f}x", "",
+    lines += ["", f"Geometric mean speed-up of the fp32 forward over the lmha anchors: {geomean(ratios):.2f}x", ""]
+    lines += ["| B H L E M | attngen bf16 | attngen fp16 | fla chunk bf16 | fla / attngen bf16 | fp16 / bf16 | instance (bf16) |",
+              "|---|---|---|---|---|---|---|"]
+    vs_fla = []
+    for r in rows:
+        s = r["shape"]
+        fla_bf16 = r.get("fla_chunk_fwd_bf16_ms")
+        ratio = fla_bf16 / r["attngen_fwd_bf16_ms"] if fla_bf16 else None
+        if ratio:
+            vs_fla.append(ratio)
+        lines.append(f"| {s['B']} {s['H']} {s['L']} {s['E']} {s['M']} | {fmt(r['attngen_fwd_bf16_ms'])} | "
+                     f"{fmt(r['attngen_fwd_fp16_ms'])} | {fmt(fla_bf16)} | {f'{ratio:.2f}x' if ratio else '-'} | "
+                     f"{r['attngen_fwd_fp16_ms'] / r['attngen_fwd_bf16_ms']:.3f} | `{r['instance_bf16']}` |")
+    if vs_fla:
+        lines += ["", f"Geometric mean of fla chunk bf16 time over attngen bf16 time: {geomean(vs_fla):.2f}x", ""]
+    lines += [
               "| backward B8 H16 L4096 E64 M64 fp32 | ms |", "|---|---|",
               f"| lmha backward (anchor) | {fmt(bwd['lmha_bwd_fp32_anchor_ms'])} |",
               f"| attngen backward | {fmt(bwd['attngen_bwd_fp32_ms'])} |",
               f"| attngen forward + backward | {fmt(bwd['attngen_fwd_bwd_fp32_ms'])} |",
-              f"| fla chunk forward + backward | {fmt(bwd.get('fla_chunk_fwd_bwd_fp32_ms'))} |"]
+              f"| fla chunk forward + backward | {fmt(bwd.get('fla_chunk_fwd_bwd_fp32_ms'))} |",
+              "", "| forward + backward B8 H16 L4096 E64 M64 bf16 | ms |", "|---|---|",
+              f"| attngen | {fmt(bwd['attngen_fwd_bwd_bf16_ms'])} |",
+              f"| fla chunk | {fmt(bwd.get('fla_chunk_fwd_bwd_bf16_ms'))} |"]
+    lines += ["", "Chunked bf16 forward, each built variant forced (ms):", "",
+              "| B H L E M | instance | ms |", "|---|---|---|"]
+    for r in rows:
+        s = r["shape"]
+        for name, ms in sorted(r["chunked_bf16_ms"].items(), key=lambda kv: kv[1]):
+            lines.append(f"| {s['B']} {s['H']} {s['L']} {s['E']} {s['M']} | `{name}` | {fmt(ms)} |")
     return "\n".join(lines) + "\n"
 
 

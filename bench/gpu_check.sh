@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
-# benchmarks, tuned vs default; rwkv_tests/rwkv_bench, paged_tests/paged_bench and flash_tests/flash_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# benchmarks, tuned vs default; linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench and flash_tests/flash_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last.
 set -uo pipefail
@@ -28,6 +28,7 @@ step build python3 -m codegen build -j 16 || tail -50 "$OUT/r/build.log"
 want gpu_tests && step gpu_tests python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider
 want memcheck && step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py ${SANITIZE:-}
 want racecheck && step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py ${SANITIZE:-}
+want linear_tests && step linear_tests python3 -m pytest -q -m gpu tests/gpu/test_causal_linear.py -p no:cacheprovider -s
 want rwkv_tests && step rwkv_tests python3 -m pytest -q -m gpu tests/gpu/test_rwkv.py -p no:cacheprovider
 want paged_tests && step paged_tests python3 -m pytest -q -m gpu tests/gpu/test_paged.py -p no:cacheprovider
 want flash_tests && step flash_tests python3 -m pytest -q -m gpu tests/gpu/test_flash_attention.py -p no:cacheprovider -s

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..arch import Arch
 from ..instance import KernelInstance
 from ..passes import Rejected, banks, vectorize
+from . import flash_attention
 
 NAME = "causal_linear"
 AXES = {"dtype": ("fp32", "fp16", "bf16"), "direction": ("fwd", "rev")}
@@ -25,11 +26,14 @@ DERIVED_NAMES = {"dtype_bytes"}
 SHAPE_DIMS = ("B", "H", "L", "E", "M")  # a tuning bucket's representative shape
 RECURRENT = "causal_linear/recurrent.cu.j2"
 GENERIC = "causal_linear/generic.cu.j2"
+CHUNKED = "causal_linear/chunked.cu.j2"
 # Template -> its grid parameters, in instance-name order ("auto_ok" may be 'auto').
 TEMPLATE_PARAMS = {
     RECURRENT: {"e": "int", "m": "int", "cols": "int", "mpt": "int", "tph": "int", "vec": "int",
                 "chunk": "int", "buf": "int", "pad": "auto_ok", "seg": "int0"},
     GENERIC: {"emax": "int", "cols": "int", "groups": "int", "chunk": "int"},
+    CHUNKED: {"e": "int", "m": "int", "cols": "int", "warps": "int", "stages": "int", "terms": "int",
+              "seg": "int0", "fill": "int"},
 }
 # Files rendered once per family (template -> output under generated/).
 SUPPORT_FILES = {
@@ -42,6 +46,8 @@ KEY_STRUCT = "CausalLinearKey"
 def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if inst.template == RECURRENT:
         return _lower_recurrent(inst)
+    if inst.template == CHUNKED:
+        return _lower_chunked(inst, arch)
     return _lower_generic(inst)
 
 
@@ -97,6 +103,57 @@ def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
     })
 
 
+# Registers the chunked kernel needs besides its fp32 fragments (operands, addresses, loop
+# state); with the fragments, the estimate must stay under 255 (the compile tier forbids spills).
+CHUNKED_REG_OVERHEAD = 64
+MAX_REGS = 255
+
+
+def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    p = inst.p
+    e, m, cols, warps, stages, terms = (p[k] for k in ("e", "m", "cols", "warps", "stages", "terms"))
+    if inst.dtype_bytes != 2:
+        raise Rejected("e", f"the chunked kind runs on tensor cores from 16-bit operands, not {inst.a['dtype']}")
+    if e % 16 or cols % 16:
+        raise Rejected("e" if e % 16 else "cols", f"e={e} and cols={cols} must be multiples of 16 (MMA tiles)")
+    if cols > m:
+        raise Rejected("cols", f"cols={cols} exceeds the value bucket m={m}")
+    if stages < 2:
+        raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
+    if terms not in (1, 2):
+        raise Rejected("terms", f"terms={terms}: the state is read as 1 (rounded) or 2 (hi + lo) 16-bit terms")
+    chunk = 16 * warps
+    if p["seg"] % chunk:
+        raise Rejected("seg", f"seg={p['seg']} must be a multiple of the chunk, 16 * warps = {chunk} (0: never split time)")
+    if p["fill"] < 1:
+        raise Rejected("fill", f"fill={p['fill']}: CTAs per SM the time split aims for, at least 1")
+    # The state's E x cols tiles split over the warps: rows first, then columns, each warp
+    # holding whole pairs of 8-column n-tiles (one ldmatrix_x4_trans of V serves two).
+    warps_m = min(warps, e // 16)
+    warps_n = warps // warps_m
+    if warps % warps_m or cols // 8 % warps_n or cols // 8 // warps_n % 2:
+        raise Rejected("warps", f"{warps} warps do not split the {e} x {cols} state into 16 x 16 blocks")
+    state = e * cols // (32 * warps)
+    regs = state + cols // 2 + chunk // 2 + CHUNKED_REG_OVERHEAD
+    if regs > MAX_REGS:
+        raise Rejected("cols", f"about {regs} registers per thread (state {state}, output {cols // 2}, "
+                               f"scores {chunk // 2}) exceed {MAX_REGS}")
+    swizzle_e, swizzle_c = int(e % 64 == 0), int(cols % 64 == 0)
+    pitch_e, pitch_c = flash_attention.pitch(e, swizzle_e), flash_attention.pitch(cols, swizzle_c)
+    stage = chunk * (2 * pitch_e + pitch_c)
+    smem = 2 * (stages * stage + 2 * terms * e * pitch_c + warps * 16 * pitch_c)
+    threads = 32 * warps
+    ways = {f"qk_{k}": w for k, w in banks.conflict_ways(flash_attention.bank_accesses(e, swizzle_e, threads), 0).items()}
+    ways.update({f"v_{k}": w for k, w in banks.conflict_ways(flash_attention.bank_accesses(cols, swizzle_c, threads), 0).items()})
+    plain = banks.conflict_ways(flash_attention.bank_accesses(e, swizzle_e, threads, lambda row, col: row * e + col), 0)
+    return inst.with_derived({
+        "threads": threads, "smem_bytes": smem, "chunk": chunk, "warps_m": warps_m, "warps_n": warps_n,
+        "swizzle_e": "true" if swizzle_e else "false", "swizzle_c": "true" if swizzle_c else "false",
+        "regs_estimate": regs,
+        "bank_ways": ways, "bank_ways_pad0": plain, "threads_param": "warps", "smem_param": "stages",
+    })
+
+
 def _lower_generic(inst: KernelInstance) -> KernelInstance:
     p = inst.p
     emax, cols, groups, chunk = p["emax"], p["cols"], p["groups"], p["chunk"]
@@ -114,7 +171,7 @@ def _lower_generic(inst: KernelInstance) -> KernelInstance:
 def smem_bytes_at_runtime(inst: KernelInstance) -> str:
     """C++ expression of the dynamic shared memory a launch needs (E known only at run time
     for the generic kernel)."""
-    if inst.template == RECURRENT:
+    if inst.template != GENERIC:
         return str(inst.d["smem_bytes"])
     p = inst.p
     return (f"(size_t)p.E * {p['cols']} * 4 + (size_t){p['chunk']} * (2 * p.E + {p['cols']}) * 4 + "

@@ -334,6 +334,142 @@ cudaError_t launch_causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec8_c
 size_t workspace_causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a(const Params&, cudaStream_t);
@@ -350,82 +486,26 @@ cudaError_t launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_ch
 size_t workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a(const Params&);
 
 namespace {
 
@@ -591,52 +671,92 @@ bool covers_158(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <=
 bool covers_159(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 32) && ((key.align % 8) == 0)); }
 bool covers_160(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_161(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_162(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_163(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_164(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_165(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_166(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_167(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_168(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
-bool covers_169(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
-bool covers_170(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_162(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_163(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_164(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_165(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_166(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_167(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_168(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_169(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_170(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
 bool covers_171(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
-bool covers_172(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
-bool covers_173(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
-bool covers_174(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_175(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_176(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_177(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_178(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_179(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_180(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_181(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_182(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_183(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_172(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_173(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_174(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_175(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_176(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_177(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_178(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_179(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_180(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_181(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_182(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_183(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 32) && ((key.align % 8) == 0)); }
 bool covers_184(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_185(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_186(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_187(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_188(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_189(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_190(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_191(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_192(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_185(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_186(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_187(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_188(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_189(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_190(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_191(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_192(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 32) && ((key.align % 8) == 0)); }
 bool covers_193(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_194(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_195(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_196(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
-bool covers_197(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
-bool covers_198(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_199(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_200(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_201(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_202(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
-bool covers_203(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_194(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_195(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_196(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_197(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_198(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_199(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_200(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_201(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_202(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_203(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
 bool covers_204(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
 bool covers_205(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_206(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_207(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_206(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_207(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_208(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_209(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_210(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_211(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_212(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_213(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_214(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_215(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_216(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_217(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_218(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_219(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_220(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_221(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_222(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_223(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_224(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_225(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_226(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_227(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_228(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_229(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_230(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_231(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_232(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_233(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_234(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_235(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_236(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
+bool covers_237(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
+bool covers_238(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_239(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_240(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_241(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_242(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_243(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_244(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_245(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_246(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_247(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
 
 const Entry kEntries[] = {
     {"causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a, covers_0, workspace_causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a},
@@ -801,52 +921,92 @@ const Entry kEntries[] = {
     {"causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a", launch_causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a, covers_159, workspace_causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a},
     {"causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a", launch_causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a, covers_160, workspace_causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a},
     {"causal_linear_rev_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a", launch_causal_linear_rev_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a, covers_161, workspace_causal_linear_rev_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a},
-    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a, covers_162, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a},
-    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a, covers_163, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a},
-    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a, covers_164, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a},
-    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a, covers_165, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a},
-    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_166, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
-    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_167, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
-    {"causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_168, workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_169, workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a", launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a, covers_170, workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a},
-    {"causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a", launch_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a, covers_171, workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a},
-    {"causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a", launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a, covers_172, workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a},
-    {"causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a", launch_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a, covers_173, workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a},
-    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_174, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_175, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a, covers_176, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a},
-    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a, covers_177, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a},
-    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a, covers_178, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a},
-    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a, covers_179, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a},
-    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_180, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
-    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_181, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
-    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a, covers_182, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a},
-    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a, covers_183, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a},
-    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a, covers_184, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a},
-    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a, covers_185, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a},
-    {"causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a", launch_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a, covers_186, workspace_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a},
-    {"causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a", launch_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a, covers_187, workspace_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a},
-    {"causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a", launch_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a, covers_188, workspace_causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a},
-    {"causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a", launch_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a, covers_189, workspace_causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a},
-    {"causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_190, workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
-    {"causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_191, workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
-    {"causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a", launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a, covers_192, workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a},
-    {"causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a", launch_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a, covers_193, workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a},
-    {"causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a", launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a, covers_194, workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a},
-    {"causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a", launch_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a, covers_195, workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a},
-    {"causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_196, workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
-    {"causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_197, workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
-    {"causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a", launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a, covers_198, workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a},
-    {"causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a", launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a, covers_199, workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a},
-    {"causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a", launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a, covers_200, workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a},
-    {"causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a", launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a, covers_201, workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a},
-    {"causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_202, workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
-    {"causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_203, workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
-    {"causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a, covers_204, workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a},
-    {"causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a, covers_205, workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a},
-    {"causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a, covers_206, workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a},
-    {"causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a, covers_207, workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_162, workspace_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_163, workspace_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_164, workspace_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_165, workspace_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_166, workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_167, workspace_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_168, workspace_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_169, workspace_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_170, workspace_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_171, workspace_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_rev_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_172, workspace_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_rev_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_173, workspace_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_rev_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_174, workspace_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_rev_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_175, workspace_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_rev_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_176, workspace_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_177, workspace_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_178, workspace_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a, covers_179, workspace_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_180, workspace_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_181, workspace_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_182, workspace_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_183, workspace_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_184, workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_185, workspace_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_186, workspace_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_187, workspace_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_188, workspace_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_189, workspace_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_rev_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_190, workspace_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_rev_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_191, workspace_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_rev_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_192, workspace_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_rev_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_193, workspace_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_rev_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_194, workspace_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_195, workspace_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_196, workspace_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a, covers_197, workspace_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a, covers_198, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a, covers_199, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a, covers_200, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a, covers_201, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a, covers_202, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a, covers_203, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a, covers_204, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a, covers_205, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a, covers_206, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a, covers_207, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a, covers_208, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a, covers_209, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a, covers_210, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a, covers_211, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a, covers_212, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a, covers_213, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a, covers_214, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a, covers_215, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a, covers_216, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a, covers_217, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a, covers_218, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a, covers_219, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a, covers_220, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a, covers_221, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a, covers_222, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a, covers_223, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a, covers_224, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a, covers_225, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a, covers_226, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill1_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a, covers_227, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_seg256_fill4_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a, covers_228, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms2_seg256_fill2_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a, covers_229, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_seg256_fill2_bf16_sm90a},
+    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a, covers_230, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a},
+    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a, covers_231, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a},
+    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a, covers_232, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a},
+    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a, covers_233, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a},
+    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_234, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
+    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_235, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
+    {"causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_236, workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_237, workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_238, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_239, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_240, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
+    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_241, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
+    {"causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_242, workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
+    {"causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_243, workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
+    {"causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_244, workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
+    {"causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_245, workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
+    {"causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_246, workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
+    {"causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_247, workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
 };
 
 }  // namespace
@@ -866,151 +1026,114 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e32_small_bh: when E <= 32 and M <= 32 and BH < sm_count // 2
   if (((key.E <= 32) && (key.M <= 32) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[168].covers(key)) return &kEntries[168];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[236].covers(key)) return &kEntries[236];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[169].covers(key)) return &kEntries[169];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
-    }
-    if (key.dtype == DType::kBF16 && key.reverse == false) {
-      if (kEntries[170].covers(key)) return &kEntries[170];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
-    }
-    if (key.dtype == DType::kBF16 && key.reverse == true) {
-      if (kEntries[171].covers(key)) return &kEntries[171];  // causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
-    }
-    if (key.dtype == DType::kFP16 && key.reverse == false) {
-      if (kEntries[172].covers(key)) return &kEntries[172];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
-    }
-    if (key.dtype == DType::kFP16 && key.reverse == true) {
-      if (kEntries[173].covers(key)) return &kEntries[173];  // causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
+      if (kEntries[237].covers(key)) return &kEntries[237];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_tiny_bh: when E <= 64 and M <= 64 and BH < sm_count // 8
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 8)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[174].covers(key)) return &kEntries[174];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[238].covers(key)) return &kEntries[238];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[175].covers(key)) return &kEntries[175];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
-    }
-    if (key.dtype == DType::kBF16 && key.reverse == false) {
-      if (kEntries[176].covers(key)) return &kEntries[176];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a
-    }
-    if (key.dtype == DType::kBF16 && key.reverse == true) {
-      if (kEntries[177].covers(key)) return &kEntries[177];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a
-    }
-    if (key.dtype == DType::kFP16 && key.reverse == false) {
-      if (kEntries[178].covers(key)) return &kEntries[178];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a
-    }
-    if (key.dtype == DType::kFP16 && key.reverse == true) {
-      if (kEntries[179].covers(key)) return &kEntries[179];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a
+      if (kEntries[239].covers(key)) return &kEntries[239];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_long_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2 and L >= 8192
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 2)) && (key.L >= 8192))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[180].covers(key)) return &kEntries[180];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[240].covers(key)) return &kEntries[240];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[181].covers(key)) return &kEntries[181];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
-    }
-    if (key.dtype == DType::kBF16 && key.reverse == false) {
-      if (kEntries[182].covers(key)) return &kEntries[182];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
-    }
-    if (key.dtype == DType::kBF16 && key.reverse == true) {
-      if (kEntries[183].covers(key)) return &kEntries[183];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
-    }
-    if (key.dtype == DType::kFP16 && key.reverse == false) {
-      if (kEntries[184].covers(key)) return &kEntries[184];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
-    }
-    if (key.dtype == DType::kFP16 && key.reverse == true) {
-      if (kEntries[185].covers(key)) return &kEntries[185];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
+      if (kEntries[241].covers(key)) return &kEntries[241];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[180].covers(key)) return &kEntries[180];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[240].covers(key)) return &kEntries[240];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[181].covers(key)) return &kEntries[181];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
-    }
-    if (key.dtype == DType::kBF16 && key.reverse == false) {
-      if (kEntries[186].covers(key)) return &kEntries[186];  // causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-    }
-    if (key.dtype == DType::kBF16 && key.reverse == true) {
-      if (kEntries[187].covers(key)) return &kEntries[187];  // causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-    }
-    if (key.dtype == DType::kFP16 && key.reverse == false) {
-      if (kEntries[188].covers(key)) return &kEntries[188];  // causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-    }
-    if (key.dtype == DType::kFP16 && key.reverse == true) {
-      if (kEntries[189].covers(key)) return &kEntries[189];  // causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[241].covers(key)) return &kEntries[241];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_large_bh: when E <= 64 and M <= 64
   if (((key.E <= 64) && (key.M <= 64))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[190].covers(key)) return &kEntries[190];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[242].covers(key)) return &kEntries[242];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[191].covers(key)) return &kEntries[191];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
-    }
-    if (key.dtype == DType::kBF16 && key.reverse == false) {
-      if (kEntries[192].covers(key)) return &kEntries[192];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a
-    }
-    if (key.dtype == DType::kBF16 && key.reverse == true) {
-      if (kEntries[193].covers(key)) return &kEntries[193];  // causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a
-    }
-    if (key.dtype == DType::kFP16 && key.reverse == false) {
-      if (kEntries[194].covers(key)) return &kEntries[194];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a
-    }
-    if (key.dtype == DType::kFP16 && key.reverse == true) {
-      if (kEntries[195].covers(key)) return &kEntries[195];  // causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a
+      if (kEntries[243].covers(key)) return &kEntries[243];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e128_small_bh: when E <= 128 and M <= 128 and BH < sm_count // 2
   if (((key.E <= 128) && (key.M <= 128) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[196].covers(key)) return &kEntries[196];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[244].covers(key)) return &kEntries[244];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[197].covers(key)) return &kEntries[197];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
-    }
-    if (key.dtype == DType::kBF16 && key.reverse == false) {
-      if (kEntries[198].covers(key)) return &kEntries[198];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-    }
-    if (key.dtype == DType::kBF16 && key.reverse == true) {
-      if (kEntries[199].covers(key)) return &kEntries[199];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-    }
-    if (key.dtype == DType::kFP16 && key.reverse == false) {
-      if (kEntries[200].covers(key)) return &kEntries[200];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-    }
-    if (key.dtype == DType::kFP16 && key.reverse == true) {
-      if (kEntries[201].covers(key)) return &kEntries[201];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[245].covers(key)) return &kEntries[245];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e128_large_bh: when E <= 128 and M <= 128
   if (((key.E <= 128) && (key.M <= 128))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[202].covers(key)) return &kEntries[202];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[246].covers(key)) return &kEntries[246];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[203].covers(key)) return &kEntries[203];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
-    }
-    if (key.dtype == DType::kBF16 && key.reverse == false) {
-      if (kEntries[204].covers(key)) return &kEntries[204];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a
-    }
-    if (key.dtype == DType::kBF16 && key.reverse == true) {
-      if (kEntries[205].covers(key)) return &kEntries[205];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a
-    }
-    if (key.dtype == DType::kFP16 && key.reverse == false) {
-      if (kEntries[206].covers(key)) return &kEntries[206];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a
-    }
-    if (key.dtype == DType::kFP16 && key.reverse == true) {
-      if (kEntries[207].covers(key)) return &kEntries[207];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a
+      if (kEntries[247].covers(key)) return &kEntries[247];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
   }
-  // specs/causal_linear.yaml:103: when BH >= sm_count // 2 -> lmha
+  // specs/causal_linear.yaml:148: when True -> chunked
+  if (true) {
+    if (key.dtype == DType::kFP16 && key.reverse == false) {
+      if (kEntries[162].covers(key)) return &kEntries[162];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[163].covers(key)) return &kEntries[163];  // causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[164].covers(key)) return &kEntries[164];  // causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[165].covers(key)) return &kEntries[165];  // causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[166].covers(key)) return &kEntries[166];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[167].covers(key)) return &kEntries[167];  // causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[168].covers(key)) return &kEntries[168];  // causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[169].covers(key)) return &kEntries[169];  // causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[170].covers(key)) return &kEntries[170];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true) {
+      if (kEntries[171].covers(key)) return &kEntries[171];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[172].covers(key)) return &kEntries[172];  // causal_linear_rev_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[173].covers(key)) return &kEntries[173];  // causal_linear_rev_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[174].covers(key)) return &kEntries[174];  // causal_linear_rev_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[175].covers(key)) return &kEntries[175];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[176].covers(key)) return &kEntries[176];  // causal_linear_rev_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[177].covers(key)) return &kEntries[177];  // causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[178].covers(key)) return &kEntries[178];  // causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+      if (kEntries[179].covers(key)) return &kEntries[179];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_fp16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false) {
+      if (kEntries[180].covers(key)) return &kEntries[180];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[181].covers(key)) return &kEntries[181];  // causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[182].covers(key)) return &kEntries[182];  // causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[183].covers(key)) return &kEntries[183];  // causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[184].covers(key)) return &kEntries[184];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[185].covers(key)) return &kEntries[185];  // causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[186].covers(key)) return &kEntries[186];  // causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[187].covers(key)) return &kEntries[187];  // causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[188].covers(key)) return &kEntries[188];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true) {
+      if (kEntries[189].covers(key)) return &kEntries[189];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[190].covers(key)) return &kEntries[190];  // causal_linear_rev_chunked_e32_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[191].covers(key)) return &kEntries[191];  // causal_linear_rev_chunked_e32_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[192].covers(key)) return &kEntries[192];  // causal_linear_rev_chunked_e64_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[193].covers(key)) return &kEntries[193];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[194].covers(key)) return &kEntries[194];  // causal_linear_rev_chunked_e64_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[195].covers(key)) return &kEntries[195];  // causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[196].covers(key)) return &kEntries[196];  // causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+      if (kEntries[197].covers(key)) return &kEntries[197];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_seg256_fill2_bf16_sm90a
+    }
+  }
+  // specs/causal_linear.yaml:150: when BH >= sm_count // 2 -> lmha
   if ((key.BH >= (key.sm_count / 2))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
@@ -1018,12 +1141,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[2].covers(key)) return &kEntries[2];  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[3].covers(key)) return &kEntries[3];  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[4].covers(key)) return &kEntries[4];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
-      if (kEntries[190].covers(key)) return &kEntries[190];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[242].covers(key)) return &kEntries[242];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[5].covers(key)) return &kEntries[5];  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[6].covers(key)) return &kEntries[6];  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[7].covers(key)) return &kEntries[7];  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[8].covers(key)) return &kEntries[8];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[202].covers(key)) return &kEntries[202];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[246].covers(key)) return &kEntries[246];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
       if (kEntries[9].covers(key)) return &kEntries[9];  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
@@ -1031,12 +1154,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[11].covers(key)) return &kEntries[11];  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[12].covers(key)) return &kEntries[12];  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[13].covers(key)) return &kEntries[13];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
-      if (kEntries[191].covers(key)) return &kEntries[191];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[243].covers(key)) return &kEntries[243];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[14].covers(key)) return &kEntries[14];  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[15].covers(key)) return &kEntries[15];  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[16].covers(key)) return &kEntries[16];  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[17].covers(key)) return &kEntries[17];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[203].covers(key)) return &kEntries[203];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[247].covers(key)) return &kEntries[247];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
       if (kEntries[18].covers(key)) return &kEntries[18];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
@@ -1044,12 +1167,10 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[20].covers(key)) return &kEntries[20];  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_fp16_sm90a
       if (kEntries[21].covers(key)) return &kEntries[21];  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[22].covers(key)) return &kEntries[22];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
-      if (kEntries[194].covers(key)) return &kEntries[194];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a
       if (kEntries[23].covers(key)) return &kEntries[23];  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
       if (kEntries[24].covers(key)) return &kEntries[24];  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[25].covers(key)) return &kEntries[25];  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
       if (kEntries[26].covers(key)) return &kEntries[26];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
-      if (kEntries[206].covers(key)) return &kEntries[206];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == true) {
       if (kEntries[27].covers(key)) return &kEntries[27];  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
@@ -1057,12 +1178,10 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[29].covers(key)) return &kEntries[29];  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_fp16_sm90a
       if (kEntries[30].covers(key)) return &kEntries[30];  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[31].covers(key)) return &kEntries[31];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
-      if (kEntries[195].covers(key)) return &kEntries[195];  // causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_fp16_sm90a
       if (kEntries[32].covers(key)) return &kEntries[32];  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
       if (kEntries[33].covers(key)) return &kEntries[33];  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[34].covers(key)) return &kEntries[34];  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
       if (kEntries[35].covers(key)) return &kEntries[35];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
-      if (kEntries[207].covers(key)) return &kEntries[207];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == false) {
       if (kEntries[36].covers(key)) return &kEntries[36];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
@@ -1070,12 +1189,10 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[38].covers(key)) return &kEntries[38];  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_bf16_sm90a
       if (kEntries[39].covers(key)) return &kEntries[39];  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[40].covers(key)) return &kEntries[40];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
-      if (kEntries[192].covers(key)) return &kEntries[192];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a
       if (kEntries[41].covers(key)) return &kEntries[41];  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
       if (kEntries[42].covers(key)) return &kEntries[42];  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[43].covers(key)) return &kEntries[43];  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
       if (kEntries[44].covers(key)) return &kEntries[44];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
-      if (kEntries[204].covers(key)) return &kEntries[204];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == true) {
       if (kEntries[45].covers(key)) return &kEntries[45];  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
@@ -1083,25 +1200,23 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[47].covers(key)) return &kEntries[47];  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_bf16_sm90a
       if (kEntries[48].covers(key)) return &kEntries[48];  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[49].covers(key)) return &kEntries[49];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
-      if (kEntries[193].covers(key)) return &kEntries[193];  // causal_linear_rev_lmha_e64_m64_cols64_mpt2_tph8_vec8_chunk16_buf2_pad8_seg0_bf16_sm90a
       if (kEntries[50].covers(key)) return &kEntries[50];  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
       if (kEntries[51].covers(key)) return &kEntries[51];  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[52].covers(key)) return &kEntries[52];  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
       if (kEntries[53].covers(key)) return &kEntries[53];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
-      if (kEntries[205].covers(key)) return &kEntries[205];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec8_chunk16_buf2_pad16_seg0_bf16_sm90a
     }
   }
-  // specs/causal_linear.yaml:105: when L >= 1024 -> split_time
+  // specs/causal_linear.yaml:152: when L >= 1024 -> split_time
   if ((key.L >= 1024)) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[108].covers(key)) return &kEntries[108];  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[168].covers(key)) return &kEntries[168];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[236].covers(key)) return &kEntries[236];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
       if (kEntries[109].covers(key)) return &kEntries[109];  // causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[110].covers(key)) return &kEntries[110];  // causal_linear_fwd_split_time_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[111].covers(key)) return &kEntries[111];  // causal_linear_fwd_split_time_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[112].covers(key)) return &kEntries[112];  // causal_linear_fwd_split_time_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[174].covers(key)) return &kEntries[174];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
-      if (kEntries[180].covers(key)) return &kEntries[180];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[238].covers(key)) return &kEntries[238];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[240].covers(key)) return &kEntries[240];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
       if (kEntries[113].covers(key)) return &kEntries[113];  // causal_linear_fwd_split_time_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[114].covers(key)) return &kEntries[114];  // causal_linear_fwd_split_time_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[115].covers(key)) return &kEntries[115];  // causal_linear_fwd_split_time_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
@@ -1109,13 +1224,13 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
       if (kEntries[117].covers(key)) return &kEntries[117];  // causal_linear_rev_split_time_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[169].covers(key)) return &kEntries[169];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[237].covers(key)) return &kEntries[237];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
       if (kEntries[118].covers(key)) return &kEntries[118];  // causal_linear_rev_split_time_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[119].covers(key)) return &kEntries[119];  // causal_linear_rev_split_time_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[120].covers(key)) return &kEntries[120];  // causal_linear_rev_split_time_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[121].covers(key)) return &kEntries[121];  // causal_linear_rev_split_time_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[175].covers(key)) return &kEntries[175];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
-      if (kEntries[181].covers(key)) return &kEntries[181];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[239].covers(key)) return &kEntries[239];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[241].covers(key)) return &kEntries[241];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
       if (kEntries[122].covers(key)) return &kEntries[122];  // causal_linear_rev_split_time_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[123].covers(key)) return &kEntries[123];  // causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[124].covers(key)) return &kEntries[124];  // causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
@@ -1123,13 +1238,10 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
       if (kEntries[126].covers(key)) return &kEntries[126];  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[172].covers(key)) return &kEntries[172];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
       if (kEntries[127].covers(key)) return &kEntries[127];  // causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[128].covers(key)) return &kEntries[128];  // causal_linear_fwd_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[129].covers(key)) return &kEntries[129];  // causal_linear_fwd_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[130].covers(key)) return &kEntries[130];  // causal_linear_fwd_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[178].covers(key)) return &kEntries[178];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a
-      if (kEntries[184].covers(key)) return &kEntries[184];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
       if (kEntries[131].covers(key)) return &kEntries[131];  // causal_linear_fwd_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[132].covers(key)) return &kEntries[132];  // causal_linear_fwd_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[133].covers(key)) return &kEntries[133];  // causal_linear_fwd_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
@@ -1137,13 +1249,10 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kFP16 && key.reverse == true) {
       if (kEntries[135].covers(key)) return &kEntries[135];  // causal_linear_rev_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[173].covers(key)) return &kEntries[173];  // causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
       if (kEntries[136].covers(key)) return &kEntries[136];  // causal_linear_rev_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[137].covers(key)) return &kEntries[137];  // causal_linear_rev_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[138].covers(key)) return &kEntries[138];  // causal_linear_rev_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[139].covers(key)) return &kEntries[139];  // causal_linear_rev_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[179].covers(key)) return &kEntries[179];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_fp16_sm90a
-      if (kEntries[185].covers(key)) return &kEntries[185];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_fp16_sm90a
       if (kEntries[140].covers(key)) return &kEntries[140];  // causal_linear_rev_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[141].covers(key)) return &kEntries[141];  // causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
       if (kEntries[142].covers(key)) return &kEntries[142];  // causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
@@ -1151,13 +1260,10 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kBF16 && key.reverse == false) {
       if (kEntries[144].covers(key)) return &kEntries[144];  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[170].covers(key)) return &kEntries[170];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
       if (kEntries[145].covers(key)) return &kEntries[145];  // causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[146].covers(key)) return &kEntries[146];  // causal_linear_fwd_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[147].covers(key)) return &kEntries[147];  // causal_linear_fwd_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[148].covers(key)) return &kEntries[148];  // causal_linear_fwd_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[176].covers(key)) return &kEntries[176];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a
-      if (kEntries[182].covers(key)) return &kEntries[182];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
       if (kEntries[149].covers(key)) return &kEntries[149];  // causal_linear_fwd_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[150].covers(key)) return &kEntries[150];  // causal_linear_fwd_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[151].covers(key)) return &kEntries[151];  // causal_linear_fwd_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
@@ -1165,20 +1271,17 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kBF16 && key.reverse == true) {
       if (kEntries[153].covers(key)) return &kEntries[153];  // causal_linear_rev_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[171].covers(key)) return &kEntries[171];  // causal_linear_rev_split_time_e32_m32_cols16_mpt1_tph8_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
       if (kEntries[154].covers(key)) return &kEntries[154];  // causal_linear_rev_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[155].covers(key)) return &kEntries[155];  // causal_linear_rev_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[156].covers(key)) return &kEntries[156];  // causal_linear_rev_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[157].covers(key)) return &kEntries[157];  // causal_linear_rev_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[177].covers(key)) return &kEntries[177];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg512_bf16_sm90a
-      if (kEntries[183].covers(key)) return &kEntries[183];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg128_bf16_sm90a
       if (kEntries[158].covers(key)) return &kEntries[158];  // causal_linear_rev_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[159].covers(key)) return &kEntries[159];  // causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[160].covers(key)) return &kEntries[160];  // causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
       if (kEntries[161].covers(key)) return &kEntries[161];  // causal_linear_rev_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
     }
   }
-  // specs/causal_linear.yaml:107: when True -> low_occupancy
+  // specs/causal_linear.yaml:154: when True -> low_occupancy
   if (true) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[54].covers(key)) return &kEntries[54];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
@@ -1190,7 +1293,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[60].covers(key)) return &kEntries[60];  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[61].covers(key)) return &kEntries[61];  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[62].covers(key)) return &kEntries[62];  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[196].covers(key)) return &kEntries[196];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[244].covers(key)) return &kEntries[244];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
       if (kEntries[63].covers(key)) return &kEntries[63];  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
@@ -1202,7 +1305,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[69].covers(key)) return &kEntries[69];  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[70].covers(key)) return &kEntries[70];  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[71].covers(key)) return &kEntries[71];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[197].covers(key)) return &kEntries[197];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[245].covers(key)) return &kEntries[245];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
       if (kEntries[72].covers(key)) return &kEntries[72];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
@@ -1210,12 +1313,10 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[74].covers(key)) return &kEntries[74];  // causal_linear_fwd_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[75].covers(key)) return &kEntries[75];  // causal_linear_fwd_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[76].covers(key)) return &kEntries[76];  // causal_linear_fwd_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[188].covers(key)) return &kEntries[188];  // causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[77].covers(key)) return &kEntries[77];  // causal_linear_fwd_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[78].covers(key)) return &kEntries[78];  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[79].covers(key)) return &kEntries[79];  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[80].covers(key)) return &kEntries[80];  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[200].covers(key)) return &kEntries[200];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == true) {
       if (kEntries[81].covers(key)) return &kEntries[81];  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
@@ -1223,12 +1324,10 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[83].covers(key)) return &kEntries[83];  // causal_linear_rev_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[84].covers(key)) return &kEntries[84];  // causal_linear_rev_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[85].covers(key)) return &kEntries[85];  // causal_linear_rev_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[189].covers(key)) return &kEntries[189];  // causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[86].covers(key)) return &kEntries[86];  // causal_linear_rev_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[87].covers(key)) return &kEntries[87];  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[88].covers(key)) return &kEntries[88];  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
       if (kEntries[89].covers(key)) return &kEntries[89];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[201].covers(key)) return &kEntries[201];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == false) {
       if (kEntries[90].covers(key)) return &kEntries[90];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
@@ -1236,12 +1335,10 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[92].covers(key)) return &kEntries[92];  // causal_linear_fwd_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[93].covers(key)) return &kEntries[93];  // causal_linear_fwd_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[94].covers(key)) return &kEntries[94];  // causal_linear_fwd_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[186].covers(key)) return &kEntries[186];  // causal_linear_fwd_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[95].covers(key)) return &kEntries[95];  // causal_linear_fwd_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[96].covers(key)) return &kEntries[96];  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[97].covers(key)) return &kEntries[97];  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[98].covers(key)) return &kEntries[98];  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[198].covers(key)) return &kEntries[198];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == true) {
       if (kEntries[99].covers(key)) return &kEntries[99];  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
@@ -1249,33 +1346,31 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[101].covers(key)) return &kEntries[101];  // causal_linear_rev_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[102].covers(key)) return &kEntries[102];  // causal_linear_rev_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[103].covers(key)) return &kEntries[103];  // causal_linear_rev_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[187].covers(key)) return &kEntries[187];  // causal_linear_rev_low_occupancy_e64_m64_cols16_mpt2_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[104].covers(key)) return &kEntries[104];  // causal_linear_rev_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[105].covers(key)) return &kEntries[105];  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[106].covers(key)) return &kEntries[106];  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
       if (kEntries[107].covers(key)) return &kEntries[107];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[199].covers(key)) return &kEntries[199];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
     }
   }
-  // specs/causal_linear.yaml:109: when True -> generic
+  // specs/causal_linear.yaml:156: when True -> generic
   if (true) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[162].covers(key)) return &kEntries[162];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
+      if (kEntries[230].covers(key)) return &kEntries[230];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[163].covers(key)) return &kEntries[163];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
+      if (kEntries[231].covers(key)) return &kEntries[231];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
-      if (kEntries[164].covers(key)) return &kEntries[164];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
+      if (kEntries[232].covers(key)) return &kEntries[232];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == true) {
-      if (kEntries[165].covers(key)) return &kEntries[165];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
+      if (kEntries[233].covers(key)) return &kEntries[233];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == false) {
-      if (kEntries[166].covers(key)) return &kEntries[166];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
+      if (kEntries[234].covers(key)) return &kEntries[234];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == true) {
-      if (kEntries[167].covers(key)) return &kEntries[167];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
+      if (kEntries[235].covers(key)) return &kEntries[235];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
     }
   }
   return nullptr;

@@ -128,6 +128,13 @@ template <class Tile>
 __device__ __forceinline__ int b_operand_nk_lane(int lane) {
   return Tile::offset((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8);
 }
+//   A operand read transposed from a [k][m] tile (rows k, cols m; e.g. K^T from a [step][e]
+//   tile) with ldmatrix_x4_trans: matrix i covers m-half i % 2 and k-half i / 2, so lanes
+//   8i .. 8i+7 give rows k = 8 * (i / 2) + 0..7 at column m = 8 * (i % 2).
+template <class Tile>
+__device__ __forceinline__ int a_operand_trans_lane(int lane) {
+  return Tile::offset((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8);
+}
 //   B operands of two n-tiles from a [k][n] tile (rows k, cols n), read with
 //   ldmatrix_x4_trans: registers {b0, b1} of n-tile 0 and {b0, b1} of n-tile 1.
 template <class Tile>

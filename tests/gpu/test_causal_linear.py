@@ -41,8 +41,8 @@ def shape_for(row, dims_below_bucket=False):
     if row["kind"] == "generic":
         return 72, 40  # not a multiple of any bucket: the fallback's job
     E, M = p["e"], p["m"]
-    if dims_below_bucket:
-        E, M = E - p["vec"], M - p["vec"]
+    if dims_below_bucket:  # one vector below the bucket: the zero-filled tail
+        E, M = E - p.get("vec", 8), M - p.get("vec", 8)
     return E, M
 
 
@@ -80,6 +80,46 @@ def test_every_instance_L4096(manifest):
         if not err <= TOL[dtype]:
             failures.append(f"{name}: rel err {err:.3g}")
     assert not failures, "\n".join(failures)
+
+
+CHUNKED_LENGTHS = [1, 7, 63, 64, 65, 1023, 4096]
+
+
+def test_chunked_every_length(manifest):
+    """Every chunked instance at lengths around its 64-step chunk and long enough to split
+    time into segments (B * H = 3), forward and reverse; E != M where the buckets differ, one
+    vector below the bucket at odd L, [B, L, H, E] views at L = 63. Prints the worst error."""
+    failures, worst = [], {}
+    for name, row in sorted(manifest.items()):
+        if row["kind"] != "chunked":
+            continue
+        dtype = DTYPES[row["dtype"]]
+        for L in CHUNKED_LENGTHS:
+            E, M = shape_for(row, dims_below_bucket=L % 2 == 1 and L > 1)
+            q, k, v = inputs(1, 3, L, E, M, dtype, layout="blhe" if L == 63 else "bhle", seed=L + E)
+            reverse = row["direction"] == "rev"
+            err = rel_err(run_instance(name, q, k, v, reverse), reference.causal_dot_product(q, k, v, reverse))
+            worst[row["dtype"]] = max(worst.get(row["dtype"], 0.0), err)
+            if not err <= TOL[dtype]:
+                failures.append(f"{name}: rel err {err:.3g} at L={L} E={E} M={M}")
+    print(f"\nchunked worst relative error: {worst}")
+    assert worst, "no chunked instance in the build"
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chunked_unsplit_and_positive_features(dtype):
+    """Enough (b, h) that time is not split, with elu + 1 feature maps (all-positive q, k: the
+    state only grows, the case where rounding it for the tensor cores shows most)."""
+    B, H, L, E, M = 4, 80, 777, 64, 64
+    q, k, v = inputs(B, H, L, E, M, dtype)
+    q, k = reference.elu_feature_map(q), reference.elu_feature_map(k)
+    assert "_chunked_" in attngen.selected_instance(q, k, v)
+    poison_allocator((B, H, L, M), dtype)
+    for reverse in (False, True):
+        err = rel_err(attngen.causal_dot_product(q, k, v, reverse), reference.causal_dot_product(q, k, v, reverse))
+        print(f"\nchunked unsplit elu+1 {dtype} reverse={reverse}: rel err {err:.3g}")
+        assert err <= TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES.values()))

@@ -110,7 +110,7 @@ def test_template_that_does_not_exist(tmp_path):
 def test_unknown_dispatch_kind(tmp_path):
     text = SPEC.replace("  - kind: generic", "  - kind: generik")
     err = error_for(tmp_path, text)
-    assert err.field == "dispatch[3].kind" and "unknown kernel kind" in err.message
+    assert err.field == "dispatch[4].kind" and "unknown kernel kind" in err.message
 
 
 def test_make_gen_exits_2_and_leaves_generated_alone(tmp_path):
