@@ -33,7 +33,7 @@ TEMPLATE_PARAMS = {
                 "chunk": "int", "buf": "int", "pad": "auto_ok", "seg": "int0"},
     GENERIC: {"emax": "int", "cols": "int", "groups": "int", "chunk": "int"},
     CHUNKED: {"e": "int", "m": "int", "cols": "int", "warps": "int", "stages": "int", "terms": "int",
-              "seg": "int0", "fill": "int"},
+              "sbuf": "int", "seg": "int0", "fill": "int"},
 }
 # Files rendered once per family (template -> output under generated/).
 SUPPORT_FILES = {
@@ -120,6 +120,8 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("cols", f"cols={cols} exceeds the value bucket m={m}")
     if stages < 2:
         raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
+    if p["sbuf"] not in (1, 2):
+        raise Rejected("sbuf", f"sbuf={p['sbuf']}: 1 or 2 state buffers in shared memory")
     if terms not in (1, 2):
         raise Rejected("terms", f"terms={terms}: the state is read as 1 (rounded) or 2 (hi + lo) 16-bit terms")
     chunk = 16 * warps
@@ -141,7 +143,7 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
     swizzle_e, swizzle_c = int(e % 64 == 0), int(cols % 64 == 0)
     pitch_e, pitch_c = flash_attention.pitch(e, swizzle_e), flash_attention.pitch(cols, swizzle_c)
     stage = chunk * (2 * pitch_e + pitch_c)
-    smem = 2 * (stages * stage + 2 * terms * e * pitch_c + warps * 16 * pitch_c)
+    smem = 2 * (stages * stage + p["sbuf"] * terms * e * pitch_c + warps * 16 * pitch_c)
     threads = 32 * warps
     ways = {f"qk_{k}": w for k, w in banks.conflict_ways(flash_attention.bank_accesses(e, swizzle_e, threads), 0).items()}
     ways.update({f"v_{k}": w for k, w in banks.conflict_ways(flash_attention.bank_accesses(cols, swizzle_c, threads), 0).items()})
