@@ -33,7 +33,7 @@ TEMPLATE_PARAMS = {
                 "chunk": "int", "buf": "int", "pad": "auto_ok", "seg": "int0"},
     GENERIC: {"emax": "int", "cols": "int", "groups": "int", "chunk": "int"},
     CHUNKED: {"e": "int", "m": "int", "cols": "int", "warps": "int", "stages": "int", "terms": "int",
-              "sbuf": "int", "seg": "int0", "fill": "int"},
+              "sbuf": "int", "seg": "int0", "waves": "int"},
 }
 # Files rendered once per family (template -> output under generated/).
 SUPPORT_FILES = {
@@ -127,8 +127,8 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
     chunk = 16 * warps
     if p["seg"] % chunk:
         raise Rejected("seg", f"seg={p['seg']} must be a multiple of the chunk, 16 * warps = {chunk} (0: never split time)")
-    if p["fill"] < 1:
-        raise Rejected("fill", f"fill={p['fill']}: CTAs per SM the time split aims for, at least 1")
+    if p["waves"] < 1:
+        raise Rejected("waves", f"waves={p['waves']}: waves of resident CTAs the time split aims for, at least 1")
     # The state's E x cols tiles split over the warps: rows first, then columns, each warp
     # holding whole pairs of 8-column n-tiles (one ldmatrix_x4_trans of V serves two).
     warps_m = min(warps, e // 16)
@@ -145,13 +145,19 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
     stage = chunk * (2 * pitch_e + pitch_c)
     smem = 2 * (stages * stage + p["sbuf"] * terms * e * pitch_c + warps * 16 * pitch_c)
     threads = 32 * warps
+    # Resident CTAs per SM, from shared memory; __launch_bounds__ holds the registers to it
+    # and the time split sizes its grid by it.
+    ctas_per_sm = min(arch.smem_per_sm // (smem + arch.smem_reserved_per_cta),
+                      arch.regs_per_sm // (threads * max(regs, 64)), 8)
+    if ctas_per_sm < 1:
+        raise Rejected("stages", f"{smem} bytes of shared memory leave no room for one CTA per SM")
     ways = {f"qk_{k}": w for k, w in banks.conflict_ways(flash_attention.bank_accesses(e, swizzle_e, threads), 0).items()}
     ways.update({f"v_{k}": w for k, w in banks.conflict_ways(flash_attention.bank_accesses(cols, swizzle_c, threads), 0).items()})
     plain = banks.conflict_ways(flash_attention.bank_accesses(e, swizzle_e, threads, lambda row, col: row * e + col), 0)
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "chunk": chunk, "warps_m": warps_m, "warps_n": warps_n,
         "swizzle_e": "true" if swizzle_e else "false", "swizzle_c": "true" if swizzle_c else "false",
-        "regs_estimate": regs,
+        "regs_estimate": regs, "ctas_per_sm": ctas_per_sm,
         "bank_ways": ways, "bank_ways_pad0": plain, "threads_param": "warps", "smem_param": "stages",
     })
 
