@@ -103,7 +103,7 @@ def have_fla() -> bool:
         return False
 
 
-def run(quick: bool):
+def run(quick: bool, variants: bool):
     fla = have_fla()
     rows = []
     for (B, H, L, E, M), lmha_ms in SHAPES:
@@ -120,7 +120,7 @@ def run(quick: bool):
             if not quick:
                 row["fla_fused_recurrent_fwd_fp32_ms"] = time_forward("fla_recurrent", B, H, L, E, M, torch.float32)
         row["chunked_bf16_ms"] = {name: time_forward(f"instance:{name}", B, H, L, E, M, torch.bfloat16)
-                                  for name in chunked_variants(E, M)}
+                                  for name in (chunked_variants(E, M) if variants else [])}
         rows.append(row)
         print(json.dumps(row), flush=True)
     (B, H, L, E, M), lmha_bwd = BACKWARD_SHAPE
@@ -236,13 +236,15 @@ def plot(rows, path: Path) -> bool:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="skip the slow fused_recurrent peer")
+    parser.add_argument("--no-variants", action="store_true",
+                        help="skip forcing every built chunked variant (chunked_candidates)")
     parser.add_argument("--out", default=None, help="directory (default bench/results/<gpu>)")
     args = parser.parse_args()
     env = environment()
     gpu = "h100" if "H100" in env["device"] else env["device"].split()[-1].lower()
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / gpu
     out.mkdir(parents=True, exist_ok=True)
-    rows, bwd = run(args.quick)
+    rows, bwd = run(args.quick, not args.no_variants)
     (out / "causal_linear.json").write_text(json.dumps({"env": env, "forward": rows, "backward": bwd}, indent=1))
     md = markdown(env, rows, bwd)
     (out / "causal_linear.md").write_text(md)
