@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -136,10 +137,12 @@ def run(quick: bool, variants: bool):
 
 
 def environment() -> dict:
-    try:
-        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
-    except Exception:  # noqa: BLE001 - the device copy of the tree may have no .git
-        commit = "unknown"
+    commit = os.environ.get("ATTNGEN_COMMIT")  # the device's copy of .git may be stale
+    if not commit:
+        try:
+            commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
+        except Exception:  # noqa: BLE001 - the device copy of the tree may have no .git
+            commit = "unknown"
     fla_version = None
     try:
         import importlib.metadata as md
