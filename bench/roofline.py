@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FP32_CUDA_CORE_TFLOPS = 51.0   # ../shared/ANCHORS.md, measured on the lent H100
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+CHUNK = 64                      # steps per chunk of the chunked causal-linear kind (specs/causal_linear.yaml)
 
 
 def floors(nbytes: float, flop: float, tbps: float, tflops: float) -> dict:
@@ -28,19 +29,24 @@ def floors(nbytes: float, flop: float, tbps: float, tflops: float) -> dict:
             "bound": bound, "floor_ms": max(memory_ms, compute_ms)}
 
 
-def causal_linear_rows(d: dict, copy: float) -> list:
-    """Recurrent forward: read q, k (E) and v (M), write o (M); per step the state update and
-    the output each take E*M FMAs (4 E M FLOPs), on CUDA cores in fp32."""
+def causal_linear_rows(d: dict, copy: float, matmul_tflops: float) -> list:
+    """Forward: read q, k (E) and v (M), write o (M). fp32 runs the recurrence on CUDA cores:
+    per step the state update and the output each take E*M FMAs (4 E M FLOPs). fp16/bf16 run
+    the chunked kind on tensor cores: the same 4 E M per step plus the causal half of a
+    CHUNK x CHUNK score block and its product with V, about CHUNK (E + M) FLOPs per step."""
     out = []
     for r in d["forward"]:
         s = r["shape"]
         tokens = s["B"] * s["H"] * s["L"]
-        for dt in ("fp32", "bf16"):
+        for dt in ("fp32", "bf16", "fp16"):
             ms = r.get(f"attngen_fwd_{dt}_ms")
             if ms is None:
                 continue
-            f = floors(tokens * (2 * s["E"] + 2 * s["M"]) * BYTES[dt], 4.0 * tokens * s["E"] * s["M"], copy,
-                       FP32_CUDA_CORE_TFLOPS)
+            if dt == "fp32":
+                flop, rate = 4.0 * tokens * s["E"] * s["M"], FP32_CUDA_CORE_TFLOPS
+            else:
+                flop, rate = tokens * (4.0 * s["E"] * s["M"] + CHUNK * (s["E"] + s["M"])), matmul_tflops
+            f = floors(tokens * (2 * s["E"] + 2 * s["M"]) * BYTES[dt], flop, copy, rate)
             out.append({"op": f"causal_linear fwd {dt}", "shape": f"B{s['B']} H{s['H']} L{s['L']} E{s['E']} M{s['M']}",
                         "ms": ms, **f})
     return out
@@ -90,7 +96,7 @@ def build(results: Path) -> tuple[list, dict]:
     limits = {"copy_tbps": copy, "bf16_matmul_tflops": flash["matmul_tflops"], "fp32_fma_tflops": FP32_CUDA_CORE_TFLOPS,
               "commits": {"paged": paged["meta"]["commit"], "flash_attention": flash["meta"]["commit"],
                           "causal_linear": load("causal_linear")["env"]["commit"], "rwkv": load("rwkv")["meta"]["commit"]}}
-    rows = (causal_linear_rows(load("causal_linear"), copy) + rwkv_rows(load("rwkv"), copy) + paged_rows(paged, copy)
+    rows = (causal_linear_rows(load("causal_linear"), copy, flash["matmul_tflops"]) + rwkv_rows(load("rwkv"), copy) + paged_rows(paged, copy)
             + flash_rows(flash, copy))
     for r in rows:
         r["fraction"] = r["floor_ms"] / r["ms"]
