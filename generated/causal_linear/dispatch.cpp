@@ -340,72 +340,128 @@ cudaError_t launch_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms
 size_t workspace_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
@@ -778,141 +834,169 @@ bool covers_161(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <
 bool covers_162(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
 bool covers_163(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_164(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_165(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 32) && ((key.align % 8) == 0)); }
-bool covers_166(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_167(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_168(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 32) && ((key.align % 8) == 0)); }
-bool covers_169(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_170(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_171(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
-bool covers_172(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_173(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_174(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 32) && ((key.align % 8) == 0)); }
-bool covers_175(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_176(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_177(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 32) && ((key.align % 8) == 0)); }
-bool covers_178(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_179(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_180(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
-bool covers_181(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_182(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_183(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 32) && ((key.align % 8) == 0)); }
-bool covers_184(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_185(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_165(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 256) && ((key.align % 8) == 0)); }
+bool covers_166(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_167(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_168(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_169(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 256) && ((key.align % 8) == 0)); }
+bool covers_170(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_171(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_172(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_173(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 256) && ((key.align % 8) == 0)); }
+bool covers_174(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_175(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_176(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_177(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 256) && ((key.align % 8) == 0)); }
+bool covers_178(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_179(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_180(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_181(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 256) && ((key.align % 8) == 0)); }
+bool covers_182(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_183(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_184(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_185(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 256) && ((key.align % 8) == 0)); }
 bool covers_186(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 32) && ((key.align % 8) == 0)); }
 bool covers_187(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_188(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_189(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
-bool covers_190(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_191(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_192(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 32) && ((key.align % 8) == 0)); }
-bool covers_193(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_194(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_195(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 32) && ((key.align % 8) == 0)); }
-bool covers_196(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_197(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_198(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_189(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 256) && ((key.align % 8) == 0)); }
+bool covers_190(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_191(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_192(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_193(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 256) && ((key.align % 8) == 0)); }
+bool covers_194(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_195(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_196(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_197(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 256) && ((key.align % 8) == 0)); }
+bool covers_198(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 32) && ((key.align % 8) == 0)); }
 bool covers_199(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_200(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_201(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_202(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_203(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_204(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_205(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_206(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_207(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_208(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_209(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_210(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_211(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_212(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_213(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_214(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_215(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_216(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_217(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_218(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_219(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_220(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_221(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_222(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_223(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_224(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_225(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_200(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_201(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 256) && ((key.align % 8) == 0)); }
+bool covers_202(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_203(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_204(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_205(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 256) && ((key.align % 8) == 0)); }
+bool covers_206(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_207(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_208(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_209(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 256) && ((key.align % 8) == 0)); }
+bool covers_210(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_211(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_212(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_213(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 256) && ((key.align % 8) == 0)); }
+bool covers_214(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_215(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_216(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_217(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 256) && ((key.align % 8) == 0)); }
+bool covers_218(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_219(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_220(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_221(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 256) && ((key.align % 8) == 0)); }
+bool covers_222(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_223(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_224(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_225(const CausalLinearKey& key) { return ((key.E <= 256) && (key.M <= 256) && ((key.align % 8) == 0)); }
 bool covers_226(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_227(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_228(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_229(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_230(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_231(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_232(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_233(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_234(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_235(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_236(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_237(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_238(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_232(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_233(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_234(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_235(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_236(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_237(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_238(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_239(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_240(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_241(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_242(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_243(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_244(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_245(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_246(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_240(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_241(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_242(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_243(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_244(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_245(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_246(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
 bool covers_247(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_248(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_249(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_250(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_251(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_252(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_253(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_254(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_255(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_256(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_257(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_258(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_259(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_253(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_254(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_255(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_256(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_257(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_258(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_259(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_260(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_261(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_262(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_263(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_264(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_265(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_266(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_267(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_261(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_262(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_263(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_264(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_265(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_266(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_267(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
 bool covers_268(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_269(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_270(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_271(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_272(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_273(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_274(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_275(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_276(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_277(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_278(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_279(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_280(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_274(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_275(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_276(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_277(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_278(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_279(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_280(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
 bool covers_281(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_282(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_283(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_284(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_285(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_286(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_287(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_288(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
-bool covers_289(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
-bool covers_290(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_291(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_292(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_293(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_294(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_295(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_296(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
-bool covers_297(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
-bool covers_298(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
-bool covers_299(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_282(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_283(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_284(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_285(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_286(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_287(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_288(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_289(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_290(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_291(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_292(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_293(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_294(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_295(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_296(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_297(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_298(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_299(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_300(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_301(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_302(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_303(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_304(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_305(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_306(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_307(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_308(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_309(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
+bool covers_310(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_311(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_312(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_313(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_314(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_315(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_316(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
+bool covers_317(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
+bool covers_318(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_319(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_320(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_321(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_322(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_323(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_324(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_325(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_326(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_327(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
 
 const Entry kEntries[] = {
     {"causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a, covers_0, workspace_causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a},
@@ -1080,141 +1164,169 @@ const Entry kEntries[] = {
     {"causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_162, workspace_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
     {"causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_163, workspace_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
     {"causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_164, workspace_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_165, workspace_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_166, workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_167, workspace_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_168, workspace_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_169, workspace_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_170, workspace_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_171, workspace_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_172, workspace_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_173, workspace_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_174, workspace_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_175, workspace_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_176, workspace_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_177, workspace_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_178, workspace_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_179, workspace_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_180, workspace_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_181, workspace_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_182, workspace_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_183, workspace_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_184, workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_185, workspace_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_186, workspace_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_187, workspace_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_188, workspace_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_189, workspace_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_190, workspace_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_191, workspace_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_192, workspace_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_193, workspace_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_194, workspace_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_195, workspace_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_196, workspace_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_197, workspace_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_198, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_199, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_200, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_201, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a, covers_202, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_203, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_204, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_205, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_206, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_207, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_208, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_209, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_210, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_211, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_212, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_213, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_214, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_215, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_216, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_217, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_218, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_219, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_220, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_221, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_222, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a, covers_223, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_224, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_225, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_226, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_227, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_228, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_229, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_230, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_231, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_232, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_233, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_234, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_235, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_236, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_237, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_238, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_239, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_240, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_241, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_242, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_243, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a, covers_244, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_245, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_246, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_247, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_248, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_249, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_250, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_251, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_252, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_253, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_254, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_255, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_256, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_257, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_258, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_259, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_260, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_261, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_262, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_263, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_264, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a, covers_265, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_266, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_267, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_268, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_269, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_270, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_271, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_272, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_273, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_274, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_275, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_276, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_277, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_278, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_279, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_280, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_281, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a, covers_282, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a},
-    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a, covers_283, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a},
-    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a, covers_284, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a},
-    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a, covers_285, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a},
-    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_286, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
-    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_287, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
-    {"causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_288, workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_289, workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_290, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_291, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_292, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
-    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_293, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
-    {"causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_294, workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
-    {"causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_295, workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
-    {"causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_296, workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
-    {"causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_297, workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
-    {"causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_298, workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
-    {"causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_299, workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
+    {"causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_165, workspace_causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_166, workspace_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_167, workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_168, workspace_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_169, workspace_causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_170, workspace_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_171, workspace_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_172, workspace_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_173, workspace_causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_174, workspace_causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_175, workspace_causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_176, workspace_causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_177, workspace_causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_178, workspace_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_179, workspace_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_180, workspace_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_181, workspace_causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_182, workspace_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_183, workspace_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_184, workspace_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_185, workspace_causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_186, workspace_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_187, workspace_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_188, workspace_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_189, workspace_causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_190, workspace_causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_191, workspace_causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_192, workspace_causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_193, workspace_causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_194, workspace_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_195, workspace_causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_196, workspace_causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_197, workspace_causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_198, workspace_causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_199, workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_200, workspace_causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_201, workspace_causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_202, workspace_causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_203, workspace_causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_204, workspace_causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_205, workspace_causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_206, workspace_causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_207, workspace_causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_208, workspace_causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_209, workspace_causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_210, workspace_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_211, workspace_causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_212, workspace_causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_213, workspace_causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_214, workspace_causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_215, workspace_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_216, workspace_causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_217, workspace_causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_218, workspace_causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_219, workspace_causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_220, workspace_causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_221, workspace_causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_222, workspace_causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_223, workspace_causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_224, workspace_causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_225, workspace_causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_226, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_227, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_228, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_229, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a, covers_230, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_231, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_232, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_233, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_234, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_235, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_236, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_237, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_238, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_239, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_240, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_241, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_242, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_243, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_244, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_245, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_246, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_247, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_248, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_249, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_250, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a, covers_251, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_252, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_253, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_254, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_255, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_256, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_257, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_258, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_259, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_260, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_261, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_262, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_263, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_264, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_265, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_266, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_267, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_268, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_269, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_270, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_271, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a, covers_272, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_273, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_274, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_275, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_276, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_277, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_278, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_279, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_280, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_281, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_282, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_283, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_284, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_285, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_286, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_287, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_288, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_289, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_290, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_291, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_292, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a, covers_293, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_294, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_295, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_296, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_297, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_298, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_299, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_300, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_301, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_302, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_303, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_304, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_305, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_306, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_307, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_308, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_309, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a, covers_310, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a},
+    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a, covers_311, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a},
+    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a, covers_312, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a},
+    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a, covers_313, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a},
+    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_314, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
+    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_315, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
+    {"causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_316, workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_317, workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_318, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_319, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_320, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
+    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_321, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
+    {"causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_322, workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
+    {"causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_323, workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
+    {"causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_324, workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
+    {"causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_325, workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
+    {"causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_326, workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
+    {"causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_327, workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
 };
 
 }  // namespace
@@ -1234,114 +1346,142 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e32_small_bh: when E <= 32 and M <= 32 and BH < sm_count // 2
   if (((key.E <= 32) && (key.M <= 32) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[288].covers(key)) return &kEntries[288];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[316].covers(key)) return &kEntries[316];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[289].covers(key)) return &kEntries[289];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[317].covers(key)) return &kEntries[317];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_tiny_bh: when E <= 64 and M <= 64 and BH < sm_count // 8
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 8)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[290].covers(key)) return &kEntries[290];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[318].covers(key)) return &kEntries[318];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[291].covers(key)) return &kEntries[291];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[319].covers(key)) return &kEntries[319];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_long_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2 and L >= 8192
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 2)) && (key.L >= 8192))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[292].covers(key)) return &kEntries[292];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[320].covers(key)) return &kEntries[320];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[293].covers(key)) return &kEntries[293];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[321].covers(key)) return &kEntries[321];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[292].covers(key)) return &kEntries[292];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[320].covers(key)) return &kEntries[320];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[293].covers(key)) return &kEntries[293];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[321].covers(key)) return &kEntries[321];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_large_bh: when E <= 64 and M <= 64
   if (((key.E <= 64) && (key.M <= 64))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[294].covers(key)) return &kEntries[294];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[322].covers(key)) return &kEntries[322];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[295].covers(key)) return &kEntries[295];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[323].covers(key)) return &kEntries[323];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e128_small_bh: when E <= 128 and M <= 128 and BH < sm_count // 2
   if (((key.E <= 128) && (key.M <= 128) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[296].covers(key)) return &kEntries[296];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[324].covers(key)) return &kEntries[324];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[297].covers(key)) return &kEntries[297];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[325].covers(key)) return &kEntries[325];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e128_large_bh: when E <= 128 and M <= 128
   if (((key.E <= 128) && (key.M <= 128))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[298].covers(key)) return &kEntries[298];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[326].covers(key)) return &kEntries[326];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[299].covers(key)) return &kEntries[299];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[327].covers(key)) return &kEntries[327];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
   }
-  // specs/causal_linear.yaml:164: when True -> chunked
+  // specs/causal_linear.yaml:166: when True -> chunked
   if (true) {
     if (key.dtype == DType::kFP16 && key.reverse == false) {
       if (kEntries[162].covers(key)) return &kEntries[162];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[163].covers(key)) return &kEntries[163];  // causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[164].covers(key)) return &kEntries[164];  // causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[165].covers(key)) return &kEntries[165];  // causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[166].covers(key)) return &kEntries[166];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[167].covers(key)) return &kEntries[167];  // causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[168].covers(key)) return &kEntries[168];  // causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
-      if (kEntries[169].covers(key)) return &kEntries[169];  // causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
-      if (kEntries[170].covers(key)) return &kEntries[170];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[165].covers(key)) return &kEntries[165];  // causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[166].covers(key)) return &kEntries[166];  // causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[167].covers(key)) return &kEntries[167];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[168].covers(key)) return &kEntries[168];  // causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[169].covers(key)) return &kEntries[169];  // causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[170].covers(key)) return &kEntries[170];  // causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[171].covers(key)) return &kEntries[171];  // causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[172].covers(key)) return &kEntries[172];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[173].covers(key)) return &kEntries[173];  // causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[174].covers(key)) return &kEntries[174];  // causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[175].covers(key)) return &kEntries[175];  // causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[176].covers(key)) return &kEntries[176];  // causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[177].covers(key)) return &kEntries[177];  // causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == true) {
-      if (kEntries[171].covers(key)) return &kEntries[171];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[172].covers(key)) return &kEntries[172];  // causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[173].covers(key)) return &kEntries[173];  // causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[174].covers(key)) return &kEntries[174];  // causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[175].covers(key)) return &kEntries[175];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[176].covers(key)) return &kEntries[176];  // causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[177].covers(key)) return &kEntries[177];  // causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
-      if (kEntries[178].covers(key)) return &kEntries[178];  // causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
-      if (kEntries[179].covers(key)) return &kEntries[179];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[178].covers(key)) return &kEntries[178];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[179].covers(key)) return &kEntries[179];  // causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[180].covers(key)) return &kEntries[180];  // causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[181].covers(key)) return &kEntries[181];  // causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[182].covers(key)) return &kEntries[182];  // causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[183].covers(key)) return &kEntries[183];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[184].covers(key)) return &kEntries[184];  // causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[185].covers(key)) return &kEntries[185];  // causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[186].covers(key)) return &kEntries[186];  // causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[187].covers(key)) return &kEntries[187];  // causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[188].covers(key)) return &kEntries[188];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[189].covers(key)) return &kEntries[189];  // causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[190].covers(key)) return &kEntries[190];  // causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[191].covers(key)) return &kEntries[191];  // causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[192].covers(key)) return &kEntries[192];  // causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[193].covers(key)) return &kEntries[193];  // causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == false) {
-      if (kEntries[180].covers(key)) return &kEntries[180];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[181].covers(key)) return &kEntries[181];  // causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[182].covers(key)) return &kEntries[182];  // causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[183].covers(key)) return &kEntries[183];  // causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[184].covers(key)) return &kEntries[184];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[185].covers(key)) return &kEntries[185];  // causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[186].covers(key)) return &kEntries[186];  // causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
-      if (kEntries[187].covers(key)) return &kEntries[187];  // causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
-      if (kEntries[188].covers(key)) return &kEntries[188];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[194].covers(key)) return &kEntries[194];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[195].covers(key)) return &kEntries[195];  // causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[196].covers(key)) return &kEntries[196];  // causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[197].covers(key)) return &kEntries[197];  // causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[198].covers(key)) return &kEntries[198];  // causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[199].covers(key)) return &kEntries[199];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[200].covers(key)) return &kEntries[200];  // causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[201].covers(key)) return &kEntries[201];  // causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[202].covers(key)) return &kEntries[202];  // causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[203].covers(key)) return &kEntries[203];  // causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[204].covers(key)) return &kEntries[204];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[205].covers(key)) return &kEntries[205];  // causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[206].covers(key)) return &kEntries[206];  // causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[207].covers(key)) return &kEntries[207];  // causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[208].covers(key)) return &kEntries[208];  // causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[209].covers(key)) return &kEntries[209];  // causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == true) {
-      if (kEntries[189].covers(key)) return &kEntries[189];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[190].covers(key)) return &kEntries[190];  // causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[191].covers(key)) return &kEntries[191];  // causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[192].covers(key)) return &kEntries[192];  // causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[193].covers(key)) return &kEntries[193];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[194].covers(key)) return &kEntries[194];  // causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[195].covers(key)) return &kEntries[195];  // causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
-      if (kEntries[196].covers(key)) return &kEntries[196];  // causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
-      if (kEntries[197].covers(key)) return &kEntries[197];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[210].covers(key)) return &kEntries[210];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[211].covers(key)) return &kEntries[211];  // causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[212].covers(key)) return &kEntries[212];  // causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[213].covers(key)) return &kEntries[213];  // causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[214].covers(key)) return &kEntries[214];  // causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[215].covers(key)) return &kEntries[215];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[216].covers(key)) return &kEntries[216];  // causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[217].covers(key)) return &kEntries[217];  // causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[218].covers(key)) return &kEntries[218];  // causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[219].covers(key)) return &kEntries[219];  // causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[220].covers(key)) return &kEntries[220];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[221].covers(key)) return &kEntries[221];  // causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[222].covers(key)) return &kEntries[222];  // causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[223].covers(key)) return &kEntries[223];  // causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[224].covers(key)) return &kEntries[224];  // causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[225].covers(key)) return &kEntries[225];  // causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
     }
   }
-  // specs/causal_linear.yaml:166: when BH >= sm_count // 2 -> lmha
+  // specs/causal_linear.yaml:168: when BH >= sm_count // 2 -> lmha
   if ((key.BH >= (key.sm_count / 2))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
@@ -1349,12 +1489,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[2].covers(key)) return &kEntries[2];  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[3].covers(key)) return &kEntries[3];  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[4].covers(key)) return &kEntries[4];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
-      if (kEntries[294].covers(key)) return &kEntries[294];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[322].covers(key)) return &kEntries[322];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[5].covers(key)) return &kEntries[5];  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[6].covers(key)) return &kEntries[6];  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[7].covers(key)) return &kEntries[7];  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[8].covers(key)) return &kEntries[8];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[298].covers(key)) return &kEntries[298];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[326].covers(key)) return &kEntries[326];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
       if (kEntries[9].covers(key)) return &kEntries[9];  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
@@ -1362,12 +1502,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[11].covers(key)) return &kEntries[11];  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[12].covers(key)) return &kEntries[12];  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[13].covers(key)) return &kEntries[13];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
-      if (kEntries[295].covers(key)) return &kEntries[295];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[323].covers(key)) return &kEntries[323];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[14].covers(key)) return &kEntries[14];  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[15].covers(key)) return &kEntries[15];  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[16].covers(key)) return &kEntries[16];  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[17].covers(key)) return &kEntries[17];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[299].covers(key)) return &kEntries[299];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[327].covers(key)) return &kEntries[327];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
       if (kEntries[18].covers(key)) return &kEntries[18];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
@@ -1414,17 +1554,17 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[53].covers(key)) return &kEntries[53];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
     }
   }
-  // specs/causal_linear.yaml:168: when L >= 1024 -> split_time
+  // specs/causal_linear.yaml:170: when L >= 1024 -> split_time
   if ((key.L >= 1024)) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[108].covers(key)) return &kEntries[108];  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[288].covers(key)) return &kEntries[288];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[316].covers(key)) return &kEntries[316];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
       if (kEntries[109].covers(key)) return &kEntries[109];  // causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[110].covers(key)) return &kEntries[110];  // causal_linear_fwd_split_time_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[111].covers(key)) return &kEntries[111];  // causal_linear_fwd_split_time_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[112].covers(key)) return &kEntries[112];  // causal_linear_fwd_split_time_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[290].covers(key)) return &kEntries[290];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
-      if (kEntries[292].covers(key)) return &kEntries[292];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[318].covers(key)) return &kEntries[318];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[320].covers(key)) return &kEntries[320];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
       if (kEntries[113].covers(key)) return &kEntries[113];  // causal_linear_fwd_split_time_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[114].covers(key)) return &kEntries[114];  // causal_linear_fwd_split_time_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[115].covers(key)) return &kEntries[115];  // causal_linear_fwd_split_time_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
@@ -1432,13 +1572,13 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
       if (kEntries[117].covers(key)) return &kEntries[117];  // causal_linear_rev_split_time_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[289].covers(key)) return &kEntries[289];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[317].covers(key)) return &kEntries[317];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
       if (kEntries[118].covers(key)) return &kEntries[118];  // causal_linear_rev_split_time_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[119].covers(key)) return &kEntries[119];  // causal_linear_rev_split_time_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[120].covers(key)) return &kEntries[120];  // causal_linear_rev_split_time_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[121].covers(key)) return &kEntries[121];  // causal_linear_rev_split_time_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[291].covers(key)) return &kEntries[291];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
-      if (kEntries[293].covers(key)) return &kEntries[293];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[319].covers(key)) return &kEntries[319];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[321].covers(key)) return &kEntries[321];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
       if (kEntries[122].covers(key)) return &kEntries[122];  // causal_linear_rev_split_time_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[123].covers(key)) return &kEntries[123];  // causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[124].covers(key)) return &kEntries[124];  // causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
@@ -1489,7 +1629,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[161].covers(key)) return &kEntries[161];  // causal_linear_rev_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
     }
   }
-  // specs/causal_linear.yaml:170: when True -> low_occupancy
+  // specs/causal_linear.yaml:172: when True -> low_occupancy
   if (true) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[54].covers(key)) return &kEntries[54];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
@@ -1501,7 +1641,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[60].covers(key)) return &kEntries[60];  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[61].covers(key)) return &kEntries[61];  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[62].covers(key)) return &kEntries[62];  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[296].covers(key)) return &kEntries[296];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[324].covers(key)) return &kEntries[324];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
       if (kEntries[63].covers(key)) return &kEntries[63];  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
@@ -1513,7 +1653,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[69].covers(key)) return &kEntries[69];  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[70].covers(key)) return &kEntries[70];  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[71].covers(key)) return &kEntries[71];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[297].covers(key)) return &kEntries[297];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[325].covers(key)) return &kEntries[325];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
       if (kEntries[72].covers(key)) return &kEntries[72];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
@@ -1560,25 +1700,25 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[107].covers(key)) return &kEntries[107];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
     }
   }
-  // specs/causal_linear.yaml:172: when True -> generic
+  // specs/causal_linear.yaml:174: when True -> generic
   if (true) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[282].covers(key)) return &kEntries[282];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
+      if (kEntries[310].covers(key)) return &kEntries[310];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[283].covers(key)) return &kEntries[283];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
+      if (kEntries[311].covers(key)) return &kEntries[311];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
-      if (kEntries[284].covers(key)) return &kEntries[284];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
+      if (kEntries[312].covers(key)) return &kEntries[312];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == true) {
-      if (kEntries[285].covers(key)) return &kEntries[285];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
+      if (kEntries[313].covers(key)) return &kEntries[313];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == false) {
-      if (kEntries[286].covers(key)) return &kEntries[286];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
+      if (kEntries[314].covers(key)) return &kEntries[314];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == true) {
-      if (kEntries[287].covers(key)) return &kEntries[287];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
+      if (kEntries[315].covers(key)) return &kEntries[315];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
     }
   }
   return nullptr;
