@@ -5,7 +5,7 @@ FILTER ?= *
 JOBS ?=
 
 SHELL := /bin/bash
-.PHONY: help setup gen build tune test gpu-test gpu-check bench report list clean
+.PHONY: help setup gen build tune test gpu-test gpu-check bench report list info clean
 
 help:
 	@echo "setup      install what a fresh machine lacks (torch if missing, jinja2, pyyaml, ninja, pytest)"
@@ -18,6 +18,7 @@ help:
 	@echo "tune       autotune SPEC's grids on the GPU (SPEC=specs/x.yaml), write tuned/<arch>/, then make gen"
 	@echo "report     static resource report of the built cubins (registers, spills, occupancy, bank ways) and the roofline of the committed benchmarks (no GPU)"
 	@echo "list       instances a build would contain (FILTER=glob)"
+	@echo "info       what this build holds: families, instances, arch, torch, tuned tables (python -m attngen.info)"
 	@echo "clean      remove build/"
 
 setup:
@@ -50,6 +51,9 @@ report:
 
 list:
 	@$(PYTHON) -m codegen list --filter '$(FILTER)' $(SPEC)
+
+info:
+	$(PYTHON) -m attngen.info
 
 clean:
 	rm -rf build

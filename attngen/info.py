@@ -1,0 +1,76 @@
+"""What this attngen build holds: `python -m attngen.info`.
+
+Families and their instances (from generated/manifest.json, the list the build compiled),
+the arch, torch and CUDA, the tuned tables `make gen` turned into dispatch rules, and whether
+the extension is built. Needs no GPU.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import torch
+import yaml
+
+from . import _ext
+
+ROOT = _ext.ROOT
+
+
+def _tuned_tables(root: Path) -> list[dict]:
+    tables = []
+    for path in sorted((root / "tuned").glob("*/*.yaml")):
+        doc = yaml.safe_load(path.read_text()) or {}
+        buckets = doc.get("buckets") or []
+        tables.append({"file": str(path.relative_to(root)), "device": doc.get("device"), "date": doc.get("date"),
+                       "rows": len(buckets), "dtypes": sorted({b["dtype"] for b in buckets})})
+    return tables
+
+
+def summary(root: Path = ROOT) -> dict:
+    """The build's contents as a dict (what `main` prints)."""
+    manifest = json.loads((root / "generated" / "manifest.json").read_text())
+    families: dict[str, dict] = defaultdict(lambda: {"instances": 0, "kinds": Counter(), "dtypes": set()})
+    arches = set()
+    for row in manifest:
+        fam = families[row["family"]]
+        fam["instances"] += 1
+        fam["kinds"][row["kind"]] += 1
+        fam["dtypes"].add(row["dtype"])
+        arches.add(row["name"].rsplit("_", 1)[1])
+    lib = _ext.library_path()
+    return {
+        "families": {name: {"instances": f["instances"], "kinds": dict(sorted(f["kinds"].items())),
+                            "dtypes": sorted(f["dtypes"])} for name, f in sorted(families.items())},
+        "arches": sorted(arches),
+        "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+        "extension": {"path": str(lib), "built": lib.is_file()},
+        "tuned_tables": _tuned_tables(root),
+        "jit_cache": None,  # kernels are built ahead of time only; an uncovered shape raises ValueError
+    }
+
+
+def format_summary(info: dict) -> str:
+    lines = [f"attngen: {sum(f['instances'] for f in info['families'].values())} instances for "
+             f"{', '.join(info['arches'])}; torch {info['torch']} (CUDA {info['torch_cuda'] or 'none'})"]
+    ext = info["extension"]
+    lines.append(f"extension: {ext['path']} ({'built' if ext['built'] else 'not built: make build'})")
+    for name, fam in info["families"].items():
+        kinds = ", ".join(f"{k} {n}" for k, n in fam["kinds"].items())
+        lines.append(f"  {name}: {fam['instances']} instances ({'/'.join(fam['dtypes'])}): {kinds}")
+    for table in info["tuned_tables"]:
+        lines.append(f"tuned: {table['file']}: {table['rows']} rows ({'/'.join(table['dtypes'])}), "
+                     f"{table['device']}, {table['date']}")
+    if not info["tuned_tables"]:
+        lines.append("tuned: none (the specs' default dispatch rules apply)")
+    lines.append("jit cache: none (instances are built ahead of time; an uncovered shape raises ValueError)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    print(format_summary(summary()))
+
+
+if __name__ == "__main__":
+    main()
