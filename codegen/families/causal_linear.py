@@ -151,9 +151,13 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
                       arch.regs_per_sm // (threads * max(regs, 64)), 8)
     if ctas_per_sm < 1:
         raise Rejected("stages", f"{smem} bytes of shared memory leave no room for one CTA per SM")
-    ways = {f"qk_{k}": w for k, w in banks.conflict_ways(flash_attention.bank_accesses(e, swizzle_e, threads), 0).items()}
-    ways.update({f"v_{k}": w for k, w in banks.conflict_ways(flash_attention.bank_accesses(cols, swizzle_c, threads), 0).items()})
-    plain = banks.conflict_ways(flash_attention.bank_accesses(e, swizzle_e, threads, lambda row, col: row * e + col), 0)
+    # q and k tiles: cp.async fills and ldmatrix reads. Tiles `cols` wide (v, the state, the
+    # staged output rows): the same, plus 4-byte fragment writes (state and output staging).
+    qk = [a for a in flash_attention.bank_accesses(e, swizzle_e, threads) if a.name != "o_fragment_write"]
+    ways = {f"qk_{k}": w for k, w in banks.conflict_ways(qk, 0).items()}
+    ways.update({f"cols_{k}": w for k, w in banks.conflict_ways(flash_attention.bank_accesses(cols, swizzle_c, threads), 0).items()})
+    plain = banks.conflict_ways([a for a in flash_attention.bank_accesses(e, swizzle_e, threads, lambda row, col: row * e + col)
+                                 if a.name != "o_fragment_write"], 0)
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "chunk": chunk, "warps_m": warps_m, "warps_n": warps_n,
         "swizzle_e": "true" if swizzle_e else "false", "swizzle_c": "true" if swizzle_c else "false",

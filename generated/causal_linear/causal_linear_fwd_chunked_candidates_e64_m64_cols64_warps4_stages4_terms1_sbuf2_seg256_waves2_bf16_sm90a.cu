@@ -6,7 +6,7 @@
 //   through a 4-stage cp.async ring; 122880 bytes of shared memory
 //   state 64 x 64 fp32 in registers (4 x 1 warps), read by the
 //   tensor cores as 1 16-bit term(s)
-//   bank conflicts (ways, from the bank pass): qk_ldmatrix 1, qk_cp_async_fill 1, qk_o_fragment_write 1, v_ldmatrix 1, v_cp_async_fill 1, v_o_fragment_write 1
+//   bank conflicts (ways, from the bank pass): qk_ldmatrix 1, qk_cp_async_fill 1, cols_ldmatrix 1, cols_cp_async_fill 1, cols_o_fragment_write 1
 //
 // Per chunk c of C steps (rows in time order, reversed when REVERSE):
 //   O_c = mask(Q_c K_c^T) V_c + Q_c S     (mask: key step <= query step)
