@@ -220,3 +220,42 @@ def test_grouped_decode_tiles_are_conflict_free_and_fit_their_occupancy(lowered)
         assert d["swizzle"] == (inst.p["d"] % 64 == 0)
         assert 1 <= d["ctas_per_sm"] and d["ctas_per_sm"] * (d["smem_bytes"] + arch.smem_reserved_per_cta) \
             <= arch.smem_per_sm, inst.name
+
+
+def _chunked(**over):
+    """A chunked causal-linear instance (bf16 forward) with the given parameters changed."""
+    from codegen.instance import KernelInstance
+    params = {"e": 64, "m": 64, "cols": 64, "warps": 4, "stages": 2, "terms": 1, "sbuf": 2, "seg": 256,
+              "waves": 1}
+    params.update(over)
+    dtype = params.pop("dtype", "bf16")
+    return KernelInstance(family="causal_linear", op="causal_dot_product", kind="chunked",
+                          template="causal_linear/chunked.cu.j2", arch="sm_90a",
+                          axes=(("dtype", dtype), ("direction", "fwd")), params=tuple(params.items()),
+                          spec_file="specs/causal_linear.yaml")
+
+
+def test_chunked_pass_rejects_what_the_kernel_cannot_do():
+    arch = ARCHES["sm_90a"]
+    for over, param in [({"dtype": "fp32"}, "e"), ({"cols": 24}, "cols"), ({"cols": 128, "m": 64}, "cols"),
+                        ({"terms": 3}, "terms"), ({"sbuf": 3}, "sbuf"), ({"seg": 100}, "seg"),
+                        ({"stages": 1}, "stages"), ({"waves": 0}, "waves"), ({"e": 32, "cols": 16, "m": 16}, "warps"),
+                        ({"e": 256, "cols": 64, "m": 64}, "cols")]:
+        with pytest.raises(Rejected) as info:
+            lower_one(_chunked(**over))
+        assert info.value.param == param, (over, info.value)
+
+
+def test_chunked_layout_and_occupancy():
+    """The state splits into whole 16 x 16 blocks per warp; shared memory adds up as the kernel's
+    static_assert checks; the resident CTAs the time split counts on fit the SM."""
+    arch = ARCHES["sm_90a"]
+    d = lower_one(_chunked()).d
+    assert (d["warps_m"], d["warps_n"], d["chunk"]) == (4, 1, 64)
+    # 2 stages of q, k (swizzled 64-wide) and v, 2 state buffers, 4 warps' 16 staged output rows.
+    assert d["smem_bytes"] == 2 * (2 * 64 * (2 * 64 + 64) + 2 * 64 * 64 + 4 * 16 * 64)
+    assert d["ctas_per_sm"] * (d["smem_bytes"] + arch.smem_reserved_per_cta) <= arch.smem_per_sm
+    d32 = lower_one(_chunked(e=32, m=32, cols=32)).d
+    assert (d32["warps_m"], d32["warps_n"], d32["swizzle_c"]) == (2, 2, "false")
+    for name, ways in d["bank_ways"].items():
+        assert ways == 1.0, (name, ways)
