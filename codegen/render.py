@@ -88,7 +88,8 @@ def render_spec(env, spec: Spec, instances: list[KernelInstance], namespace: str
                   key_struct=fam.KEY_STRUCT, runtime_vars=fam.RUNTIME_VARS,
                   dtypes=list(fam.AXES["dtype"]),
                   torch_dtypes={d: TORCH_DTYPES[d] for d in spec.axes["dtype"]},
-                  constants=getattr(fam, "SUPPORT_CONSTANTS", {}))
+                  constants=getattr(fam, "SUPPORT_CONSTANTS", {}),
+                  fixed={name: k.knobs for name, k in (spec.fixed or {}).items()})
     for template, out in fam.SUPPORT_FILES.items():
         files[out] = _render(env, spec.file, template, **common)
     files[f"{spec.family}/dispatch.cpp"] = _render(env, spec.file, "dispatch.cpp.j2",

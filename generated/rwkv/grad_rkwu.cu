@@ -29,36 +29,15 @@ namespace attngen {
 namespace rwkv {
 namespace {
 
-// Build-time knobs, set from sweeps on the H100 (B8 T4096 H32 N64 bf16, bench.rwkv_backward_parts;
-// bash bench/sweep_grad_rkwu.sh rebuilds and times variants):
-//   E (values per thread) 8: 6.2 ms against 8.0 for 4 (with 128 or 256 threads alike, commit d7c56fc).
-//   MINB (CTAs per SM the registers must allow) 2: 3.87 ms against 4.21 for 3, where ptxas spills
-//   72 bytes at 168 registers (commit 2d5d6c0, bench/results/h100/grad_rkwu_sweep.md). Before the
-//   float tiles and batched staging, 3 had won (4.50 against 4.82, commit a3b445e).
-//   L (steps per sub-window) 8: 3.87 ms against 4.36 for 4 (whose sub-window starts take 60 KB).
-//   FLOAT_DO: 3.87 ms against 3.92 with do in T. PREFETCH: 3.87 ms against 4.17 without (with
-//   MINB 3 the prefetch measured slower, 4.21 against 4.00: its registers push the spills up).
-#ifndef GRAD_RKWU_E
-#define GRAD_RKWU_E 8
-#endif
-#ifndef GRAD_RKWU_MINB
-#define GRAD_RKWU_MINB 2
-#endif
-#ifndef GRAD_RKWU_THREADS
-#define GRAD_RKWU_THREADS 128
-#endif
-#ifndef GRAD_RKWU_L  // steps per sub-window
-#define GRAD_RKWU_L 8
-#endif
-#ifndef GRAD_RKWU_FLOAT_V  // v's tile in float where occupancy allows (Shape::V)
-#define GRAD_RKWU_FLOAT_V 1
-#endif
-#ifndef GRAD_RKWU_FLOAT_DO  // do's tile in float where occupancy allows after v's (Shape::D)
-#define GRAD_RKWU_FLOAT_DO 1
-#endif
-#ifndef GRAD_RKWU_PREFETCH  // the next window into L2 (prefetch)
-#define GRAD_RKWU_PREFETCH 1
-#endif
+// Build-time knobs: the `fixed: grad_rkwu:` section of specs/rwkv.yaml, which says what each
+// does and the timings that chose it (codegen/families/rwkv.py check_fixed validates them).
+#define GRAD_RKWU_E 8                // values per thread
+#define GRAD_RKWU_MINB 2             // CTAs per SM the registers must allow
+#define GRAD_RKWU_THREADS 128        // threads per CTA (at least one key's lanes)
+#define GRAD_RKWU_L 8                // steps per sub-window
+#define GRAD_RKWU_FLOAT_V 1          // v's tile in float where occupancy allows (Shape::V)
+#define GRAD_RKWU_FLOAT_DO 1         // do's tile in float where occupancy allows after v's (Shape::D)
+#define GRAD_RKWU_PREFETCH 1         // the next window into L2 (prefetch)
 
 template <int N>
 struct Shape {

@@ -208,3 +208,32 @@ def test_flash_shared_memory_over_the_limit(tmp_path):
     text = FLASH.replace("stages: [2]", "stages: [4]", 1)
     err = flash_error(tmp_path, text)
     assert err.field == "kernels.mma_sync.grid.stages" and "exceeds the sm_90a limit" in str(err)
+
+
+RWKV = (ROOT / "specs" / "rwkv.yaml").read_text()
+
+
+def rwkv_error(tmp_path, text) -> SpecError:
+    path = tmp_path / "rwkv.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        pipeline.load([path])
+    return info.value
+
+
+def test_fixed_kernel_knobs_are_checked_where_they_are_set(tmp_path):
+    """grad_rkwu's build-time knobs live in the spec's fixed: section; a value its template
+    cannot build, an unknown or a missing knob, or no section at all name file:line and field."""
+    text = re.sub(r"(?m)^    minb: 2", "    minb: 9", RWKV)
+    err = rwkv_error(tmp_path, text)
+    assert err.field == "fixed.grad_rkwu.minb" and err.line == line_of(text, "    minb: 9") and "1 to 4" in err.message
+    text = re.sub(r"(?m)^    l: 8", "    l: 7", RWKV)
+    err = rwkv_error(tmp_path, text)
+    assert err.field == "fixed.grad_rkwu.l" and "divide" in err.message
+    err = rwkv_error(tmp_path, re.sub(r"(?m)^    prefetch: 1", "    prefetch: 1\n    unroll: 2", RWKV))
+    assert err.field == "fixed.grad_rkwu.unroll" and "unknown key" in err.message
+    err = rwkv_error(tmp_path, re.sub(r"(?m)^    threads: 128\n", "", RWKV))
+    assert err.field == "fixed.grad_rkwu.threads" and "missing" in err.message
+    head, _, rest = RWKV.partition("\nfixed:\n")
+    err = rwkv_error(tmp_path, head + "\n" + rest[rest.index("dispatch:"):])
+    assert err.field == "fixed" and "missing required field" in err.message
