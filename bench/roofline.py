@@ -19,7 +19,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FP32_CUDA_CORE_TFLOPS = 51.0   # ../shared/ANCHORS.md, measured on the lent H100
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-CHUNK = 64                      # steps per chunk of the chunked causal-linear kind (specs/causal_linear.yaml)
 
 
 def floors(nbytes: float, flop: float, tbps: float, tflops: float) -> dict:
@@ -33,7 +32,8 @@ def causal_linear_rows(d: dict, copy: float, matmul_tflops: float) -> list:
     """Forward: read q, k (E) and v (M), write o (M). fp32 runs the recurrence on CUDA cores:
     per step the state update and the output each take E*M FMAs (4 E M FLOPs). fp16/bf16 run
     the chunked kind on tensor cores: the same 4 E M per step plus the causal half of a
-    CHUNK x CHUNK score block and its product with V, about CHUNK (E + M) FLOPs per step."""
+    chunk x chunk score block and its product with V, about chunk (E + M) FLOPs per step (the
+    chunk from the dispatched instance's name: 16 steps per warp)."""
     out = []
     for r in d["forward"]:
         s = r["shape"]
@@ -45,7 +45,8 @@ def causal_linear_rows(d: dict, copy: float, matmul_tflops: float) -> list:
             if dt == "fp32":
                 flop, rate = 4.0 * tokens * s["E"] * s["M"], FP32_CUDA_CORE_TFLOPS
             else:
-                flop, rate = tokens * (4.0 * s["E"] * s["M"] + CHUNK * (s["E"] + s["M"])), matmul_tflops
+                chunk = 16 * int(r["instance_bf16"].split("_warps")[1].split("_")[0])  # 16 steps per warp
+                flop, rate = tokens * (4.0 * s["E"] * s["M"] + chunk * (s["E"] + s["M"])), matmul_tflops
             f = floors(tokens * (2 * s["E"] + 2 * s["M"]) * BYTES[dt], flop, copy, rate)
             out.append({"op": f"causal_linear fwd {dt}", "shape": f"B{s['B']} H{s['H']} L{s['L']} E{s['E']} M{s['M']}",
                         "ms": ms, **f})

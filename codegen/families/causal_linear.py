@@ -106,7 +106,7 @@ def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
 # Registers the chunked kernel needs besides its fp32 fragments (operands, addresses, loop
 # state); with the fragments, the estimate must stay under 255 (the compile tier forbids spills).
 CHUNKED_REG_OVERHEAD = 64
-MAX_REGS = 255
+MAX_REGS = flash_attention.MAX_REGS
 
 
 def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
