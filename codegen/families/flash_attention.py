@@ -3,7 +3,10 @@
 `hopper` (forward_wgmma.cu.j2): each warpgroup of 128 threads owns 64 query rows of one
 (batch, head); S = Q K^T is a wgmma with both operands in shared memory, stored as
 128-byte-swizzled atoms (wgmma.cuh), and O += P V a wgmma with the weights in registers and V
-read transposed. `mma_sync` (forward.cu.j2) is the FlashAttention-2 algorithm: a CTA owns
+read transposed. `hopper_ws` (forward_ws.cu.j2) computes the same products in a warp-specialized
+CTA: one producer warp fills the K/V ring and signals mbarriers, the consumer warpgroups only
+compute, take turns at the tensor cores (`pingpong`) and can run a tile's P V during the next
+tile's softmax (`overlap`). `mma_sync` (forward.cu.j2) is the FlashAttention-2 algorithm: a CTA owns
 `block_m` query rows; its `warps` warps own `block_m / warps` rows each (whole 16-row m-tiles
 of the m16n8k16 MMA). Both walk the visible keys in tiles of `block_n` rows that a
 `stages`-deep cp.async ring brings into shared memory, and keep the online softmax in
@@ -35,11 +38,14 @@ DERIVED_NAMES = {"dtype_bytes"}
 SHAPE_DIMS = ("B", "Hq", "Hkv", "Lq", "Lk", "D")
 FORWARD = "flash_attention/forward.cu.j2"
 FORWARD_WGMMA = "flash_attention/forward_wgmma.cu.j2"
+FORWARD_WS = "flash_attention/forward_ws.cu.j2"
 TEMPLATE_PARAMS = {
     FORWARD: {"d": "int", "block_m": "int", "block_n": "int", "warps": "int", "stages": "int",
               "swizzle": "int0", "qregs": "int0", "minb": "int"},
     FORWARD_WGMMA: {"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int",
                     "overlap": "int0", "minb": "int"},
+    FORWARD_WS: {"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int",
+                 "overlap": "int0", "pingpong": "int0", "minb": "int"},
 }
 SUPPORT_FILES = {
     "flash_attention/params.cuh.j2": "flash_attention/params.cuh",
@@ -95,6 +101,8 @@ def bank_accesses(d: int, swizzle: int, threads: int, offset=None) -> list:
 def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if inst.template == FORWARD_WGMMA:
         return _lower_wgmma(inst, arch)
+    if inst.template == FORWARD_WS:
+        return _lower_warp_specialized(inst, arch)
     return _lower_mma_sync(inst, arch)
 
 
@@ -130,8 +138,7 @@ def _lower_mma_sync(inst: KernelInstance, arch: Arch) -> KernelInstance:
                                f"{arch.regs_per_sm} registers of an SM")
     row = pitch(d, swizzle) * 2
     smem = (block_m + stages * 2 * block_n) * row
-    if smem <= arch.max_smem_per_block and minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
-        raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {arch.smem_per_sm}")
+    _check_smem(smem, minb, arch)
     ways = banks.conflict_ways(bank_accesses(d, swizzle, threads), 0)
     plain = banks.conflict_ways(bank_accesses(d, swizzle, threads, lambda row, col: row * d + col), 0)
     return inst.with_derived({
@@ -159,10 +166,9 @@ def atoms_bank_accesses(d: int, rows: int) -> list:
     return [banks.Access("cp_async_fill", CHUNK, fill), banks.Access("o_fragment_write", 4, fragment_write)]
 
 
-def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
-    p = inst.p
-    d, block_m, block_n, warpgroups, stages, overlap, minb = (
-        p[k] for k in ("d", "block_m", "block_n", "warpgroups", "stages", "overlap", "minb"))
+def _check_wgmma_tiles(inst: KernelInstance, arch: Arch) -> None:
+    """What both wgmma kernels need of the target, the dtype and the tile shapes."""
+    d, block_m, block_n, warpgroups = (inst.p[k] for k in ("d", "block_m", "block_n", "warpgroups"))
     if not arch.name.endswith("a"):
         raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
     if inst.dtype_bytes != 2:
@@ -176,26 +182,93 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if block_n % 16 or block_n not in WGMMA_N:
         raise Rejected("block_n", f"block_n={block_n} is not a wgmma N of wgmma.cuh "
                                   f"({', '.join(map(str, WGMMA_N))}) and a multiple of 16")
-    if overlap not in (0, 1):
-        raise Rejected("overlap", f"overlap={overlap}: 0 or 1 (next tile's scores during the softmax)")
+    if inst.p["overlap"] not in (0, 1):
+        raise Rejected("overlap", f"overlap={inst.p['overlap']}: 0 or 1")
+
+
+def _check_registers(regs: int, threads: int, minb: int, arch: Arch, what: str) -> None:
+    """A register estimate against the per-thread limit and the SM's file at minb CTAs."""
+    if regs > MAX_REGS:
+        raise Rejected("block_n", f"about {regs} registers per thread ({what}) exceed {MAX_REGS}")
+    if regs * threads * minb > arch.regs_per_sm:
+        raise Rejected("minb", f"minb={minb} CTAs of {threads} threads at about {regs} registers ({what}) exceed "
+                               f"the {arch.regs_per_sm} registers of an SM")
+
+
+def _check_smem(smem: int, minb: int, arch: Arch) -> None:
+    if smem <= arch.max_smem_per_block and minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
+        raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {arch.smem_per_sm}")
+
+
+def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    _check_wgmma_tiles(inst, arch)
+    p = inst.p
+    d, block_m, block_n, warpgroups, stages, overlap, minb = (
+        p[k] for k in ("d", "block_m", "block_n", "warpgroups", "stages", "overlap", "minb"))
     if stages < 2 + overlap:
         raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least {2 + overlap}"
                                  f"{' when the next tile is read during the softmax' if overlap else ''}")
     threads = warpgroups * 128
     scores = block_n // 2 * (1 + overlap)       # the packed weights reuse the scores' registers
     regs = scores + d // 2 + WGMMA_REG_OVERHEAD
-    if regs > MAX_REGS:
-        raise Rejected("block_n", f"about {regs} registers per thread (scores {scores}, output {d // 2}) "
-                                  f"exceed {MAX_REGS}")
-    if regs * threads * minb > arch.regs_per_sm:
-        raise Rejected("minb", f"minb={minb} CTAs of {warpgroups} warpgroups at about {regs} registers exceed "
-                               f"the {arch.regs_per_sm} registers of an SM")
+    _check_registers(regs, threads, minb, arch, f"scores {scores}, output {d // 2}")
     smem = (block_m + stages * 2 * block_n) * d * 2 + 1024   # + 1 KB to align the atoms
-    if smem <= arch.max_smem_per_block and minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
-        raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {arch.smem_per_sm}")
+    _check_smem(smem, minb, arch)
     ways = banks.conflict_ways(atoms_bank_accesses(d, block_m), 0)
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank_ways": ways,
+        "threads_param": "warpgroups", "smem_param": "stages",
+    })
+
+
+# setmaxnreg takes 24 .. 256 registers in steps of 8; what the producer warpgroup releases of
+# the launch's allotment (65536 / threads per thread, rounded down to 8) the consumers claim.
+# The producer only computes its copies' addresses: 40 registers beside two consumer warpgroups
+# (which then get 232), the minimum 24 beside three (160).
+SETMAXNREG_MIN, SETMAXNREG_STEP = 24, 8
+
+
+def _register_split(consumers: int, minb: int, arch: Arch) -> tuple[int, int]:
+    """Registers per thread of the producer and of each consumer warpgroup after setmaxnreg."""
+    threads = (consumers + 1) * 128
+    allotted = arch.regs_per_sm // (threads * minb) // SETMAXNREG_STEP * SETMAXNREG_STEP * threads
+    producer = 40 if consumers <= 2 else SETMAXNREG_MIN
+    consumer = (allotted - 128 * producer) // (128 * consumers) // SETMAXNREG_STEP * SETMAXNREG_STEP
+    return producer, min(consumer, 256)
+
+
+MBARRIER_BYTES = 8
+
+
+def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    """forward_ws.cu.j2: `warpgroups` consumer warpgroups and one producer warp. The ring has a
+    full and an empty mbarrier per stage for K and for V, and one for Q; with `overlap` a
+    tile's packed weights stay in registers while the next tile's scores are computed."""
+    _check_wgmma_tiles(inst, arch)
+    p = inst.p
+    d, block_m, block_n, warpgroups, stages, overlap, pingpong, minb = (
+        p[k] for k in ("d", "block_m", "block_n", "warpgroups", "stages", "overlap", "pingpong", "minb"))
+    if pingpong not in (0, 1):
+        raise Rejected("pingpong", f"pingpong={pingpong}: 0 or 1 (consumer warpgroups take turns issuing MMAs)")
+    if pingpong and warpgroups < 2:
+        raise Rejected("pingpong", "pingpong needs at least 2 consumer warpgroups to take turns")
+    if stages < 2:
+        raise Rejected("stages", f"stages={stages}: the ring needs at least 2")
+    threads = (warpgroups + 1) * 128
+    producer_regs, consumer_regs = _register_split(warpgroups, minb, arch)
+    weights = block_n // 4 if overlap else 0     # held while the next scores are computed
+    regs = block_n // 2 + d // 2 + weights + WGMMA_REG_OVERHEAD
+    if regs > consumer_regs:
+        raise Rejected("block_n", f"about {regs} registers per consumer thread (scores {block_n // 2}, output "
+                                  f"{d // 2}, weights {weights}) exceed the {consumer_regs} that {warpgroups} "
+                                  f"consumer warpgroups get at minb={minb}")
+    barriers = (1 + 4 * stages) * MBARRIER_BYTES
+    smem = 1024 + (block_m + stages * 2 * block_n) * d * 2 + barriers
+    _check_smem(smem, minb, arch)
+    ways = banks.conflict_ways(atoms_bank_accesses(d, block_m), 0)
+    return inst.with_derived({
+        "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank_ways": ways,
+        "producer_regs": producer_regs, "consumer_regs": consumer_regs,
         "threads_param": "warpgroups", "smem_param": "stages",
     })
 

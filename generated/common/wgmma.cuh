@@ -50,6 +50,13 @@ template <int PENDING>
 __device__ __forceinline__ void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
 }
+// After a wait: later code reads these registers only through this point, so the compiler
+// cannot move a read of an accumulator above the wait (ptxas would then serialize the MMAs).
+template <int A, int B, int C>
+__device__ __forceinline__ void hold(float (&r)[A][B][C]) {
+#pragma unroll
+  for (int i = 0; i < A * B * C; ++i) asm volatile("" : "+f"((&r[0][0][0])[i])::"memory");
+}
 // Shared memory written through the generic proxy (cp.async, st.shared) and read next by
 // wgmma (the async proxy): each writing thread fences before the barrier that publishes it.
 __device__ __forceinline__ void fence_shared_for_async() {
