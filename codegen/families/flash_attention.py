@@ -223,16 +223,17 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
 
 # setmaxnreg takes 24 .. 256 registers in steps of 8; what the producer warpgroup releases of
 # the launch's allotment (65536 / threads per thread, rounded down to 8) the consumers claim.
-# The producer only computes its copies' addresses: 40 registers beside two consumer warpgroups
-# (which then get 232), the minimum 24 beside three (160).
-SETMAXNREG_MIN, SETMAXNREG_STEP = 24, 8
+# The producer walks the work items and computes its copies' addresses: 56 registers beside two
+# consumer warpgroups (which then get 224), 32 beside three (160). ptxas spilled 4-184 bytes in
+# the producer at 24 and 40 (d128, sm_90a, CUDA 13.0).
+SETMAXNREG_STEP = 8
 
 
 def _register_split(consumers: int, minb: int, arch: Arch) -> tuple[int, int]:
     """Registers per thread of the producer and of each consumer warpgroup after setmaxnreg."""
     threads = (consumers + 1) * 128
     allotted = arch.regs_per_sm // (threads * minb) // SETMAXNREG_STEP * SETMAXNREG_STEP * threads
-    producer = 40 if consumers <= 2 else SETMAXNREG_MIN
+    producer = 56 if consumers <= 2 else 32
     consumer = (allotted - 128 * producer) // (128 * consumers) // SETMAXNREG_STEP * SETMAXNREG_STEP
     return producer, min(consumer, 256)
 
@@ -262,7 +263,7 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("block_n", f"about {regs} registers per consumer thread (scores {block_n // 2}, output "
                                   f"{d // 2}, weights {weights}) exceed the {consumer_regs} that {warpgroups} "
                                   f"consumer warpgroups get at minb={minb}")
-    barriers = (1 + 4 * stages) * MBARRIER_BYTES
+    barriers = (2 + 4 * stages) * MBARRIER_BYTES
     smem = 1024 + (block_m + stages * 2 * block_n) * d * 2 + barriers
     _check_smem(smem, minb, arch)
     ways = banks.conflict_ways(atoms_bank_accesses(d, block_m), 0)

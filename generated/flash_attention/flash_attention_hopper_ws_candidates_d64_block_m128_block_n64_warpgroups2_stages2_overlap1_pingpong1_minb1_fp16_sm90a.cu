@@ -2,11 +2,11 @@
 // or templates/flash_attention/forward_ws.cu.j2 and run `make gen`.
 // Instance flash_attention_hopper_ws_candidates_d64_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_fp16_sm90a
 //   kind hopper_ws_candidates: alternative schedules of the warp-specialized FlashAttention forward, timed side by side with hopper_ws (not dispatched)
-//   384 threads: 2 consumer warpgroups x 64 query rows (232 registers each), then a producer
-//   warpgroup (40 registers) that streams K/V tiles of 64 rows through a 2-stage ring (cp.async,
+//   384 threads: 2 consumer warpgroups x 64 query rows (224 registers each), then a producer
+//   warpgroup (56 registers) that streams K/V tiles of 64 rows through a 2-stage ring (cp.async,
 //   completion on mbarriers);
 //   P V of a tile runs during the softmax of the next; the consumer warpgroups take turns issuing their MMAs;
-//   50248 bytes of shared memory (128-byte-swizzled atoms, 1 KB for alignment, the barriers)
+//   50256 bytes of shared memory (128-byte-swizzled atoms, 1 KB for alignment, the barriers)
 //   bank conflicts (ways, from the bank pass): cp_async_fill 1, o_fragment_write 1
 // What is computed is described in params.cuh.
 //
@@ -15,6 +15,7 @@
 // while they run their softmax together. Here only the producer warpgroup copies; a consumer
 // warpgroup waits for nothing but its own data (mbarriers), and with `pingpong` one warpgroup's
 // MMAs run while the other computes its softmax.
+#include <algorithm>
 #include <cstdint>
 
 #include "../common/pipeline.cuh"
@@ -38,15 +39,14 @@ constexpr int PRODUCER = CONSUMERS;            // the producer is the last warpg
 constexpr int THREADS = (CONSUMERS + 1) * 128;
 // Registers are handed from the producer, which needs few, to the consumers (setmaxnreg): the
 // launch allots 65536 / THREADS each, which would spill a consumer's output and scores.
-constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
 constexpr int NT = BLOCK_N / 8;                // 8-column score tiles
 constexpr int DT = D / 8;                      // 8-column output tiles
 constexpr int KD = D / 16;                     // k-steps of q . k
 constexpr int KN = BLOCK_N / 16;               // k-steps of p . v
 static_assert(THREADS == 384 && BLOCK_M == 64 * CONSUMERS && BLOCK_N % 16 == 0 && D % 64 == 0, "tile shape");
-// Named barriers: 1 + w is warpgroup w's turn to issue MMAs (pingpong), 1 + CONSUMERS + w its
-// own barrier before the epilogue.
-constexpr int TURN_BARRIER = 1, DONE_BARRIER = 1 + CONSUMERS;
+// Named barriers 1 + w: warpgroup w's turn to issue MMAs (pingpong).
+constexpr int TURN_BARRIER = 1;
 
 using QTile = wgmma::Atoms<BLOCK_M, D>;
 using KVTile = wgmma::Atoms<BLOCK_N, D>;
@@ -56,16 +56,16 @@ using OutputMma = wgmma::Mma<D, T>;
 
 // Shared memory after the 1 KB-aligned tiles: the mbarriers of the Q tile and of each stage.
 struct Barriers {
-  uint64_t q_full;
+  uint64_t q_full, q_empty;                   // the Q tile: loaded (128 arrivals), done with
   uint64_t k_full[STAGES], v_full[STAGES];    // the producer's copies landed (128 arrivals)
   uint64_t k_empty[STAGES], v_empty[STAGES];  // every consumer warp is done reading
 };
 constexpr size_t SMEM = 1024 + QTile::BYTES + STAGES * 2 * KVTile::BYTES + sizeof(Barriers);
-static_assert(SMEM == 50248, "lowering and template agree on shared memory");
+static_assert(SMEM == 50256, "lowering and template agree on shared memory");
 
 // The producer warpgroup's copy of ROWS rows of D elements into a tile of atoms: thread `tid`
 // keeps one 16-byte column and walks rows 128 / (D / 8) apart, so it holds two pointers and a
-// row, not an unrolled set of addresses (the producer runs on 40 registers). Rows at or past
+// row, not an unrolled set of addresses (the producer runs on 56 registers). Rows at or past
 // `valid` are zero-filled and never read.
 template <class Tile, int ROWS>
 __device__ __forceinline__ void copy_rows(T* tile, const T* src, int64_t ld, int valid, int tid) {
@@ -80,7 +80,21 @@ __device__ __forceinline__ void copy_rows(T* tile, const T* src, int64_t ld, int
   }
 }
 
-// Grid: (query block, reversed so the longest causal rows start first; query head; batch).
+// Work items are (query block, head, batch), the blocks with the most rows first (under a
+// causal mask they see the most keys), so that the persistent CTAs finish close together.
+// 32-bit arithmetic: the launcher checks that the items fit, and 64-bit division would cost the
+// producer registers it does not have.
+struct Work {
+  int b, h, m0;
+};
+__device__ __forceinline__ Work work_item(int item, int heads, int hq, int blocks) {
+  const int hb = item % heads;
+  return {hb / hq, hb % hq, (blocks - 1 - item / heads) * BLOCK_M};
+}
+
+// Persistent: a CTA per SM walks work items gridDim.x apart. The ring and the Q tile are handed
+// over across items as within one, so the producer loads the next item's first tiles while the
+// consumers finish the current one, and no CTA pays a prologue and an epilogue alone.
 // WINDOW: a causal mask or window is set; EXTRAS: a soft cap or ALiBi transforms the scores.
 template <bool WINDOW, bool EXTRAS>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Params p) {
@@ -92,19 +106,15 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
   T* v_ring = k_ring + STAGES * KVTile::ELEMS;
   Barriers& bars = *reinterpret_cast<Barriers*>(v_ring + STAGES * KVTile::ELEMS);
 
-  const int64_t b = blockIdx.z, h = blockIdx.y;
-  const Sequence seq = sequence_of(p, b);
-  const int m0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * BLOCK_M;
-  if (m0 >= seq.lq) return;
-  const int64_t kv_head = h / (p.Hq / p.Hkv);
-  const Block<BLOCK_M, BLOCK_N, WINDOW> block(p, seq, m0);
-  const int tile0 = block.tile0, tiles = block.tiles;
+  const int blocks = static_cast<int>((p.Lq + BLOCK_M - 1) / BLOCK_M);
+  const int hq = static_cast<int>(p.Hq), heads = static_cast<int>(p.Hq * p.B), items = blocks * heads;
   // The warp index through a shuffle: ptxas then knows it is uniform over the warp, and the
   // branch on the role below is not divergent (it would serialize every wgmma behind it).
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0), lane = threadIdx.x % 32;
 
   if (threadIdx.x == 0) {
     pipeline::init(&bars.q_full, 128);
+    pipeline::init(&bars.q_empty, CONSUMERS * 4);
     for (int s = 0; s < STAGES; ++s) {
       pipeline::init(&bars.k_full[s], 128);
       pipeline::init(&bars.v_full[s], 128);
@@ -115,59 +125,69 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
   __syncthreads();  // the only CTA-wide barrier: the mbarriers are initialized
 
   if (warp / 4 == PRODUCER) {
-    // Producer: Q, then K and V of each tile into the ring, each copy's landing counted on the
-    // stage's full barrier; a slot is refilled once every consumer warp released it.
+    // Producer: K and V of each tile into the ring, each copy's landing counted on the stage's
+    // full barrier; a slot is refilled once every consumer warp released it. An item's Q goes
+    // after its first K: that slot frees before the consumers are done with the last Q.
     pipeline::release_registers<PRODUCER_REGS>();
-    if (tiles == 0) return;  // the consumers write zero rows and never read Q
     const int tid = threadIdx.x % 128;
-    const T* q = static_cast<const T*>(p.q) + b * p.q_sb + (seq.q_row0 + m0) * p.q_sl + h * p.q_sh;
-    const T* k = static_cast<const T*>(p.k) + b * p.k_sb + seq.k_row0 * p.k_sl + kv_head * p.k_sh;
-    const T* v = static_cast<const T*>(p.v) + b * p.v_sb + seq.k_row0 * p.v_sl + kv_head * p.v_sh;
-    copy_rows<QTile, BLOCK_M>(q_tile, q, p.q_sl, seq.lq - m0, tid);
-    pipeline::arrive_on_copies(&bars.q_full);
-    for (int it = 0; it < tiles; ++it) {
-      const int stage = it % STAGES, use = it / STAGES;
-      const int n0 = (tile0 + it) * BLOCK_N;
-      if (use > 0) pipeline::wait(&bars.k_empty[stage], (use - 1) & 1);
-      copy_rows<KVTile, BLOCK_N>(k_ring + stage * KVTile::ELEMS, k + n0 * p.k_sl, p.k_sl, seq.lk - n0, tid);
-      pipeline::arrive_on_copies(&bars.k_full[stage]);
-      if (use > 0) pipeline::wait(&bars.v_empty[stage], (use - 1) & 1);
-      copy_rows<KVTile, BLOCK_N>(v_ring + stage * KVTile::ELEMS, v + n0 * p.v_sl, p.v_sl, seq.lk - n0, tid);
-      pipeline::arrive_on_copies(&bars.v_full[stage]);
+    int t = 0, q_uses = 0;  // tiles and Q blocks loaded so far: ring positions and Q phases
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+      const Work w = work_item(item, heads, hq, blocks);
+      const Sequence seq = sequence_of(p, w.b);
+      if (w.m0 >= seq.lq) continue;
+      const Block<BLOCK_M, BLOCK_N, WINDOW> block(p, seq, w.m0);
+      if (block.tiles == 0) continue;  // the consumers write zero rows and never read Q
+      const int64_t kv_head = w.h / (p.Hq / p.Hkv);
+      const T* k = static_cast<const T*>(p.k) + w.b * p.k_sb + seq.k_row0 * p.k_sl + kv_head * p.k_sh;
+      const T* v = static_cast<const T*>(p.v) + w.b * p.v_sb + seq.k_row0 * p.v_sl + kv_head * p.v_sh;
+      for (int it = 0; it < block.tiles; ++it, ++t) {
+        const int stage = t % STAGES, use = t / STAGES;
+        const int n0 = (block.tile0 + it) * BLOCK_N;
+        if (use > 0) pipeline::wait(&bars.k_empty[stage], (use - 1) & 1);
+        copy_rows<KVTile, BLOCK_N>(k_ring + stage * KVTile::ELEMS, k + n0 * p.k_sl, p.k_sl, seq.lk - n0, tid);
+        pipeline::arrive_on_copies(&bars.k_full[stage]);
+        if (it == 0) {
+          const T* q = static_cast<const T*>(p.q) + w.b * p.q_sb + (seq.q_row0 + w.m0) * p.q_sl + w.h * p.q_sh;
+          if (q_uses > 0) pipeline::wait(&bars.q_empty, (q_uses - 1) & 1);
+          copy_rows<QTile, BLOCK_M>(q_tile, q, p.q_sl, seq.lq - w.m0, tid);
+          pipeline::arrive_on_copies(&bars.q_full);
+          ++q_uses;
+        }
+        if (use > 0) pipeline::wait(&bars.v_empty[stage], (use - 1) & 1);
+        copy_rows<KVTile, BLOCK_N>(v_ring + stage * KVTile::ELEMS, v + n0 * p.v_sl, p.v_sl, seq.lk - n0, tid);
+        pipeline::arrive_on_copies(&bars.v_full[stage]);
+      }
     }
     cp_async_wait<0>();  // leave no copy in flight behind an exited warp
     return;
   }
 
-  // Consumers: warpgroup wg owns rows 64 wg .. 64 wg + 63 of the block, warp w rows 16 w ...
+  // Consumers: warpgroup wg owns rows 64 wg .. 64 wg + 63 of a block, warp w rows 16 w ...
   pipeline::claim_registers<CONSUMER_REGS>();
   const int wg = warp / 4;
   const int row0 = warp * 16;
   const uint32_t q_rows = mma::smem_addr(q_tile) + wg * 64 * 128;  // this warpgroup's Q (A, K-major)
-  float acc[1][DT][4];                         // output rows, fp32: a wgmma accumulator
-  float row_max[2], row_sum[2];
-#pragma unroll
-  for (int dt = 0; dt < DT; ++dt) acc[0][dt][0] = acc[0][dt][1] = acc[0][dt][2] = acc[0][dt][3] = 0.f;
-  row_max[0] = row_max[1] = -INFINITY;
-  row_sum[0] = row_sum[1] = 0.f;
   // Raw q.k become base-2 exponents through one factor; transformed scores are already scaled.
   const float log2_scale = EXTRAS ? LOG2E : p.scale * LOG2E;
-  const float slope = EXTRAS && p.alibi ? p.alibi[h] : 0.f;
+  float acc[1][DT][4];                         // output rows, fp32: a wgmma accumulator
+  float row_max[2], row_sum[2];
+  float s[1][NT][4];                           // scores, then weights, of one tile
+  uint32_t pa[KN][4];                          // the weights packed as A fragments
 
   // Data a wait made visible to this thread is made visible to its wgmmas (the async proxy).
-  auto acquire = [&](uint64_t* bar, int it) {
-    pipeline::wait(bar, (it / STAGES) & 1);
+  // Ring position g (tiles consumed by this CTA so far) is in stage g % STAGES, phase g / STAGES.
+  auto acquire = [&](uint64_t* bar, int g) {
+    pipeline::wait(bar, (g / STAGES) & 1);
     wgmma::fence_shared_for_async();
   };
   auto release = [&](uint64_t* bar) {
     __syncwarp();
     if (lane == 0) pipeline::arrive(bar);
   };
-  // S = Q K_it^T: the warpgroup's 64 rows x BLOCK_N keys in D / 16 k-steps, both operands
-  // K-major in shared memory (a k-step is 32 bytes into an atom). Issued, not committed.
-  float s[1][NT][4];
-  auto issue_scores = [&](int it) {
-    const uint32_t k_addr = mma::smem_addr(k_ring + it % STAGES * KVTile::ELEMS);
+  // S = Q K^T of ring position g: the warpgroup's 64 rows x BLOCK_N keys in D / 16 k-steps,
+  // both operands K-major in shared memory (a k-step is 32 bytes into an atom). Not committed.
+  auto issue_scores = [&](int g) {
+    const uint32_t k_addr = mma::smem_addr(k_ring + g % STAGES * KVTile::ELEMS);
 #pragma unroll
     for (int kd = 0; kd < KD; ++kd) {
       const uint32_t step = (kd % 4) * 32;
@@ -176,18 +196,16 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
       ScoreMma::ss<0>(&s[0][0][0], a, bk, kd > 0);
     }
   };
-  // O += P V_it: the weights as A fragments in registers, V (rows are keys, D contiguous) read
-  // transposed: 16 key rows per k-step, D / 64 atoms apart along N. Issued, not committed.
-  uint32_t pa[KN][4];
-  auto issue_output = [&](int it) {
-    const uint32_t v_addr = mma::smem_addr(v_ring + it % STAGES * KVTile::ELEMS);
+  // O += P V of ring position g: the weights as A fragments in registers, V (rows are keys, D
+  // contiguous) read transposed: 16 key rows per k-step, D / 64 atoms apart along N.
+  auto issue_output = [&](int g) {
+    const uint32_t v_addr = mma::smem_addr(v_ring + g % STAGES * KVTile::ELEMS);
 #pragma unroll
     for (int kn = 0; kn < KN; ++kn) {
       const uint64_t bv = wgmma::descriptor(v_addr + kn * 2 * GROUP_BYTES, KVTile::ATOM_BYTES, GROUP_BYTES);
       OutputMma::rs<1>(&acc[0][0][0], pa[kn], bv, 1);
     }
   };
-
   // Turns go round the warpgroups: w waits for its barrier, issues, then opens w + 1's. The last
   // one opens warpgroup 0's barrier first, so warpgroup 0 goes first. Between its turns a
   // warpgroup runs its softmax while the next one's MMAs occupy the tensor cores.
@@ -197,90 +215,108 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
   auto pass_turn = [&] {
     if (PINGPONG) pipeline::named_arrive(TURN_BARRIER + (wg + 1) % CONSUMERS, 2 * 128);
   };
-  // The scores of tile `it` after their MMAs completed: transformed, masked where the tile has
-  // invisible keys, through the online softmax (weights in s, the output's rescale factors).
-  auto softmax_step = [&](int it, float (&rescale)[2]) {
-    const int n0 = (tile0 + it) * BLOCK_N;
-    transform_scores<1, NT, EXTRAS>(s, p, block, row0, n0, seq.lk, block.partial(n0, seq.lk), slope, lane);
-    softmax::online_step<1, NT>(s, row_max, row_sum, rescale, log2_scale);
-  };
   auto pack_weights = [&] {
 #pragma unroll
     for (int kn = 0; kn < KN; ++kn) mma::c_as_a<T>(pa[kn], s, 0, kn);
   };
-  // O += P V of tile `it`, alone, waited for; its stage's V slot released.
-  auto output_step = [&](int it) {
-    acquire(&bars.v_full[it % STAGES], it);
+  // O += P V of ring position g, alone, waited for; its V slot released.
+  auto output_step = [&](int g) {
+    acquire(&bars.v_full[g % STAGES], g);
     wgmma::fence();
-    issue_output(it);
+    issue_output(g);
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::hold(acc);
-    release(&bars.v_empty[it % STAGES]);
+    release(&bars.v_empty[g % STAGES]);
   };
-  // Tile `it`'s scores, issued in this warpgroup's turn; with OVERLAP also P V of tile it - 1
-  // (the weights packed last step), which runs on while the scores go through the softmax.
-  // Every wait below holds for every path: ptxas serializes wgmma otherwise.
-  auto scores_step = [&](int it, bool with_previous_output) {
-    acquire(&bars.k_full[it % STAGES], it);
-    if (with_previous_output) acquire(&bars.v_full[(it - 1) % STAGES], it - 1);
+  // The scores of ring position g, issued in this warpgroup's turn; with OVERLAP also P V of
+  // g - 1 (the weights packed last step), which runs on while the scores go through the softmax.
+  // Every wait below holds on every path: ptxas serializes wgmma otherwise.
+  auto scores_step = [&](int g, bool with_previous_output) {
+    acquire(&bars.k_full[g % STAGES], g);
+    if (with_previous_output) acquire(&bars.v_full[(g - 1) % STAGES], g - 1);
     take_turn();
     wgmma::fence();  // every A fragment and accumulator is written before the MMAs read them
-    issue_scores(it);
+    issue_scores(g);
     wgmma::commit();
     if (with_previous_output) {
-      issue_output(it - 1);
+      issue_output(g - 1);
       wgmma::commit();
     }
     pass_turn();
   };
 
   if (PINGPONG && wg == CONSUMERS - 1) pipeline::named_arrive(TURN_BARRIER, 2 * 128);
-  if (tiles > 0) {
-    pipeline::wait(&bars.q_full, 0);
-    float rescale[2];
-    scores_step(0, false);  // the first tile: nothing in the output to rescale yet
-    wgmma::wait<0>();
-    wgmma::hold(s);
-    release(&bars.k_empty[0]);
-    softmax_step(0, rescale);
-    pack_weights();
-    if (!OVERLAP) output_step(0);
-    for (int it = 1; it < tiles; ++it) {
-      scores_step(it, OVERLAP);
-      if (OVERLAP) {
-        wgmma::wait<1>();  // the scores; P V of the previous tile runs on
-      } else {
-        wgmma::wait<0>();
-      }
+  int t = 0, q_uses = 0;  // as the producer counts them
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const Work w = work_item(item, heads, hq, blocks);
+    const Sequence seq = sequence_of(p, w.b);
+    if (w.m0 >= seq.lq) continue;
+    const Block<BLOCK_M, BLOCK_N, WINDOW> block(p, seq, w.m0);
+    const int tiles = block.tiles;
+    const float slope = EXTRAS && p.alibi ? p.alibi[w.h] : 0.f;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) acc[0][dt][0] = acc[0][dt][1] = acc[0][dt][2] = acc[0][dt][3] = 0.f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+    // Tile `it` of this block (ring position t + it) after its scores completed: its K slot
+    // and, after the block's last scores, the Q tile are released; the scores are transformed,
+    // masked where the tile has invisible keys, and go through the online softmax.
+    auto softmax_step = [&](int it, float (&rescale)[2]) {
+      release(&bars.k_empty[(t + it) % STAGES]);
+      if (it == tiles - 1) release(&bars.q_empty);
+      const int n0 = (block.tile0 + it) * BLOCK_N;
+      transform_scores<1, NT, EXTRAS>(s, p, block, row0, n0, seq.lk, block.partial(n0, seq.lk), slope, lane);
+      softmax::online_step<1, NT>(s, row_max, row_sum, rescale, log2_scale);
+    };
+    if (tiles > 0) {
+      pipeline::wait(&bars.q_full, q_uses & 1);
+      wgmma::fence_shared_for_async();
+      ++q_uses;
+      float rescale[2];
+      scores_step(t, false);  // the first tile: nothing in the output to rescale yet
+      wgmma::wait<0>();
       wgmma::hold(s);
-      release(&bars.k_empty[it % STAGES]);
-      softmax_step(it, rescale);
-      if (OVERLAP) {
-        wgmma::wait<0>();  // P V of the previous tile is in the output: now it may be rescaled
-        wgmma::hold(acc);
-        release(&bars.v_empty[(it - 1) % STAGES]);
-      }
-      softmax::rescale_rows<1, DT>(acc, rescale);
+      softmax_step(0, rescale);
       pack_weights();
-      if (!OVERLAP) output_step(it);
+      if (!OVERLAP) output_step(t);
+      for (int it = 1; it < tiles; ++it) {
+        const int g = t + it;
+        scores_step(g, OVERLAP);
+        if (OVERLAP) {
+          wgmma::wait<1>();  // the scores; P V of the previous tile runs on
+        } else {
+          wgmma::wait<0>();
+        }
+        wgmma::hold(s);
+        softmax_step(it, rescale);
+        if (OVERLAP) {
+          wgmma::wait<0>();  // P V of the previous tile is in the output: now it may be rescaled
+          wgmma::hold(acc);
+          release(&bars.v_empty[(g - 1) % STAGES]);
+        }
+        softmax::rescale_rows<1, DT>(acc, rescale);
+        pack_weights();
+        if (!OVERLAP) output_step(g);
+      }
+      if (OVERLAP) output_step(t + tiles - 1);  // the last tile's P V
+      t += tiles;
     }
-    if (OVERLAP) output_step(tiles - 1);  // the last tile's P V
+    // Epilogue: normalize, write the log-sum-exp and the rows straight from registers (the Q
+    // tile already holds the next block's rows).
+    store_rows_direct<T, 1, DT>(p, seq, w.b, w.h, w.m0, row0, acc, row_max, row_sum, log2_scale, lane);
   }
-  // Warpgroup 0 takes the turn warpgroup CONSUMERS - 1 handed it after its last MMAs (pingpong
-  // leaves no arrival behind); then every warp of this warpgroup is done with its Q rows.
+  // Warpgroup 0 takes the turn warpgroup CONSUMERS - 1 handed it after its last MMAs: pingpong
+  // leaves no arrival behind.
   if (PINGPONG && wg == 0) pipeline::named_sync(TURN_BARRIER, 2 * 128);
-  pipeline::named_sync(DONE_BARRIER + wg, 128);
-
-  // Epilogue: normalize, write the log-sum-exp, stage this warp's output rows in its own rows of
-  // the Q tile, then store them as 16-byte rows.
-  store_rows<QTile, T, 1, DT>(p, seq, b, h, m0, row0, acc, row_max, row_sum, log2_scale, q_tile, lane);
 }
 
 template <bool WINDOW, bool EXTRAS>
 cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((p.Lq + BLOCK_M - 1) / BLOCK_M), static_cast<unsigned>(p.Hq),
-                  static_cast<unsigned>(p.B));
+  const int64_t items = (p.Lq + BLOCK_M - 1) / BLOCK_M * p.Hq * p.B;
+  if (items == 0) return cudaSuccess;
+  if (items > INT32_MAX) return cudaErrorInvalidValue;  // the kernel counts work items in 32 bits
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(items, p.sm_count * MIN_BLOCKS)));
   return launch_kernel(forward_kernel<WINDOW, EXTRAS>, p, grid, THREADS, SMEM, stream);
 }
 

@@ -146,6 +146,36 @@ __device__ __forceinline__ void store_rows(const Params& p, const Sequence& seq,
   }
 }
 
+// Epilogue of one warp straight from its registers: normalize its rows, write their
+// log-sum-exp and the rows as 4-byte pairs (a quad writes 16 contiguous bytes of a row per
+// 8-column tile), for kernels whose shared tiles are already in use again.
+template <typename T, int MT, int DT>
+__device__ __forceinline__ void store_rows_direct(const Params& p, const Sequence& seq, int64_t b, int64_t h, int m0,
+                                                  int row0, const float (&acc)[MT][DT][4],
+                                                  const float (&row_max)[2 * MT], const float (&row_sum)[2 * MT],
+                                                  float log2_scale, int lane) {
+  float inv[2 * MT], lse[2 * MT];
+  softmax::finish<MT>(row_max, row_sum, inv, lse, log2_scale);
+  float* lse_out = p.lse + b * p.lse_sb + h * p.lse_sh + seq.q_row0 + m0;
+  T* out = static_cast<T*>(p.out) + b * p.o_sb + (seq.q_row0 + m0) * p.o_sl + h * p.o_sh;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = row0 + mt * 16 + lane / 4 + hh * 8;
+      if (m0 + row >= seq.lq) continue;
+      const float scale_row = inv[2 * mt + hh];
+      if (lane % 4 == 0) lse_out[row] = lse[2 * mt + hh];
+      T* dst = out + row * p.o_sl + lane % 4 * 2;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        *reinterpret_cast<uint32_t*>(dst + dt * 8) =
+            mma::pack2<T>(acc[mt][dt][2 * hh] * scale_row, acc[mt][dt][2 * hh + 1] * scale_row);
+      }
+    }
+  }
+}
+
 // Launch one compile-time variant of a kernel with its shared memory; the launcher picks the
 // variant from the call (a mask or window: WINDOW; a soft cap or ALiBi: EXTRAS).
 template <class Kernel>
