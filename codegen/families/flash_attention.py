@@ -223,9 +223,9 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
 
 # setmaxnreg takes 24 .. 256 registers in steps of 8; what the producer warpgroup releases of
 # the launch's allotment (65536 / threads per thread, rounded down to 8) the consumers claim.
-# The producer walks the work items and computes its copies' addresses: 56 registers beside two
-# consumer warpgroups (which then get 224), 32 beside three (160). ptxas spilled 4-184 bytes in
-# the producer at 24 and 40 (d128, sm_90a, CUDA 13.0).
+# The producer walks the work items and computes its copies' addresses: 64 registers beside two
+# consumer warpgroups (which then get 216), 32 beside three (160). At d128 ptxas (CUDA 13.0)
+# spilled 8-164 bytes in the producer of the soft-cap/ALiBi variant at 32-56.
 SETMAXNREG_STEP = 8
 
 
@@ -233,7 +233,7 @@ def _register_split(consumers: int, minb: int, arch: Arch) -> tuple[int, int]:
     """Registers per thread of the producer and of each consumer warpgroup after setmaxnreg."""
     threads = (consumers + 1) * 128
     allotted = arch.regs_per_sm // (threads * minb) // SETMAXNREG_STEP * SETMAXNREG_STEP * threads
-    producer = 56 if consumers <= 2 else 32
+    producer = 64 if consumers <= 2 else 32
     consumer = (allotted - 128 * producer) // (128 * consumers) // SETMAXNREG_STEP * SETMAXNREG_STEP
     return producer, min(consumer, 256)
 
