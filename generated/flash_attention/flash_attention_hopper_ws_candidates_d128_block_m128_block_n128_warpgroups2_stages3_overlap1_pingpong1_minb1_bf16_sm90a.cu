@@ -80,23 +80,44 @@ __device__ __forceinline__ void copy_rows(T* tile, const T* src, int64_t ld, int
   }
 }
 
-// Work items are (query block, head, batch) with the query blocks of one head consecutive, so
-// the CTAs running at once share a few heads' K and V in L2 (items ordered block-slowest, every
-// CTA on another head, read K/V from HBM each: 436 against 538 TFLOP/s at B4 H24 N4096 d128);
-// within a head the last blocks (under a causal mask the longest rows) come first.
-// 32-bit arithmetic: the launcher checks that the items fit, and 64-bit division would cost the
+// Work: query blocks of 128 rows of one (head, batch), walked by persistent CTAs (one per SM)
+// in units gridDim.x apart. The ring and the Q tile are handed over from one block to the next as
+// from one tile to the next, so the producer loads a block's first tiles while the consumers
+// finish the previous block, and no CTA pays a prologue and an epilogue alone.
+//   - The blocks of one head are consecutive, so the CTAs running at once share a few heads' K
+//     and V in L2 (ordered block-slowest, every CTA on another head reads K/V from HBM:
+//     436 against 538 TFLOP/s at B4 H24 N4096 d128).
+//   - With a causal mask or a window (PAIRED) a unit is two blocks of one head, the last but u
+//     and the u-th: under a causal mask each pair sees the same number of keys, so a static walk
+//     gives every CTA the same work (one block per unit left CTAs unbalanced: 415 against 527
+//     TFLOP/s at B1 H24 N16384 d128 causal). Without one a unit is one block, the last first.
+// 32-bit arithmetic: the launcher checks that the units fit, and 64-bit division would cost the
 // producer registers it does not have.
 struct Work {
   int b, h, m0;
 };
-__device__ __forceinline__ Work work_item(int item, int hq, int blocks) {
-  const int hb = item / blocks;
-  return {hb / hq, hb % hq, (blocks - 1 - item % blocks) * BLOCK_M};
-}
+template <bool PAIRED>
+struct Schedule {
+  int hq, blocks, per_head;  // per_head: units of one (head, batch)
+  int units;
 
-// Persistent without a mask: a CTA per SM walks work items gridDim.x apart. The ring and the Q tile are handed
-// over across items as within one, so the producer loads the next item's first tiles while the
-// consumers finish the current one, and no CTA pays a prologue and an epilogue alone.
+  __device__ __forceinline__ Schedule(const Params& p) {
+    hq = static_cast<int>(p.Hq);
+    blocks = static_cast<int>((p.Lq + BLOCK_M - 1) / BLOCK_M);
+    per_head = PAIRED ? (blocks + 1) / 2 : blocks;
+    units = per_head * hq * static_cast<int>(p.B);
+  }
+  static constexpr int PER_UNIT = PAIRED ? 2 : 1;
+
+  // Block `half` of `unit`; false where the unit has no such block (the middle of an odd count).
+  __device__ __forceinline__ bool block(int unit, int half, Work& w) const {
+    const int hb = unit / per_head, u = unit % per_head;
+    const int index = half == 0 ? blocks - 1 - u : u;
+    w = {hb / hq, hb % hq, index * BLOCK_M};
+    return half == 0 || index < blocks - 1 - u;
+  }
+};
+
 // WINDOW: a causal mask or window is set; EXTRAS: a soft cap or ALiBi transforms the scores.
 template <bool WINDOW, bool EXTRAS>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Params p) {
@@ -108,8 +129,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
   T* v_ring = k_ring + STAGES * KVTile::ELEMS;
   Barriers& bars = *reinterpret_cast<Barriers*>(v_ring + STAGES * KVTile::ELEMS);
 
-  const int blocks = static_cast<int>((p.Lq + BLOCK_M - 1) / BLOCK_M);
-  const int hq = static_cast<int>(p.Hq), items = blocks * hq * static_cast<int>(p.B);
+  const Schedule<WINDOW> schedule(p);
   // The warp index through a shuffle: ptxas then knows it is uniform over the warp, and the
   // branch on the role below is not divergent (it would serialize every wgmma behind it).
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0), lane = threadIdx.x % 32;
@@ -128,13 +148,15 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
 
   if (warp / 4 == PRODUCER) {
     // Producer: K and V of each tile into the ring, each copy's landing counted on the stage's
-    // full barrier; a slot is refilled once every consumer warp released it. An item's Q goes
+    // full barrier; a slot is refilled once every consumer warp released it. A block's Q goes
     // after its first K: that slot frees before the consumers are done with the last Q.
     pipeline::release_registers<PRODUCER_REGS>();
     const int tid = threadIdx.x % 128;
     int t = 0, q_uses = 0;  // tiles and Q blocks loaded so far: ring positions and Q phases
-    for (int item = blockIdx.x; item < items; item += gridDim.x) {
-      const Work w = work_item(item, hq, blocks);
+    for (int unit = blockIdx.x; unit < schedule.units; unit += gridDim.x)
+    for (int half = 0; half < schedule.PER_UNIT; ++half) {
+      Work w;
+      if (!schedule.block(unit, half, w)) continue;
       const Sequence seq = sequence_of(p, w.b);
       if (w.m0 >= seq.lq) continue;
       const Block<BLOCK_M, BLOCK_N, WINDOW> block(p, seq, w.m0);
@@ -250,8 +272,10 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
 
   if (PINGPONG && wg == CONSUMERS - 1) pipeline::named_arrive(TURN_BARRIER, 2 * 128);
   int t = 0, q_uses = 0;  // as the producer counts them
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const Work w = work_item(item, hq, blocks);
+  for (int unit = blockIdx.x; unit < schedule.units; unit += gridDim.x)
+  for (int half = 0; half < schedule.PER_UNIT; ++half) {
+    Work w;
+    if (!schedule.block(unit, half, w)) continue;
     const Sequence seq = sequence_of(p, w.b);
     if (w.m0 >= seq.lq) continue;
     const Block<BLOCK_M, BLOCK_N, WINDOW> block(p, seq, w.m0);
@@ -315,13 +339,11 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
 
 template <bool WINDOW, bool EXTRAS>
 cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
-  const int64_t items = (p.Lq + BLOCK_M - 1) / BLOCK_M * p.Hq * p.B;
-  if (items == 0) return cudaSuccess;
-  if (items > INT32_MAX) return cudaErrorInvalidValue;  // the kernel counts work items in 32 bits
-  // Under a causal mask or a window items differ in cost, and a static walk leaves some CTAs
-  // with more work than others (B1 H24 N16384 d128 causal: 415 against 527 TFLOP/s with a CTA per
-  // item): there every item gets its own CTA and the hardware hands them out as SMs free up.
-  const int64_t ctas = WINDOW ? items : std::min<int64_t>(items, p.sm_count * MIN_BLOCKS);
+  const int64_t blocks = (p.Lq + BLOCK_M - 1) / BLOCK_M;
+  const int64_t units = (WINDOW ? (blocks + 1) / 2 : blocks) * p.Hq * p.B;
+  if (units == 0) return cudaSuccess;
+  if (blocks * p.Hq * p.B > INT32_MAX) return cudaErrorInvalidValue;  // the kernel counts in 32 bits
+  const int64_t ctas = std::min<int64_t>(units, p.sm_count * MIN_BLOCKS);
   const dim3 grid(static_cast<unsigned>(ctas));
   return launch_kernel(forward_kernel<WINDOW, EXTRAS>, p, grid, THREADS, SMEM, stream);
 }
