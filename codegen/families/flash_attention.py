@@ -223,9 +223,10 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
 
 # setmaxnreg takes 24 .. 256 registers in steps of 8; what the producer warpgroup releases of
 # the launch's allotment (65536 / threads per thread, rounded down to 8) the consumers claim.
-# The producer walks the work items and computes its copies' addresses: 64 registers beside two
-# consumer warpgroups (which then get 216), 32 beside three (160). At d128 ptxas (CUDA 13.0)
-# spilled 8-164 bytes in the producer of the soft-cap/ALiBi variant at 32-56.
+# The producer walks the work units and computes its copies' addresses: 64 registers beside two
+# consumer warpgroups (which then get 216), 48 beside three (152). ptxas (CUDA 13.0) spilled
+# 8-164 bytes in the producer of the soft-cap/ALiBi variant at 32-56 (d128, two consumer
+# warpgroups) and 64-68 bytes at 32 (d64, three).
 SETMAXNREG_STEP = 8
 
 
@@ -233,7 +234,7 @@ def _register_split(consumers: int, minb: int, arch: Arch) -> tuple[int, int]:
     """Registers per thread of the producer and of each consumer warpgroup after setmaxnreg."""
     threads = (consumers + 1) * 128
     allotted = arch.regs_per_sm // (threads * minb) // SETMAXNREG_STEP * SETMAXNREG_STEP * threads
-    producer = 64 if consumers <= 2 else 32
+    producer = 64 if consumers <= 2 else 48
     consumer = (allotted - 128 * producer) // (128 * consumers) // SETMAXNREG_STEP * SETMAXNREG_STEP
     return producer, min(consumer, 256)
 

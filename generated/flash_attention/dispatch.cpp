@@ -50,6 +50,8 @@ cudaError_t launch_flash_attention_hopper_ws_candidates_d64_block_m128_block_n64
 size_t workspace_flash_attention_hopper_ws_candidates_d64_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_ws_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_candidates_d64_block_m192_block_n64_warpgroups3_stages2_overlap1_pingpong1_minb1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_candidates_d64_block_m192_block_n64_warpgroups3_stages2_overlap1_pingpong1_minb1_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_fp16_sm90a(const Params&, cudaStream_t);
@@ -58,6 +60,8 @@ cudaError_t launch_flash_attention_hopper_ws_candidates_d64_block_m128_block_n64
 size_t workspace_flash_attention_hopper_ws_candidates_d64_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_ws_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_candidates_d64_block_m192_block_n64_warpgroups3_stages2_overlap1_pingpong1_minb1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_candidates_d64_block_m192_block_n64_warpgroups3_stages2_overlap1_pingpong1_minb1_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_bf16_sm90a(const Params&, cudaStream_t);
@@ -137,38 +141,40 @@ bool covers_16(const AttentionKey& key) { return ((key.D == 64) && ((key.align %
 bool covers_17(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 bool covers_18(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
 bool covers_19(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_20(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_20(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
 bool covers_21(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_22(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_22(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 bool covers_23(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_24(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_25(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_26(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_27(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_24(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_25(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_26(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_27(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 bool covers_28(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
 bool covers_29(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_30(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_31(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_32(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_33(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_30(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_31(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_32(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_33(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 bool covers_34(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
 bool covers_35(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_36(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_37(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_38(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_39(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_36(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_37(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_38(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_39(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 bool covers_40(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_41(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_42(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_41(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_42(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
 bool covers_43(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 bool covers_44(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_45(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_46(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_45(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_46(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 bool covers_47(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_48(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_49(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_48(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_49(const AttentionKey& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
 bool covers_50(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 bool covers_51(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_52(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_53(const AttentionKey& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 
 const Entry kEntries[] = {
     {"flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_0, workspace_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
@@ -191,38 +197,40 @@ const Entry kEntries[] = {
     {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_bf16_sm90a", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_bf16_sm90a, covers_17, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_bf16_sm90a},
     {"flash_attention_hopper_ws_candidates_d64_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_fp16_sm90a", launch_flash_attention_hopper_ws_candidates_d64_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_fp16_sm90a, covers_18, workspace_flash_attention_hopper_ws_candidates_d64_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_fp16_sm90a},
     {"flash_attention_hopper_ws_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_fp16_sm90a", launch_flash_attention_hopper_ws_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_fp16_sm90a, covers_19, workspace_flash_attention_hopper_ws_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_fp16_sm90a},
-    {"flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_fp16_sm90a", launch_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_fp16_sm90a, covers_20, workspace_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_fp16_sm90a},
-    {"flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_fp16_sm90a", launch_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_fp16_sm90a, covers_21, workspace_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_fp16_sm90a},
-    {"flash_attention_hopper_ws_candidates_d64_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_bf16_sm90a", launch_flash_attention_hopper_ws_candidates_d64_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_bf16_sm90a, covers_22, workspace_flash_attention_hopper_ws_candidates_d64_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_bf16_sm90a},
-    {"flash_attention_hopper_ws_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_bf16_sm90a", launch_flash_attention_hopper_ws_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_bf16_sm90a, covers_23, workspace_flash_attention_hopper_ws_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_bf16_sm90a},
-    {"flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_bf16_sm90a", launch_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_bf16_sm90a, covers_24, workspace_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_bf16_sm90a},
-    {"flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_bf16_sm90a", launch_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_bf16_sm90a, covers_25, workspace_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_bf16_sm90a},
-    {"flash_attention_hopper_candidates_d64_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_fp16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_fp16_sm90a, covers_26, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_fp16_sm90a},
-    {"flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a, covers_27, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a},
-    {"flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_minb1_fp16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_minb1_fp16_sm90a, covers_28, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_minb1_fp16_sm90a},
-    {"flash_attention_hopper_candidates_d64_block_m128_block_n192_warpgroups2_stages2_overlap0_minb1_fp16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n192_warpgroups2_stages2_overlap0_minb1_fp16_sm90a, covers_29, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n192_warpgroups2_stages2_overlap0_minb1_fp16_sm90a},
-    {"flash_attention_hopper_candidates_d128_block_m128_block_n32_warpgroups2_stages2_overlap0_minb2_fp16_sm90a", launch_flash_attention_hopper_candidates_d128_block_m128_block_n32_warpgroups2_stages2_overlap0_minb2_fp16_sm90a, covers_30, workspace_flash_attention_hopper_candidates_d128_block_m128_block_n32_warpgroups2_stages2_overlap0_minb2_fp16_sm90a},
-    {"flash_attention_hopper_candidates_d128_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_fp16_sm90a", launch_flash_attention_hopper_candidates_d128_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_fp16_sm90a, covers_31, workspace_flash_attention_hopper_candidates_d128_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_fp16_sm90a},
-    {"flash_attention_hopper_candidates_d64_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_bf16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_bf16_sm90a, covers_32, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_bf16_sm90a},
-    {"flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a, covers_33, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a},
-    {"flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_minb1_bf16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_minb1_bf16_sm90a, covers_34, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_minb1_bf16_sm90a},
-    {"flash_attention_hopper_candidates_d64_block_m128_block_n192_warpgroups2_stages2_overlap0_minb1_bf16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n192_warpgroups2_stages2_overlap0_minb1_bf16_sm90a, covers_35, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n192_warpgroups2_stages2_overlap0_minb1_bf16_sm90a},
-    {"flash_attention_hopper_candidates_d128_block_m128_block_n32_warpgroups2_stages2_overlap0_minb2_bf16_sm90a", launch_flash_attention_hopper_candidates_d128_block_m128_block_n32_warpgroups2_stages2_overlap0_minb2_bf16_sm90a, covers_36, workspace_flash_attention_hopper_candidates_d128_block_m128_block_n32_warpgroups2_stages2_overlap0_minb2_bf16_sm90a},
-    {"flash_attention_hopper_candidates_d128_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_bf16_sm90a", launch_flash_attention_hopper_candidates_d128_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_bf16_sm90a, covers_37, workspace_flash_attention_hopper_candidates_d128_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_bf16_sm90a},
-    {"flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a", launch_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a, covers_38, workspace_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a},
-    {"flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_39, workspace_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
-    {"flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_40, workspace_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
-    {"flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a, covers_41, workspace_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a},
-    {"flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_42, workspace_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
-    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_43, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
-    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a, covers_44, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a},
-    {"flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a", launch_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a, covers_45, workspace_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a},
-    {"flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_46, workspace_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
-    {"flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_47, workspace_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
-    {"flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a, covers_48, workspace_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a},
-    {"flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_49, workspace_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
-    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_50, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
-    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a, covers_51, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a},
+    {"flash_attention_hopper_ws_candidates_d64_block_m192_block_n64_warpgroups3_stages2_overlap1_pingpong1_minb1_fp16_sm90a", launch_flash_attention_hopper_ws_candidates_d64_block_m192_block_n64_warpgroups3_stages2_overlap1_pingpong1_minb1_fp16_sm90a, covers_20, workspace_flash_attention_hopper_ws_candidates_d64_block_m192_block_n64_warpgroups3_stages2_overlap1_pingpong1_minb1_fp16_sm90a},
+    {"flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_fp16_sm90a", launch_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_fp16_sm90a, covers_21, workspace_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_fp16_sm90a},
+    {"flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_fp16_sm90a", launch_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_fp16_sm90a, covers_22, workspace_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_fp16_sm90a},
+    {"flash_attention_hopper_ws_candidates_d64_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_bf16_sm90a", launch_flash_attention_hopper_ws_candidates_d64_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_bf16_sm90a, covers_23, workspace_flash_attention_hopper_ws_candidates_d64_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_bf16_sm90a},
+    {"flash_attention_hopper_ws_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_bf16_sm90a", launch_flash_attention_hopper_ws_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_bf16_sm90a, covers_24, workspace_flash_attention_hopper_ws_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_bf16_sm90a},
+    {"flash_attention_hopper_ws_candidates_d64_block_m192_block_n64_warpgroups3_stages2_overlap1_pingpong1_minb1_bf16_sm90a", launch_flash_attention_hopper_ws_candidates_d64_block_m192_block_n64_warpgroups3_stages2_overlap1_pingpong1_minb1_bf16_sm90a, covers_25, workspace_flash_attention_hopper_ws_candidates_d64_block_m192_block_n64_warpgroups3_stages2_overlap1_pingpong1_minb1_bf16_sm90a},
+    {"flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_bf16_sm90a", launch_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_bf16_sm90a, covers_26, workspace_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong0_minb1_bf16_sm90a},
+    {"flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_bf16_sm90a", launch_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_bf16_sm90a, covers_27, workspace_flash_attention_hopper_ws_candidates_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_bf16_sm90a},
+    {"flash_attention_hopper_candidates_d64_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_fp16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_fp16_sm90a, covers_28, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_fp16_sm90a},
+    {"flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a, covers_29, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a},
+    {"flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_minb1_fp16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_minb1_fp16_sm90a, covers_30, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_minb1_fp16_sm90a},
+    {"flash_attention_hopper_candidates_d64_block_m128_block_n192_warpgroups2_stages2_overlap0_minb1_fp16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n192_warpgroups2_stages2_overlap0_minb1_fp16_sm90a, covers_31, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n192_warpgroups2_stages2_overlap0_minb1_fp16_sm90a},
+    {"flash_attention_hopper_candidates_d128_block_m128_block_n32_warpgroups2_stages2_overlap0_minb2_fp16_sm90a", launch_flash_attention_hopper_candidates_d128_block_m128_block_n32_warpgroups2_stages2_overlap0_minb2_fp16_sm90a, covers_32, workspace_flash_attention_hopper_candidates_d128_block_m128_block_n32_warpgroups2_stages2_overlap0_minb2_fp16_sm90a},
+    {"flash_attention_hopper_candidates_d128_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_fp16_sm90a", launch_flash_attention_hopper_candidates_d128_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_fp16_sm90a, covers_33, workspace_flash_attention_hopper_candidates_d128_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_fp16_sm90a},
+    {"flash_attention_hopper_candidates_d64_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_bf16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_bf16_sm90a, covers_34, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_bf16_sm90a},
+    {"flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a, covers_35, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a},
+    {"flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_minb1_bf16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_minb1_bf16_sm90a, covers_36, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_minb1_bf16_sm90a},
+    {"flash_attention_hopper_candidates_d64_block_m128_block_n192_warpgroups2_stages2_overlap0_minb1_bf16_sm90a", launch_flash_attention_hopper_candidates_d64_block_m128_block_n192_warpgroups2_stages2_overlap0_minb1_bf16_sm90a, covers_37, workspace_flash_attention_hopper_candidates_d64_block_m128_block_n192_warpgroups2_stages2_overlap0_minb1_bf16_sm90a},
+    {"flash_attention_hopper_candidates_d128_block_m128_block_n32_warpgroups2_stages2_overlap0_minb2_bf16_sm90a", launch_flash_attention_hopper_candidates_d128_block_m128_block_n32_warpgroups2_stages2_overlap0_minb2_bf16_sm90a, covers_38, workspace_flash_attention_hopper_candidates_d128_block_m128_block_n32_warpgroups2_stages2_overlap0_minb2_bf16_sm90a},
+    {"flash_attention_hopper_candidates_d128_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_bf16_sm90a", launch_flash_attention_hopper_candidates_d128_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_bf16_sm90a, covers_39, workspace_flash_attention_hopper_candidates_d128_block_m128_block_n64_warpgroups2_stages3_overlap1_minb1_bf16_sm90a},
+    {"flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a", launch_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a, covers_40, workspace_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a},
+    {"flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_41, workspace_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
+    {"flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_42, workspace_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
+    {"flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a, covers_43, workspace_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_fp16_sm90a},
+    {"flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_44, workspace_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
+    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_45, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
+    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a, covers_46, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_fp16_sm90a},
+    {"flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a", launch_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a, covers_47, workspace_flash_attention_candidates_d64_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a},
+    {"flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_48, workspace_flash_attention_candidates_d64_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
+    {"flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_49, workspace_flash_attention_candidates_d64_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
+    {"flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a, covers_50, workspace_flash_attention_candidates_d128_block_m64_block_n64_warps4_stages2_swizzle1_qregs0_minb2_bf16_sm90a},
+    {"flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_51, workspace_flash_attention_candidates_d128_block_m64_block_n128_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
+    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_52, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
+    {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a, covers_53, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a},
 };
 
 }  // namespace
@@ -239,7 +247,7 @@ const Entry* flash_attention_find(const char* name) {
 }
 
 const Entry* flash_attention_select(const AttentionKey& key) {
-  // specs/flash_attention.yaml:196: when True -> hopper_ws
+  // specs/flash_attention.yaml:198: when True -> hopper_ws
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[14].covers(key)) return &kEntries[14];  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_fp16_sm90a
@@ -250,7 +258,7 @@ const Entry* flash_attention_select(const AttentionKey& key) {
       if (kEntries[17].covers(key)) return &kEntries[17];  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:198: when True -> hopper
+  // specs/flash_attention.yaml:200: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[8].covers(key)) return &kEntries[8];  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a
@@ -263,7 +271,7 @@ const Entry* flash_attention_select(const AttentionKey& key) {
       if (kEntries[13].covers(key)) return &kEntries[13];  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:200: when True -> mma_sync
+  // specs/flash_attention.yaml:202: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a
