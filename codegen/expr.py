@@ -37,8 +37,10 @@ class Expr:
         return _cpp(self.tree.body, env or {})
 
 
-def parse(text: str, allowed_names: set[str]) -> Expr:
-    """Parse `text`; raise ExprError saying what is wrong if it is not a valid expression."""
+def parse(text: str, allowed_names: set[str], strings: bool = False) -> Expr:
+    """Parse `text`; raise ExprError saying what is wrong if it is not a valid expression.
+    `strings`: string constants are allowed (compared with axis values such as dtype in `where:`,
+    which is evaluated in Python only, never translated to C++)."""
     if isinstance(text, bool):
         text = "True" if text else "False"
     if not isinstance(text, str):
@@ -48,21 +50,23 @@ def parse(text: str, allowed_names: set[str]) -> Expr:
     except SyntaxError as exc:
         raise ExprError(f"does not parse: {text!r} ({exc.msg})") from None
     for node in ast.walk(tree):
-        _check_node(node, text)
+        _check_node(node, text, strings)
         if isinstance(node, ast.Name) and node.id not in allowed_names:
             raise ExprError(
                 f"unknown name {node.id!r} in {text!r}; expected one of {sorted(allowed_names)}")
     return Expr(text, tree)
 
 
-def _check_node(node: ast.AST, text: str) -> None:
+def _check_node(node: ast.AST, text: str, strings: bool) -> None:
     ok = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub,
           ast.BinOp, ast.Compare, ast.Name, ast.Load, ast.Constant, ast.Tuple, ast.In, ast.NotIn,
           *_BINOPS, *_CMPOPS)
     if not isinstance(node, ok):
         raise ExprError(f"{type(node).__name__} is not allowed in {text!r}")
-    if isinstance(node, ast.Constant) and not isinstance(node.value, (int, bool)):
-        raise ExprError(f"only integer and boolean constants are allowed in {text!r}")
+    if isinstance(node, ast.Constant) and not isinstance(node.value, (int, bool)) \
+            and not (strings and isinstance(node.value, str)):
+        kinds = "integer, boolean and string" if strings else "integer and boolean"
+        raise ExprError(f"only {kinds} constants are allowed in {text!r}")
 
 
 def _eval(node: ast.AST, env: dict):

@@ -120,9 +120,9 @@ class _Ctx:
             self.fail(mapping.line_of(key), field, f"expected a non-empty string, got {_kind(value)}")
         return value
 
-    def expression(self, text, names, line, field) -> expr.Expr:
+    def expression(self, text, names, line, field, strings: bool = False) -> expr.Expr:
         try:
-            return expr.parse(text, names)
+            return expr.parse(text, names, strings)
         except expr.ExprError as exc:
             self.fail(line, field, f"invalid expression: {exc}")
 
@@ -263,7 +263,7 @@ def _load_kernels(ctx: _Ctx, doc: LocDict, fam, axes: dict, templates_dir: Path,
             where.line, where.item_lines = body.line_of("where"), [body.line_of("where")]
         if not isinstance(where, LocList):
             ctx.fail(body.line_of("where"), f"{field}.where", f"expected a list of expressions, got {_kind(where)}")
-        where_exprs = tuple(ctx.expression(w, derived, where.line_of(i), f"{field}.where[{i}]")
+        where_exprs = tuple(ctx.expression(w, derived, where.line_of(i), f"{field}.where[{i}]", strings=True)
                             for i, w in enumerate(where))
         covers = ctx.expression(body["covers"], set(grid) | set(fam.RUNTIME_VARS),
                                 body.line_of("covers"), f"{field}.covers")

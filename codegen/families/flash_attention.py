@@ -152,9 +152,10 @@ def atoms_offset(row: int, col: int, rows: int) -> int:
     return (col // 64) * rows * 64 + row * 64 + (((col // 8) % 8) ^ (row % 8)) * 8 + col % 8
 
 
-def atoms_bank_accesses(d: int, rows: int) -> list:
-    """Warp accesses of the wgmma kernel's tiles by threads (wgmma reads them itself, through
-    the 128-byte swizzle it is built for): the cp.async fill and the epilogue's writes."""
+def atoms_bank_accesses(d: int, rows: int, staged_epilogue: bool = True) -> list:
+    """Warp accesses of the wgmma kernels' tiles by threads (wgmma reads them itself, through
+    the 128-byte swizzle it is built for): the cp.async fill and, where the epilogue stages its
+    rows in the Q tile (`hopper`, not `hopper_ws`, which stores from registers), its writes."""
     chunks = d // 8
 
     def fill(lane, _pad):
@@ -163,7 +164,10 @@ def atoms_bank_accesses(d: int, rows: int) -> list:
     def fragment_write(lane, _pad):
         return atoms_offset(lane // 4, lane % 4 * 2, rows) * 2
 
-    return [banks.Access("cp_async_fill", CHUNK, fill), banks.Access("o_fragment_write", 4, fragment_write)]
+    accesses = [banks.Access("cp_async_fill", CHUNK, fill)]
+    if staged_epilogue:
+        accesses.append(banks.Access("o_fragment_write", 4, fragment_write))
+    return accesses
 
 
 def _check_wgmma_tiles(inst: KernelInstance, arch: Arch) -> None:
@@ -243,7 +247,7 @@ MBARRIER_BYTES = 8
 
 
 def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
-    """forward_ws.cu.j2: `warpgroups` consumer warpgroups and one producer warp. The ring has a
+    """forward_ws.cu.j2: `warpgroups` consumer warpgroups and a producer warpgroup. The ring has a
     full and an empty mbarrier per stage for K and for V, and one for Q; with `overlap` a
     tile's packed weights stay in registers while the next tile's scores are computed."""
     _check_wgmma_tiles(inst, arch)
@@ -267,7 +271,7 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
     barriers = (2 + 4 * stages) * MBARRIER_BYTES
     smem = 1024 + (block_m + stages * 2 * block_n) * d * 2 + barriers
     _check_smem(smem, minb, arch)
-    ways = banks.conflict_ways(atoms_bank_accesses(d, block_m), 0)
+    ways = banks.conflict_ways(atoms_bank_accesses(d, block_m, staged_epilogue=False), 0)
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank_ways": ways,
         "producer_regs": producer_regs, "consumer_regs": consumer_regs,

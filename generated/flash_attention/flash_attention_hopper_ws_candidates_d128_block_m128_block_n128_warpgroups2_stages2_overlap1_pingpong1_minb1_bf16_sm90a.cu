@@ -7,7 +7,7 @@
 //   completion on mbarriers);
 //   P V of a tile runs during the softmax of the next; the consumer warpgroups take turns issuing their MMAs;
 //   164944 bytes of shared memory (128-byte-swizzled atoms, 1 KB for alignment, the barriers)
-//   bank conflicts (ways, from the bank pass): cp_async_fill 1, o_fragment_write 1
+//   bank conflicts (ways, from the bank pass): cp_async_fill 1
 // What is computed is described in params.cuh.
 //
 // Why warp specialization: in the `hopper` kind every thread issues copies and the CTA meets at

@@ -259,3 +259,54 @@ def test_chunked_layout_and_occupancy():
     assert (d32["warps_m"], d32["warps_n"], d32["swizzle_c"]) == (2, 2, "false")
     for name, ways in d["bank_ways"].items():
         assert ways == 1.0, (name, ways)
+
+
+def _warp_specialized(**over):
+    """A hopper_ws flash attention instance (bf16) with the given parameters changed."""
+    from codegen.instance import KernelInstance
+    params = {"d": 128, "block_m": 128, "block_n": 128, "warpgroups": 2, "stages": 2, "overlap": 1,
+              "pingpong": 1, "minb": 1}
+    params.update(over)
+    dtype = params.pop("dtype", "bf16")
+    return KernelInstance(family="flash_attention", op="flash_attention", kind="hopper_ws",
+                          template="flash_attention/forward_ws.cu.j2", arch="sm_90a",
+                          axes=(("dtype", dtype),), params=tuple(params.items()),
+                          spec_file="specs/flash_attention.yaml")
+
+
+def test_warp_specialized_pass_rejects_what_the_kernel_cannot_do():
+    for over, param in [({"warpgroups": 1, "block_m": 64}, "pingpong"), ({"pingpong": 2}, "pingpong"),
+                        ({"stages": 1}, "stages"), ({"block_m": 192}, "block_m"), ({"block_n": 80}, "block_n"),
+                        ({"d": 96}, "d"), ({"d": 256, "block_n": 128}, "block_n"),
+                        ({"warpgroups": 3, "block_m": 192, "d": 64}, "block_n"), ({"stages": 4}, "stages")]:
+        with pytest.raises(Rejected) as info:
+            lower_one(_warp_specialized(**over))
+        assert info.value.param == param, (over, info.value)
+
+
+def test_warp_specialized_register_split_and_shared_memory():
+    """setmaxnreg hands what the producer releases of the launch's allotment to the consumers
+    without oversubscribing the register file; shared memory adds up as the template asserts."""
+    arch = ARCHES["sm_90a"]
+    for warpgroups, d, block_n, expect in [(2, 128, 128, (64, 216)), (3, 64, 64, (48, 152))]:
+        inst = lower_one(_warp_specialized(warpgroups=warpgroups, block_m=64 * warpgroups, d=d, block_n=block_n))
+        producer, consumer = inst.d["producer_regs"], inst.d["consumer_regs"]
+        assert (producer, consumer) == expect
+        threads = inst.d["threads"]
+        assert threads == (warpgroups + 1) * 128
+        allotted = arch.regs_per_sm // threads // 8 * 8
+        assert 128 * producer + 128 * warpgroups * consumer <= allotted * threads
+        assert producer % 8 == 0 and consumer % 8 == 0 and 24 <= producer and consumer <= 256
+    d = lower_one(_warp_specialized(stages=3)).d
+    # 1 KB alignment, Q (128 x 128), 3 stages of K and V (128 x 128 each), Q's and 4 per stage mbarriers.
+    assert d["smem_bytes"] == 1024 + 2 * 128 * 128 * (1 + 2 * 3) + 8 * (2 + 4 * 3)
+    assert d["smem_bytes"] <= arch.max_smem_per_block
+    assert set(d["bank_ways"]) == {"cp_async_fill"}
+
+
+def test_where_may_compare_axis_values_with_strings():
+    e = expr.parse("dtype == 'bf16' and d > 64", {"dtype", "d"}, strings=True)
+    assert e.evaluate({"dtype": "bf16", "d": 128}) is True
+    assert e.evaluate({"dtype": "fp16", "d": 128}) is False
+    with pytest.raises(expr.ExprError, match="integer and boolean constants"):
+        expr.parse("dtype == 'bf16'", {"dtype"})   # when: and covers: become C++: no strings
