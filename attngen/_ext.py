@@ -1,4 +1,5 @@
-"""Loads the built extension (build/lib/attngen_ext.so, or $ATTNGEN_LIB) once."""
+"""Loads the built extension once: $ATTNGEN_LIB, else the copy `pip install` put beside this
+file, else the checkout's build/lib/attngen_ext.so (`make build`)."""
 from __future__ import annotations
 
 import os
@@ -7,12 +8,16 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGED_LIB = Path(__file__).resolve().parent / "attngen_ext.so"
 DEFAULT_LIB = ROOT / "build" / "lib" / "attngen_ext.so"
 _loaded: Path | None = None
 
 
 def library_path() -> Path:
-    return Path(os.environ.get("ATTNGEN_LIB", DEFAULT_LIB))
+    if "ATTNGEN_LIB" in os.environ:
+        return Path(os.environ["ATTNGEN_LIB"])
+    in_checkout = (ROOT / "specs").is_dir()
+    return DEFAULT_LIB if in_checkout and not PACKAGED_LIB.is_file() else PACKAGED_LIB
 
 
 def available() -> bool:
@@ -26,7 +31,7 @@ def load() -> None:
         return
     path = library_path()
     if not path.is_file():
-        raise RuntimeError(f"attngen: the extension {path} is not built; run `make build` on a machine "
-                           f"with a CUDA build of torch")
+        raise RuntimeError(f"attngen: the extension {path} is not built; run `make build` (or `pip install "
+                           f"--no-build-isolation .`) on a machine with a CUDA build of torch")
     torch.ops.load_library(str(path))
     _loaded = path

@@ -15,7 +15,10 @@ import yaml
 
 from . import _ext
 
-ROOT = _ext.ROOT
+# A checkout (generated/, tuned/ beside the package) or an installed package, whose `pip install`
+# put copies of the manifest and the tuned tables under attngen/_build/ (setup.py).
+PACKAGED_ROOT = Path(__file__).resolve().parent / "_build"
+ROOT = PACKAGED_ROOT if (PACKAGED_ROOT / "generated" / "manifest.json").is_file() else _ext.ROOT
 
 
 def _tuned_tables(root: Path) -> list[dict]:
