@@ -39,9 +39,9 @@ class BuildWithKernels(build_py):
         for table in (ROOT / "tuned").glob("*/*.yaml"):
             (record / table.parent.relative_to(ROOT)).mkdir(parents=True, exist_ok=True)
             shutil.copy2(table, record / table.relative_to(ROOT))
-        built = ROOT / "build" / "lib" / LIBRARY
         if skip:
             return
+        built = ROOT / "build" / "lib" / LIBRARY
         if built.is_file():
             target = Path(self.build_lib) / "attngen" / LIBRARY
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -4,9 +4,10 @@
 (batch, head); S = Q K^T is a wgmma with both operands in shared memory, stored as
 128-byte-swizzled atoms (wgmma.cuh), and O += P V a wgmma with the weights in registers and V
 read transposed. `hopper_ws` (forward_ws.cu.j2) computes the same products in a warp-specialized
-CTA: one producer warp fills the K/V ring and signals mbarriers, the consumer warpgroups only
-compute, take turns at the tensor cores (`pingpong`) and can run a tile's P V during the next
-tile's softmax (`overlap`). `mma_sync` (forward.cu.j2) is the FlashAttention-2 algorithm: a CTA owns
+CTA: a producer warpgroup fills the K/V ring, signals mbarriers and hands its registers to the
+consumers (setmaxnreg); the consumer warpgroups only compute, take turns at the tensor cores
+(`pingpong`) and can run a tile's P V during the next tile's softmax (`overlap`); CTAs are
+persistent over the query blocks. `mma_sync` (forward.cu.j2) is the FlashAttention-2 algorithm: a CTA owns
 `block_m` query rows; its `warps` warps own `block_m / warps` rows each (whole 16-row m-tiles
 of the m16n8k16 MMA). Both walk the visible keys in tiles of `block_n` rows that a
 `stages`-deep cp.async ring brings into shared memory, and keep the online softmax in
