@@ -4,8 +4,9 @@
 (batch, head); S = Q K^T is a wgmma with both operands in shared memory, stored as
 128-byte-swizzled atoms (wgmma.cuh), and O += P V a wgmma with the weights in registers and V
 read transposed. `hopper_ws` (forward_ws.cu.j2) computes the same products in a warp-specialized
-CTA: a producer warpgroup fills the K/V ring, signals mbarriers and hands its registers to the
-consumers (setmaxnreg); the consumer warpgroups only compute, take turns at the tensor cores
+CTA: a producer warpgroup fills the K/V ring (one thread issuing TMA boxes with `tma`, its 128
+threads issuing cp.async without, or for packed batches), signals mbarriers and hands its
+registers to the consumers (setmaxnreg); the consumer warpgroups only compute, take turns at the tensor cores
 (`pingpong`) and can run a tile's P V during the next tile's softmax (`overlap`); CTAs are
 persistent over the query blocks. `mma_sync` (forward.cu.j2) is the FlashAttention-2 algorithm: a CTA owns
 `block_m` query rows; its `warps` warps own `block_m / warps` rows each (whole 16-row m-tiles
@@ -46,7 +47,7 @@ TEMPLATE_PARAMS = {
     FORWARD_WGMMA: {"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int",
                     "overlap": "int0", "minb": "int"},
     FORWARD_WS: {"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int",
-                 "overlap": "int0", "pingpong": "int0", "minb": "int"},
+                 "overlap": "int0", "pingpong": "int0", "minb": "int", "tma": "int0"},
 }
 SUPPORT_FILES = {
     "flash_attention/params.cuh.j2": "flash_attention/params.cuh",
@@ -245,6 +246,7 @@ def _register_split(consumers: int, minb: int, arch: Arch) -> tuple[int, int]:
 
 
 MBARRIER_BYTES = 8
+TMA_BOX_ROWS = 256  # cuTensorMapEncodeTiled: every box dim is at most 256 elements
 
 
 def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
@@ -253,8 +255,14 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
     tile's packed weights stay in registers while the next tile's scores are computed."""
     _check_wgmma_tiles(inst, arch)
     p = inst.p
-    d, block_m, block_n, warpgroups, stages, overlap, pingpong, minb = (
-        p[k] for k in ("d", "block_m", "block_n", "warpgroups", "stages", "overlap", "pingpong", "minb"))
+    d, block_m, block_n, warpgroups, stages, overlap, pingpong, minb, tma = (
+        p[k] for k in ("d", "block_m", "block_n", "warpgroups", "stages", "overlap", "pingpong", "minb", "tma"))
+    if tma not in (0, 1):
+        raise Rejected("tma", f"tma={tma}: 1 (the producer loads tiles by TMA where the call allows) or 0 (cp.async)")
+    if block_m > TMA_BOX_ROWS or block_n > TMA_BOX_ROWS:
+        raise Rejected("block_m" if block_m > TMA_BOX_ROWS else "block_n",
+                       f"a tile of {max(block_m, block_n)} rows: a TMA box (and the copy loop) take at most "
+                       f"{TMA_BOX_ROWS}")
     if pingpong not in (0, 1):
         raise Rejected("pingpong", f"pingpong={pingpong}: 0 or 1 (consumer warpgroups take turns issuing MMAs)")
     if pingpong and warpgroups < 2:
@@ -276,6 +284,7 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank_ways": ways,
         "producer_regs": producer_regs, "consumer_regs": consumer_regs,
+        "loads_doc": "TMA, cp.async for packed batches" if tma else "cp.async",
         "threads_param": "warpgroups", "smem_param": "stages",
     })
 

@@ -9,6 +9,8 @@
 //   - named barriers (bar.sync / bar.arrive with an id and a thread count): the turn-taking of
 //     consumer warpgroups, and barriers among the consumers only.
 //   - setmaxnreg: registers moved from the producer warpgroup to the consumers.
+//   - TMA (cp.async.bulk.tensor): one thread copies a box of a tensor into shared memory and the
+//     copy's bytes complete the stage's `full` barrier (the thread announces them first).
 #pragma once
 #include <cstdint>
 
@@ -33,6 +35,23 @@ __device__ __forceinline__ void arrive(uint64_t* bar) {
 // arrival count includes it (.noinc): a producer thread counts once per phase this way.
 __device__ __forceinline__ void arrive_on_copies(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// The one arrival of a phase that TMA copies complete: announces the bytes they will deliver
+// (complete_tx), so the phase ends when this thread has arrived and all of them have landed.
+__device__ __forceinline__ void arrive_expect_bytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+// The box of a 4-d tensor map at element coordinates (c0 innermost .. c3) into shared memory at
+// `dst` (aligned as the map's swizzle requires: 1024 bytes for 128-byte swizzle), its bytes
+// counted on `bar`. Coordinates past the tensor's extent read as zeros.
+__device__ __forceinline__ void tma_load_4d(void* dst, const void* map, int c0, int c1, int c2, int c3,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, { %2, %3, %4, %5 }], [%6];\n"
+      ::"r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+      : "memory");
 }
 
 // Blocks until the phase of the given parity has completed (acquire: what the arriving threads

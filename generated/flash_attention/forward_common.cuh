@@ -177,14 +177,16 @@ __device__ __forceinline__ void store_rows_direct(const Params& p, const Sequenc
 }
 
 // Launch one compile-time variant of a kernel with its shared memory; the launcher picks the
-// variant from the call (a mask or window: WINDOW; a soft cap or ALiBi: EXTRAS).
-template <class Kernel>
-cudaError_t launch_kernel(Kernel kernel, const Params& p, dim3 grid, int threads, size_t smem, cudaStream_t stream) {
+// variant from the call (a mask or window: WINDOW; a soft cap or ALiBi: EXTRAS). `more`: the
+// kernel's arguments after the params, if it has any.
+template <class Kernel, class... More>
+cudaError_t launch_kernel(Kernel kernel, const Params& p, dim3 grid, int threads, size_t smem, cudaStream_t stream,
+                          const More&... more) {
   if (smem > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  kernel<<<grid, threads, smem, stream>>>(p);
+  kernel<<<grid, threads, smem, stream>>>(p, more...);
   return cudaGetLastError();
 }
 
