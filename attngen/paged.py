@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from . import _ext
+from . import _ext, _jit
 from ._checks import check_tensor
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -170,7 +170,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     lengths first (this synchronizes; leave it off inside CUDA graphs)."""
     args = _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout,
                     validate, k_scale, v_scale)
-    return torch.ops.attngen.paged_decode(*args)
+    return _jit.call("paged_decode", lambda: torch.ops.attngen.paged_decode(*args),
+                     lambda: torch.ops.attngen.paged_decode_key(*args[:5]))
 
 
 def paged_decode_with(instance: str, q, k_cache, v_cache, block_table, context_lens, scale=None, *,

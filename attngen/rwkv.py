@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from . import _ext
+from . import _ext, _jit
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _registered = False
@@ -33,8 +33,10 @@ def _vector_ready(t: torch.Tensor) -> torch.Tensor:
 
 
 def _scan(q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints=None):
-    return torch.ops.attngen.wkv_scan(q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out,
-                                      checkpoints)
+    return _jit.call("wkv_scan",
+                     lambda: torch.ops.attngen.wkv_scan(q, kc, vo, w, u, state, reverse, keys_output, return_state,
+                                                        float_out, checkpoints),
+                     lambda: torch.ops.attngen.wkv_scan_key(q, kc, vo, w, reverse, keys_output))
 
 
 def _grad_rkwu(r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0):

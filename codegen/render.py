@@ -77,21 +77,34 @@ def dispatch_context(spec: Spec, instances: list[KernelInstance]) -> dict:
         rules.append({"source": f"{spec.file}:{rule.line}: when {rule.when.text} -> {rule.kind}",
                       "when": rule.when.to_cpp(runtime), "groups": groups(members)})
     return {"family": spec.family, "op": spec.op.name, "instances": instances, "covers": covers,
+            "runtime_vars": list(fam.RUNTIME_VARS), "key_axes": [fam.KEY_AXES_CPP[axis] for axis in spec.axes],
             "rules": rules, "key_struct": fam.KEY_STRUCT, "axis_names": ", ".join(spec.axes)}
 
 
-def render_spec(env, spec: Spec, instances: list[KernelInstance], namespace: str = NAMESPACE) -> dict[str, str]:
-    """All files of one spec, as {path under generated/: content}."""
+def render_support(env, spec: Spec, namespace: str = NAMESPACE) -> dict[str, str]:
+    """The family's files that are not instances: headers, bindings, support TUs."""
     fam = family_module(spec.family)
-    files = {}
     common = dict(op=spec.op.name, schema=spec.op.schema, namespace=namespace,
                   key_struct=fam.KEY_STRUCT, runtime_vars=fam.RUNTIME_VARS,
                   dtypes=list(fam.AXES["dtype"]),
                   torch_dtypes={d: TORCH_DTYPES[d] for d in spec.axes["dtype"]},
                   constants=getattr(fam, "SUPPORT_CONSTANTS", {}),
                   fixed={name: k.knobs for name, k in (spec.fixed or {}).items()})
-    for template, out in fam.SUPPORT_FILES.items():
-        files[out] = _render(env, spec.file, template, **common)
+    return {out: _render(env, spec.file, template, **common) for template, out in fam.SUPPORT_FILES.items()}
+
+
+def render_common(env) -> dict[str, str]:
+    """The headers every family shares (templates/common)."""
+    files = {}
+    for template in sorted(env.list_templates(filter_func=lambda t: t.startswith("common/")
+                                              and t.endswith((".cuh.j2", ".h.j2")))):
+        files[template[:-3]] = _render(env, "specs/", template, wgmma_n=WGMMA_N)
+    return files
+
+
+def render_spec(env, spec: Spec, instances: list[KernelInstance], namespace: str = NAMESPACE) -> dict[str, str]:
+    """All files of one spec, as {path under generated/: content}."""
+    files = render_support(env, spec, namespace)
     files[f"{spec.family}/dispatch.cpp"] = _render(env, spec.file, "dispatch.cpp.j2",
                                                    **dispatch_context(spec, instances))
     for inst in instances:
@@ -116,14 +129,11 @@ def render_all(templates_dir: Path, specs_and_instances, namespace: str = NAMESP
     """Every generated file, as {path under the generated dir: content}. The tuner renders its
     candidates with another op namespace and layout, into a build of their own."""
     env = environment(templates_dir)
-    files = {}
-    common = (templates_dir / "common").glob("*.j2")
-    for template in sorted(t for t in common if t.name.endswith((".cuh.j2", ".h.j2"))):
-        rel = f"common/{template.name[:-3]}"
-        files[rel] = _render(env, "specs/", f"common/{template.name}", wgmma_n=WGMMA_N)
+    files = render_common(env)
     for spec, instances in specs_and_instances:
         files.update(render_spec(env, spec, instances, namespace))
-    files["extension.cpp"] = _render(env, "specs/", "extension.cpp.j2", namespace=namespace)
+    ops = [(spec.family, spec.op.name) for spec, _ in specs_and_instances]
+    files["extension.cpp"] = _render(env, "specs/", "extension.cpp.j2", namespace=namespace, ops=ops)
     files["manifest.json"] = manifest(specs_and_instances)
     files["build.ninja"] = ninja.build_file(specs_and_instances, files, layout)
     return files

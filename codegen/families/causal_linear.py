@@ -14,6 +14,8 @@ from . import flash_attention
 NAME = "causal_linear"
 AXES = {"dtype": ("fp32", "fp16", "bf16"), "direction": ("fwd", "rev")}
 # Names a `covers:` or `when:` expression may use; filled at run time by the bindings.
+# The key's axis fields as the index of the axis value in AXES (dispatch.cpp's key values).
+KEY_AXES_CPP = {"dtype": "static_cast<int64_t>(key.dtype)", "direction": "key.reverse ? 1 : 0"}
 RUNTIME_VARS = {
     "E": "size of the contracted feature dim (q, k last dim)",
     "M": "size of the value dim (v last dim)",

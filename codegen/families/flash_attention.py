@@ -25,6 +25,8 @@ from ..passes import Rejected, banks
 
 NAME = "flash_attention"
 AXES = {"dtype": ("fp16", "bf16")}
+# The key's axis fields as the index of the axis value in AXES (dispatch.cpp's key values).
+KEY_AXES_CPP = {"dtype": "static_cast<int64_t>(key.dtype)"}
 RUNTIME_VARS = {
     "D": "head size",
     "B": "batch (sequences)",

@@ -26,6 +26,11 @@ from . import flash_attention
 
 NAME = "paged"
 AXES = {"dtype": ("fp32", "fp16", "bf16")}
+# Built on first use (codegen/jit.py): the run-time variable a key may lack and the grid parameter
+# that takes its value.
+JIT_PARAMS = {"D": "d"}
+# The key's axis fields as the index of the axis value in AXES (dispatch.cpp's key values).
+KEY_AXES_CPP = {"dtype": "static_cast<int64_t>(key.dtype)"}
 RUNTIME_VARS = {
     "D": "head size",
     "G": "query heads per kv head (Hq / Hkv)",

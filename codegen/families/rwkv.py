@@ -18,6 +18,12 @@ from ..passes import Rejected, banks, vectorize
 
 NAME = "rwkv"
 AXES = {"dtype": ("fp32", "fp16", "bf16"), "direction": ("fwd", "rev"), "keys": ("contracted", "output")}
+# Built on first use (codegen/jit.py): the run-time variable a key may lack and the grid parameter
+# that takes its value.
+JIT_PARAMS = {"N": "n"}
+# The key's axis fields as the index of the axis value in AXES (dispatch.cpp's key values).
+KEY_AXES_CPP = {"dtype": "static_cast<int64_t>(key.dtype)", "direction": "key.reverse ? 1 : 0",
+                "keys": "key.keys_output ? 1 : 0"}
 RUNTIME_VARS = {
     "N": "head size (r, k, v, w last dim; the state is N x N)",
     "T": "sequence length",

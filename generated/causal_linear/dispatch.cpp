@@ -2,8 +2,12 @@
 // or templates/dispatch.cpp.j2 and run `make gen`.
 // Dispatch for causal_dot_product: the spec's ordered rules; within a rule, the instances of its kernel
 // kind for the call's dtype, direction, smallest bucket first. No match -> nullptr, and the
-// caller raises an error naming the unsupported shape.
+// caller raises an error naming the unsupported shape, unless an instance built on first use
+// (codegen/jit.py) was registered for it: those are tried after the spec's rules.
+#include <atomic>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "params.cuh"
 
@@ -1329,7 +1333,34 @@ const Entry kEntries[] = {
     {"causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_327, workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
 };
 
+// Instances built on first use, in the order they were registered. Appended under a lock and
+// published by the count, so a dispatch running meanwhile reads only complete slots.
+constexpr int kMaxJitEntries = 256;
+const Entry* jit_slots[kMaxJitEntries];
+std::atomic<int> jit_count{0};
+std::mutex jit_lock;
+
 }  // namespace
+
+// Adds an instance from a library built on first use; false when the table is full. The same
+// name registered twice is kept once.
+bool causal_dot_product_register_jit(const Entry* entry) {
+  std::lock_guard<std::mutex> guard(jit_lock);
+  const int n = jit_count.load(std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i) {
+    if (std::strcmp(jit_slots[i]->name, entry->name) == 0) return true;
+  }
+  if (n == kMaxJitEntries) return false;
+  jit_slots[n] = entry;
+  jit_count.store(n + 1, std::memory_order_release);
+  return true;
+}
+
+// The key as numbers, for codegen/jit.py: the run-time variables (E, M, L, BH, align, sm_count), then
+// the index of each axis value (dtype, direction).
+std::vector<int64_t> causal_dot_product_key_values(const CausalLinearKey& key) {
+  return {key.E, key.M, key.L, key.BH, key.align, key.sm_count, static_cast<int64_t>(key.dtype), key.reverse ? 1 : 0};
+}
 
 int causal_dot_product_entry_count() { return static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0])); }
 
@@ -1338,6 +1369,10 @@ const Entry* causal_dot_product_entry(int index) { return &kEntries[index]; }
 const Entry* causal_dot_product_find(const char* name) {
   for (const Entry& entry : kEntries) {
     if (std::strcmp(entry.name, name) == 0) return &entry;
+  }
+  const int n = jit_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    if (std::strcmp(jit_slots[i]->name, name) == 0) return jit_slots[i];
   }
   return nullptr;
 }
@@ -1720,6 +1755,11 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     if (key.dtype == DType::kBF16 && key.reverse == true) {
       if (kEntries[315].covers(key)) return &kEntries[315];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
     }
+  }
+  // Built on first use: their covers test the axes (dtype, direction) too.
+  const int n = jit_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    if (jit_slots[i]->covers(key)) return jit_slots[i];
   }
   return nullptr;
 }

@@ -2,8 +2,12 @@
 // or templates/dispatch.cpp.j2 and run `make gen`.
 // Dispatch for flash_attention: the spec's ordered rules; within a rule, the instances of its kernel
 // kind for the call's dtype, smallest bucket first. No match -> nullptr, and the
-// caller raises an error naming the unsupported shape.
+// caller raises an error naming the unsupported shape, unless an instance built on first use
+// (codegen/jit.py) was registered for it: those are tried after the spec's rules.
+#include <atomic>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "params.cuh"
 
@@ -169,7 +173,34 @@ const Entry kEntries[] = {
     {"flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a", launch_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a, covers_37, workspace_flash_attention_candidates_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs1_minb1_bf16_sm90a},
 };
 
+// Instances built on first use, in the order they were registered. Appended under a lock and
+// published by the count, so a dispatch running meanwhile reads only complete slots.
+constexpr int kMaxJitEntries = 256;
+const Entry* jit_slots[kMaxJitEntries];
+std::atomic<int> jit_count{0};
+std::mutex jit_lock;
+
 }  // namespace
+
+// Adds an instance from a library built on first use; false when the table is full. The same
+// name registered twice is kept once.
+bool flash_attention_register_jit(const Entry* entry) {
+  std::lock_guard<std::mutex> guard(jit_lock);
+  const int n = jit_count.load(std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i) {
+    if (std::strcmp(jit_slots[i]->name, entry->name) == 0) return true;
+  }
+  if (n == kMaxJitEntries) return false;
+  jit_slots[n] = entry;
+  jit_count.store(n + 1, std::memory_order_release);
+  return true;
+}
+
+// The key as numbers, for codegen/jit.py: the run-time variables (D, B, Hq, Hkv, G, Lq, Lk, align, sm_count), then
+// the index of each axis value (dtype).
+std::vector<int64_t> flash_attention_key_values(const AttentionKey& key) {
+  return {key.D, key.B, key.Hq, key.Hkv, key.G, key.Lq, key.Lk, key.align, key.sm_count, static_cast<int64_t>(key.dtype)};
+}
 
 int flash_attention_entry_count() { return static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0])); }
 
@@ -178,6 +209,10 @@ const Entry* flash_attention_entry(int index) { return &kEntries[index]; }
 const Entry* flash_attention_find(const char* name) {
   for (const Entry& entry : kEntries) {
     if (std::strcmp(entry.name, name) == 0) return &entry;
+  }
+  const int n = jit_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    if (std::strcmp(jit_slots[i]->name, name) == 0) return jit_slots[i];
   }
   return nullptr;
 }
@@ -221,6 +256,11 @@ const Entry* flash_attention_select(const AttentionKey& key) {
       if (kEntries[6].covers(key)) return &kEntries[6];  // flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a
       if (kEntries[7].covers(key)) return &kEntries[7];  // flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a
     }
+  }
+  // Built on first use: their covers test the axes (dtype) too.
+  const int n = jit_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    if (jit_slots[i]->covers(key)) return jit_slots[i];
   }
   return nullptr;
 }

@@ -24,6 +24,7 @@ int paged_decode_entry_count();
 const Entry* paged_decode_entry(int index);
 const Entry* paged_decode_find(const char* name);
 const Entry* paged_decode_select(const DecodeKey& key);
+std::vector<int64_t> paged_decode_key_values(const DecodeKey& key);
 
 namespace {
 
@@ -259,6 +260,16 @@ std::string paged_decode_select_name(const at::Tensor& q_in, const at::Tensor& k
   return entry ? entry->name : "";
 }
 
+// The dispatch key as numbers (codegen/jit.py builds an instance for a key no entry covers).
+std::vector<int64_t> paged_decode_key(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& block_table, const at::Tensor& context_lens) {
+  const at::Tensor q = with_query_dim(q_in);
+  const std::optional<at::Tensor> none;
+  const Inputs in{q, k, v, block_table, context_lens, none, 1.0, 0.0, none, none};
+  check_all(in);
+  return paged_decode_key_values(make_key(in));
+}
+
 std::vector<std::string> paged_decode_instances() {
   std::vector<std::string> names;
   for (int i = 0; i < paged_decode_entry_count(); ++i) names.emplace_back(paged_decode_entry(i)->name);
@@ -275,6 +286,8 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
         "Tensor? alibi_slopes, float soft_cap, Tensor? k_scale, Tensor? v_scale, str instance) -> Tensor");
   m.def("paged_decode_select(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor context_lens) -> str",
         &attngen::paged::paged_decode_select_name);
+  m.def("paged_decode_key(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor context_lens) -> int[]",
+        &attngen::paged::paged_decode_key);
   m.def("paged_decode_instances() -> str[]", &attngen::paged::paged_decode_instances);
 }
 

@@ -2,8 +2,12 @@
 // or templates/dispatch.cpp.j2 and run `make gen`.
 // Dispatch for paged_decode: the spec's ordered rules; within a rule, the instances of its kernel
 // kind for the call's dtype, smallest bucket first. No match -> nullptr, and the
-// caller raises an error naming the unsupported shape.
+// caller raises an error naming the unsupported shape, unless an instance built on first use
+// (codegen/jit.py) was registered for it: those are tried after the spec's rules.
+#include <atomic>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "params.cuh"
 
@@ -1233,7 +1237,34 @@ const Entry kEntries[] = {
     {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_303, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
 };
 
+// Instances built on first use, in the order they were registered. Appended under a lock and
+// published by the count, so a dispatch running meanwhile reads only complete slots.
+constexpr int kMaxJitEntries = 256;
+const Entry* jit_slots[kMaxJitEntries];
+std::atomic<int> jit_count{0};
+std::mutex jit_lock;
+
 }  // namespace
+
+// Adds an instance from a library built on first use; false when the table is full. The same
+// name registered twice is kept once.
+bool paged_decode_register_jit(const Entry* entry) {
+  std::lock_guard<std::mutex> guard(jit_lock);
+  const int n = jit_count.load(std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i) {
+    if (std::strcmp(jit_slots[i]->name, entry->name) == 0) return true;
+  }
+  if (n == kMaxJitEntries) return false;
+  jit_slots[n] = entry;
+  jit_count.store(n + 1, std::memory_order_release);
+  return true;
+}
+
+// The key as numbers, for codegen/jit.py: the run-time variables (D, G, S, Q, KVE, Hq, Hkv, L, align, sm_count), then
+// the index of each axis value (dtype).
+std::vector<int64_t> paged_decode_key_values(const DecodeKey& key) {
+  return {key.D, key.G, key.S, key.Q, key.KVE, key.Hq, key.Hkv, key.L, key.align, key.sm_count, static_cast<int64_t>(key.dtype)};
+}
 
 int paged_decode_entry_count() { return static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0])); }
 
@@ -1242,6 +1273,10 @@ const Entry* paged_decode_entry(int index) { return &kEntries[index]; }
 const Entry* paged_decode_find(const char* name) {
   for (const Entry& entry : kEntries) {
     if (std::strcmp(entry.name, name) == 0) return &entry;
+  }
+  const int n = jit_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    if (std::strcmp(jit_slots[i]->name, name) == 0) return jit_slots[i];
   }
   return nullptr;
 }
@@ -1553,6 +1588,11 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[208].covers(key)) return &kEntries[208];  // paged_split_k_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_bf16_sm90a
       if (kEntries[209].covers(key)) return &kEntries[209];  // paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_bf16_sm90a
     }
+  }
+  // Built on first use: their covers test the axes (dtype) too.
+  const int n = jit_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    if (jit_slots[i]->covers(key)) return jit_slots[i];
   }
   return nullptr;
 }

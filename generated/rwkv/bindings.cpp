@@ -22,6 +22,7 @@ int wkv_scan_entry_count();
 const Entry* wkv_scan_entry(int index);
 const Entry* wkv_scan_find(const char* name);
 const Entry* wkv_scan_select(const WkvKey& key);
+std::vector<int64_t> wkv_scan_key_values(const WkvKey& key);
 
 namespace {
 
@@ -216,6 +217,13 @@ std::string wkv_scan_select_name(const at::Tensor& q, const at::Tensor& kc, cons
   return entry ? entry->name : "";
 }
 
+// The dispatch key as numbers (codegen/jit.py builds an instance for a key no entry covers).
+std::vector<int64_t> wkv_scan_key(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vo, const at::Tensor& w,
+                                  bool reverse, bool keys_output) {
+  check_all(q, kc, vo, w, std::nullopt, std::nullopt);
+  return wkv_scan_key_values(make_key(q, kc, vo, w, reverse, keys_output));
+}
+
 // The backward for r, k, w, u and the initial state (grad_rkwu.cu). The Python backward calls
 // it with tensors it made itself; the checks guard the contract, not user input.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv_grad_rkwu(
@@ -279,6 +287,8 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
         "bool keys_output, bool return_state, bool float_out, Tensor(a!)? checkpoints, str instance) -> (Tensor, Tensor)");
   m.def("wkv_scan_select(Tensor q, Tensor kc, Tensor vo, Tensor w, bool reverse=False, bool keys_output=False) -> str",
         &attngen::rwkv::wkv_scan_select_name);
+  m.def("wkv_scan_key(Tensor q, Tensor kc, Tensor vo, Tensor w, bool reverse=False, bool keys_output=False) -> int[]",
+        &attngen::rwkv::wkv_scan_key);
   m.def("wkv_scan_instances() -> str[]", &attngen::rwkv::wkv_scan_instances);
   m.def("wkv_grad_rkwu(Tensor r, Tensor k, Tensor v, Tensor w, Tensor u, Tensor d_o, Tensor checkpoints, "
         "Tensor? d_state, bool want_d_state0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");

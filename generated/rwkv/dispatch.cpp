@@ -2,8 +2,12 @@
 // or templates/dispatch.cpp.j2 and run `make gen`.
 // Dispatch for wkv_scan: the spec's ordered rules; within a rule, the instances of its kernel
 // kind for the call's dtype, direction, keys, smallest bucket first. No match -> nullptr, and the
-// caller raises an error naming the unsupported shape.
+// caller raises an error naming the unsupported shape, unless an instance built on first use
+// (codegen/jit.py) was registered for it: those are tried after the spec's rules.
+#include <atomic>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "params.cuh"
 
@@ -353,7 +357,34 @@ const Entry kEntries[] = {
     {"rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a", launch_rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a, covers_83, workspace_rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a},
 };
 
+// Instances built on first use, in the order they were registered. Appended under a lock and
+// published by the count, so a dispatch running meanwhile reads only complete slots.
+constexpr int kMaxJitEntries = 256;
+const Entry* jit_slots[kMaxJitEntries];
+std::atomic<int> jit_count{0};
+std::mutex jit_lock;
+
 }  // namespace
+
+// Adds an instance from a library built on first use; false when the table is full. The same
+// name registered twice is kept once.
+bool wkv_scan_register_jit(const Entry* entry) {
+  std::lock_guard<std::mutex> guard(jit_lock);
+  const int n = jit_count.load(std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i) {
+    if (std::strcmp(jit_slots[i]->name, entry->name) == 0) return true;
+  }
+  if (n == kMaxJitEntries) return false;
+  jit_slots[n] = entry;
+  jit_count.store(n + 1, std::memory_order_release);
+  return true;
+}
+
+// The key as numbers, for codegen/jit.py: the run-time variables (N, T, BH, align, sm_count), then
+// the index of each axis value (dtype, direction, keys).
+std::vector<int64_t> wkv_scan_key_values(const WkvKey& key) {
+  return {key.N, key.T, key.BH, key.align, key.sm_count, static_cast<int64_t>(key.dtype), key.reverse ? 1 : 0, key.keys_output ? 1 : 0};
+}
 
 int wkv_scan_entry_count() { return static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0])); }
 
@@ -362,6 +393,10 @@ const Entry* wkv_scan_entry(int index) { return &kEntries[index]; }
 const Entry* wkv_scan_find(const char* name) {
   for (const Entry& entry : kEntries) {
     if (std::strcmp(entry.name, name) == 0) return &entry;
+  }
+  const int n = jit_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    if (std::strcmp(jit_slots[i]->name, name) == 0) return jit_slots[i];
   }
   return nullptr;
 }
@@ -531,6 +566,11 @@ const Entry* wkv_scan_select(const WkvKey& key) {
       if (kEntries[82].covers(key)) return &kEntries[82];  // rwkv_rev_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
       if (kEntries[83].covers(key)) return &kEntries[83];  // rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
+  }
+  // Built on first use: their covers test the axes (dtype, direction, keys) too.
+  const int n = jit_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    if (jit_slots[i]->covers(key)) return jit_slots[i];
   }
   return nullptr;
 }

@@ -1,0 +1,98 @@
+"""Instances built on first use, from the ops' side: when an op's dispatch finds no instance for
+a call, the generator plans, renders and compiles one (codegen/jit.py) into the cache, and it is
+registered with the op's dispatch; later calls and later processes load it from the cache.
+
+  ATTNGEN_JIT=0     off: the op's "no compiled instance covers it" ValueError, as without it
+  ATTNGEN_CACHE     the cache (default ~/.cache/attngen/<arch>/torch-<version>/cuda-<version>)
+
+Eager calls only: inside torch.compile the uncovered call raises as before; an eager call
+with the same shape builds and registers the instance, after which compiled code and CUDA
+graphs use it like a prebuilt one.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from . import _ext
+
+UNCOVERED = "no compiled instance covers it"  # the bindings' error when dispatch finds nothing
+_libraries: dict = {}                         # path -> the loaded library (kept open)
+
+
+def enabled() -> bool:
+    return os.environ.get("ATTNGEN_JIT", "1") != "0"
+
+
+def toolchain_tag() -> str:
+    """What a cached library was built against besides its sources: a change rebuilds it."""
+    return f"torch-{torch.__version__}/cuda-{torch.version.cuda}"
+
+
+def cache_dir(arch: str) -> Path:
+    if os.environ.get("ATTNGEN_CACHE"):
+        return Path(os.environ["ATTNGEN_CACHE"])
+    return Path.home() / ".cache" / "attngen" / arch / toolchain_tag()
+
+
+def call(op: str, run, key):
+    """run(); if the op's dispatch covers nothing for it, build the instance for key() (the
+    numbers of the op's `<op>_key`), register it, and run again."""
+    if torch.compiler.is_compiling() or not enabled():
+        return run()
+    try:
+        return run()
+    except ValueError as exc:
+        if UNCOVERED not in str(exc):
+            raise
+        ensure(op, key())
+    return run()
+
+
+def _generator():
+    try:
+        from codegen import jit
+    except ImportError:
+        raise RuntimeError("attngen: building an instance on first use needs the generator (codegen/, templates/, "
+                           "specs/ of the attngen source tree on the Python path); or set ATTNGEN_JIT=0") from None
+    return jit
+
+
+def ensure(op: str, key_values) -> Path:
+    """The library of the instance for this key, built if no process built it yet, and
+    registered with `op`'s dispatch. A key no instance can cover raises ValueError with the
+    generator's reasons."""
+    jit = _generator()
+    spec = jit.spec_of(op)
+    runtime, axes = jit.decode_key(spec, key_values)
+    plan = jit.plan(spec, runtime, axes, cache_tag=toolchain_tag())
+    started = time.monotonic()
+
+    def announce(p):
+        sizes = ", ".join(f"{var}={runtime[var]}" for var in jit.jit_variables(spec))
+        print(f"attngen: building {op} {sizes} {' '.join(map(str, axes.values()))} for {p.inst.arch} "
+              f"(first use, ~20-60 s): {p.inst.name}", file=sys.stderr, flush=True)
+
+    path = jit.build(plan, cache_dir(plan.inst.arch), on_build=announce)
+    if time.monotonic() - started > 1:
+        print(f"attngen: built {plan.inst.name} in {time.monotonic() - started:.0f} s ({path.parent})",
+              file=sys.stderr, flush=True)
+    register(op, path)
+    return path
+
+
+def register(op: str, path: Path) -> None:
+    """Load a built library and add its instance to `op`'s dispatch (once per process)."""
+    key = str(path)
+    if key in _libraries:
+        return
+    _ext.load()
+    library = ctypes.CDLL(key)
+    entry = ctypes.cast(library.attngen_jit_entry, ctypes.c_void_p).value
+    torch.ops.attngen.register_jit(op, entry)
+    _libraries[key] = library

@@ -1,0 +1,213 @@
+"""Instances built on first use: a dispatch key that no built instance covers (paged D=48, RWKV
+N=96) gets an instance planned, rendered and compiled now, into a library of its own that the
+runtime loads and registers with the op's dispatch (attngen/_jit.py).
+
+The plan follows the spec: the dispatch rules are tried in order, and within a rule's kind the
+built instances nearest in head size (from above first); a candidate is such an instance with
+the head size replaced. Every lowering pass checks it (a rejection is a reason in the error,
+as for a spec's grid), and the kind's `covers:` must accept the key. The library holds the
+instance's TU, the family's support TUs it includes, and jit_entry.cu (its dispatch-table row).
+
+The cache keeps one directory per instance and content hash (sources, compiler flags, and the
+caller's toolchain tag), so a stale build is never loaded. Builds are process-safe: a file
+lock per entry, a temporary directory renamed into place when the library is complete, so an
+interrupted build leaves nothing another process would load.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import dispatch, passes, pipeline, render
+from .arch import ARCHES
+from .families import family_module
+from .instance import KernelInstance
+from .passes import Rejected
+from .spec import Spec
+
+NVCC_FLAGS = ("-O3", "-std=c++17", "--expt-relaxed-constexpr", "-shared", "-Xcompiler=-fPIC", "-cudart=shared")
+LIBRARY = "lib.so"
+
+
+class Unbuildable(ValueError):
+    """No instance can be planned for the key: the reasons say what each candidate lacked."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: Spec
+    inst: KernelInstance
+    sources: dict        # {path inside the build directory: text}
+    digest: str
+
+    @property
+    def entry_name(self) -> str:
+        return f"{self.inst.name}-{self.digest}"
+
+
+def spec_of(op: str) -> Spec:
+    """The spec that declares `op` (specs/*.yaml)."""
+    for spec in pipeline.load():
+        if spec.op.name == op:
+            return spec
+    raise ValueError(f"no spec declares the op {op!r}")
+
+
+def decode_key(spec: Spec, values) -> tuple[dict, dict]:
+    """The numbers of `<op>_key` (dispatch.cpp.j2): the run-time variables, then each axis' index."""
+    fam = family_module(spec.family)
+    names = list(fam.RUNTIME_VARS)
+    values = [int(v) for v in values]
+    if len(values) != len(names) + len(spec.axes):
+        raise ValueError(f"{spec.op.name}: a key of {len(values)} numbers, expected {len(names) + len(spec.axes)}")
+    runtime = dict(zip(names, values))
+    axes = {axis: fam.AXES[axis][index] for axis, index in zip(spec.axes, values[len(names):])}
+    return runtime, axes
+
+
+def jit_variables(spec: Spec) -> list:
+    """The run-time variables an instance built on first use takes its sizes from."""
+    return list(getattr(family_module(spec.family), "JIT_PARAMS", {}))
+
+
+def _by_distance(instances, targets: dict):
+    """Instances nearest to the target parameter values first, larger before smaller, keeping the
+    dispatch order among equals."""
+    def distance(inst):
+        return tuple((abs(inst.p[param] - want), inst.p[param] < want) for param, want in targets.items())
+    return sorted(instances, key=distance)
+
+
+def plan(spec: Spec, runtime: dict, axes: dict, cache_tag: str = "") -> Plan:
+    """The instance to build for a key that the spec's built instances do not cover."""
+    fam = family_module(spec.family)
+    jit_params = getattr(fam, "JIT_PARAMS", {})
+    if not jit_params:
+        raise Unbuildable(f"{spec.op.name}: the {spec.family} family builds no instance on first use")
+    (spec, instances), = pipeline.lower(pipeline.expand([spec]))  # with the tuned table's rules
+    if dispatch.select(spec, instances, runtime, axes) is not None:
+        raise ValueError(f"{spec.op.name}: the key is covered by a built instance; nothing to build")
+    targets = {param: runtime[var] for var, param in jit_params.items()}
+    reasons = []
+    for rule in spec.dispatch:
+        if not rule.when.evaluate(runtime):
+            continue
+        members = [i for i in dispatch.ordered(spec, instances, rule.kind) if i.a == axes]
+        for inst in _by_distance(members, targets):
+            candidate = inst.with_params(**targets)
+            try:
+                lowered = passes.lower_one(candidate)
+            except Rejected as exc:
+                reasons.append(f"{candidate.name}: {exc.param}: {exc.reason}")
+                continue
+            if dispatch.covers(spec, lowered, runtime):
+                sources = render_sources(spec, lowered)
+                return Plan(spec, lowered, sources, digest(sources, cache_tag))
+            reasons.append(f"{candidate.name}: its covers ({spec.kernels[rule.kind].covers.text}) reject the call")
+    reasons = list(dict.fromkeys(reasons))  # instances that differ only in the replaced size
+    shown = "; ".join(reasons[:4]) + (f"; and {len(reasons) - 4} more" if len(reasons) > 4 else "")
+    raise Unbuildable(f"{spec.op.name}: no instance can be built for " +
+                      ", ".join(f"{k}={v}" for k, v in {**runtime, **axes}.items()) +
+                      (f" ({shown})" if reasons else " (no dispatch rule applies)"))
+
+
+def render_sources(spec: Spec, inst: KernelInstance) -> dict:
+    """Every file the library compiles, at the paths its #includes expect."""
+    env = render.environment(pipeline.TEMPLATES_DIR)
+    fam = family_module(spec.family)
+    files = render.render_common(env)
+    support = render.render_support(env, spec)
+    for rel, text in support.items():
+        if rel.endswith((".cuh", ".h")):
+            files[rel] = text
+    source = render.render_instance(env, spec, inst)
+    files[inst.filename] = source
+    for rel, text in support.items():
+        # a support TU the instance uses (the paged split-K merge): its header is included
+        if rel.endswith(".cu") and f'"{Path(rel).stem}.h"' in source:
+            files[rel] = text
+    runtime = {name: f"key.{name}" for name in fam.RUNTIME_VARS}
+    files[f"{spec.family}/jit_entry.cu"] = render._render(
+        env, spec.file, "jit_entry.cu.j2", family=spec.family, inst=inst, key_struct=fam.KEY_STRUCT,
+        axes_match=fam.axes_match_cpp(inst.a), covers=spec.kernels[inst.kind].covers.to_cpp({**runtime, **inst.p}))
+    return files
+
+
+def digest(sources: dict, cache_tag: str) -> str:
+    h = hashlib.sha256()
+    for rel in sorted(sources):
+        h.update(rel.encode() + b"\0" + sources[rel].encode() + b"\0")
+    h.update(" ".join(NVCC_FLAGS).encode() + b"\0" + cache_tag.encode())
+    return h.hexdigest()[:16]
+
+
+def nvcc_path() -> str:
+    """nvcc as `make build` finds it; a clear error when the toolkit is missing."""
+    from .build import cuda_home
+    nvcc = os.environ.get("NVCC", os.path.join(cuda_home(), "bin", "nvcc"))
+    if not os.path.isfile(nvcc):
+        raise RuntimeError(f"attngen: building an instance on first use needs nvcc, not found at {nvcc}; install "
+                           "the CUDA toolkit (12.4 or later) and set CUDA_HOME, or set ATTNGEN_JIT=0")
+    return nvcc
+
+
+def compile_command(plan_: Plan, src_dir: Path, out: Path) -> list[str]:
+    tus = [str(src_dir / rel) for rel in sorted(plan_.sources) if rel.endswith(".cu")]
+    return [nvcc_path(), *NVCC_FLAGS, ARCHES[plan_.inst.arch].gencode, f"-I{src_dir / plan_.spec.family}",
+            f"-I{src_dir}", "-o", str(out), *tus]
+
+
+def run_nvcc(plan_: Plan, src_dir: Path, out: Path) -> None:
+    cmd = compile_command(plan_, src_dir, out)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"attngen: nvcc failed building {plan_.inst.name} (exit {done.returncode}):\n"
+                           f"{done.stderr[-4000:]}")
+
+
+def library_path(cache_dir: Path, plan_: Plan) -> Path:
+    return Path(cache_dir) / plan_.spec.family / plan_.entry_name / LIBRARY
+
+
+def build(plan_: Plan, cache_dir: Path, compiler=run_nvcc, on_build=None) -> Path:
+    """The library of `plan_` in the cache, built now if no process has built it yet. Under the
+    entry's lock: a finished entry is reused; otherwise the sources are written and compiled in
+    a temporary directory that is renamed into place only when complete. `on_build` is called
+    before a compile starts (the runtime's progress line)."""
+    final = library_path(cache_dir, plan_)
+    if final.is_file():
+        return final
+    family_dir = final.parent.parent
+    family_dir.mkdir(parents=True, exist_ok=True)
+    with open(family_dir / f"{plan_.entry_name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if final.is_file():      # another process finished it while this one waited
+            return final
+        if on_build is not None:
+            on_build(plan_)
+        tmp = Path(tempfile.mkdtemp(dir=family_dir, prefix=f".{plan_.entry_name}."))
+        try:
+            src = tmp / "src"
+            for rel, text in plan_.sources.items():
+                (src / rel).parent.mkdir(parents=True, exist_ok=True)
+                (src / rel).write_text(text)
+            compiler(plan_, src, tmp / LIBRARY)
+            if not (tmp / LIBRARY).is_file():
+                raise RuntimeError(f"attngen: building {plan_.inst.name} produced no library")
+            (tmp / "instance.json").write_text(json.dumps(
+                {"name": plan_.inst.name, "op": plan_.spec.op.name, "digest": plan_.digest,
+                 "params": plan_.inst.p, "axes": plan_.inst.a}, indent=1) + "\n")
+            if final.parent.exists():    # a leftover without its library: not a finished entry
+                shutil.rmtree(final.parent)
+            os.rename(tmp, final.parent)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -1,0 +1,128 @@
+"""GPU tier of instances built on first use (codegen/jit.py, attngen/_jit.py): a head size no
+prebuilt instance covers (paged D=48, RWKV N=96) is built, registered and right against the
+float64 reference; a second process loads it from the cache; 8 processes asking at once get
+one build and the right answer. Each test uses a cache of its own (ATTNGEN_CACHE)."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from attngen import _jit, paged, reference, rwkv
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def paged_case(D, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    S, Hq, Hkv, block_size, lens = 5, 8, 2, 16, [1, 17, 300, 1000, 0]
+    max_blocks = max((n + block_size - 1) // block_size for n in lens)
+    bt = torch.randperm(S * max_blocks + 3, generator=g)[: S * max_blocks].to(torch.int32).reshape(S, max_blocks)
+    q = torch.randn(S, Hq, D, generator=g)
+    k = torch.randn(S * max_blocks + 3, block_size, Hkv, D, generator=g)
+    v = torch.randn(S * max_blocks + 3, block_size, Hkv, D, generator=g)
+    q, k, v = (x.to(dtype).cuda() for x in (q, k, v))
+    return q, k, v, bt.cuda(), torch.tensor(lens, dtype=torch.int32, device="cuda")
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNGEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("ATTNGEN_JIT", raising=False)
+    return tmp_path / "cache"
+
+
+def test_paged_head_size_48_is_built_on_first_use(cache, capsys):
+    case = paged_case(48)
+    assert paged.selected_instance(*case) == ""
+    torch.full((1 << 20,), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison the allocator
+    t0 = time.monotonic()
+    out = paged.paged_decode(*case)
+    first = time.monotonic() - t0
+    ref = reference.paged_decode(*case)
+    assert rel_err(out, ref) < 1e-2
+    assert "attngen: building paged_decode D=48" in capsys.readouterr().err
+    assert first <= 60, f"first call took {first:.0f} s"
+    name = paged.selected_instance(*case)
+    assert "_d48_" in name, name
+    print(f"paged D=48: first call {first:.1f} s, {name}")
+    assert len(list(cache.rglob("lib.so"))) == 1
+
+
+def test_rwkv_head_size_96_is_built_on_first_use(cache):
+    g = torch.Generator().manual_seed(1)
+    B, T, H, N = 2, 70, 3, 96
+    r, k, v = (torch.randn(B, T, H, N, generator=g).to(torch.bfloat16).cuda() for _ in range(3))
+    w = (-torch.exp(torch.randn(B, T, H, N, generator=g) * 0.5 - 1)).to(torch.bfloat16).cuda()  # log decay
+    u = (torch.randn(H, N, generator=g) * 0.5).to(torch.bfloat16).cuda()
+    out, _ = rwkv.wkv6(r, k, v, w, u)
+    ref, _ = reference.wkv(r, k, v, w, u)
+    assert rel_err(out, ref) < 2e-2
+    assert any("_n96_" in n for n in (json.loads(p.read_text())["name"] for p in cache.rglob("instance.json")))
+
+
+SECOND = """
+import time, torch
+from attngen import paged
+from tests.gpu.test_jit import paged_case
+case = paged_case(48)
+torch.cuda.synchronize()
+t0 = time.monotonic()
+out = paged.paged_decode(*case)
+torch.cuda.synchronize()
+print("SECONDS", time.monotonic() - t0)
+from attngen import reference
+ref = reference.paged_decode(*case)
+err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+assert err < 1e-2, err
+"""
+
+
+def _spawn(cache, n):
+    env = {**os.environ, "ATTNGEN_CACHE": str(cache), "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+    return [subprocess.Popen([sys.executable, "-c", SECOND], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(n)]
+
+
+def test_a_second_process_loads_it_from_the_cache(cache):
+    first, = _spawn(cache, 1)
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    second, = _spawn(cache, 1)
+    out, err = second.communicate(timeout=300)
+    assert second.returncode == 0, err
+    assert "building" not in err
+    seconds = float(out.split("SECONDS")[1])
+    print(f"second process: first call {seconds:.2f} s")
+    assert seconds <= 2.0
+
+
+def test_eight_processes_racing_get_one_build(cache):
+    procs = _spawn(cache, 8)
+    results = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0, err
+    builds = sum(err.count("attngen: building") for _, err in results)
+    assert builds == 1, builds
+    assert len(list(cache.rglob("lib.so"))) == 1
+    assert not [p for p in cache.rglob(".*") if p.is_dir()], "a temporary build directory was left behind"
+
+
+def test_jit_off_keeps_the_error(cache, monkeypatch):
+    monkeypatch.setenv("ATTNGEN_JIT", "0")
+    case = paged_case(40)
+    with pytest.raises(ValueError, match="no compiled instance covers it"):
+        paged.paged_decode(*case)
+    assert not cache.exists() or not list(cache.rglob("lib.so"))
+    assert _jit.enabled() is False
