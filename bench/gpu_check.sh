@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
-# benchmarks, tuned vs default; linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench and flash_tests/flash_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# benchmarks, tuned vs default; jit_tests (instances built on first use), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench and flash_tests/flash_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last.
 set -uo pipefail
@@ -31,6 +31,7 @@ want racecheck && step racecheck compute-sanitizer --tool racecheck --error-exit
 want linear_tests && step linear_tests python3 -m pytest -q -m gpu tests/gpu/test_causal_linear.py -p no:cacheprovider -s
 want rwkv_tests && step rwkv_tests python3 -m pytest -q -m gpu tests/gpu/test_rwkv.py -p no:cacheprovider
 want paged_tests && step paged_tests python3 -m pytest -q -m gpu tests/gpu/test_paged.py -p no:cacheprovider
+want jit_tests && step jit_tests python3 -m pytest -q -m gpu tests/gpu/test_jit.py -p no:cacheprovider -s
 want flash_tests && step flash_tests python3 -m pytest -q -m gpu tests/gpu/test_flash_attention.py -p no:cacheprovider -s
 want bench && step bench python3 -m bench.causal_linear ${BENCH_ARGS:-} --out "$OUT/r"
 want rwkv_bench && step rwkv_bench python3 -m bench.rwkv ${BENCH_ARGS:-} --out "$OUT/r"

@@ -1,0 +1,124 @@
+"""Instances built on first use, on the CPU: the plan (which instance, which reasons), the
+sources and their hash, and the cache (a fake compiler: reuse, an interrupted build leaving
+nothing, two processes racing for one entry)."""
+import multiprocessing
+import time
+from pathlib import Path
+
+import pytest
+
+from codegen import dispatch, jit, pipeline
+
+PAGED_KEY = {"D": 48, "G": 4, "S": 64, "Q": 1, "KVE": 0, "Hq": 32, "Hkv": 8, "L": 4096, "align": 8, "sm_count": 132}
+RWKV_KEY = {"N": 96, "T": 1024, "BH": 64, "align": 8, "sm_count": 132}
+RWKV_AXES = {"dtype": "bf16", "direction": "fwd", "keys": "contracted"}
+
+
+@pytest.fixture(scope="module")
+def paged_plan():
+    return jit.plan(jit.spec_of("paged_decode"), PAGED_KEY, {"dtype": "bf16"}, "tag")
+
+
+def test_plan_builds_the_dispatched_kind_at_the_new_head_size(paged_plan):
+    inst = paged_plan.inst
+    assert inst.p["d"] == 48 and inst.a == {"dtype": "bf16"}
+    spec, built = pipeline.lower(pipeline.expand([jit.spec_of("paged_decode")]))[0]
+    # the kind the spec dispatches at D=128 for the same key, with the nearest head size's knobs
+    at_128 = dispatch.select(spec, built, {**PAGED_KEY, "D": 128}, {"dtype": "bf16"})
+    assert inst.kind == at_128.kind
+    assert dispatch.covers(spec, inst, PAGED_KEY)
+    assert inst.d, "the lowering passes ran"
+    entry = paged_plan.sources["paged/jit_entry.cu"]
+    assert f'"{inst.name}"' in entry and "key.dtype == DType::kBF16" in entry and "key.D == 48" in entry
+    assert inst.filename in paged_plan.sources and "paged/params.cuh" in paged_plan.sources
+    assert "paged/reduce.cu" in paged_plan.sources, "the split-K merge the instance includes is compiled with it"
+    assert "paged/bindings.cpp" not in paged_plan.sources
+
+
+def test_plan_for_rwkv_and_its_refusals():
+    spec = jit.spec_of("wkv_scan")
+    inst = jit.plan(spec, RWKV_KEY, RWKV_AXES).inst
+    assert inst.p["n"] == 96
+    with pytest.raises(jit.Unbuildable, match=r"N=97.*tph: n=97 is not divisible"):
+        jit.plan(spec, {**RWKV_KEY, "N": 97, "align": 1}, RWKV_AXES)
+    with pytest.raises(ValueError, match="covered by a built instance"):
+        jit.plan(spec, {**RWKV_KEY, "N": 64}, RWKV_AXES)
+    with pytest.raises(jit.Unbuildable, match="builds no instance on first use"):
+        jit.plan(jit.spec_of("causal_dot_product"), {}, {})
+
+
+def test_key_numbers_decode_in_the_generated_order():
+    spec = jit.spec_of("wkv_scan")
+    runtime, axes = jit.decode_key(spec, [96, 1024, 64, 8, 132, 2, 1, 0])
+    assert runtime == RWKV_KEY and axes == {"dtype": "bf16", "direction": "rev", "keys": "contracted"}
+    generated = (pipeline.GENERATED_DIR / "rwkv" / "dispatch.cpp").read_text()
+    assert "return {key.N, key.T, key.BH, key.align, key.sm_count, static_cast<int64_t>(key.dtype)" in generated
+    with pytest.raises(ValueError, match="a key of 3 numbers"):
+        jit.decode_key(spec, [1, 2, 3])
+
+
+def test_the_hash_follows_sources_and_toolchain(paged_plan):
+    assert jit.digest(paged_plan.sources, "tag") == paged_plan.digest
+    assert jit.digest(paged_plan.sources, "other torch") != paged_plan.digest
+    changed = {**paged_plan.sources, "paged/params.cuh": paged_plan.sources["paged/params.cuh"] + "//"}
+    assert jit.digest(changed, "tag") != paged_plan.digest
+
+
+def fake_compiler(calls):
+    def compile_(plan, src, out):
+        calls.append(plan.inst.name)
+        assert (src / plan.inst.filename).is_file() and (src / "paged/jit_entry.cu").is_file()
+        out.write_bytes(b"\x7fELF fake")
+    return compile_
+
+
+def test_build_once_then_reuse(tmp_path, paged_plan):
+    calls, seen = [], []
+    path = jit.build(paged_plan, tmp_path, compiler=fake_compiler(calls), on_build=seen.append)
+    assert path == jit.library_path(tmp_path, paged_plan) and path.read_bytes() == b"\x7fELF fake"
+    assert calls == [paged_plan.inst.name] and seen == [paged_plan]
+    assert jit.build(paged_plan, tmp_path, compiler=fake_compiler(calls)) == path
+    assert len(calls) == 1, "a finished entry is not rebuilt"
+    assert (path.parent / "instance.json").is_file() and (path.parent / "src").is_dir()
+
+
+def test_an_interrupted_build_leaves_nothing(tmp_path, paged_plan):
+    def failing(plan, src, out):
+        out.write_bytes(b"half")
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        jit.build(paged_plan, tmp_path, compiler=failing)
+    family = tmp_path / "paged"
+    assert not jit.library_path(tmp_path, paged_plan).exists()
+    assert [p.name for p in family.iterdir()] == [f"{paged_plan.entry_name}.lock"]
+    calls = []
+    assert jit.build(paged_plan, tmp_path, compiler=fake_compiler(calls)).is_file() and len(calls) == 1
+
+
+def _race(cache, plan, log):
+    def slow(plan_, src, out):
+        with open(log, "a") as fh:
+            fh.write("build\n")
+        time.sleep(0.5)
+        out.write_bytes(b"\x7fELF fake")
+    return str(jit.build(plan, cache, compiler=slow))
+
+
+def test_processes_racing_for_one_entry_get_one_build(tmp_path, paged_plan):
+    log = tmp_path / "log"
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(4) as pool:
+        paths = pool.starmap(_race, [(tmp_path / "cache", paged_plan, log)] * 4)
+    assert len(set(paths)) == 1 and Path(paths[0]).is_file()
+    assert log.read_text() == "build\n"
+
+
+def test_compile_command_builds_one_shared_library(paged_plan, tmp_path, monkeypatch):
+    monkeypatch.setenv("NVCC", "/bin/true")
+    cmd = jit.compile_command(paged_plan, tmp_path, tmp_path / "lib.so")
+    assert cmd[0] == "/bin/true" and "-shared" in cmd and "-gencode=arch=compute_90a,code=sm_90a" in cmd
+    assert [c for c in cmd if c.endswith(".cu")] == [str(tmp_path / r) for r in sorted(paged_plan.sources)
+                                                      if r.endswith(".cu")]
+    monkeypatch.setenv("NVCC", str(tmp_path / "missing-nvcc"))
+    with pytest.raises(RuntimeError, match="needs nvcc"):
+        jit.nvcc_path()
