@@ -25,12 +25,28 @@ struct alignas(sizeof(T) * N) Pack {
   T x[N];
 };
 
-// Reads N consecutive elements (one aligned access) and widens them to float.
+// The widest access that moves N consecutive elements in equal pieces: N itself when it is a
+// power of two, else the largest power of two dividing it, at most 16 bytes (N = 6 halves: 3
+// pieces of 2; a head size such as 96 gives such N). A run of N elements that starts at a
+// multiple of N is aligned to it.
+template <typename T, int N>
+constexpr int piece_of() {
+  if ((N & (N - 1)) == 0) return N;
+  int piece = 1;
+  while (N % (2 * piece) == 0 && 2 * piece * static_cast<int>(sizeof(T)) <= 16) piece *= 2;
+  return piece;
+}
+
+// Reads N consecutive elements (aligned accesses of piece_of<T, N>) and widens them to float.
 template <int N, typename T>
 __device__ __forceinline__ void load_floats(const T* src, float* dst) {
-  const Pack<T, N> v = *reinterpret_cast<const Pack<T, N>*>(src);
+  constexpr int P = piece_of<T, N>();
 #pragma unroll
-  for (int j = 0; j < N; ++j) dst[j] = to_float(v.x[j]);
+  for (int i = 0; i < N; i += P) {
+    const Pack<T, P> v = *reinterpret_cast<const Pack<T, P>*>(src + i);
+#pragma unroll
+    for (int j = 0; j < P; ++j) dst[i + j] = to_float(v.x[j]);
+  }
 }
 
 // Reads N floats from shared memory in pieces of at most 16 bytes (PIECE floats each).
@@ -40,13 +56,17 @@ __device__ __forceinline__ void load_float_pieces(const float* src, float* dst) 
   for (int j = 0; j < N; j += PIECE) load_floats<PIECE>(src + j, dst + j);
 }
 
-// Narrows N floats to T and writes them as one aligned access.
+// Narrows N floats to T and writes them in aligned accesses of piece_of<T, N>.
 template <int N, typename T>
 __device__ __forceinline__ void store_floats(T* dst, const float* src) {
-  Pack<T, N> v;
+  constexpr int P = piece_of<T, N>();
 #pragma unroll
-  for (int j = 0; j < N; ++j) v.x[j] = from_float<T>(src[j]);
-  *reinterpret_cast<Pack<T, N>*>(dst) = v;
+  for (int i = 0; i < N; i += P) {
+    Pack<T, P> v;
+#pragma unroll
+    for (int j = 0; j < P; ++j) v.x[j] = from_float<T>(src[i + j]);
+    *reinterpret_cast<Pack<T, P>*>(dst + i) = v;
+  }
 }
 
 // max that propagates NaN (PTX max.NaN, sm_80+): a NaN score must poison a softmax, not be

@@ -31,7 +31,7 @@ def paged_case(D, dtype=torch.bfloat16, seed=0):
 
 
 def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
+    out, ref = out.double().cpu(), ref.double().cpu()
     assert torch.isfinite(out).all()
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
@@ -84,7 +84,7 @@ torch.cuda.synchronize()
 print("SECONDS", time.monotonic() - t0)
 from attngen import reference
 ref = reference.paged_decode(*case)
-err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+err = ((out.double().cpu() - ref.double().cpu()).norm() / ref.double().cpu().norm()).item()
 assert err < 1e-2, err
 """
 

@@ -195,7 +195,7 @@ def test_decode_step_matches_prefill():
     torch.testing.assert_close(state, s, rtol=1e-4, atol=1e-4)
 
 
-def test_bad_inputs_name_the_argument():
+def test_bad_inputs_name_the_argument(monkeypatch):
     r, k, v, w, u, s0 = wkv_inputs(1, 8, 2, 64, torch.float32)
     with pytest.raises(ValueError, match="k has shape"):
         attngen.wkv6(r, k[:, :4], v, w, u)
@@ -209,6 +209,11 @@ def test_bad_inputs_name_the_argument():
         attngen.wkv6(r, k, v, -w, u, check=True)
     with pytest.raises(ValueError, match="v has dtype"):
         attngen.wkv6(r, k, v.half(), w, u)
+    # a head size no instance can be built for (every candidate's thread mapping refuses it)
+    x = torch.randn(1, 8, 2, 50, device="cuda")
+    with pytest.raises(ValueError, match="no instance can be built for N=50.*tph"):
+        attngen.wkv6(x, x, x, -x.abs(), torch.randn(2, 50, device="cuda"))
+    monkeypatch.setenv("ATTNGEN_JIT", "0")  # no building on first use: the dispatch's own error
     x = torch.randn(1, 8, 2, 48, device="cuda")
     with pytest.raises(ValueError, match="unsupported head size N=48"):
         attngen.wkv6(x, x, x, -x.abs(), torch.randn(2, 48, device="cuda"))
