@@ -50,7 +50,10 @@ def call(op: str, run, key):
     except ValueError as exc:
         if UNCOVERED not in str(exc):
             raise
-        ensure(op, key())
+        try:
+            ensure(op, key())
+        except _generator().SizeIsBuilt:
+            raise exc from None   # not a missing size: the dispatch's own error
     return run()
 
 

@@ -40,6 +40,11 @@ class Unbuildable(ValueError):
     """No instance can be planned for the key: the reasons say what each candidate lacked."""
 
 
+class SizeIsBuilt(ValueError):
+    """Built instances have the key's sizes: what they refuse (alignment, say) a new build of
+    the same sizes would refuse too, and the op's own error says it best."""
+
+
 @dataclass(frozen=True)
 class Plan:
     spec: Spec
@@ -95,6 +100,9 @@ def plan(spec: Spec, runtime: dict, axes: dict, cache_tag: str = "") -> Plan:
     if dispatch.select(spec, instances, runtime, axes) is not None:
         raise ValueError(f"{spec.op.name}: the key is covered by a built instance; nothing to build")
     targets = {param: runtime[var] for var, param in jit_params.items()}
+    if any(all(i.p[k] == v for k, v in targets.items()) for i in instances if i.a == axes):
+        raise SizeIsBuilt(f"{spec.op.name}: instances with " + ", ".join(f"{k}={v}" for k, v in targets.items()) +
+                          " are built; none covers this call")
     reasons = []
     for rule in spec.dispatch:
         if not rule.when.evaluate(runtime):

@@ -88,7 +88,11 @@ def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("tph", f"n={n} is not divisible by tph={tph}")
     vectorize.check(vec, nbytes, {"n": n, "cols": cols})
     ept = n // tph
-    lds = min(16 // nbytes, ept)   # contracted rows read from shared memory 16 bytes at a time
+    # Contracted rows read from shared memory 16 bytes at a time, in equal power-of-two reads
+    # (ept = 6 at n = 96, tph = 16: 2 at a time).
+    lds = min(16 // nbytes, ept)
+    while ept % lds or not _is_pow2(lds):
+        lds -= 1
     if ept % lds:
         raise Rejected("tph", f"{ept} state rows per thread do not split into {lds}-element reads")
     if n % cols or cols % mpt or mpt * nbytes not in vectorize.LEGAL_BYTES + (2,):

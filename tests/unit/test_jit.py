@@ -43,6 +43,10 @@ def test_plan_for_rwkv_and_its_refusals():
         jit.plan(spec, {**RWKV_KEY, "N": 97, "align": 1}, RWKV_AXES)
     with pytest.raises(ValueError, match="covered by a built instance"):
         jit.plan(spec, {**RWKV_KEY, "N": 64}, RWKV_AXES)
+    with pytest.raises(jit.SizeIsBuilt, match="n=64 are built; none covers"):
+        jit.plan(spec, {**RWKV_KEY, "N": 64, "align": 1}, RWKV_AXES)  # misaligned: not a missing size
+    lowered = jit.plan(spec, RWKV_KEY, RWKV_AXES).inst
+    assert lowered.d["ept"] % lowered.d["lds"] == 0 and lowered.d["lds"] & (lowered.d["lds"] - 1) == 0
     with pytest.raises(jit.Unbuildable, match="builds no instance on first use"):
         jit.plan(jit.spec_of("causal_dot_product"), {}, {})
 
