@@ -3,7 +3,7 @@ a call, the generator plans, renders and compiles one (codegen/jit.py) into the 
 registered with the op's dispatch; later calls and later processes load it from the cache.
 
   ATTNGEN_JIT=0     off: the op's "no compiled instance covers it" ValueError, as without it
-  ATTNGEN_CACHE     the cache (default ~/.cache/attngen/<arch>/torch-<version>/cuda-<version>)
+  ATTNGEN_CACHE     the cache (default ~/.cache/attngen/torch-<version>/cuda-<version>, a directory per arch)
 
 Eager calls only: inside torch.compile the uncovered call raises as before; an eager call
 with the same shape builds and registers the instance, after which compiled code and CUDA
@@ -34,10 +34,16 @@ def toolchain_tag() -> str:
     return f"torch-{torch.__version__}/cuda-{torch.version.cuda}"
 
 
-def cache_dir(arch: str) -> Path:
+def cache_root() -> Path:
+    """Where this torch and CUDA's builds live: $ATTNGEN_CACHE, else ~/.cache/attngen/<torch>/<cuda>
+    (one directory per arch below it)."""
     if os.environ.get("ATTNGEN_CACHE"):
         return Path(os.environ["ATTNGEN_CACHE"])
-    return Path.home() / ".cache" / "attngen" / arch / toolchain_tag()
+    return Path.home() / ".cache" / "attngen" / toolchain_tag()
+
+
+def cache_dir(arch: str) -> Path:
+    return cache_root() / arch
 
 
 def call(op: str, run, key):

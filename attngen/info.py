@@ -1,8 +1,8 @@
 """What this attngen build holds: `python -m attngen.info`.
 
 Families and their instances (from generated/manifest.json, the list the build compiled),
-the arch, torch and CUDA, the tuned tables `make gen` turned into dispatch rules, and whether
-the extension is built. Needs no GPU.
+the arch, torch and CUDA, the tuned tables `make gen` turned into dispatch rules, whether
+the extension is built, and the instances built on first use in the cache. Needs no GPU.
 """
 from __future__ import annotations
 
@@ -50,8 +50,16 @@ def summary(root: Path = ROOT) -> dict:
         "torch": torch.__version__, "torch_cuda": torch.version.cuda,
         "extension": {"path": str(lib), "built": lib.is_file()},
         "tuned_tables": _tuned_tables(root),
-        "jit_cache": None,  # kernels are built ahead of time only; an uncovered shape raises ValueError
+        "jit_cache": _jit_cache(),
     }
+
+
+def _jit_cache() -> dict:
+    """Instances built on first use (attngen/_jit.py): this torch and CUDA's cache, what it holds."""
+    from . import _jit
+    root = _jit.cache_root()
+    names = sorted(json.loads(p.read_text())["name"] for p in root.rglob("instance.json") if (p.parent / "lib.so").is_file())
+    return {"enabled": _jit.enabled(), "cache": str(root), "instances": names}
 
 
 def format_summary(info: dict) -> str:
@@ -67,7 +75,10 @@ def format_summary(info: dict) -> str:
                      f"{table['device']}, {table['date']}")
     if not info["tuned_tables"]:
         lines.append("tuned: none (the specs' default dispatch rules apply)")
-    lines.append("jit cache: none (instances are built ahead of time; an uncovered shape raises ValueError)")
+    jit = info["jit_cache"]
+    state = "on" if jit["enabled"] else "off (ATTNGEN_JIT=0: an uncovered shape raises ValueError)"
+    lines.append(f"built on first use: {state}; cache {jit['cache']}: {len(jit['instances'])} instance(s)")
+    lines.extend(f"  {name}" for name in jit["instances"])
     return "\n".join(lines)
 
 

@@ -19,4 +19,18 @@ def test_format_names_every_family_and_the_tuned_table():
     text = info.format_summary(info.summary(ROOT))
     for family in ("causal_linear", "rwkv", "paged", "flash_attention"):
         assert f"  {family}: " in text
-    assert "tuned/sm_90a/causal_linear.yaml" in text and "jit cache: none" in text
+    assert "tuned/sm_90a/causal_linear.yaml" in text and "built on first use: on; cache " in text
+
+
+def test_the_jit_cache_lists_finished_builds_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNGEN_CACHE", str(tmp_path))
+    done = tmp_path / "sm_90a" / "paged" / "paged_x_d48-0123"
+    half = tmp_path / "sm_90a" / "paged" / ".paged_x_d40-4567.tmp"
+    for d, name in ((done, "paged_x_d48"), (half, "paged_x_d40")):
+        d.mkdir(parents=True)
+        (d / "instance.json").write_text(json.dumps({"name": name}))
+    (done / "lib.so").write_bytes(b"")
+    monkeypatch.setenv("ATTNGEN_JIT", "0")
+    text = info.format_summary(info.summary(ROOT))
+    assert f"built on first use: off (ATTNGEN_JIT=0" in text and f"cache {tmp_path}: 1 instance(s)" in text
+    assert "  paged_x_d48" in text and "paged_x_d40" not in text
