@@ -46,20 +46,24 @@ def cache_dir(arch: str) -> Path:
     return cache_root() / arch
 
 
-def call(op: str, run, key):
-    """run(); if the op's dispatch covers nothing for it, build the instance for key() (the
-    numbers of the op's `<op>_key`), register it, and run again."""
+def call(op: str, run, key, uncovered: str = UNCOVERED):
+    """run(); if the op's dispatch covers nothing for it (its error contains `uncovered`), build
+    the instance for key() (the numbers of the op's `<op>_key`), register it, and run again.
+    When none can be built, the op's error stands, with the generator's reasons added."""
     if torch.compiler.is_compiling() or not enabled():
         return run()
     try:
         return run()
     except ValueError as exc:
-        if UNCOVERED not in str(exc):
+        if uncovered not in str(exc):
             raise
+        jit = _generator()
         try:
             ensure(op, key())
-        except _generator().SizeIsBuilt:
+        except jit.SizeIsBuilt:
             raise exc from None   # not a missing size: the dispatch's own error
+        except jit.Unbuildable as why:
+            raise ValueError(f"{exc}\nNor can one be built on first use: {why}") from None
     return run()
 
 

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import _ext
+from . import _ext, _jit
 from ._checks import check_tensor
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -201,7 +201,9 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 
 def _call(args, instance: Optional[str]):
     if instance is None:
-        return torch.ops.attngen.flash_attention(*args)
+        return _jit.call("flash_attention", lambda: torch.ops.attngen.flash_attention(*args),
+                         lambda: torch.ops.attngen.flash_attention_key(*args[:3]),
+                         uncovered="flash_attention: unsupported head size")
     return torch.ops.attngen.flash_attention_with(*args, instance)
 
 

@@ -103,7 +103,7 @@ def plan(spec: Spec, runtime: dict, axes: dict, cache_tag: str = "") -> Plan:
     if any(all(i.p[k] == v for k, v in targets.items()) for i in instances if i.a == axes):
         raise SizeIsBuilt(f"{spec.op.name}: instances with " + ", ".join(f"{k}={v}" for k, v in targets.items()) +
                           " are built; none covers this call")
-    reasons = []
+    reasons = {}   # kind -> why its first candidate failed
     for rule in spec.dispatch:
         if not rule.when.evaluate(runtime):
             continue
@@ -113,17 +113,16 @@ def plan(spec: Spec, runtime: dict, axes: dict, cache_tag: str = "") -> Plan:
             try:
                 lowered = passes.lower_one(candidate)
             except Rejected as exc:
-                reasons.append(f"{candidate.name}: {exc.param}: {exc.reason}")
+                reasons.setdefault(rule.kind, f"{candidate.name}: {exc.param}: {exc.reason}")
                 continue
             if dispatch.covers(spec, lowered, runtime):
                 sources = render_sources(spec, lowered)
                 return Plan(spec, lowered, sources, digest(sources, cache_tag))
-            reasons.append(f"{candidate.name}: its covers ({spec.kernels[rule.kind].covers.text}) reject the call")
-    reasons = list(dict.fromkeys(reasons))  # instances that differ only in the replaced size
-    shown = "; ".join(reasons[:4]) + (f"; and {len(reasons) - 4} more" if len(reasons) > 4 else "")
+            reasons.setdefault(rule.kind, f"{candidate.name}: its covers "
+                                          f"({spec.kernels[rule.kind].covers.text}) reject the call")
     raise Unbuildable(f"{spec.op.name}: no instance can be built for " +
                       ", ".join(f"{k}={v}" for k, v in {**runtime, **axes}.items()) +
-                      (f" ({shown})" if reasons else " (no dispatch rule applies)"))
+                      (f" ({'; '.join(reasons.values())})" if reasons else " (no dispatch rule applies)"))
 
 
 def render_sources(spec: Spec, inst: KernelInstance) -> dict:

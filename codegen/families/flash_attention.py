@@ -25,6 +25,9 @@ from ..passes import Rejected, banks
 
 NAME = "flash_attention"
 AXES = {"dtype": ("fp16", "bf16")}
+# Built on first use (codegen/jit.py): the run-time variable a key may lack and the grid parameter
+# that takes its value.
+JIT_PARAMS = {"D": "d"}
 # The key's axis fields as the index of the axis value in AXES (dispatch.cpp's key values).
 KEY_AXES_CPP = {"dtype": "static_cast<int64_t>(key.dtype)"}
 RUNTIME_VARS = {

@@ -25,6 +25,7 @@ int flash_attention_entry_count();
 const Entry* flash_attention_entry(int index);
 const Entry* flash_attention_find(const char* name);
 const Entry* flash_attention_select(const AttentionKey& key);
+std::vector<int64_t> flash_attention_key_values(const AttentionKey& key);
 
 namespace {
 
@@ -261,6 +262,14 @@ std::string flash_attention_select_name(const at::Tensor& q, const at::Tensor& k
   return entry ? entry->name : "";
 }
 
+// The dispatch key as numbers (codegen/jit.py builds an instance for a key no entry covers).
+std::vector<int64_t> flash_attention_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const std::optional<at::Tensor> none;
+  const Inputs in{q, k, v, none, none, 0, 0, 1.0, -1, -1, none, 0.0};
+  check_all(in);
+  return flash_attention_key_values(make_key(in));
+}
+
 std::vector<std::string> flash_attention_instances() {
   std::vector<std::string> names;
   for (int i = 0; i < flash_attention_entry_count(); ++i) names.emplace_back(flash_attention_entry(i)->name);
@@ -277,6 +286,7 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
         "int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, "
         "str instance) -> (Tensor, Tensor)");
   m.def("flash_attention_select(Tensor q, Tensor k, Tensor v) -> str", &attngen::flash_attention::flash_attention_select_name);
+  m.def("flash_attention_key(Tensor q, Tensor k, Tensor v) -> int[]", &attngen::flash_attention::flash_attention_key);
   m.def("flash_attention_instances() -> str[]", &attngen::flash_attention::flash_attention_instances);
 }
 

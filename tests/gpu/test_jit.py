@@ -126,3 +126,17 @@ def test_jit_off_keeps_the_error(cache, monkeypatch):
         paged.paged_decode(*case)
     assert not cache.exists() or not list(cache.rglob("lib.so"))
     assert _jit.enabled() is False
+
+
+def test_flash_attention_head_size_80_is_built_on_first_use(cache):
+    from attngen import flash_attention as fa
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, L, H, 80, generator=g).to(torch.bfloat16).cuda() for L, H in ((113, 4), (70, 2), (70, 2)))
+    out = fa.flash_attention(q, k, v, causal=True)
+    ref, _ = reference.flash_attention(q, k, v, causal=True)
+    assert rel_err(out, ref) < 1e-2
+    assert "_mma_sync_d80_" in fa.selected_instance(q, k, v)
+    with pytest.raises(ValueError, match=r"unsupported head size D=72; built: .*Nor can one be built on first use: "
+                                         r".*d=72 is not a multiple of 16"):
+        x = torch.randn(1, 8, 2, 72, device="cuda", dtype=torch.bfloat16)
+        fa.flash_attention(x, x, x)
