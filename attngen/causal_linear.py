@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ext
+from . import _ext, _jit
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _registered = False
@@ -60,6 +60,8 @@ def _register() -> None:
         # o_t = sum_s (q_t . k_s) v_s over s <= t (s >= t if reverse):
         #   dq_t = sum_s (g_t . v_s) k_s, same direction;
         #   dk_s = sum_t (v_s . g_t) q_t and dv_s = sum_t (k_s . q_t) g_t, the other direction.
+        for args in ((grad, v, k, rev), (v, grad, q, not rev), (k, q, grad, not rev)):
+            _build_past_the_buckets(*args)
         dq = op(grad, v, k, rev) if ctx.needs_input_grad[0] else None
         dk = op(v, grad, q, not rev) if ctx.needs_input_grad[1] else None
         dv = op(k, q, grad, not rev) if ctx.needs_input_grad[2] else None
@@ -77,7 +79,30 @@ def causal_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, revers
     """
     check_inputs(q, k, v)
     _register()
+    _build_past_the_buckets(q, k, v, reverse)
     return torch.ops.attngen.causal_dot_product(q, k, v, reverse)
+
+
+_decided: set = set()  # (E, M, dtype, reverse) already looked at in this process
+
+
+def _build_past_the_buckets(q, k, v, reverse: bool) -> None:
+    """E or M past the recurrent kinds' buckets (E = 256 in fp32) sends a call to the generic
+    kind; the first such call builds a recurrent instance for it (attngen/_jit.py), which the
+    dispatch then tries before the generic kind. Looked at once per (E, M, dtype, direction)."""
+    if torch.compiler.is_compiling() or not _jit.enabled():
+        return
+    seen = (q.shape[3], v.shape[3], q.dtype, bool(reverse))
+    if seen in _decided:
+        return
+    _decided.add(seen)
+    if "_generic_" not in torch.ops.attngen.causal_dot_product_select(q, k, v, reverse):
+        return
+    jit = _jit._generator()
+    try:
+        _jit.ensure("causal_dot_product", torch.ops.attngen.causal_dot_product_key(q, k, v, reverse))
+    except (jit.SizeIsBuilt, jit.Unbuildable):
+        pass  # misaligned, or no recurrent instance fits: the generic kind serves the call
 
 
 def instances() -> list[str]:

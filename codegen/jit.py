@@ -97,6 +97,8 @@ def plan(spec: Spec, runtime: dict, axes: dict, cache_tag: str = "") -> Plan:
     if not jit_params:
         raise Unbuildable(f"{spec.op.name}: the {spec.family} family builds no instance on first use")
     (spec, instances), = pipeline.lower(pipeline.expand([spec]))  # with the tuned table's rules
+    fallback = getattr(fam, "JIT_INSTEAD_OF", ())
+    instances = [i for i in instances if i.kind not in fallback]  # a fallback kind does not count as covering
     if dispatch.select(spec, instances, runtime, axes) is not None:
         raise ValueError(f"{spec.op.name}: the key is covered by a built instance; nothing to build")
     targets = {param: runtime[var] for var, param in jit_params.items()}
@@ -105,7 +107,7 @@ def plan(spec: Spec, runtime: dict, axes: dict, cache_tag: str = "") -> Plan:
                           " are built; none covers this call")
     reasons = {}   # kind -> why its first candidate failed
     for rule in spec.dispatch:
-        if not rule.when.evaluate(runtime):
+        if rule.kind in fallback or not rule.when.evaluate(runtime):
             continue
         members = [i for i in dispatch.ordered(spec, instances, rule.kind) if i.a == axes]
         for inst in _by_distance(members, targets):

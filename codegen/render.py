@@ -68,14 +68,15 @@ def dispatch_context(spec: Spec, instances: list[KernelInstance]) -> dict:
             by_axes.setdefault(inst.axes, []).append(index[inst.name])
         return [{"match": fam.axes_match_cpp(dict(axes)), "entries": entries} for axes, entries in by_axes.items()]
 
-    rules = [{"source": f"tuned: {rule.source}", "when": rule.when.to_cpp(runtime), "groups": groups(rule.instances)}
-             for rule in spec.tuned]
+    rules = [{"source": f"tuned: {rule.source}", "when": rule.when.to_cpp(runtime), "groups": groups(rule.instances),
+              "jit_first": False} for rule in spec.tuned]
     for rule in spec.dispatch:
         kind = spec.kernels[rule.kind]
         members = sorted((i for i in instances if i.kind == rule.kind),
                          key=lambda i: tuple(i.p[k] for k in kind.prefer))
         rules.append({"source": f"{spec.file}:{rule.line}: when {rule.when.text} -> {rule.kind}",
-                      "when": rule.when.to_cpp(runtime), "groups": groups(members)})
+                      "when": rule.when.to_cpp(runtime), "groups": groups(members),
+                      "jit_first": rule.kind in getattr(fam, "JIT_INSTEAD_OF", ())})
     return {"family": spec.family, "op": spec.op.name, "instances": instances, "covers": covers,
             "runtime_vars": list(fam.RUNTIME_VARS), "key_axes": [fam.KEY_AXES_CPP[axis] for axis in spec.axes],
             "rules": rules, "key_struct": fam.KEY_STRUCT, "axis_names": ", ".join(spec.axes)}

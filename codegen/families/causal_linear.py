@@ -14,6 +14,11 @@ from . import flash_attention
 NAME = "causal_linear"
 AXES = {"dtype": ("fp32", "fp16", "bf16"), "direction": ("fwd", "rev")}
 # Names a `covers:` or `when:` expression may use; filled at run time by the bindings.
+# Built on first use (codegen/jit.py): the run-time variables a key may lack and the grid
+# parameters that take their values. A call the dispatch sends to a fallback kind (E or M past
+# the recurrent kinds' buckets) gets a recurrent instance built for it, tried before the fallback.
+JIT_PARAMS = {"E": "e", "M": "m"}
+JIT_INSTEAD_OF = ("generic",)
 # The key's axis fields as the index of the axis value in AXES (dispatch.cpp's key values).
 KEY_AXES_CPP = {"dtype": "static_cast<int64_t>(key.dtype)", "direction": "key.reverse ? 1 : 0"}
 RUNTIME_VARS = {

@@ -20,6 +20,7 @@ int causal_dot_product_entry_count();
 const Entry* causal_dot_product_entry(int index);
 const Entry* causal_dot_product_find(const char* name);
 const Entry* causal_dot_product_select(const CausalLinearKey& key);
+std::vector<int64_t> causal_dot_product_key_values(const CausalLinearKey& key);
 
 namespace {
 
@@ -149,6 +150,13 @@ std::string causal_dot_product_select_name(const at::Tensor& q, const at::Tensor
   return entry ? entry->name : "";
 }
 
+// The dispatch key as numbers (codegen/jit.py builds an instance for a key only a fallback covers).
+std::vector<int64_t> causal_dot_product_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool reverse) {
+  check_all(q, k, v);
+  const at::Tensor o = output_like(q, v);
+  return causal_dot_product_key_values(make_key(q, k, v, o, reverse));
+}
+
 std::vector<std::string> causal_dot_product_instances() {
   std::vector<std::string> names;
   for (int i = 0; i < causal_dot_product_entry_count(); ++i) names.emplace_back(causal_dot_product_entry(i)->name);
@@ -164,6 +172,7 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
   m.def("causal_dot_product_with(Tensor q, Tensor k, Tensor v, bool reverse, str instance) -> Tensor");
   m.def("causal_dot_product_select(Tensor q, Tensor k, Tensor v, bool reverse=False) -> str",
         &attngen::causal_linear::causal_dot_product_select_name);
+  m.def("causal_dot_product_key(Tensor q, Tensor k, Tensor v, bool reverse=False) -> int[]", &attngen::causal_linear::causal_dot_product_key);
   m.def("causal_dot_product_instances() -> str[]", &attngen::causal_linear::causal_dot_product_instances);
 }
 

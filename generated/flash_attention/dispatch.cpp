@@ -217,6 +217,15 @@ const Entry* flash_attention_find(const char* name) {
   return nullptr;
 }
 
+// Built on first use: their covers test the axes (dtype) too.
+const Entry* jit_select(const AttentionKey& key) {
+  const int n = jit_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    if (jit_slots[i]->covers(key)) return jit_slots[i];
+  }
+  return nullptr;
+}
+
 const Entry* flash_attention_select(const AttentionKey& key) {
   // specs/flash_attention.yaml:213: when True -> hopper_ws
   if (true) {
@@ -257,12 +266,7 @@ const Entry* flash_attention_select(const AttentionKey& key) {
       if (kEntries[7].covers(key)) return &kEntries[7];  // flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a
     }
   }
-  // Built on first use: their covers test the axes (dtype) too.
-  const int n = jit_count.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i) {
-    if (jit_slots[i]->covers(key)) return jit_slots[i];
-  }
-  return nullptr;
+  return jit_select(key);
 }
 
 }  // namespace flash_attention

@@ -1281,6 +1281,15 @@ const Entry* paged_decode_find(const char* name) {
   return nullptr;
 }
 
+// Built on first use: their covers test the axes (dtype) too.
+const Entry* jit_select(const DecodeKey& key) {
+  const int n = jit_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    if (jit_slots[i]->covers(key)) return jit_slots[i];
+  }
+  return nullptr;
+}
+
 const Entry* paged_decode_select(const DecodeKey& key) {
   // specs/paged.yaml:145: when G * Q >= 3 or KVE > 0 -> grouped_mma
   if ((((key.G * key.Q) >= 3) || (key.KVE > 0))) {
@@ -1589,12 +1598,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[209].covers(key)) return &kEntries[209];  // paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_bf16_sm90a
     }
   }
-  // Built on first use: their covers test the axes (dtype) too.
-  const int n = jit_count.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i) {
-    if (jit_slots[i]->covers(key)) return jit_slots[i];
-  }
-  return nullptr;
+  return jit_select(key);
 }
 
 }  // namespace paged

@@ -401,6 +401,15 @@ const Entry* wkv_scan_find(const char* name) {
   return nullptr;
 }
 
+// Built on first use: their covers test the axes (dtype, direction, keys) too.
+const Entry* jit_select(const WkvKey& key) {
+  const int n = jit_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    if (jit_slots[i]->covers(key)) return jit_slots[i];
+  }
+  return nullptr;
+}
+
 const Entry* wkv_scan_select(const WkvKey& key) {
   // specs/rwkv.yaml:113: when BH >= sm_count -> full_head
   if ((key.BH >= key.sm_count)) {
@@ -567,12 +576,7 @@ const Entry* wkv_scan_select(const WkvKey& key) {
       if (kEntries[83].covers(key)) return &kEntries[83];  // rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
   }
-  // Built on first use: their covers test the axes (dtype, direction, keys) too.
-  const int n = jit_count.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i) {
-    if (jit_slots[i]->covers(key)) return jit_slots[i];
-  }
-  return nullptr;
+  return jit_select(key);
 }
 
 }  // namespace rwkv

@@ -140,3 +140,18 @@ def test_flash_attention_head_size_80_is_built_on_first_use(cache):
                                          r".*d=72 is not a multiple of 16"):
         x = torch.randn(1, 8, 2, 72, device="cuda", dtype=torch.bfloat16)
         fa.flash_attention(x, x, x)
+
+
+def test_causal_linear_e256_gets_a_recurrent_instance_instead_of_the_generic_kind(cache):
+    from attngen import causal_linear as cl
+    g = torch.Generator().manual_seed(3)
+    q, k, v = ((torch.randn(1, 2, 300, 256, generator=g) * 0.1).cuda() for _ in range(3))
+    assert "_generic_" in cl.selected_instance(q, k, v)
+    out = cl.causal_dot_product(q, k, v)
+    name = cl.selected_instance(q, k, v)
+    assert "_generic_" not in name and "_e256_m256_" in name, name
+    ref = reference.causal_dot_product(q, k, v)
+    assert rel_err(out, ref) < 1e-5
+    q.requires_grad_(True)
+    cl.causal_dot_product(q, k, v).sum().backward()  # the backward's calls go the same way
+    assert torch.isfinite(q.grad).all()

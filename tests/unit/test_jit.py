@@ -47,8 +47,6 @@ def test_plan_for_rwkv_and_its_refusals():
         jit.plan(spec, {**RWKV_KEY, "N": 64, "align": 1}, RWKV_AXES)  # misaligned: not a missing size
     lowered = jit.plan(spec, RWKV_KEY, RWKV_AXES).inst
     assert lowered.d["ept"] % lowered.d["lds"] == 0 and lowered.d["lds"] & (lowered.d["lds"] - 1) == 0
-    with pytest.raises(jit.Unbuildable, match="builds no instance on first use"):
-        jit.plan(jit.spec_of("causal_dot_product"), {}, {})
 
 
 def test_key_numbers_decode_in_the_generated_order():
@@ -126,3 +124,19 @@ def test_compile_command_builds_one_shared_library(paged_plan, tmp_path, monkeyp
     monkeypatch.setenv("NVCC", str(tmp_path / "missing-nvcc"))
     with pytest.raises(RuntimeError, match="needs nvcc"):
         jit.nvcc_path()
+
+
+def test_causal_linear_past_the_buckets_gets_a_recurrent_instance_before_the_fallback():
+    spec = jit.spec_of("causal_dot_product")
+    key = {"E": 256, "M": 256, "L": 4096, "BH": 16, "align": 4, "sm_count": 132}
+    axes = {"dtype": "fp32", "direction": "fwd"}
+    built_spec, built = pipeline.lower(pipeline.expand([spec]))[0]
+    assert dispatch.select(built_spec, built, key, axes).kind == "generic"
+    inst = jit.plan(spec, key, axes).inst
+    assert inst.kind == "split_time" and (inst.p["e"], inst.p["m"]) == (256, 256)
+    assert jit.plan(spec, {**key, "BH": 128}, axes).inst.kind == "lmha"
+    with pytest.raises(jit.SizeIsBuilt):
+        jit.plan(spec, {**key, "E": 64, "M": 64, "align": 1}, axes)  # misaligned: the fallback's job
+    generated = (pipeline.GENERATED_DIR / "causal_linear" / "dispatch.cpp").read_text()
+    body = generated[generated.index("causal_dot_product_select(const"):]
+    assert body.index("jit_select(key)") < body.index("-> generic")
