@@ -4,6 +4,7 @@ and the attention layers of fast-transformers built on it."""
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from . import _ext, _jit
 
@@ -90,8 +91,8 @@ def _build_past_the_buckets(q, k, v, reverse: bool) -> None:
     """E or M past the recurrent kinds' buckets (E = 256 in fp32) sends a call to the generic
     kind; the first such call builds a recurrent instance for it (attngen/_jit.py), which the
     dispatch then tries before the generic kind. Looked at once per (E, M, dtype, direction)."""
-    if torch.compiler.is_compiling() or not _jit.enabled():
-        return
+    if torch.compiler.is_compiling() or not _jit.enabled() or is_fake(q):
+        return  # traced (the backward of a compiled graph is traced with fake tensors): nothing to build
     seen = (q.shape[3], v.shape[3], q.dtype, bool(reverse))
     if seen in _decided:
         return

@@ -2,6 +2,7 @@
 prebuilt instance covers (paged D=48, RWKV N=96) is built, registered and right against the
 float64 reference; a second process loads it from the cache; 8 processes asking at once get
 one build and the right answer. Each test uses a cache of its own (ATTNGEN_CACHE)."""
+import importlib
 import json
 import os
 import subprocess
@@ -129,7 +130,7 @@ def test_jit_off_keeps_the_error(cache, monkeypatch):
 
 
 def test_flash_attention_head_size_80_is_built_on_first_use(cache):
-    from attngen import flash_attention as fa
+    fa = importlib.import_module("attngen.flash_attention")  # attngen.flash_attention is also the function
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(2, L, H, 80, generator=g).to(torch.bfloat16).cuda() for L, H in ((113, 4), (70, 2), (70, 2)))
     out = fa.flash_attention(q, k, v, causal=True)
