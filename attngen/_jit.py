@@ -58,6 +58,8 @@ def call(op: str, run, key, uncovered: str = UNCOVERED):
         if uncovered not in str(exc):
             raise
         jit = _generator()
+        if jit is None:   # an installed package without the source tree: the op's error stands
+            raise ValueError(f"{exc}\n(Not built on first use: {GENERATOR_MISSING})") from None
         try:
             ensure(op, key())
         except jit.SizeIsBuilt:
@@ -67,13 +69,18 @@ def call(op: str, run, key, uncovered: str = UNCOVERED):
     return run()
 
 
+GENERATOR_MISSING = ("building an instance on first use needs the generator: the attngen source tree (codegen/, "
+                     "templates/, specs/) on the Python path")
+
+
 def _generator():
+    """codegen.jit, or None where only the installed package is at hand."""
     try:
-        from codegen import jit
+        from codegen import jit, pipeline
     except ImportError:
-        raise RuntimeError("attngen: building an instance on first use needs the generator (codegen/, templates/, "
-                           "specs/ of the attngen source tree on the Python path); or set ATTNGEN_JIT=0") from None
-    return jit
+        return None
+    # codegen is installed with the package, but the specs and templates live in the source tree
+    return jit if pipeline.SPECS_DIR.is_dir() and pipeline.TEMPLATES_DIR.is_dir() else None
 
 
 def ensure(op: str, key_values) -> Path:
@@ -81,6 +88,8 @@ def ensure(op: str, key_values) -> Path:
     registered with `op`'s dispatch. A key no instance can cover raises ValueError with the
     generator's reasons."""
     jit = _generator()
+    if jit is None:
+        raise RuntimeError(f"attngen: {GENERATOR_MISSING}")
     spec = jit.spec_of(op)
     runtime, axes = jit.decode_key(spec, key_values)
     plan = jit.plan(spec, runtime, axes, cache_tag=toolchain_tag())

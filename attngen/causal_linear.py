@@ -100,6 +100,8 @@ def _build_past_the_buckets(q, k, v, reverse: bool) -> None:
     if "_generic_" not in torch.ops.attngen.causal_dot_product_select(q, k, v, reverse):
         return
     jit = _jit._generator()
+    if jit is None:
+        return  # no source tree: the generic kind serves the call
     try:
         _jit.ensure("causal_dot_product", torch.ops.attngen.causal_dot_product_key(q, k, v, reverse))
     except (jit.SizeIsBuilt, jit.Unbuildable):

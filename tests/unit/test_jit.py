@@ -140,3 +140,18 @@ def test_causal_linear_past_the_buckets_gets_a_recurrent_instance_before_the_fal
     generated = (pipeline.GENERATED_DIR / "causal_linear" / "dispatch.cpp").read_text()
     body = generated[generated.index("causal_dot_product_select(const"):]
     assert body.index("jit_select(key)") < body.index("-> generic")
+
+
+def test_without_the_source_tree_the_ops_error_stands(monkeypatch, tmp_path):
+    from attngen import _jit
+    from codegen import pipeline as pl
+    monkeypatch.setattr(pl, "SPECS_DIR", tmp_path / "no-specs")
+    assert _jit._generator() is None
+
+    def uncovered():
+        raise ValueError("paged_decode: unsupported head size or layout: D=48; no compiled instance covers it")
+    with pytest.raises(ValueError, match=r"(?s)no compiled instance covers it.*Not built on first use: .*source tree"):
+        _jit.call("paged_decode", uncovered, lambda: [])
+    monkeypatch.setenv("ATTNGEN_JIT", "0")
+    with pytest.raises(ValueError, match="no compiled instance covers it$"):
+        _jit.call("paged_decode", uncovered, lambda: [])
