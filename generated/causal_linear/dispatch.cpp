@@ -466,90 +466,6 @@ cudaError_t launch_causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_ter
 size_t workspace_causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a(const Params&, cudaStream_t);
@@ -592,48 +508,6 @@ cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_
 size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a(const Params&, cudaStream_t);
@@ -920,87 +794,24 @@ bool covers_243(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <
 bool covers_244(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
 bool covers_245(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
 bool covers_246(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_247(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_248(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_249(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_250(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_251(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_252(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_253(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_254(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_255(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_256(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_257(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_258(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_259(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_260(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_261(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_262(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_263(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_264(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_265(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_266(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_267(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_268(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_269(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_270(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_271(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_272(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_273(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_274(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_275(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_276(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_277(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_278(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_279(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_280(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_281(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_282(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_283(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_284(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_285(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_286(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_287(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_288(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_289(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_290(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_291(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_292(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_293(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_294(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_295(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_296(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_297(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_298(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_299(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_300(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_301(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
-bool covers_302(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_303(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_304(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_305(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_306(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_307(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_308(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_309(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 8) == 0)); }
-bool covers_310(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_311(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_312(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_313(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_314(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_315(const CausalLinearKey& key) { return (key.E <= 1024); }
-bool covers_316(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
-bool covers_317(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
-bool covers_318(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_319(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_320(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_321(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_322(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_323(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_324(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
-bool covers_325(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
-bool covers_326(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
-bool covers_327(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_247(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_248(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_249(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_250(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_251(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_252(const CausalLinearKey& key) { return (key.E <= 1024); }
+bool covers_253(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
+bool covers_254(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
+bool covers_255(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_256(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_257(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_258(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_259(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_260(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_261(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_262(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_263(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_264(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
 
 const Entry kEntries[] = {
     {"causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a, covers_0, workspace_causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a},
@@ -1229,108 +1040,45 @@ const Entry kEntries[] = {
     {"causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_223, workspace_causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
     {"causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_224, workspace_causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
     {"causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_225, workspace_causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_226, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_227, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_228, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_229, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a, covers_230, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_231, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_232, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_233, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_234, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_235, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_236, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_237, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_238, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_239, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_240, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_241, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_242, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_243, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_244, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_245, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_246, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_247, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_248, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_249, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_250, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a, covers_251, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_252, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_253, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_254, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_255, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_256, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_257, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_258, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_259, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_260, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_261, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_262, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_263, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_264, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a, covers_265, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_266, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a, covers_267, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_fp16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_268, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_269, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_270, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_271, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a, covers_272, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_273, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_274, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_275, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_276, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_277, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_278, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_279, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_280, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_281, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_282, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_283, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_284, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_285, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_286, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_287, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_288, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_289, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_290, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_291, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_292, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a, covers_293, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_294, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_295, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_296, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_297, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_298, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_299, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_300, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_301, workspace_causal_linear_rev_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_302, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_303, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_304, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_305, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_306, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_307, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_308, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
-    {"causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_309, workspace_causal_linear_rev_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a},
-    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a, covers_310, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a},
-    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a, covers_311, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a},
-    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a, covers_312, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a},
-    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a, covers_313, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a},
-    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_314, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
-    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_315, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
-    {"causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_316, workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_317, workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_318, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_319, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_320, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
-    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_321, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
-    {"causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_322, workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
-    {"causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_323, workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
-    {"causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_324, workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
-    {"causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_325, workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
-    {"causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_326, workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
-    {"causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_327, workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_226, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_227, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_228, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_229, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a, covers_230, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages2_terms2_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_231, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_232, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_233, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_234, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_235, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_236, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf1_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_237, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_238, workspace_causal_linear_fwd_chunked_candidates_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_239, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_240, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_241, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_242, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages2_terms1_sbuf2_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_243, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a, covers_244, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf1_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_245, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a", launch_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a, covers_246, workspace_causal_linear_fwd_chunked_candidates_e128_m128_cols64_warps4_stages3_terms1_sbuf2_seg256_waves2_bf16_sm90a},
+    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a, covers_247, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a},
+    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a, covers_248, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a},
+    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a, covers_249, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a},
+    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a, covers_250, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a},
+    {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_251, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
+    {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_252, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
+    {"causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_253, workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_254, workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_255, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_256, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_257, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
+    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_258, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
+    {"causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_259, workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
+    {"causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_260, workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
+    {"causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_261, workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
+    {"causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_262, workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
+    {"causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_263, workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
+    {"causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_264, workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
 };
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
@@ -1390,67 +1138,67 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e32_small_bh: when E <= 32 and M <= 32 and BH < sm_count // 2
   if (((key.E <= 32) && (key.M <= 32) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[316].covers(key)) return &kEntries[316];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[253].covers(key)) return &kEntries[253];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[317].covers(key)) return &kEntries[317];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[254].covers(key)) return &kEntries[254];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_tiny_bh: when E <= 64 and M <= 64 and BH < sm_count // 8
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 8)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[318].covers(key)) return &kEntries[318];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[255].covers(key)) return &kEntries[255];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[319].covers(key)) return &kEntries[319];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[256].covers(key)) return &kEntries[256];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_long_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2 and L >= 8192
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 2)) && (key.L >= 8192))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[320].covers(key)) return &kEntries[320];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[257].covers(key)) return &kEntries[257];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[321].covers(key)) return &kEntries[321];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[258].covers(key)) return &kEntries[258];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[320].covers(key)) return &kEntries[320];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[257].covers(key)) return &kEntries[257];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[321].covers(key)) return &kEntries[321];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[258].covers(key)) return &kEntries[258];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_large_bh: when E <= 64 and M <= 64
   if (((key.E <= 64) && (key.M <= 64))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[322].covers(key)) return &kEntries[322];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[259].covers(key)) return &kEntries[259];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[323].covers(key)) return &kEntries[323];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[260].covers(key)) return &kEntries[260];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e128_small_bh: when E <= 128 and M <= 128 and BH < sm_count // 2
   if (((key.E <= 128) && (key.M <= 128) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[324].covers(key)) return &kEntries[324];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[261].covers(key)) return &kEntries[261];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[325].covers(key)) return &kEntries[325];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[262].covers(key)) return &kEntries[262];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e128_large_bh: when E <= 128 and M <= 128
   if (((key.E <= 128) && (key.M <= 128))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[326].covers(key)) return &kEntries[326];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[263].covers(key)) return &kEntries[263];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[327].covers(key)) return &kEntries[327];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[264].covers(key)) return &kEntries[264];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
   }
-  // specs/causal_linear.yaml:167: when True -> chunked
+  // specs/causal_linear.yaml:169: when True -> chunked
   if (true) {
     if (key.dtype == DType::kFP16 && key.reverse == false) {
       if (kEntries[162].covers(key)) return &kEntries[162];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
@@ -1525,7 +1273,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[225].covers(key)) return &kEntries[225];  // causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
     }
   }
-  // specs/causal_linear.yaml:169: when BH >= sm_count // 2 -> lmha
+  // specs/causal_linear.yaml:171: when BH >= sm_count // 2 -> lmha
   if ((key.BH >= (key.sm_count / 2))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
@@ -1533,12 +1281,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[2].covers(key)) return &kEntries[2];  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[3].covers(key)) return &kEntries[3];  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[4].covers(key)) return &kEntries[4];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
-      if (kEntries[322].covers(key)) return &kEntries[322];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[259].covers(key)) return &kEntries[259];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[5].covers(key)) return &kEntries[5];  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[6].covers(key)) return &kEntries[6];  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[7].covers(key)) return &kEntries[7];  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[8].covers(key)) return &kEntries[8];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[326].covers(key)) return &kEntries[326];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[263].covers(key)) return &kEntries[263];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
       if (kEntries[9].covers(key)) return &kEntries[9];  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
@@ -1546,12 +1294,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[11].covers(key)) return &kEntries[11];  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[12].covers(key)) return &kEntries[12];  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[13].covers(key)) return &kEntries[13];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
-      if (kEntries[323].covers(key)) return &kEntries[323];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[260].covers(key)) return &kEntries[260];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[14].covers(key)) return &kEntries[14];  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[15].covers(key)) return &kEntries[15];  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[16].covers(key)) return &kEntries[16];  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[17].covers(key)) return &kEntries[17];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[327].covers(key)) return &kEntries[327];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[264].covers(key)) return &kEntries[264];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
       if (kEntries[18].covers(key)) return &kEntries[18];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
@@ -1598,17 +1346,17 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[53].covers(key)) return &kEntries[53];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
     }
   }
-  // specs/causal_linear.yaml:171: when L >= 1024 -> split_time
+  // specs/causal_linear.yaml:173: when L >= 1024 -> split_time
   if ((key.L >= 1024)) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[108].covers(key)) return &kEntries[108];  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[316].covers(key)) return &kEntries[316];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[253].covers(key)) return &kEntries[253];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
       if (kEntries[109].covers(key)) return &kEntries[109];  // causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[110].covers(key)) return &kEntries[110];  // causal_linear_fwd_split_time_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[111].covers(key)) return &kEntries[111];  // causal_linear_fwd_split_time_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[112].covers(key)) return &kEntries[112];  // causal_linear_fwd_split_time_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[318].covers(key)) return &kEntries[318];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
-      if (kEntries[320].covers(key)) return &kEntries[320];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[255].covers(key)) return &kEntries[255];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[257].covers(key)) return &kEntries[257];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
       if (kEntries[113].covers(key)) return &kEntries[113];  // causal_linear_fwd_split_time_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[114].covers(key)) return &kEntries[114];  // causal_linear_fwd_split_time_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[115].covers(key)) return &kEntries[115];  // causal_linear_fwd_split_time_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
@@ -1616,13 +1364,13 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
       if (kEntries[117].covers(key)) return &kEntries[117];  // causal_linear_rev_split_time_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[317].covers(key)) return &kEntries[317];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[254].covers(key)) return &kEntries[254];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
       if (kEntries[118].covers(key)) return &kEntries[118];  // causal_linear_rev_split_time_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[119].covers(key)) return &kEntries[119];  // causal_linear_rev_split_time_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[120].covers(key)) return &kEntries[120];  // causal_linear_rev_split_time_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[121].covers(key)) return &kEntries[121];  // causal_linear_rev_split_time_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[319].covers(key)) return &kEntries[319];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
-      if (kEntries[321].covers(key)) return &kEntries[321];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[256].covers(key)) return &kEntries[256];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[258].covers(key)) return &kEntries[258];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
       if (kEntries[122].covers(key)) return &kEntries[122];  // causal_linear_rev_split_time_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[123].covers(key)) return &kEntries[123];  // causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[124].covers(key)) return &kEntries[124];  // causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
@@ -1673,7 +1421,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[161].covers(key)) return &kEntries[161];  // causal_linear_rev_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
     }
   }
-  // specs/causal_linear.yaml:173: when True -> low_occupancy
+  // specs/causal_linear.yaml:175: when True -> low_occupancy
   if (true) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[54].covers(key)) return &kEntries[54];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
@@ -1685,7 +1433,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[60].covers(key)) return &kEntries[60];  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[61].covers(key)) return &kEntries[61];  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[62].covers(key)) return &kEntries[62];  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[324].covers(key)) return &kEntries[324];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[261].covers(key)) return &kEntries[261];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
       if (kEntries[63].covers(key)) return &kEntries[63];  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
@@ -1697,7 +1445,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[69].covers(key)) return &kEntries[69];  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[70].covers(key)) return &kEntries[70];  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[71].covers(key)) return &kEntries[71];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[325].covers(key)) return &kEntries[325];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[262].covers(key)) return &kEntries[262];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
       if (kEntries[72].covers(key)) return &kEntries[72];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
@@ -1746,25 +1494,25 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
   }
   // A fallback kind: an instance built on first use for the call goes before it.
   if (const Entry* built = jit_select(key)) return built;
-  // specs/causal_linear.yaml:175: when True -> generic
+  // specs/causal_linear.yaml:177: when True -> generic
   if (true) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[310].covers(key)) return &kEntries[310];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
+      if (kEntries[247].covers(key)) return &kEntries[247];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[311].covers(key)) return &kEntries[311];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
+      if (kEntries[248].covers(key)) return &kEntries[248];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
-      if (kEntries[312].covers(key)) return &kEntries[312];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
+      if (kEntries[249].covers(key)) return &kEntries[249];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == true) {
-      if (kEntries[313].covers(key)) return &kEntries[313];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
+      if (kEntries[250].covers(key)) return &kEntries[250];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == false) {
-      if (kEntries[314].covers(key)) return &kEntries[314];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
+      if (kEntries[251].covers(key)) return &kEntries[251];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == true) {
-      if (kEntries[315].covers(key)) return &kEntries[315];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
+      if (kEntries[252].covers(key)) return &kEntries[252];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
     }
   }
   return jit_select(key);
