@@ -234,10 +234,12 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
 
 # setmaxnreg takes 24 .. 256 registers in steps of 8; what the producer warpgroup releases of
 # the launch's allotment (65536 / threads per thread, rounded down to 8) the consumers claim.
-# The producer walks the work units and computes its copies' addresses: 64 registers beside two
-# consumer warpgroups (which then get 216), 48 beside three (152). ptxas (CUDA 13.0) spilled
-# 8-164 bytes in the producer of the soft-cap/ALiBi variant at 32-56 (d128, two consumer
-# warpgroups) and 64-68 bytes at 32 (d64, three).
+# The producer walks the work units and computes its loads' addresses (TMA, and cp.async for
+# packed batches): 64 registers, which leaves 216 to each of two consumer warpgroups and 144 to
+# each of three. ptxas (CUDA 13.0) spilled 8-164 bytes in the soft-cap/ALiBi variant at a
+# producer share of 32-56 (d128, two consumer warpgroups, cp.async only), and with the TMA path
+# beside the copies 72-100 bytes at 48 and 16-44 at 56 (d64, three consumer warpgroups).
+PRODUCER_REGS = 64
 SETMAXNREG_STEP = 8
 
 
@@ -245,7 +247,7 @@ def _register_split(consumers: int, minb: int, arch: Arch) -> tuple[int, int]:
     """Registers per thread of the producer and of each consumer warpgroup after setmaxnreg."""
     threads = (consumers + 1) * 128
     allotted = arch.regs_per_sm // (threads * minb) // SETMAXNREG_STEP * SETMAXNREG_STEP * threads
-    producer = 64 if consumers <= 2 else 48
+    producer = PRODUCER_REGS
     consumer = (allotted - 128 * producer) // (128 * consumers) // SETMAXNREG_STEP * SETMAXNREG_STEP
     return producer, min(consumer, 256)
 

@@ -2,8 +2,8 @@
 // or templates/flash_attention/forward_ws.cu.j2 and run `make gen`.
 // Instance flash_attention_hopper_ws_candidates_d64_block_m192_block_n64_warpgroups3_stages2_overlap1_pingpong1_minb1_tma1_bf16_sm90a
 //   kind hopper_ws_candidates: alternative schedules of the warp-specialized FlashAttention forward, timed side by side with hopper_ws (not dispatched)
-//   512 threads: 3 consumer warpgroups x 64 query rows (152 registers each), then a producer
-//   warpgroup (48 registers) that streams K/V tiles of 64 rows through a 2-stage ring (TMA, cp.async for packed batches,
+//   512 threads: 3 consumer warpgroups x 64 query rows (144 registers each), then a producer
+//   warpgroup (64 registers) that streams K/V tiles of 64 rows through a 2-stage ring (TMA, cp.async for packed batches,
 //   completion on mbarriers);
 //   P V of a tile runs during the softmax of the next; the consumer warpgroups take turns issuing their MMAs;
 //   58448 bytes of shared memory (128-byte-swizzled atoms, 1 KB for alignment, the barriers)
@@ -49,7 +49,7 @@ constexpr int PRODUCER = CONSUMERS;            // the producer is the last warpg
 constexpr int THREADS = (CONSUMERS + 1) * 128;
 // Registers are handed from the producer, which needs few, to the consumers (setmaxnreg): the
 // launch allots 65536 / THREADS each, which would spill a consumer's output and scores.
-constexpr int PRODUCER_REGS = 48, CONSUMER_REGS = 152;
+constexpr int PRODUCER_REGS = 64, CONSUMER_REGS = 144;
 constexpr int NT = BLOCK_N / 8;                // 8-column score tiles
 constexpr int DT = D / 8;                      // 8-column output tiles
 constexpr int KD = D / 16;                     // k-steps of q . k
@@ -80,7 +80,7 @@ struct Maps {
 
 // The producer warpgroup's copy of ROWS rows of D elements into a tile of atoms: thread `tid`
 // keeps one 16-byte column and walks rows 128 / (D / 8) apart, so it holds two pointers and a
-// row, not an unrolled set of addresses (the producer runs on 48 registers). Rows at or past
+// row, not an unrolled set of addresses (the producer runs on 64 registers). Rows at or past
 // `valid` are zero-filled and never read.
 template <class Tile, int ROWS>
 __device__ __forceinline__ void copy_rows(T* tile, const T* src, int64_t ld, int valid, int tid) {
