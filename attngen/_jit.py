@@ -98,7 +98,7 @@ def ensure(op: str, key_values) -> Path:
     def announce(p):
         sizes = ", ".join(f"{var}={runtime[var]}" for var in jit.jit_variables(spec))
         print(f"attngen: building {op} {sizes} {' '.join(map(str, axes.values()))} for {p.inst.arch} "
-              f"(first use, ~20-60 s): {p.inst.name}", file=sys.stderr, flush=True)
+              f"(first use; 5-8 s on the H100 machine): {p.inst.name}", file=sys.stderr, flush=True)
 
     path = jit.build(plan, cache_dir(plan.inst.arch), on_build=announce)
     if time.monotonic() - started > 1:

@@ -142,7 +142,7 @@ def render_sources(spec: Spec, inst: KernelInstance) -> dict:
         # a support TU the instance uses (the paged split-K merge): its header is included
         if rel.endswith(".cu") and f'"{Path(rel).stem}.h"' in source:
             files[rel] = text
-    runtime = {name: f"key.{name}" for name in fam.RUNTIME_VARS}
+    runtime = render._runtime_env(fam)
     files[f"{spec.family}/jit_entry.cu"] = render._render(
         env, spec.file, "jit_entry.cu.j2", family=spec.family, inst=inst, key_struct=fam.KEY_STRUCT,
         axes_match=fam.axes_match_cpp(inst.a), covers=spec.kernels[inst.kind].covers.to_cpp({**runtime, **inst.p}))
