@@ -19,6 +19,7 @@ from .families import family_module
 from .instance import KernelInstance
 from .spec import Spec
 from . import ninja
+from .passes import banks
 
 NAMESPACE = "attngen"
 TORCH_DTYPES = {"fp32": "Float", "fp16": "Half", "bf16": "BFloat16"}
@@ -42,8 +43,8 @@ def _render(env: jinja2.Environment, spec_file: str, template: str, **ctx) -> st
 
 def render_instance(env, spec: Spec, inst: KernelInstance) -> str:
     d = inst.d
-    ways = d.get("bank_ways", {})
-    report = ", ".join(f"{k} {v:g}" for k, v in ways.items()) or "n/a (no fixed layout)"
+    ways = banks.ways(d.get("bank", {}))
+    report = ", ".join(f"{k} {v:g}" for k, v in ways.items()) or "n/a (no shared memory)"
     fam = family_module(inst.family)
     return _render(env, spec.file, inst.template, inst=inst, p=inst.p, d=d,
                    kind_doc=" ".join(spec.kernels[inst.kind].doc.split()) or inst.kind,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .arch import ARCHES, Arch
+from .passes import banks
 
 REG_UNIT = 8            # registers per thread are allocated in steps of 8...
 WARP_REG_UNIT = 256     # ...and per warp in steps of 256 (CUDA occupancy calculator, CC 9.0)
@@ -61,8 +62,7 @@ def rows(manifest: list, cubin_dir: Path) -> list:
         d = inst["derived"]
         arch = next(a for a in ARCHES.values() if inst["name"].endswith("_" + a.short))
         row = {"name": inst["name"], "family": inst["family"], "kind": inst["kind"], "threads": d["threads"],
-               "smem_bytes": d["smem_bytes"], "bank_ways": d.get("bank_ways", {}),
-               "bank_ways_pad0": d.get("bank_ways_pad0", {}), "built": res is not None}
+               "smem_bytes": d["smem_bytes"], "bank": d.get("bank", {}), "built": res is not None}
         if res is not None:
             row.update({"kernels": res.kernels, "registers": res.registers, "spill_bytes": res.spill_bytes,
                         "stack_bytes": res.stack_bytes, **occupancy(res.registers, d["threads"], d["smem_bytes"], arch)})
@@ -74,10 +74,12 @@ def _ways(ways: dict) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in ways.items()) or "-"
 
 
-def _unpadded(row: dict) -> str:
-    """The ways of the accesses whose cost the padding or swizzle changes, without it."""
-    changed = {k: v for k, v in row["bank_ways_pad0"].items() if v != row["bank_ways"].get(k)}
-    return _ways(changed) if changed else ("same" if row["bank_ways_pad0"] else "-")
+def _other_layout(row: dict, field: str) -> str:
+    """The ways of the accesses whose cost differs at another layout: `unpadded` (no padding
+    or swizzle) or `worst` (the worst layout the knob could have chosen)."""
+    bank = row["bank"]
+    changed = {k: v for k, v in banks.ways(bank, field).items() if bank[k][field] != bank[k]["wavefronts"]}
+    return _ways(changed) if changed else ("same" if bank else "-")
 
 
 def markdown(table: list, meta: dict | None = None) -> str:
@@ -91,8 +93,11 @@ def markdown(table: list, meta: dict | None = None) -> str:
              "the worst over the kernels of a TU (causal/window and score-transform variants count as kernels); "
              "occupancy is theoretical (registers, shared memory, threads and CTA slots of the arch); bank ways "
              "are the model's wavefronts per request over the conflict-free ideal for each shared-memory access "
-             "the family declares (`codegen/passes/banks.py`), at the layout the instance uses; `unpadded` gives "
-             "the accesses whose ways differ without the padding or swizzle (what the layout choice saves).", "",
+             "the family declares (`codegen/passes/banks.py`; each is a `// smem:` tag on the template lines "
+             "that make it), at the layout the instance uses; `unpadded` gives the accesses whose ways differ "
+             "without the padding or swizzle, `worst` those that differ at the worst layout the knob could "
+             "have chosen (what the layout choice saves). `bank_check.md` puts the model beside Nsight "
+             "Compute's per-instruction counts.", "",
              f"{len(table)} instances, {len(built)} with a ptxas log, "
              f"{sum(1 for r in built if r['spill_bytes'])} with spills.", "",
              "| family | instances | registers | occupancy (warps/SM) | bound by |", "|---|---|---|---|---|"]
@@ -105,16 +110,17 @@ def markdown(table: list, meta: dict | None = None) -> str:
                      f"{min(r['warps_per_sm'] for r in rs)}-{max(r['warps_per_sm'] for r in rs)} | {', '.join(limiters)} |")
     for fam in families:
         lines += ["", f"## {fam}", "",
-                  "| instance | threads | regs | spills | smem KB | CTAs/SM | warps/SM | bound by | bank ways | unpadded |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| instance | threads | regs | spills | smem KB | CTAs/SM | warps/SM | bound by | bank ways | unpadded | worst |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in (r for r in table if r["family"] == fam):
             if not r["built"]:
                 lines.append(f"| `{r['name']}` | {r['threads']} | (no ptxas log: run make build) | | "
-                             f"{r['smem_bytes'] / 1024:.1f} | | | | {_ways(r['bank_ways'])} | {_unpadded(r)} |")
+                             f"{r['smem_bytes'] / 1024:.1f} | | | | {_ways(banks.ways(r['bank']))} | {_other_layout(r, 'unpadded')} | "
+                             f"{_other_layout(r, 'worst')} |")
                 continue
             lines.append(f"| `{r['name']}` | {r['threads']} | {r['registers']} | {r['spill_bytes']} | "
                          f"{r['smem_bytes'] / 1024:.1f} | {r['ctas_per_sm']} | {r['warps_per_sm']} | {r['limiter']} | "
-                         f"{_ways(r['bank_ways'])} | {_unpadded(r)} |")
+                         f"{_ways(banks.ways(r['bank']))} | {_other_layout(r, 'unpadded')} | {_other_layout(r, 'worst')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -99,14 +99,16 @@ def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
     stage_bytes = chunk * (2 * e + cols) * nbytes
     o_tile_floats = chunk * (cols + pad)
     smem = buf * stage_bytes + 2 * o_tile_floats * 4
-    qk_read = banks.Access("qk_read", lds * nbytes, lambda lane, _: (lane % tph) * lds * nbytes)
-    v_read = banks.Access("v_read", mpt * nbytes, lambda lane, _: (lane // tph) * mpt * nbytes)
-    ways = banks.conflict_ways([qk_read, v_read], 0)
-    ways.update(banks.conflict_ways(accesses, pad))
+    # The stage ring: cp.async fills by consecutive threads, then each thread reads its q/k slice
+    # (lanes of a column group apart) and its group's value columns (groups apart).
+    ring = [banks.contiguous("qk_fill", vec * nbytes, ("stages",)), banks.contiguous("v_fill", vec * nbytes, ("stages",)),
+            banks.Access("qk_read", lds * nbytes, lambda lane, _: (lane % tph) * lds * nbytes, ("stages",)),
+            banks.Access("v_read", mpt * nbytes, lambda lane, _: (lane // tph) * mpt * nbytes, ("stages",))]
+    bank = banks.model(ring + accesses, pad, candidates=banks.padding_candidates(ring + accesses, read_floats))
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "stage_bytes": stage_bytes,
         "ept": ept, "lds": lds, "o_ld": cols + pad, "o_tile_floats": o_tile_floats,
-        "o_read": read_floats, "bank_ways": ways, "bank_ways_pad0": banks.conflict_ways(accesses, 0), "threads_param": "tph", "smem_param": "chunk",
+        "o_read": read_floats, "bank": bank, "threads_param": "tph", "smem_param": "chunk",
     })
 
 
@@ -158,18 +160,27 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
                       arch.regs_per_sm // (threads * max(regs, 64)), 8)
     if ctas_per_sm < 1:
         raise Rejected("stages", f"{smem} bytes of shared memory leave no room for one CTA per SM")
-    # q and k tiles: cp.async fills and ldmatrix reads. Tiles `cols` wide (v, the state, the
-    # staged output rows): the same, plus 4-byte fragment writes (state and output staging).
-    qk = [a for a in flash_attention.bank_accesses(e, swizzle_e, threads) if a.name != "o_fragment_write"]
-    ways = {f"qk_{k}": w for k, w in banks.conflict_ways(qk, 0).items()}
-    ways.update({f"cols_{k}": w for k, w in banks.conflict_ways(flash_attention.bank_accesses(cols, swizzle_c, threads), 0).items()})
-    plain = banks.conflict_ways([a for a in flash_attention.bank_accesses(e, swizzle_e, threads, lambda row, col: row * e + col)
-                                 if a.name != "o_fragment_write"], 0)
+    # q and k tiles (the ring): cp.async fills and ldmatrix reads. Tiles `cols` wide: v in the
+    # ring, the state terms and the staged output rows, with 4-byte fragment writes (state and
+    # output) and the output rows read back in 16-byte pieces.
+    def tiles(layout_e, layout_c):
+        qk = [banks.Access(f"qk_{a.name}", a.width, a.address, ("ring",))
+              for a in flash_attention.bank_accesses(e, threads=threads, offset=layout_e) if not a.name.startswith("o_")]
+        buffers = {"cp_async_fill": ("ring",), "ldmatrix": ("ring", "state_terms"),
+                   "o_fragment_write": ("state_terms", "o_stage"), "o_row_read": ("o_stage",)}
+        cols_ = [banks.Access(f"cols_{a.name}", a.width, a.address, buffers[a.name])
+                 for a in flash_attention.bank_accesses(cols, threads=threads, offset=layout_c)]
+        return qk + cols_
+
+    chosen = tiles(flash_attention.layout(e, swizzle_e), flash_attention.layout(cols, swizzle_c))
+    plain = tiles(flash_attention.plain_layout(e), flash_attention.plain_layout(cols))
+    padded = tiles(flash_attention.layout(e, 0), flash_attention.layout(cols, 0))
+    bank = banks.model(chosen, unpadded=plain, candidates=[(padded, 0)])
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "chunk": chunk, "warps_m": warps_m, "warps_n": warps_n,
         "swizzle_e": "true" if swizzle_e else "false", "swizzle_c": "true" if swizzle_c else "false",
         "regs_estimate": regs, "ctas_per_sm": ctas_per_sm,
-        "bank_ways": ways, "bank_ways_pad0": plain, "threads_param": "warps", "smem_param": "stages",
+        "bank": bank, "threads_param": "warps", "smem_param": "stages",
     })
 
 
@@ -183,8 +194,15 @@ def _lower_generic(inst: KernelInstance) -> KernelInstance:
         raise Rejected("chunk", f"chunk*cols={chunk * cols} outputs exceed 4 per thread in the reduction")
     # fp32 state for emax rows, staging of q, k, v in fp32, and one partial per (step, group, col).
     smem = emax * cols * 4 + chunk * (2 * emax + cols) * 4 + chunk * groups * cols * 4
+    # Every access is a row of consecutive floats (a warp spans 32 of a row's COLS columns), or,
+    # for q and k, one element the whole warp (one group) reads.
+    staged = [banks.contiguous(name, 4, buffers) for name, buffers in (
+        ("state_clear", ("state",)), ("state_read", ("state",)), ("state_write", ("state",)),
+        ("qk_stage", ("staging",)), ("v_stage", ("staging",)), ("v_read", ("staging",)),
+        ("partial_write", ("partial",)), ("partial_read", ("partial",)))]
+    bank = banks.model(staged + [banks.broadcast("qk_read", 4, ("staging",))])
     return inst.with_derived({"threads": threads, "smem_bytes": smem, "threads_param": "groups",
-                              "smem_param": "emax", "bank_ways": {}})
+                              "smem_param": "emax", "bank": bank})
 
 
 def smem_bytes_at_runtime(inst: KernelInstance) -> str:

@@ -83,26 +83,35 @@ def tile_offset(row: int, col: int, d: int, swizzle: int) -> int:
     return row * d + ((chunk & ~7) | ((chunk ^ row) & 7)) * 8 + col % 8
 
 
-def bank_accesses(d: int, swizzle: int, threads: int, offset=None) -> list:
-    """The warp accesses of the shared tiles: ldmatrix row reads (A operand of Q, B operands of
-    K and V: each phase reads 8 rows at one chunk), the cp.async fill (consecutive chunks of
-    consecutive rows) and the epilogue's 4-byte fragment writes (lane g, t: row g, cols 2t).
-    `offset(row, col)` overrides the layout (the report's unpadded, unswizzled comparison)."""
-    at = offset or (lambda row, col: tile_offset(row, col, d, swizzle))
+def layout(d: int, swizzle: int):
+    """(row, col) -> element offset in a shared tile of rows d wide (mma.cuh's Tile::offset)."""
+    return lambda row, col: tile_offset(row, col, d, swizzle)
 
+
+def plain_layout(d: int):
+    """Rows d wide with neither padding nor swizzle: what the layout choice is measured against."""
+    return lambda row, col: row * d + col
+
+
+def bank_accesses(d: int, threads: int, offset, buffers: tuple = ()) -> list:
+    """The warp accesses of a shared tile of rows d wide at element offsets `offset(row, col)`:
+    ldmatrix row reads (A operand of Q, B operands of K and V: each phase reads 8 rows at one
+    chunk), the cp.async fill (consecutive chunks of consecutive rows), the epilogue's 4-byte
+    fragment writes (lane g, t: row g, cols 2t) and its 16-byte row reads (as the fill)."""
     def ldmatrix(lane, _pad):
-        return at((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8) * 2
+        return offset((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8) * 2
 
     chunks = d // 8
 
-    def fill(lane, _pad):
-        return at(lane // chunks, lane % chunks * 8) * 2
+    def rows(lane, _pad):
+        return offset(lane // chunks, lane % chunks * 8) * 2
 
     def fragment_write(lane, _pad):
-        return at(lane // 4, lane % 4 * 2) * 2
+        return offset(lane // 4, lane % 4 * 2) * 2
 
-    return [banks.Access("ldmatrix", CHUNK, ldmatrix), banks.Access("cp_async_fill", CHUNK, fill),
-            banks.Access("o_fragment_write", 4, fragment_write)]
+    return [banks.Access("ldmatrix", CHUNK, ldmatrix, buffers), banks.Access("cp_async_fill", CHUNK, rows, buffers),
+            banks.Access("o_fragment_write", 4, fragment_write, buffers[:1]),
+            banks.Access("o_row_read", CHUNK, rows, buffers[:1])]
 
 
 def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
@@ -146,11 +155,13 @@ def _lower_mma_sync(inst: KernelInstance, arch: Arch) -> KernelInstance:
     row = pitch(d, swizzle) * 2
     smem = (block_m + stages * 2 * block_n) * row
     _check_smem(smem, minb, arch)
-    ways = banks.conflict_ways(bank_accesses(d, swizzle, threads), 0)
-    plain = banks.conflict_ways(bank_accesses(d, swizzle, threads, lambda row, col: row * d + col), 0)
+    tiles = ("q_tile", "kv_ring")   # the epilogue stages its rows in the Q tile
+    bank = banks.model(bank_accesses(d, threads, layout(d, swizzle), tiles),
+                       unpadded=bank_accesses(d, threads, plain_layout(d), tiles),
+                       candidates=[(bank_accesses(d, threads, layout(d, s), tiles), 0) for s in (0, 1) if d % 64 == 0 or not s])
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "mt": mt, "pitch": pitch(d, swizzle), "regs_estimate": regs,
-        "bank_ways": ways, "bank_ways_pad0": plain, "threads_param": "warps", "smem_param": "stages",
+        "bank": bank, "threads_param": "warps", "smem_param": "stages",
     })
 
 
@@ -159,22 +170,19 @@ def atoms_offset(row: int, col: int, rows: int) -> int:
     return (col // 64) * rows * 64 + row * 64 + (((col // 8) % 8) ^ (row % 8)) * 8 + col % 8
 
 
-def atoms_bank_accesses(d: int, rows: int, staged_epilogue: bool = True) -> list:
-    """Warp accesses of the wgmma kernels' tiles by threads (wgmma reads them itself, through
-    the 128-byte swizzle it is built for): the cp.async fill and, where the epilogue stages its
-    rows in the Q tile (`hopper`, not `hopper_ws`, which stores from registers), its writes."""
-    chunks = d // 8
+def atoms_layout(rows: int):
+    return lambda row, col: atoms_offset(row, col, rows)
 
-    def fill(lane, _pad):
-        return atoms_offset(lane // chunks, lane % chunks * 8, rows) * 2
 
-    def fragment_write(lane, _pad):
-        return atoms_offset(lane // 4, lane % 4 * 2, rows) * 2
-
-    accesses = [banks.Access("cp_async_fill", CHUNK, fill)]
-    if staged_epilogue:
-        accesses.append(banks.Access("o_fragment_write", 4, fragment_write))
-    return accesses
+def atoms_bank_accesses(d: int, rows: int, staged_epilogue: bool = True, offset=None) -> list:
+    """Warp accesses of the wgmma kernels' tiles by threads (wgmma reads them itself, and TMA
+    writes them, through the 128-byte swizzle they are built for; neither goes through the
+    banks as thread accesses): the cp.async fill and, where the epilogue stages its rows in the
+    Q tile (`hopper`, not `hopper_ws`, which stores from registers), its writes and row reads.
+    `offset` replaces the atoms (the unswizzled comparison)."""
+    accesses = bank_accesses(d, 128, offset or atoms_layout(rows), ("q_tile", "kv_ring"))
+    keep = ("cp_async_fill", "o_fragment_write", "o_row_read") if staged_epilogue else ("cp_async_fill",)
+    return [a for a in accesses if a.name in keep]
 
 
 def _check_wgmma_tiles(inst: KernelInstance, arch: Arch) -> None:
@@ -225,9 +233,9 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     _check_registers(regs, threads, minb, arch, f"scores {scores}, output {d // 2}")
     smem = (block_m + stages * 2 * block_n) * d * 2 + 1024   # + 1 KB to align the atoms
     _check_smem(smem, minb, arch)
-    ways = banks.conflict_ways(atoms_bank_accesses(d, block_m), 0)
+    bank = banks.model(atoms_bank_accesses(d, block_m), unpadded=atoms_bank_accesses(d, block_m, offset=plain_layout(d)))
     return inst.with_derived({
-        "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank_ways": ways,
+        "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank": bank,
         "threads_param": "warpgroups", "smem_param": "stages",
     })
 
@@ -287,9 +295,10 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
     barriers = (2 + 4 * stages) * MBARRIER_BYTES
     smem = 1024 + (block_m + stages * 2 * block_n) * d * 2 + barriers
     _check_smem(smem, minb, arch)
-    ways = banks.conflict_ways(atoms_bank_accesses(d, block_m, staged_epilogue=False), 0)
+    bank = banks.model(atoms_bank_accesses(d, block_m, staged_epilogue=False),
+                       unpadded=atoms_bank_accesses(d, block_m, staged_epilogue=False, offset=plain_layout(d)))
     return inst.with_derived({
-        "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank_ways": ways,
+        "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank": bank,
         "producer_regs": producer_regs, "consumer_regs": consumer_regs,
         "loads_doc": "TMA, cp.async for packed batches" if tma else "cp.async",
         "threads_param": "warpgroups", "smem_param": "stages",

@@ -138,11 +138,28 @@ def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
         y, z = rest % rows, rest // rows
         return None if x >= geo["pieces"] else ((z * heads + y * p["hpt"]) * d + x * p["vec"]) * 4
 
-    ways = banks.conflict_ways([banks.Access("kv_tile_read", 16, tile_read),
-                                banks.Access("merge_write", 16, merge_slot)], 0)
+    # The slots' max and sum: the x = 0 lanes write their head slots, the z = 0 lanes read every
+    # slot's entry of their head (lanes of one row read one word: a broadcast).
+    def stat_write(lane, _pad):
+        x, rest = lane % tx, lane // tx
+        y, z = rest % rows, rest // rows
+        return None if x else (z * heads + y * p["hpt"]) * 4
+
+    def stat_read(lane, _pad):
+        rest = lane // tx
+        return None if rest // rows else (rest % rows) * p["hpt"] * 4
+
+    def merge_read(lane, _pad):
+        return None if lane // tx // rows else merge_slot(lane, _pad)
+
+    bank = banks.model([banks.contiguous("kv_fill", 16, ("ring",)), banks.Access("kv_tile_read", 16, tile_read, ("ring",)),
+                        banks.Access("merge_write", 16, merge_slot, ("merge",)),
+                        banks.Access("merge_read", 16, merge_read, ("merge",)),
+                        banks.Access("stat_write", 4, stat_write, ("merge",)),
+                        banks.Access("stat_read", 4, stat_read, ("merge",))])
     return inst.with_derived({
         **geo, "threads": threads, "smem_bytes": smem, "ring_bytes": ring, "merge_bytes": merge,
-        "loads": loads, "split": "true" if split else "false", "bank_ways": ways,
+        "loads": loads, "split": "true" if split else "false", "bank": bank,
         "threads_param": "threads", "smem_param": "tile",
     })
 
@@ -193,19 +210,44 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if ctas_per_sm < 1:
         raise Rejected("stages", f"{smem} bytes of shared memory leave no room for one CTA per SM")
 
-    def merge_write(lane, _pad):   # float2 of row lane / 4, columns 2 (lane % 4): rows d + 8 floats apart
+    # The tiles: fills and ldmatrix reads as in flash attention (rows padded by a chunk where
+    # they are not whole 128-byte lines); fp8 rows land raw (d bytes) and each warp widens its
+    # rows, 8 bytes in and 16 out per lane.
+    tiles = ("q_tile", "ring", "wide")
+    def tile_accesses(offset):
+        return [a for a in flash_attention.bank_accesses(d, threads, offset, tiles) if not a.name.startswith("o_")]
+
+    def raw_read(lane, _pad):
+        return (lane // (d // 8)) * d + lane % (d // 8) * 8
+
+    def wide_write(lane, _pad, offset=flash_attention.layout(d, swizzle)):
+        return offset(lane // (d // 8), lane % (d // 8) * 8) * 2
+
+    # The merge of the warps: float2 writes of row lane / 4, columns 2 (lane % 4), rows d + 8
+    # floats apart; the warps' max and sum by the first lane of each quad; one thread per (row,
+    # 8-column chunk) reads them back (a row's threads read one word) and its 8 floats as 16-byte pieces.
+    def merge_write(lane, _pad):
         return ((lane // 4) * (d + 8) + lane % 4 * 2) * 4
 
-    accesses = [a for a in flash_attention.bank_accesses(d, swizzle, threads) if a.name != "o_fragment_write"]
-    plain = [a for a in flash_attention.bank_accesses(d, swizzle, threads, lambda row, col: row * d + col)
-             if a.name != "o_fragment_write"]
-    merge = banks.Access("merge_write", 8, merge_write)
+    def stat_write(lane, _pad):
+        return None if lane % 4 else (lane // 4) * 4
+
+    def stat_read(lane, _pad):
+        return (lane // (d // 8)) * 4
+
+    def merge_read(lane, _pad):
+        return ((lane // (d // 8)) * (d + 8) + lane % (d // 8) * 8) * 4
+
+    rest = [banks.Access("fp8_raw_read", 8, raw_read, ("ring",)), banks.Access("fp8_wide_write", 16, wide_write, ("wide",)),
+            banks.Access("merge_write", 8, merge_write, ("merge",)), banks.Access("merge_read", 16, merge_read, ("merge",)),
+            banks.Access("stat_write", 4, stat_write, ("merge",)), banks.Access("stat_read", 4, stat_read, ("merge",))]
+    bank = banks.model(tile_accesses(flash_attention.layout(d, swizzle)) + rest,
+                       unpadded=tile_accesses(flash_attention.plain_layout(d)) + rest)
     return inst.with_derived({
         "threads": threads, "rows": rows, "warp_tokens": warp_tokens, "swizzle": swizzle, "smem_bytes": smem,
         "ctas_per_sm": ctas_per_sm, "regs_estimate": regs,
         "cache_doc": (f"fp8 e{kv_e}m{7 - kv_e}, widened to {inst.a['dtype']} in shared memory tile by tile" if kv_e
                       else f"{inst.a['dtype']}, as q"),
-        "bank_ways": banks.conflict_ways(accesses + [merge], 0),
-        "bank_ways_pad0": banks.conflict_ways(plain + [merge], 0),
+        "bank": bank,
         "threads_param": "warps", "smem_param": "stages",
     })

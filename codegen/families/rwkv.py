@@ -125,21 +125,25 @@ def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
     decay_floats = chunk * wcols * (1 + p["dsplit"])
     o_tile_floats = chunk * (cols + pad)
     smem = buf * stage_bytes + decay_floats * 4 + 2 * o_tile_floats * 4
-    row_read = banks.Access("q_read", lds * nbytes, lambda lane, _: (lane % tph) * lds * nbytes)
-    col_read = banks.Access("vo_read", mpt * nbytes, lambda lane, _: (lane // tph) * mpt * nbytes)
+    # The stage ring: cp.async fills by consecutive threads, each thread's q/k slice (lanes of a
+    # column group apart) and its group's value columns; the raw decays, converted once per stage
+    # by consecutive threads into the fp32 decay buffer.
+    ring = [banks.contiguous(name, vec * nbytes, ("stages",)) for name in ("row_fill", "col_fill", "w_fill")]
+    ring += [banks.Access("q_read", lds * nbytes, lambda lane, _: (lane % tph) * lds * nbytes, ("stages",)),
+             banks.Access("vo_read", mpt * nbytes, lambda lane, _: (lane // tph) * mpt * nbytes, ("stages",)),
+             banks.contiguous("w_read", nbytes, ("stages",)), banks.contiguous("decay_write", 4, ("decays",))]
     # The fp32 decays of a step, read per state row (keys contracted: lds floats at the lane's
     # rows, in pieces of at most 16 bytes) or per column (keys output: mpt floats of the group).
     if keys_output:
-        decay_read = banks.Access("decay_read", min(mpt, 4) * 4, lambda lane, _: (lane // tph) * mpt * 4)
+        ring.append(banks.Access("decay_read", min(mpt, 4) * 4, lambda lane, _: (lane // tph) * mpt * 4, ("decays",)))
     else:
-        decay_read = banks.Access("decay_read", min(lds, 4) * 4, lambda lane, _: (lane % tph) * lds * 4)
-    ways = banks.conflict_ways([row_read, col_read, decay_read], 0)
-    ways.update(banks.conflict_ways(accesses, pad))
+        ring.append(banks.Access("decay_read", min(lds, 4) * 4, lambda lane, _: (lane % tph) * lds * 4, ("decays",)))
+    bank = banks.model(ring + accesses, pad, candidates=banks.padding_candidates(ring + accesses, read_floats))
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "stage_bytes": stage_bytes, "ept": ept, "lds": lds,
         "wcols": wcols, "o_ld": cols + pad, "o_tile_floats": o_tile_floats, "decay_floats": decay_floats,
         "o_read": read_floats, "keys_output": "true" if keys_output else "false",
-        "bank_ways": ways, "bank_ways_pad0": banks.conflict_ways(accesses, 0), "threads_param": "tph", "smem_param": "chunk",
+        "bank": bank, "threads_param": "tph", "smem_param": "chunk",
     })
 
 

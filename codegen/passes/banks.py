@@ -7,6 +7,7 @@ an access is its number of wavefronts; the ideal is one per phase.
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
@@ -46,14 +47,43 @@ def active_phases(addresses: list, width: int) -> int:
 
 @dataclass(frozen=True)
 class Access:
-    """One warp-wide shared-memory access pattern; `address(lane, pad)` gives bytes."""
+    """One warp-wide shared-memory access pattern; `address(lane, pad)` gives bytes (None for a
+    lane that sits out). `name` is the tag on the template lines that make it (`// smem: name`),
+    `buffers` the shared buffers it touches (`// smem buffer: name` where they are carved out)."""
 
     name: str
     width: int
     address: Callable[[int, int], int | None]
+    buffers: tuple = ()
 
     def cost(self, pad: int) -> int:
         return wavefronts([self.address(lane, pad) for lane in range(32)], self.width)
+
+    def ideal(self, pad: int) -> int:
+        return max(1, active_phases([self.address(lane, pad) for lane in range(32)], self.width))
+
+
+def model(chosen: list[Access], pad: int = 0, unpadded: list[Access] | None = None,
+          candidates: list = ()) -> dict:
+    """The bank model of one instance, per declared access: bytes per lane, the wavefronts one
+    warp request takes at the layout the instance uses, the conflict-free ideal (one per phase
+    with active lanes), the same access without the padding or swizzle (`unpadded`, at pad 0),
+    and the worst over the layouts the knob could have chosen (`candidates`: (accesses, pad)
+    pairs). Without `unpadded`, the chosen accesses at pad 0 are the unpadded layout."""
+    plain = {a.name: a.cost(0) for a in (unpadded if unpadded is not None else chosen)}
+    layouts = [(chosen, pad), (unpadded if unpadded is not None else chosen, 0), *candidates]
+    out = {}
+    for a in chosen:
+        costs = [alt.cost(alt_pad) for accesses, alt_pad in layouts for alt in accesses if alt.name == a.name]
+        out[a.name] = {"buffers": list(a.buffers), "width": a.width, "wavefronts": a.cost(pad),
+                       "ideal": a.ideal(pad), "unpadded": plain.get(a.name, a.cost(0)), "worst": max(costs)}
+    return out
+
+
+def ways(record: dict, field: str = "wavefronts") -> dict:
+    """Wavefronts per request over the conflict-free ideal, per access of a model() record (1: no
+    conflict; below 1: lanes of a phase share words, a broadcast)."""
+    return {name: r[field] / r["ideal"] for name, r in record.items()}
 
 
 def conflict_ways(accesses: list[Access], pad: int) -> dict:
@@ -92,4 +122,39 @@ def output_tile_accesses(cols: int, mpt: int, tph: int, vec: int, read_floats: i
         row, unit = divmod(lane, units_per_row)
         return (row * (cols + pad) + unit * vec) * WORD
 
-    return [Access("o_write", WORD, write), Access("o_read", read_floats * WORD, read)]
+    return [Access("o_write", WORD, write, ("o_tiles",)), Access("o_read", read_floats * WORD, read, ("o_tiles",))]
+
+
+def contiguous(name: str, width: int, buffers: tuple) -> Access:
+    """Lane i at byte i * width: a row copied by consecutive threads (fills, staging)."""
+    return Access(name, width, lambda lane, _pad: lane * width, buffers)
+
+
+def broadcast(name: str, width: int, buffers: tuple) -> Access:
+    """Every lane at the same address: one word the whole warp reads."""
+    return Access(name, width, lambda _lane, _pad: 0, buffers)
+
+
+def padding_candidates(accesses: list[Access], unit: int, limit: int = 32) -> list:
+    """The (accesses, pad) layouts choose_pad considers: the worst of them is what a careless
+    padding would cost."""
+    return [(accesses, pad) for pad in range(0, limit, unit)]
+
+
+# The templates name each shared-memory access on the lines that make it (`// smem: o_read`)
+# and each shared buffer where it is carved out (`// smem buffer: o_tiles`): the model's
+# declarations are checked against these tags (tests/unit/test_bank_tags.py), and the hardware
+# check (bench/bank_check.py) attributes each shared-memory instruction to its access through
+# the line table.
+ACCESS_TAG = re.compile(r"\bsmem: (\w+)")
+BUFFER_TAG = re.compile(r"\bsmem buffer: (\w+)")
+
+
+def tags(text: str, pattern=ACCESS_TAG) -> dict:
+    """{line number (1-based): tag} of a source text."""
+    out = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        m = pattern.search(line)
+        if m:
+            out[number] = m.group(1)
+    return out

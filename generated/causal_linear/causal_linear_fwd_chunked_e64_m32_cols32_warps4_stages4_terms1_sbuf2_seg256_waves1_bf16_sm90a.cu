@@ -6,7 +6,7 @@
 //   through a 4-stage cp.async ring; 101376 bytes of shared memory
 //   state 64 x 32 fp32 in registers (4 x 1 warps), read by the
 //   tensor cores as 1 16-bit term(s)
-//   bank conflicts (ways, from the bank pass): qk_ldmatrix 1, qk_cp_async_fill 1, cols_ldmatrix 1, cols_cp_async_fill 2, cols_o_fragment_write 1
+//   bank conflicts (ways, from the bank pass): qk_ldmatrix 1, qk_cp_async_fill 1, cols_ldmatrix 1, cols_cp_async_fill 2, cols_o_fragment_write 1, cols_o_row_read 2
 //
 // Per chunk c of C steps (rows in time order, reversed when REVERSE):
 //   O_c = mask(Q_c K_c^T) V_c + Q_c S     (mask: key step <= query step)
@@ -82,9 +82,9 @@ __device__ __forceinline__ void load_chunk(T* tile, const T* src, int64_t stride
 template <bool DELTA>
 __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* ring = reinterpret_cast<T*>(smem_raw);
-  T* s_terms = ring + STAGES * STAGE_ELEMS;                      // [SBUF][TERMS] state tiles
-  T* o_stage = s_terms + SBUF * TERMS * STile::ELEMS + (threadIdx.x / 32) * OTile::ELEMS;
+  T* ring = reinterpret_cast<T*>(smem_raw);  // smem buffer: ring
+  T* s_terms = ring + STAGES * STAGE_ELEMS;                      // [SBUF][TERMS] state tiles; smem buffer: state_terms
+  T* o_stage = s_terms + SBUF * TERMS * STile::ELEMS + (threadIdx.x / 32) * OTile::ELEMS;  // smem buffer: o_stage
 
   const int64_t b = blockIdx.x / p.H, h = blockIdx.x % p.H;
   const int col0 = blockIdx.y * COLS;
@@ -105,9 +105,9 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
   auto issue_chunk = [&](int c) {
     T* stage = ring + c % STAGES * STAGE_ELEMS;
     const int64_t t0 = t_begin + static_cast<int64_t>(c) * CHUNK;
-    if constexpr (!DELTA) load_chunk<QKTile, E>(stage, q, p.q_sl, t0, t_end, L, e_valid);
-    load_chunk<QKTile, E>(stage + QKTile::ELEMS, k, p.k_sl, t0, t_end, L, e_valid);
-    load_chunk<VTile, COLS>(stage + 2 * QKTile::ELEMS, v, p.v_sl, t0, t_end, L, cols_valid);
+    if constexpr (!DELTA) load_chunk<QKTile, E>(stage, q, p.q_sl, t0, t_end, L, e_valid);  // smem: qk_cp_async_fill
+    load_chunk<QKTile, E>(stage + QKTile::ELEMS, k, p.k_sl, t0, t_end, L, e_valid);  // smem: qk_cp_async_fill
+    load_chunk<VTile, COLS>(stage + 2 * QKTile::ELEMS, v, p.v_sl, t0, t_end, L, cols_valid);  // smem: cols_cp_async_fill
   };
 
   // This warp's part of the state: rows 16 * (wm * SMT + i) + {g, g + 8}, columns
@@ -146,10 +146,10 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
         for (int hh = 0; hh < 2; ++hh) {
           const int at = STile::offset(16 * (wm * SMT + i) + g + 8 * hh, 8 * (wn * SNT + j) + 2 * tq);
           const float x0 = state[i][j][2 * hh], x1 = state[i][j][2 * hh + 1];
-          *reinterpret_cast<uint32_t*>(hi + at) = mma::pack2<T>(x0, x1);
+          *reinterpret_cast<uint32_t*>(hi + at) = mma::pack2<T>(x0, x1);  // smem: cols_o_fragment_write
           if constexpr (TERMS == 2) {
             const float r0 = to_float(from_float<T>(x0)), r1 = to_float(from_float<T>(x1));
-            *reinterpret_cast<uint32_t*>(hi + STile::ELEMS + at) = mma::pack2<T>(x0 - r0, x1 - r1);
+            *reinterpret_cast<uint32_t*>(hi + STile::ELEMS + at) = mma::pack2<T>(x0 - r0, x1 - r1);  // smem: cols_o_fragment_write
           }
         }
   };
@@ -194,12 +194,12 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
 #pragma unroll
       for (int ks = 0; ks < E / 16; ++ks) {
         uint32_t a[4];
-        mma::ldmatrix_x4(a, q_addr + 2 * QKTile::moved(qk_a_lane, 16 * warp, 16 * ks));
+        mma::ldmatrix_x4(a, q_addr + 2 * QKTile::moved(qk_a_lane, 16 * warp, 16 * ks));  // smem: qk_ldmatrix
 #pragma unroll
         for (int np = 0; np < CHUNK / 16; ++np) {
           if (np > warp) continue;
           uint32_t bk[4];
-          mma::ldmatrix_x4(bk, k_addr + 2 * QKTile::moved(k_b_lane, 16 * np, 16 * ks));
+          mma::ldmatrix_x4(bk, k_addr + 2 * QKTile::moved(k_b_lane, 16 * np, 16 * ks));  // smem: qk_ldmatrix
           mma::m16n8k16<T>(scores[0][2 * np], a, bk[0], bk[1]);
           mma::m16n8k16<T>(scores[0][2 * np + 1], a, bk[2], bk[3]);
         }
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
 #pragma unroll
           for (int np = 0; np < COLS / 16; ++np) {
             uint32_t bs[4];
-            mma::ldmatrix_x4_trans(bs, s_addr + 2 * (term * STile::ELEMS + STile::moved(s_b_lane, 16 * ks, 16 * np)));
+            mma::ldmatrix_x4_trans(bs, s_addr + 2 * (term * STile::ELEMS + STile::moved(s_b_lane, 16 * ks, 16 * np)));  // smem: cols_ldmatrix
             mma::m16n8k16<T>(out[2 * np], a, bs[0], bs[1]);
             mma::m16n8k16<T>(out[2 * np + 1], a, bs[2], bs[3]);
           }
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
 #pragma unroll
         for (int np = 0; np < COLS / 16; ++np) {
           uint32_t bv[4];
-          mma::ldmatrix_x4_trans(bv, v_addr + 2 * VTile::moved(v_b_lane, 16 * kk, 16 * np));
+          mma::ldmatrix_x4_trans(bv, v_addr + 2 * VTile::moved(v_b_lane, 16 * kk, 16 * np));  // smem: cols_ldmatrix
           mma::m16n8k16<T>(out[2 * np], a, bv[0], bv[1]);
           mma::m16n8k16<T>(out[2 * np + 1], a, bv[2], bv[3]);
         }
@@ -240,8 +240,8 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
       // Stage the 16 output rows in T, then 16-byte stores (one warp owns them: __syncwarp only).
 #pragma unroll
       for (int j = 0; j < COLS / 8; ++j) {
-        *reinterpret_cast<uint32_t*>(o_stage + OTile::offset(g, 8 * j + 2 * tq)) = mma::pack2<T>(out[j][0], out[j][1]);
-        *reinterpret_cast<uint32_t*>(o_stage + OTile::offset(g + 8, 8 * j + 2 * tq)) = mma::pack2<T>(out[j][2], out[j][3]);
+        *reinterpret_cast<uint32_t*>(o_stage + OTile::offset(g, 8 * j + 2 * tq)) = mma::pack2<T>(out[j][0], out[j][1]);  // smem: cols_o_fragment_write
+        *reinterpret_cast<uint32_t*>(o_stage + OTile::offset(g + 8, 8 * j + 2 * tq)) = mma::pack2<T>(out[j][2], out[j][3]);  // smem: cols_o_fragment_write
       }
       __syncwarp();
       const int64_t t0 = t_begin + static_cast<int64_t>(c) * CHUNK + 16 * warp;
@@ -249,8 +249,8 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
       for (int i = lane; i < 16 * COLS / 8; i += 32) {
         const int row = i / (COLS / 8), col = i % (COLS / 8) * 8;
         if (t0 + row < t_end && col < cols_valid) {
-          *reinterpret_cast<uint4*>(o + time_row(t0 + row, L) * p.o_sl + col) =
-              *reinterpret_cast<const uint4*>(o_stage + OTile::offset(row, col));
+          *reinterpret_cast<uint4*>(o + time_row(t0 + row, L) * p.o_sl + col) =  // smem: cols_o_row_read
+              *reinterpret_cast<const uint4*>(o_stage + OTile::offset(row, col));  // smem: cols_o_row_read
         }
       }
       __syncwarp();
@@ -262,12 +262,12 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
       uint32_t a[SMT][4];
 #pragma unroll
       for (int i = 0; i < SMT; ++i) {
-        mma::ldmatrix_x4_trans(a[i], k_addr + 2 * QKTile::moved(k_at_lane, 16 * ks, 16 * (wm * SMT + i)));
+        mma::ldmatrix_x4_trans(a[i], k_addr + 2 * QKTile::moved(k_at_lane, 16 * ks, 16 * (wm * SMT + i)));  // smem: qk_ldmatrix
       }
 #pragma unroll
       for (int jp = 0; jp < SNT / 2; ++jp) {
         uint32_t bv[4];
-        mma::ldmatrix_x4_trans(bv, v_addr + 2 * VTile::moved(v_b_lane, 16 * ks, 8 * (wn * SNT) + 16 * jp));
+        mma::ldmatrix_x4_trans(bv, v_addr + 2 * VTile::moved(v_b_lane, 16 * ks, 8 * (wn * SNT) + 16 * jp));  // smem: cols_ldmatrix
 #pragma unroll
         for (int i = 0; i < SMT; ++i) {
           mma::m16n8k16<T>(state[i][2 * jp], a[i], bv[0], bv[1]);

@@ -3,7 +3,7 @@
 // Instance causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
 //   kind split_time: the time axis of one (b, h) split into segments over CTAs (segment sums first, then each segment from its prefix), with the value columns split as in low_occupancy
 //   64 threads, 12288 bytes of shared memory, 4 state rows per thread
-//   bank conflicts (ways, from the bank pass): qk_read 1, v_read 1, o_write 1, o_read 1
+//   bank conflicts (ways, from the bank pass): qk_fill 1, v_fill 1, qk_read 1, v_read 1, o_write 1, o_read 1
 #include "../common/device.cuh"
 #include "params.cuh"
 
@@ -43,8 +43,8 @@ __device__ __forceinline__ float* segment_state(const Params& p, int64_t segment
 template <bool DELTA>
 __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* stages = reinterpret_cast<T*>(smem_raw);
-  float* o_tiles = reinterpret_cast<float*>(smem_raw + sizeof(T) * BUF * STAGE_ELEMS);
+  T* stages = reinterpret_cast<T*>(smem_raw);  // smem buffer: stages
+  float* o_tiles = reinterpret_cast<float*>(smem_raw + sizeof(T) * BUF * STAGE_ELEMS);  // smem buffer: o_tiles
 
   const int64_t b = blockIdx.x / p.H, h = blockIdx.x % p.H;
   const int col0 = blockIdx.y * COLS;
@@ -89,8 +89,8 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
       const bool valid = t < t_end && qk_col[j] < e_valid;
       const int64_t r = valid ? time_row(t, L) : 0;
       const int x = valid ? qk_col[j] : 0;
-      cp_async_zfill<VEC * sizeof(T)>(sq + qk_row[j] * E + qk_col[j], q + r * p.q_sl + x, valid);
-      cp_async_zfill<VEC * sizeof(T)>(sk + qk_row[j] * E + qk_col[j], k + r * p.k_sl + x, valid);
+      cp_async_zfill<VEC * sizeof(T)>(sq + qk_row[j] * E + qk_col[j], q + r * p.q_sl + x, valid);  // smem: qk_fill
+      cp_async_zfill<VEC * sizeof(T)>(sk + qk_row[j] * E + qk_col[j], k + r * p.k_sl + x, valid);  // smem: qk_fill
     }
 #pragma unroll
     for (int j = 0; j < V_SLOTS; ++j) {
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
       const bool valid = t < t_end && v_col[j] < cols_valid;
       const int64_t r = valid ? time_row(t, L) : 0;
       const int x = valid ? v_col[j] : 0;
-      cp_async_zfill<VEC * sizeof(T)>(sv + v_row[j] * COLS + v_col[j], v + r * p.v_sl + x, valid);
+      cp_async_zfill<VEC * sizeof(T)>(sv + v_row[j] * COLS + v_col[j], v + r * p.v_sl + x, valid);  // smem: v_fill
     }
   };
 
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
       const int64_t t = t_begin + s * CHUNK + row;
       if (t < t_end && x < cols_valid) {
         float vals[VEC];
-        load_float_pieces<VEC, 4>(tile + row * O_LD + x, vals);
+        load_float_pieces<VEC, 4>(tile + row * O_LD + x, vals);  // smem: o_read
         store_floats<VEC>(o + time_row(t, L) * p.o_sl + x, vals);
       }
     }
@@ -160,11 +160,11 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
 #pragma unroll
       for (int t = 0; t < CHUNK; ++t) {
         float vt[MPT];
-        load_floats<MPT>(sv + t * COLS + group * MPT, vt);
+        load_floats<MPT>(sv + t * COLS + group * MPT, vt);  // smem: v_read
 #pragma unroll
         for (int ii = 0; ii < EPT / LDS; ++ii) {
           float kf[LDS];
-          load_floats<LDS>(sk + t * E + (ii * TPH + lane) * LDS, kf);
+          load_floats<LDS>(sk + t * E + (ii * TPH + lane) * LDS, kf);  // smem: qk_read
 #pragma unroll
           for (int j = 0; j < LDS; ++j) {
 #pragma unroll
@@ -178,15 +178,15 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
 #pragma unroll
     for (int t = 0; t < CHUNK; ++t) {
       float vt[MPT], acc[MPT];
-      load_floats<MPT>(sv + t * COLS + group * MPT, vt);
+      load_floats<MPT>(sv + t * COLS + group * MPT, vt);  // smem: v_read
 #pragma unroll
       for (int c = 0; c < MPT; ++c) acc[c] = 0.f;
 #pragma unroll
       for (int ii = 0; ii < EPT / LDS; ++ii) {
         const int e0 = (ii * TPH + lane) * LDS;
         float kf[LDS], qf[LDS];
-        load_floats<LDS>(sk + t * E + e0, kf);
-        load_floats<LDS>(sq + t * E + e0, qf);
+        load_floats<LDS>(sk + t * E + e0, kf);  // smem: qk_read
+        load_floats<LDS>(sq + t * E + e0, qf);  // smem: qk_read
 #pragma unroll
         for (int j = 0; j < LDS; ++j) {
 #pragma unroll
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
 #pragma unroll
     for (int i = 0; i < PARTS / TPH; ++i) {
       const int pair = i * TPH + lane;
-      tile[(pair / MPT) * O_LD + group * MPT + pair % MPT] = part[i];
+      tile[(pair / MPT) * O_LD + group * MPT + pair % MPT] = part[i];  // smem: o_write
     }
   }
   if constexpr (DELTA) {

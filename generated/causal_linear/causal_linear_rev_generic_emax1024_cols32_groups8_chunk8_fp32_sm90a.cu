@@ -23,11 +23,11 @@ __device__ __forceinline__ int64_t time_row(int64_t t, int64_t L) { return REVER
 __global__ void __launch_bounds__(THREADS) kernel(const Params p) {
   extern __shared__ float smem[];
   const int E = static_cast<int>(p.E);
-  float* state = smem;                   // [E][COLS]
-  float* sq = state + E * COLS;          // [CHUNK][E]
+  float* state = smem;                   // [E][COLS]; smem buffer: state
+  float* sq = state + E * COLS;          // [CHUNK][E]; smem buffer: staging
   float* sk = sq + CHUNK * E;            // [CHUNK][E]
   float* sv = sk + CHUNK * E;            // [CHUNK][COLS]
-  float* partial = sv + CHUNK * COLS;    // [CHUNK][GROUPS][COLS]
+  float* partial = sv + CHUNK * COLS;    // [CHUNK][GROUPS][COLS]; smem buffer: partial
 
   const int64_t b = blockIdx.x / p.H, h = blockIdx.x % p.H;
   const int col0 = blockIdx.y * COLS;
@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(THREADS) kernel(const Params p) {
   const int cols_valid = static_cast<int>(p.M) - col0;
   const int tid = threadIdx.x, col = tid % COLS, group = tid / COLS;
 
-  for (int i = tid; i < E * COLS; i += THREADS) state[i] = 0.f;
+  for (int i = tid; i < E * COLS; i += THREADS) state[i] = 0.f;  // smem: state_clear
 
   for (int64_t t0 = 0; t0 < L; t0 += CHUNK) {
     __syncthreads();  // the previous chunk is done with the staging and partial buffers
@@ -47,24 +47,25 @@ __global__ void __launch_bounds__(THREADS) kernel(const Params p) {
       const int row = i / E, x = i % E;
       const bool valid = t0 + row < L;
       const int64_t r = time_row(t0 + row, L);
-      sq[i] = valid ? to_float(q[r * p.q_sl + x]) : 0.f;
-      sk[i] = valid ? to_float(k[r * p.k_sl + x]) : 0.f;
+      sq[i] = valid ? to_float(q[r * p.q_sl + x]) : 0.f;  // smem: qk_stage
+      sk[i] = valid ? to_float(k[r * p.k_sl + x]) : 0.f;  // smem: qk_stage
     }
     for (int i = tid; i < CHUNK * COLS; i += THREADS) {
       const int row = i / COLS, x = i % COLS;
       const bool valid = t0 + row < L && x < cols_valid;
-      sv[i] = valid ? to_float(v[time_row(t0 + row, L) * p.v_sl + x]) : 0.f;
+      sv[i] = valid ? to_float(v[time_row(t0 + row, L) * p.v_sl + x]) : 0.f;  // smem: v_stage
     }
     __syncthreads();
     for (int row = 0; row < CHUNK; ++row) {
-      const float vt = sv[row * COLS + col];
+      const float vt = sv[row * COLS + col];  // smem: v_read
       float acc = 0.f;
       for (int e = group; e < E; e += GROUPS) {
-        const float s = fmaf(sk[row * E + e], vt, state[e * COLS + col]);
-        state[e * COLS + col] = s;  // only this thread touches row e, column col
-        acc = fmaf(sq[row * E + e], s, acc);
+        const float ke = sk[row * E + e];  // smem: qk_read
+        const float s = fmaf(ke, vt, state[e * COLS + col]);  // smem: state_read
+        state[e * COLS + col] = s;  // only this thread touches row e, column col; smem: state_write
+        acc = fmaf(sq[row * E + e], s, acc);  // smem: qk_read
       }
-      partial[(row * GROUPS + group) * COLS + col] = acc;
+      partial[(row * GROUPS + group) * COLS + col] = acc;  // smem: partial_write
     }
     __syncthreads();
     for (int i = tid; i < CHUNK * COLS; i += THREADS) {
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(THREADS) kernel(const Params p) {
       if (t0 + row < L && x < cols_valid) {
         float sum = 0.f;
 #pragma unroll
-        for (int g = 0; g < GROUPS; ++g) sum += partial[(row * GROUPS + g) * COLS + x];
+        for (int g = 0; g < GROUPS; ++g) sum += partial[(row * GROUPS + g) * COLS + x];  // smem: partial_read
         o[time_row(t0 + row, L) * p.o_sl + x] = from_float<T>(sum);
       }
     }

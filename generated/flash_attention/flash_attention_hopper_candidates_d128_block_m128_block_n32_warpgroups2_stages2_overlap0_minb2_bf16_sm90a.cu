@@ -5,7 +5,7 @@
 //   256 threads: 2 warpgroups x 64 query rows; K/V tiles of 32 rows through a
 //   2-stage cp.async ring; 66560 bytes of shared memory
 //   (128-byte-swizzled atoms, 1 KB for alignment)
-//   bank conflicts (ways, from the bank pass): cp_async_fill 1, o_fragment_write 1
+//   bank conflicts (ways, from the bank pass): cp_async_fill 1, o_fragment_write 1, o_row_read 1
 // What is computed is described in params.cuh.
 #include <cstdint>
 
@@ -48,8 +48,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // wgmma descriptors assume 1024-byte aligned atoms: align the base (the launch adds 1 KB).
   const uint32_t raw = mma::smem_addr(smem_raw);
-  T* q_tile = reinterpret_cast<T*>(smem_raw + ((1024 - raw % 1024) % 1024));
-  T* ring = q_tile + QTile::ELEMS;
+  T* q_tile = reinterpret_cast<T*>(smem_raw + ((1024 - raw % 1024) % 1024));  // smem buffer: q_tile
+  T* ring = q_tile + QTile::ELEMS;  // smem buffer: kv_ring
 
   const int64_t b = blockIdx.z, h = blockIdx.y;
   const Sequence seq = sequence_of(p, b);

@@ -91,7 +91,7 @@ __device__ __forceinline__ void copy_rows(T* tile, const T* src, int64_t ld, int
 #pragma unroll 2
   for (; row < ROWS; row += STEP, from += STEP * ld) {
     const bool ok = row < valid;
-    cp_async_zfill<16>(tile + Tile::offset(row, col), ok ? from : src, ok);
+    cp_async_zfill<16>(tile + Tile::offset(row, col), ok ? from : src, ok);  // smem: cp_async_fill
   }
 }
 
@@ -187,8 +187,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // wgmma descriptors assume 1024-byte aligned atoms: align the base (the launch adds 1 KB).
   const uint32_t raw = mma::smem_addr(smem_raw);
-  T* q_tile = reinterpret_cast<T*>(smem_raw + ((1024 - raw % 1024) % 1024));
-  T* k_ring = q_tile + QTile::ELEMS;
+  T* q_tile = reinterpret_cast<T*>(smem_raw + ((1024 - raw % 1024) % 1024));  // smem buffer: q_tile
+  T* k_ring = q_tile + QTile::ELEMS;  // smem buffer: kv_ring
   T* v_ring = k_ring + STAGES * KVTile::ELEMS;
   Barriers& bars = *reinterpret_cast<Barriers*>(v_ring + STAGES * KVTile::ELEMS);
 

@@ -5,7 +5,7 @@
 //   256 threads: 8 warps x 1 m-tiles of 16 query rows; K/V tiles of 64 rows
 //   through a 2-stage cp.async ring; 79872 bytes of shared memory
 //   (padded rows of 104 elements)
-//   bank conflicts (ways, from the bank pass): ldmatrix 1, cp_async_fill 1.25, o_fragment_write 1
+//   bank conflicts (ways, from the bank pass): ldmatrix 1, cp_async_fill 1.25, o_fragment_write 1, o_row_read 1.25
 // What is computed is described in params.cuh.
 #include <cstdint>
 
@@ -41,8 +41,8 @@ constexpr int STAGE_ELEMS = 2 * KVTile::ELEMS;  // K tile, then V tile
 template <bool WINDOW, bool EXTRAS>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* q_tile = reinterpret_cast<T*>(smem_raw);
-  T* ring = q_tile + QTile::ELEMS;
+  T* q_tile = reinterpret_cast<T*>(smem_raw);  // smem buffer: q_tile
+  T* ring = q_tile + QTile::ELEMS;  // smem buffer: kv_ring
 
   const int64_t b = blockIdx.z, h = blockIdx.y;
   const Sequence seq = sequence_of(p, b);
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
           for (int kd = 0; kd < KD; ++kd) {
-            mma::ldmatrix_x4(qf[mt][kd], q_base + 2 * QTile::moved(q_lane, mt * 16, kd * 16));
+            mma::ldmatrix_x4(qf[mt][kd], q_base + 2 * QTile::moved(q_lane, mt * 16, kd * 16));  // smem: ldmatrix
           }
         }
       }
@@ -127,13 +127,13 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
 #pragma unroll
           for (int r = 0; r < 4; ++r) a[mt][r] = qf[mt][kd][r];
         } else {
-          mma::ldmatrix_x4(a[mt], q_base + 2 * QTile::moved(q_lane, mt * 16, kd * 16));
+          mma::ldmatrix_x4(a[mt], q_base + 2 * QTile::moved(q_lane, mt * 16, kd * 16));  // smem: ldmatrix
         }
       }
 #pragma unroll
       for (int j = 0; j < NT / 2; ++j) {
         uint32_t kb[4];
-        mma::ldmatrix_x4(kb, k_base + 2 * KVTile::moved(k_lane, j * 16, kd * 16));
+        mma::ldmatrix_x4(kb, k_base + 2 * KVTile::moved(k_lane, j * 16, kd * 16));  // smem: ldmatrix
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma::m16n8k16<T>(s[mt][2 * j], a[mt], kb[0], kb[1]);
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
 #pragma unroll
       for (int j = 0; j < DT / 2; ++j) {
         uint32_t vb[4];
-        mma::ldmatrix_x4_trans(vb, v_base + 2 * KVTile::moved(v_lane, kn * 16, j * 16));
+        mma::ldmatrix_x4_trans(vb, v_base + 2 * KVTile::moved(v_lane, kn * 16, j * 16));  // smem: ldmatrix
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma::m16n8k16<T>(acc[mt][2 * j], pa[mt], vb[0], vb[1]);

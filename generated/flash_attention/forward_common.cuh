@@ -78,7 +78,7 @@ __device__ __forceinline__ void load_rows(T* tile, const T* src, int64_t ld, int
   for (int i = threadIdx.x % THREADS; i < ROWS * CHUNKS; i += THREADS) {
     const int row = i / CHUNKS, col = i % CHUNKS * 8;
     const bool ok = row < valid;
-    cp_async_zfill<16>(tile + Tile::offset(row, col), src + (ok ? row * ld + col : 0), ok);
+    cp_async_zfill<16>(tile + Tile::offset(row, col), src + (ok ? row * ld + col : 0), ok);  // smem: cp_async_fill
   }
 }
 
@@ -130,8 +130,8 @@ __device__ __forceinline__ void store_rows(const Params& p, const Sequence& seq,
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt) {
         const int col = dt * 8 + lane % 4 * 2;
-        *reinterpret_cast<uint32_t*>(tile + Tile::offset(row, col)) =
-            mma::pack2<T>(acc[mt][dt][2 * hh] * scale_row, acc[mt][dt][2 * hh + 1] * scale_row);
+        *reinterpret_cast<uint32_t*>(tile + Tile::offset(row, col)) =  // smem: o_fragment_write
+            mma::pack2<T>(acc[mt][dt][2 * hh] * scale_row, acc[mt][dt][2 * hh + 1] * scale_row);  // smem: o_fragment_write
       }
     }
   }
@@ -141,7 +141,7 @@ __device__ __forceinline__ void store_rows(const Params& p, const Sequence& seq,
   for (int i = lane; i < MT * 16 * CHUNKS; i += 32) {
     const int row = row0 + i / CHUNKS, col = i % CHUNKS * 8;
     if (m0 + row < seq.lq) {
-      *reinterpret_cast<uint4*>(out + row * p.o_sl + col) = *reinterpret_cast<const uint4*>(tile + Tile::offset(row, col));
+      *reinterpret_cast<uint4*>(out + row * p.o_sl + col) = *reinterpret_cast<const uint4*>(tile + Tile::offset(row, col));  // smem: o_row_read
     }
   }
 }

@@ -7,7 +7,7 @@
 //   on m16n8k16 tensor cores; 102400 bytes of shared memory (4 stages of K and V,
 //   rows XOR-swizzled); about 2 CTAs per SM
 //   cache: fp8 e4m3, widened to fp16 in shared memory tile by tile
-//   bank conflicts (ways, from the bank pass): ldmatrix 1, cp_async_fill 1, merge_write 1
+//   bank conflicts (ways, from the bank pass): ldmatrix 1, cp_async_fill 1, fp8_raw_read 1, fp8_wide_write 1, merge_write 1, merge_read 2, stat_write 1, stat_read 1
 // What is computed is described in params.cuh.
 #include <cmath>
 #include <cstdint>
@@ -132,8 +132,8 @@ __device__ __forceinline__ void issue_tile(C* stage, const Params& p, const int3
       v_at = page * p.v_sb + slot * p.v_st + kv_head * p.v_sh + col;
     }
     const int at = FP8 ? row * D + col : KVTile::offset(row, col);
-    cp_async_zfill<16>(stage + at, k + k_at, valid);
-    cp_async_zfill<16>(stage + RAW_TILE + at, v + v_at, valid);
+    cp_async_zfill<16>(stage + at, k + k_at, valid);  // smem: cp_async_fill
+    cp_async_zfill<16>(stage + RAW_TILE + at, v + v_at, valid);  // smem: cp_async_fill
   }
 }
 
@@ -162,9 +162,9 @@ __device__ __forceinline__ void widen_rows(T* wide, const uint8_t* raw, int row0
 #pragma unroll
   for (int i = lane; i < 2 * WARP_TOKENS * GROUPS; i += 32) {
     const int which = i / (WARP_TOKENS * GROUPS), row = row0 + i / GROUPS % WARP_TOKENS, col = i % GROUPS * 8;
-    const uint2 in = *reinterpret_cast<const uint2*>(raw + which * RAW_TILE + row * D + col);
+    const uint2 in = *reinterpret_cast<const uint2*>(raw + which * RAW_TILE + row * D + col);  // smem: fp8_raw_read
     const uint4 out = make_uint4(widen2(in.x & 0xffffu), widen2(in.x >> 16), widen2(in.y & 0xffffu), widen2(in.y >> 16));
-    *reinterpret_cast<uint4*>(wide + which * KVTile::ELEMS + KVTile::offset(row, col)) = out;
+    *reinterpret_cast<uint4*>(wide + which * KVTile::ELEMS + KVTile::offset(row, col)) = out;  // smem: fp8_wide_write
   }
 }
 
@@ -173,9 +173,9 @@ __device__ __forceinline__ void widen_rows(T* wide, const uint8_t* raw, int row0
 // more CTAs than shared memory admits.
 __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Params p, const Split split) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* q_tile = reinterpret_cast<T*>(smem_raw);
-  T* wide = q_tile + QTile::ELEMS;                           // FP8: the widened K and V tiles
-  C* ring = reinterpret_cast<C*>(wide + WIDE_ELEMS);
+  T* q_tile = reinterpret_cast<T*>(smem_raw);  // smem buffer: q_tile
+  T* wide = q_tile + QTile::ELEMS;                           // FP8: the widened K and V tiles; smem buffer: wide
+  C* ring = reinterpret_cast<C*>(wide + WIDE_ELEMS);  // smem buffer: ring
   const int64_t seq = blockIdx.x;
   const unsigned group = group_size(p), blocks = row_blocks(p);
   const unsigned kv_head = blockIdx.y / blocks, rb = blockIdx.y % blocks, query_tokens = static_cast<unsigned>(p.Q);
@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
       const int r = i / CHUNKS, col = i % CHUNKS * 8;
       const QueryRow row = query_row(query_tokens, group, kv_head, rb, r);
       const T* src = row.real ? q + row.token * p.q_sq + row.head * p.q_sh + col : q;
-      cp_async_zfill<16>(q_tile + QTile::offset(r, col), src, row.real);
+      cp_async_zfill<16>(q_tile + QTile::offset(r, col), src, row.real);  // smem: cp_async_fill
     }
   }
   const int32_t* pages = p.block_table + seq * p.bt_ss;
@@ -268,11 +268,11 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
     for (int kd = 0; kd < KD; ++kd) {
       uint32_t a[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) mma::ldmatrix_x4(a[mt], q_base + 2 * QTile::moved(q_lane, mt * 16, kd * 16));
+      for (int mt = 0; mt < MT; ++mt) mma::ldmatrix_x4(a[mt], q_base + 2 * QTile::moved(q_lane, mt * 16, kd * 16));  // smem: ldmatrix
 #pragma unroll
       for (int j = 0; j < NT / 2; ++j) {
         uint32_t kb[4];
-        mma::ldmatrix_x4(kb, k_base + 2 * KVTile::moved(k_lane, warp * WARP_TOKENS + j * 16, kd * 16));
+        mma::ldmatrix_x4(kb, k_base + 2 * KVTile::moved(k_lane, warp * WARP_TOKENS + j * 16, kd * 16));  // smem: ldmatrix
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma::m16n8k16<T>(s[mt][2 * j], a[mt], kb[0], kb[1]);
@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
 #pragma unroll
       for (int j = 0; j < DT / 2; ++j) {
         uint32_t vb[4];
-        mma::ldmatrix_x4_trans(vb, v_base + 2 * KVTile::moved(v_lane, warp * WARP_TOKENS + kn * 16, j * 16));
+        mma::ldmatrix_x4_trans(vb, v_base + 2 * KVTile::moved(v_lane, warp * WARP_TOKENS + kn * 16, j * 16));  // smem: ldmatrix
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma::m16n8k16<T>(acc[mt][2 * j], pa[mt], vb[0], vb[1]);
@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
   __syncthreads();  // the ring is free: it holds the merge of the warps now
 
   // Each warp's rows (unnormalized output, base-2 max, sum) for the merge.
-  float* merge_out = reinterpret_cast<float*>(smem_raw);          // [WARPS][ROWS][MERGE_PITCH]
+  float* merge_out = reinterpret_cast<float*>(smem_raw);          // [WARPS][ROWS][MERGE_PITCH]; smem buffer: merge
   float* merge_max = merge_out + WARPS * ROWS * MERGE_PITCH;       // [WARPS][ROWS]
   float* merge_sum = merge_max + WARPS * ROWS;                     // [WARPS][ROWS]
 #pragma unroll
@@ -337,12 +337,12 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
       float* out_row = merge_out + (warp * ROWS + r) * MERGE_PITCH + lane % 4 * 2;
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt) {
-        *reinterpret_cast<float2*>(out_row + dt * 8) = make_float2(acc[mt][dt][2 * h], acc[mt][dt][2 * h + 1]);
+        *reinterpret_cast<float2*>(out_row + dt * 8) = make_float2(acc[mt][dt][2 * h], acc[mt][dt][2 * h + 1]);  // smem: merge_write
       }
       const float total = softmax::quad_sum(row_sum[2 * mt + h]);
       if (lane % 4 == 0) {
-        merge_max[warp * ROWS + r] = row_max[2 * mt + h] * LOG2E;  // -inf stays -inf: no token seen
-        merge_sum[warp * ROWS + r] = total;
+        merge_max[warp * ROWS + r] = row_max[2 * mt + h] * LOG2E;  // -inf stays -inf: no token seen; smem: stat_write
+        merge_sum[warp * ROWS + r] = total;  // smem: stat_write
       }
     }
   }
@@ -359,14 +359,14 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
     if (!row.real) continue;
     float top = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) top = fmaxf(top, merge_max[w * ROWS + r]);
+    for (int w = 0; w < WARPS; ++w) top = fmaxf(top, merge_max[w * ROWS + r]);  // smem: stat_read
     float total = 0.f, o[8] = {};
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) {
-      const float weight = top == -INFINITY ? 0.f : exp2f(merge_max[w * ROWS + r] - top);
-      total += weight * merge_sum[w * ROWS + r];
+      const float weight = top == -INFINITY ? 0.f : exp2f(merge_max[w * ROWS + r] - top);  // smem: stat_read
+      total += weight * merge_sum[w * ROWS + r];  // smem: stat_read
       float part[8];
-      load_float_pieces<8, 4>(merge_out + (w * ROWS + r) * MERGE_PITCH + col, part);
+      load_float_pieces<8, 4>(merge_out + (w * ROWS + r) * MERGE_PITCH + col, part);  // smem: merge_read
 #pragma unroll
       for (int j = 0; j < 8; ++j) o[j] = fmaf(weight, part[j], o[j]);
     }

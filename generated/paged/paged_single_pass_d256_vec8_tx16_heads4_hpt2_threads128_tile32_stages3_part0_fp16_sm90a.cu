@@ -4,7 +4,7 @@
 //   kind single_pass: one CTA per (sequence, query-head group) over the whole context; K and V tiles staged through a cp.async ring, each read once for all `heads` query heads of a kv head
 //   128 threads = 4 token slots x 2 rows of 2 query heads x 16 lanes over D,
 //   98304 bytes of shared memory (3 stages of 32 K and V rows)
-//   bank conflicts (ways, from the bank pass): kv_tile_read 1, merge_write 2
+//   bank conflicts (ways, from the bank pass): kv_fill 1, kv_tile_read 1, merge_write 2, merge_read 2, stat_write 1, stat_read 1
 // What is computed is described in params.cuh.
 #include <cmath>
 #include <cstdint>
@@ -58,8 +58,8 @@ __device__ __forceinline__ void issue_tile(T* stage, const Params& p, const int3
       k_at = page * p.k_sb + slot * p.k_st + kv_head * p.k_sh + piece * VEC;
       v_at = page * p.v_sb + slot * p.v_st + kv_head * p.v_sh + piece * VEC;
     }
-    cp_async_zfill<16>(stage + row * D + piece * VEC, k + k_at, valid);
-    cp_async_zfill<16>(stage + TILE * D + row * D + piece * VEC, v + v_at, valid);
+    cp_async_zfill<16>(stage + row * D + piece * VEC, k + k_at, valid);  // smem: kv_fill
+    cp_async_zfill<16>(stage + TILE * D + row * D + piece * VEC, v + v_at, valid);  // smem: kv_fill
   }
 }
 
@@ -75,7 +75,7 @@ __host__ __device__ __forceinline__ unsigned packs_per_group(const Params& p) {
 // the occupancy of these kernels.
 __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* ring = reinterpret_cast<T*>(smem_raw);
+  T* ring = reinterpret_cast<T*>(smem_raw);  // smem buffer: ring
   const int64_t seq = blockIdx.x;
   // 32-bit index arithmetic: a 64-bit division is a call (its stack frame showed as spills).
   const unsigned G = group_size(p), packs = packs_per_group(p);
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Params p) {
         const int piece = x + c * TX;
         if (!piece_used(piece)) continue;
         float kf[VEC];
-        load_floats<VEC>(row + piece * VEC, kf);
+        load_floats<VEC>(row + piece * VEC, kf);  // smem: kv_tile_read
 #pragma unroll
         for (int h = 0; h < HPT; ++h) {
 #pragma unroll
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Params p) {
         const int piece = x + c * TX;
         if (!piece_used(piece)) continue;
         float vf[VEC];
-        load_floats<VEC>(row + piece * VEC, vf);
+        load_floats<VEC>(row + piece * VEC, vf);  // smem: kv_tile_read
 #pragma unroll
         for (int h = 0; h < HPT; ++h) {
 #pragma unroll
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Params p) {
   __syncthreads();  // the ring is free: it holds the merge of the token slots now
 
   // Merge the TZ token slots of each head: slot z's (max, sum, output) scaled to the common max.
-  float* slot_out = reinterpret_cast<float*>(smem_raw);       // [TZ][HEADS][D]
+  float* slot_out = reinterpret_cast<float*>(smem_raw);       // [TZ][HEADS][D]; smem buffer: merge
   float* slot_max = slot_out + TZ * HEADS * D;                // [TZ][HEADS]
   float* slot_sum = slot_max + TZ * HEADS;                    // [TZ][HEADS]
 #pragma unroll
@@ -231,11 +231,11 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Params p) {
       const int piece = x + c * TX;
       if (!piece_used(piece)) continue;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) slot_out[slot * D + piece * VEC + j] = acc[h][c][j];
+      for (int j = 0; j < VEC; ++j) slot_out[slot * D + piece * VEC + j] = acc[h][c][j];  // smem: merge_write
     }
     if (x == 0) {
-      slot_max[slot] = run_max[h];
-      slot_sum[slot] = run_sum[h];
+      slot_max[slot] = run_max[h];  // smem: stat_write
+      slot_sum[slot] = run_sum[h];  // smem: stat_write
     }
   }
   __syncthreads();
@@ -247,14 +247,14 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Params p) {
     const bool real = my_rank0 + h < G;  // false: padding of the last pack, nothing stored
     float top = -INFINITY;
 #pragma unroll
-    for (int zz = 0; zz < TZ; ++zz) top = fmax_nan(top, slot_max[zz * HEADS + head_slot]);
+    for (int zz = 0; zz < TZ; ++zz) top = fmax_nan(top, slot_max[zz * HEADS + head_slot]);  // smem: stat_read
     // top == -inf: no token at all (an empty context), the output is zeros. A NaN in the
     // cache inside the context reaches `total` and the output, as it would in the reference.
     float total = 0.f, weight[TZ];
 #pragma unroll
     for (int zz = 0; zz < TZ; ++zz) {
-      weight[zz] = top == -INFINITY ? 0.f : exp2f(slot_max[zz * HEADS + head_slot] - top);
-      total += weight[zz] * slot_sum[zz * HEADS + head_slot];
+      weight[zz] = top == -INFINITY ? 0.f : exp2f(slot_max[zz * HEADS + head_slot] - top);  // smem: stat_read
+      total += weight[zz] * slot_sum[zz * HEADS + head_slot];  // smem: stat_read
     }
     // total >= 1 (the slot holding the max adds 2^0): the fast division is within 2 ulp, and
     // IEEE division's slow path would be a call (a stack frame the compile tier counts as spills).
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Params p) {
       for (int j = 0; j < VEC; ++j) {
         float sum = 0.f;
 #pragma unroll
-        for (int zz = 0; zz < TZ; ++zz) sum += weight[zz] * slot_out[(zz * HEADS + head_slot) * D + piece * VEC + j];
+        for (int zz = 0; zz < TZ; ++zz) sum += weight[zz] * slot_out[(zz * HEADS + head_slot) * D + piece * VEC + j];  // smem: merge_read
         o[j] = sum * inv;
       }
       if constexpr (SPLIT) {

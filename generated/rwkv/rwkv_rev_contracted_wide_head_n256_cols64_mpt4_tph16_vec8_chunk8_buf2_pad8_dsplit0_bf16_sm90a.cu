@@ -3,7 +3,7 @@
 // Instance rwkv_rev_contracted_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
 //   kind wide_head: N = 256, whose state does not fit one CTA's registers: 64 output columns per CTA, four CTAs per (b, h)
 //   256 threads, 39424 bytes of shared memory, 16 state rows per thread
-//   bank conflicts (ways, from the bank pass): q_read 1, vo_read 1, decay_read 2, o_write 1, o_read 2
+//   bank conflicts (ways, from the bank pass): row_fill 1, col_fill 1, w_fill 1, q_read 1, vo_read 1, w_read 1, decay_write 1, decay_read 2, o_write 1, o_read 2
 // The scan and the meaning of q, kc, vo, w, u per pass are described in params.cuh.
 #include "../common/device.cuh"
 #include "decay.cuh"
@@ -72,10 +72,10 @@ struct TileSlots {
 
 __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* stages = reinterpret_cast<T*>(smem_raw);
-  float* decay_hi = reinterpret_cast<float*>(smem_raw + sizeof(T) * BUF * STAGE_ELEMS);
+  T* stages = reinterpret_cast<T*>(smem_raw);  // smem buffer: stages
+  float* decay_hi = reinterpret_cast<float*>(smem_raw + sizeof(T) * BUF * STAGE_ELEMS);  // smem buffer: decays
   float* decay_lo = decay_hi + DECAY_FLOATS;  // only with DSPLIT
-  float* o_tiles = decay_hi + DECAY_FLOATS * (DSPLIT ? 2 : 1);
+  float* o_tiles = decay_hi + DECAY_FLOATS * (DSPLIT ? 2 : 1);  // smem buffer: o_tiles
 
   const int64_t b = blockIdx.x / p.H, h = blockIdx.x % p.H;
   const int col0 = blockIdx.y * COLS;
@@ -97,10 +97,10 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
     T* svo = skc + CHUNK * N;
     T* sw = svo + CHUNK * COLS;
     const int64_t t0 = s * CHUNK;
-    row_slots.copy(sq, q, p.q_st, t0, steps);
-    row_slots.copy(skc, kc, p.kc_st, t0, steps);
-    col_slots.copy(svo, vo, p.vo_st, t0, steps);
-    decay_slots.copy(sw, w, p.w_st, t0, steps);
+    row_slots.copy(sq, q, p.q_st, t0, steps);  // smem: row_fill
+    row_slots.copy(skc, kc, p.kc_st, t0, steps);  // smem: row_fill
+    col_slots.copy(svo, vo, p.vo_st, t0, steps);  // smem: col_fill
+    decay_slots.copy(sw, w, p.w_st, t0, steps);  // smem: w_fill
   };
 
   // The output tile of stage s (fp32 in shared memory) to global memory, VEC at a time.
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
       const int64_t t = s * CHUNK + row;
       if (t >= steps) continue;
       float vals[VEC];
-      load_float_pieces<VEC, O_READ>(tile + row * O_LD + x, vals);
+      load_float_pieces<VEC, O_READ>(tile + row * O_LD + x, vals);  // smem: o_read
       const int64_t off = y_off + time_row(t, steps) * p.y_st + x;
       if (p.y_float) {
         store_floats<VEC>(static_cast<float*>(p.y) + off, vals);
@@ -186,9 +186,9 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
     // Each decay once per CTA, not once per thread that shares its key.
     for (int i = tid; i < DECAY_FLOATS; i += THREADS) {
       float hi, lo;
-      decay_of<DSPLIT>(to_float(sw[i]), hi, lo);
-      decay_hi[i] = hi;
-      if constexpr (DSPLIT) decay_lo[i] = lo;
+      decay_of<DSPLIT>(to_float(sw[i]), hi, lo);  // smem: w_read
+      decay_hi[i] = hi;  // smem: decay_write
+      if constexpr (DSPLIT) decay_lo[i] = lo;  // smem: decay_write
     }
     __syncthreads();
 
@@ -196,25 +196,25 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
 #pragma unroll
     for (int t = 0; t < CHUNK; ++t) {
       float vt[MPT], acc[MPT], col_hi[MPT], col_lo[MPT];
-      load_floats<MPT>(svo + t * COLS + group * MPT, vt);
+      load_floats<MPT>(svo + t * COLS + group * MPT, vt);  // smem: vo_read
 #pragma unroll
       for (int c = 0; c < MPT; ++c) acc[c] = col_lo[c] = 0.f;
       if constexpr (KEYS_OUTPUT) {
-        load_float_pieces<MPT, (MPT < 4 ? MPT : 4)>(decay_hi + t * WCOLS + group * MPT, col_hi);
-        if constexpr (DSPLIT) load_float_pieces<MPT, (MPT < 4 ? MPT : 4)>(decay_lo + t * WCOLS + group * MPT, col_lo);
+        load_float_pieces<MPT, (MPT < 4 ? MPT : 4)>(decay_hi + t * WCOLS + group * MPT, col_hi);  // smem: decay_read
+        if constexpr (DSPLIT) load_float_pieces<MPT, (MPT < 4 ? MPT : 4)>(decay_lo + t * WCOLS + group * MPT, col_lo);  // smem: decay_read
       }
       float bonus = 0.f;  // sum over this thread's rows of q uc kc
 #pragma unroll
       for (int ii = 0; ii < EPT / LDS; ++ii) {
         const int c0 = (ii * TPH + lane) * LDS;
         float qf[LDS], kf[LDS], row_hi[LDS], row_lo[LDS];
-        load_floats<LDS>(sq + t * N + c0, qf);
-        load_floats<LDS>(skc + t * N + c0, kf);
+        load_floats<LDS>(sq + t * N + c0, qf);  // smem: q_read
+        load_floats<LDS>(skc + t * N + c0, kf);  // smem: q_read
 #pragma unroll
         for (int j = 0; j < LDS; ++j) row_lo[j] = 0.f;
         if constexpr (!KEYS_OUTPUT) {
-          load_float_pieces<LDS, (LDS < 4 ? LDS : 4)>(decay_hi + t * WCOLS + c0, row_hi);
-          if constexpr (DSPLIT) load_float_pieces<LDS, (LDS < 4 ? LDS : 4)>(decay_lo + t * WCOLS + c0, row_lo);
+          load_float_pieces<LDS, (LDS < 4 ? LDS : 4)>(decay_hi + t * WCOLS + c0, row_hi);  // smem: decay_read
+          if constexpr (DSPLIT) load_float_pieces<LDS, (LDS < 4 ? LDS : 4)>(decay_lo + t * WCOLS + c0, row_lo);  // smem: decay_read
         }
 #pragma unroll
         for (int j = 0; j < LDS; ++j) {
@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(THREADS) scan_kernel(const Params p) {
 #pragma unroll
     for (int i = 0; i < PARTS / TPH; ++i) {
       const int pair = i * TPH + lane;
-      tile[(pair / MPT) * O_LD + group * MPT + pair % MPT] = part[i];
+      tile[(pair / MPT) * O_LD + group * MPT + pair % MPT] = part[i];  // smem: o_write
     }
   }
   __syncthreads();

@@ -73,7 +73,7 @@ def test_pad_auto_is_resolved_to_the_cheapest_layout(lowered):
     # And where a conflict-free layout exists it is found: fp32 lmha e64 x m64.
     inst = next(i for i in instances(lowered) if i.kind == "lmha" and i.p["e"] == 64 and i.p["m"] == 64
                 and i.a["dtype"] == "fp32")
-    assert inst.d["bank_ways"]["o_write"] == 1 and inst.d["bank_ways"]["o_read"] == 1
+    assert banks.ways(inst.d["bank"])["o_write"] == 1 and banks.ways(inst.d["bank"])["o_read"] == 1
 
 
 def test_rejections_name_the_parameter():
@@ -192,7 +192,7 @@ def test_flash_tile_layouts_are_conflict_free():
     offset mirrors the template's (a permutation within each row, nothing overlaps)."""
     from codegen.families import flash_attention as fa
     for d, swizzle in ((64, 1), (96, 0), (128, 1), (128, 0), (256, 1)):
-        ways = banks.conflict_ways(fa.bank_accesses(d, swizzle, 128), 0)
+        ways = banks.conflict_ways(fa.bank_accesses(d, 128, fa.layout(d, swizzle)), 0)
         assert ways["ldmatrix"] == ways["o_fragment_write"] == 1.0, (d, swizzle, ways)
         # The fill is conflict-free when rows are whole 128-byte lines; a padded 96-wide row
         # of 13 chunks makes one phase straddle two rows (1.25 ways on average, once per tile).
@@ -200,7 +200,7 @@ def test_flash_tile_layouts_are_conflict_free():
         offsets = {fa.tile_offset(r, c, d, swizzle) for r in range(16) for c in range(d)}
         assert len(offsets) == 16 * d and max(offsets) < 16 * fa.pitch(d, swizzle)
     # A 72-wide padded tile has an even pitch in chunks: the model sees the 2-way conflict.
-    assert banks.conflict_ways(fa.bank_accesses(72, 0, 128), 0)["ldmatrix"] == 2.0
+    assert banks.conflict_ways(fa.bank_accesses(72, 128, fa.layout(72, 0)), 0)["ldmatrix"] == 2.0
 
 
 def test_grouped_decode_tiles_are_conflict_free_and_fit_their_occupancy(lowered):
@@ -213,7 +213,7 @@ def test_grouped_decode_tiles_are_conflict_free_and_fit_their_occupancy(lowered)
     assert insts
     for inst in insts:
         d = inst.d
-        ways = d["bank_ways"]
+        ways = banks.ways(d["bank"])
         assert ways["ldmatrix"] == 1 and ways["merge_write"] == 1, (inst.name, ways)
         if d["swizzle"]:   # padded rows of 10, 12 or 14 chunks leave the 16-byte fills 1.5-1.75-way
             assert ways["cp_async_fill"] == 1, (inst.name, ways)
@@ -257,7 +257,7 @@ def test_chunked_layout_and_occupancy():
     assert d["ctas_per_sm"] * (d["smem_bytes"] + arch.smem_reserved_per_cta) <= arch.smem_per_sm
     d32 = lower_one(_chunked(e=32, m=32, cols=32)).d
     assert (d32["warps_m"], d32["warps_n"], d32["swizzle_c"]) == (2, 2, "false")
-    for name, ways in d["bank_ways"].items():
+    for name, ways in banks.ways(d["bank"]).items():
         assert ways == 1.0, (name, ways)
 
 
@@ -302,7 +302,7 @@ def test_warp_specialized_register_split_and_shared_memory():
     # 1 KB alignment, Q (128 x 128), 3 stages of K and V (128 x 128 each), Q's and 4 per stage mbarriers.
     assert d["smem_bytes"] == 1024 + 2 * 128 * 128 * (1 + 2 * 3) + 8 * (2 + 4 * 3)
     assert d["smem_bytes"] <= arch.max_smem_per_block
-    assert set(d["bank_ways"]) == {"cp_async_fill"}
+    assert set(d["bank"]) == {"cp_async_fill"}
 
 
 def test_where_may_compare_axis_values_with_strings():

@@ -33,6 +33,6 @@ def test_occupancy_matches_the_calculator():
 
 
 def test_markdown_says_what_is_not_built():
-    rows = [{"name": "x_sm90a", "family": "f", "kind": "k", "threads": 128, "smem_bytes": 2048, "bank_ways": {}, "bank_ways_pad0": {},
+    rows = [{"name": "x_sm90a", "family": "f", "kind": "k", "threads": 128, "smem_bytes": 2048, "bank": {},
              "built": False}]
     assert "no ptxas log" in markdown(rows)
