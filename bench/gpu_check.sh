@@ -40,10 +40,19 @@ want paged_sweep && step paged_sweep python3 -m bench.sweep_paged --out "$OUT/r"
 want paged_bench && step paged_bench python3 -m bench.paged ${BENCH_ARGS:-} --out "$OUT/r"
 want jit_bench && step jit_bench python3 -m bench.jit_first_use --out "$OUT/r"
 want flash_bench && step flash_bench python3 -m bench.flash_attention ${BENCH_ARGS:-} --out "$OUT/r"
-if want bank_check; then  # the bank model against ncu's shared-memory counters (bench/bank_check.py)
-  step bank_ncu ncu --csv --print-kernel-base mangled --log-file "$OUT/r/ncu_banks.csv" \
-    --metrics "$(python3 -m bench.bank_check --metrics)" python3 -m bench.bank_check --launch
-  step bank_check python3 -m bench.bank_check --summarize "$OUT/r/ncu_banks.csv" --out "$OUT/r"
+if want bank_check; then  # the bank model against ncu's per-instruction counts (bench/bank_check.py)
+  W="$OUT/r/banks"; mkdir -p "$W"
+  step bank_prepare python3 -m bench.bank_check --prepare --work "$W"
+  step bank_ncu ncu --clock-control none --section SourceCounters --kernel-name-base mangled --kernel-name regex:attngen \
+    -f -o "$W/profile" python3 -m bench.bank_check --launch --work "$W"
+  ncu -i "$W/profile.ncu-rep" --page source --csv --print-source sass --print-kernel-base mangled > "$W/sass.csv"
+  probe_flags="-O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a"
+  nvcc $probe_flags -o "$W/probe" "$PWD/bench/bankprobe/patterns.cu" && nvcc $probe_flags -cubin -o "$W/probe.cubin" \
+    "$PWD/bench/bankprobe/patterns.cu" && nvdisasm -c -gi "$W/probe.cubin" > "$W/probe_lines.txt" \
+    && ncu --clock-control none --section SourceCounters --kernel-name-base mangled -f -o "$W/probe" "$W/probe" \
+    && ncu -i "$W/probe.ncu-rep" --page source --csv --print-source sass --print-kernel-base mangled > "$W/probe_sass.csv"
+  rm -rf "$W"/*.ncu-rep "$W"/cubins_* "$W/probe"
+  step bank_check python3 -m bench.bank_check --summarize --work "$W" --out "$OUT/r"
 fi
 want tune_compare && step tune_compare python3 -m bench.tune_compare --out "$OUT/r"
 if want retune; then

@@ -32,7 +32,10 @@ from .instance import KernelInstance
 from .passes import Rejected
 from .spec import Spec
 
-NVCC_FLAGS = ("-O3", "-std=c++17", "--expt-relaxed-constexpr", "-shared", "-Xcompiler=-fPIC", "-cudart=shared")
+# -lineinfo as in `make build`: profilers and the bank check (bench/bank_check.py) map the
+# instructions of a built-on-first-use instance to its source lines too.
+NVCC_FLAGS = ("-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", "-shared", "-Xcompiler=-fPIC",
+              "-cudart=shared")
 LIBRARY = "lib.so"
 
 
@@ -125,6 +128,14 @@ def plan(spec: Spec, runtime: dict, axes: dict, cache_tag: str = "") -> Plan:
     raise Unbuildable(f"{spec.op.name}: no instance can be built for " +
                       ", ".join(f"{k}={v}" for k, v in {**runtime, **axes}.items()) +
                       (f" ({'; '.join(reasons.values())})" if reasons else " (no dispatch rule applies)"))
+
+
+def plan_instance(spec: Spec, inst: KernelInstance, cache_tag: str = "") -> Plan:
+    """A plan for an instance chosen by the caller (the bank check's unpadded twins), checked by
+    every lowering pass but by no dispatch rule: it is reached by name (`<op>_with`)."""
+    lowered = passes.lower_one(inst)
+    sources = render_sources(spec, lowered)
+    return Plan(spec, lowered, sources, digest(sources, cache_tag))
 
 
 def render_sources(spec: Spec, inst: KernelInstance) -> dict:

@@ -12,8 +12,8 @@ __global__ void patterns(float* out, int salt) {
   __shared__ __align__(16) float tile[32 * 33 + 64];
   __shared__ __align__(128) float swz[32 * 32];
   const int lane = threadIdx.x;
-  for (int i = lane; i < 32 * 33 + 64; i += 32) tile[i] = i * 0.5f + salt;
-  for (int i = lane; i < 32 * 32; i += 32) swz[i] = i * 0.25f;
+  for (int i = lane; i < 32 * 33 + 64; i += 32) tile[i] = i * 0.5f + salt;  // smem: init_rows
+  for (int i = lane; i < 32 * 32; i += 32) swz[i] = i * 0.25f;  // smem: init_rows
   __syncwarp();
   float acc = 0.f;
   float4 acc4 = make_float4(0.f, 0.f, 0.f, 0.f);
