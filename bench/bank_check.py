@@ -41,9 +41,11 @@ from codegen.passes import banks  # noqa: E402
 
 TOLERANCE = 0.10          # the issue's bar: measured within 10% of the model
 SHARED_OPCODES = ("LDS", "STS", "LDSM", "STSM", "LDGSTS", "ATOMS", "RED.E.ADD.S")
-# cp.async (LDGSTS) writes shared memory outside the LSU's shared load/store path: ncu counts
-# no L1 shared wavefronts for it, so a fill is reported as not measured, never as agreement.
-UNCOUNTED_OPCODES = ("LDGSTS",)
+# cp.async (LDGSTS) writes shared memory as the global lines it reads arrive: ncu counts its
+# wavefronts per global line (one 16-byte piece from each of 32 rows: 32), which the bank model,
+# a description of the shared side, does not hold. A fill that costs more than its shared side
+# is reported as bound by its global lines, never as agreement.
+GLOBAL_SIDE_OPCODES = ("LDGSTS",)
 
 # bench/bankprobe/patterns.cu: each tagged access and the model's description of it.
 # Rows of 128 bytes; the swizzled read takes chunk (c ^ row) of row `lane` (c = 0 here), the
@@ -161,28 +163,43 @@ def _number(text: str) -> float:
 
 def parse_source_csv(text: str) -> dict:
     """ncu's source page (--page source --csv --print-source sass): {kernel: [instruction]}, each
-    instruction {offset (bytes from the kernel's first), sass, executed, wavefronts, ideal}."""
-    kernels, name, header = {}, None, None
+    instruction {offset (bytes from the kernel's first), sass, executed, wavefronts, ideal}. A
+    kernel without shared memory has no shared columns (zeros). ncu 2025.3 prints some results
+    twice: a block equal to one already read is dropped; another launch of a kernel adds."""
+    blocks, name, header = [], None, None
     for rec in csv.reader(io.StringIO(text)):
         if not rec:
             continue
         if rec[0] == "Kernel Name":
             name, header = rec[1], None
-            kernels[name] = []
+            blocks.append((name, []))
             continue
         if rec[0] == "Address":
             header = {h: i for i, h in enumerate(rec)}
             continue
-        if name is None or header is None or not rec[0].startswith("0x") or len(rec) < len(header):
+        if name is None or header is None or not rec[0].startswith("0x"):
             continue
-        kernels[name].append({"address": int(rec[0], 16), "sass": rec[header["Source"]].strip(),
-                              "executed": _number(rec[header["Instructions Executed"]]),
-                              "wavefronts": _number(rec[header["L1 Wavefronts Shared"]]),
-                              "ideal": _number(rec[header["L1 Wavefronts Shared Ideal"]])})
-    for rows in kernels.values():
+
+        def column(title):
+            i = header.get(title)
+            return _number(rec[i]) if i is not None and i < len(rec) else 0.0
+        blocks[-1][1].append({"address": int(rec[0], 16), "sass": rec[header["Source"]].strip(),
+                              "executed": column("Instructions Executed"), "wavefronts": column("L1 Wavefronts Shared"),
+                              "ideal": column("L1 Wavefronts Shared Ideal")})
+    kernels, seen = {}, set()
+    for name, rows in blocks:
         base = min((r["address"] for r in rows), default=0)
-        for r in rows:
-            r["offset"] = r.pop("address") - base
+        rows = [{**{k: v for k, v in r.items() if k != "address"}, "offset": r["address"] - base} for r in rows]
+        signature = (name, tuple((r["offset"], r["executed"], r["wavefronts"]) for r in rows))
+        if signature in seen:
+            continue
+        seen.add(signature)
+        if name not in kernels:
+            kernels[name] = rows
+        else:   # another launch of the same kernel: same code, counts add up
+            for old, new in zip(kernels[name], rows):
+                for key in ("executed", "wavefronts", "ideal"):
+                    old[key] += new[key]
     return kernels
 
 
@@ -193,20 +210,28 @@ SECTION = re.compile(r"^\s*\.section\s+\.text\.([^,\s]+)")
 
 def parse_line_table(text: str) -> dict:
     """nvdisasm -c -gi: {function: {offset: [(file, line), ...]}}, innermost frame first, then
-    the lines it was inlined at."""
-    table, function, chain = {}, None, []
+    the lines it was inlined at. nvdisasm writes a chain as consecutive `//##` lines, one frame
+    each (`File "a", line 88 inlined at "b", line 92`, then `File "b", line 92 ...`), before the
+    instructions it covers."""
+    table, function, chain, fresh = {}, None, [], True
     for line in text.splitlines():
         m = SECTION.match(line)
         if m:
-            function, chain = m.group(1), []
+            function, chain, fresh = m.group(1), [], True
             table[function] = {}
             continue
         if "//##" in line:
-            chain = [(f, int(n)) for f, n in LINE_INFO.findall(line)]
+            if fresh:
+                chain, fresh = [], False
+            for frame in LINE_INFO.findall(line):
+                frame = (frame[0], int(frame[1]))
+                if frame not in chain:
+                    chain.append(frame)
             continue
         m = INSTRUCTION.search(line)
         if m and function is not None:
             table[function][int(m.group(1), 16)] = list(chain)
+            fresh = True
     return table
 
 
@@ -242,7 +267,7 @@ def attribute(instructions: list, lines: dict, sources: Sources) -> dict:
     out = defaultdict(lambda: {"executed": 0.0, "wavefronts": 0.0, "ideal": 0.0, "opcodes": set()})
     for ins in instructions:
         op = shared_op(ins["sass"])
-        if op is None or ins["executed"] == 0:
+        if op is None or ins["executed"] == 0 or ins["sass"].startswith("@!PT"):   # @!PT: never runs
             continue
         tag = next((t for f, n in lines.get(ins["offset"], []) if (t := sources.tag(f, n))), None)
         acc = out[tag]
@@ -253,11 +278,20 @@ def attribute(instructions: list, lines: dict, sources: Sources) -> dict:
     return dict(out)
 
 
-def judge(predicted: float, measured: dict) -> str:
-    if any(op.startswith(UNCOUNTED_OPCODES) for op in measured["opcodes"]) and measured["wavefronts"] == 0:
-        return "not counted"
+def judge(predicted: float, ideal: float, measured: dict) -> str:
+    """`agrees`: wavefronts within TOLERANCE. `ways agree`: the conflict ratio (wavefronts over
+    the conflict-free count, the model's and ncu's) agrees but the count does not, because
+    ptxas made the access with other widths than its source (two LDS.64 merged into an LDS.128,
+    ldmatrix .x1 beside .x4): the layout is judged right, the instruction mix differs."""
     per_request = measured["wavefronts"] / measured["executed"]
-    return "agrees" if abs(per_request - predicted) <= TOLERANCE * predicted else "DIFFERS"
+    if abs(per_request - predicted) <= TOLERANCE * predicted:
+        return "agrees"
+    if per_request > predicted and all(op.startswith(GLOBAL_SIDE_OPCODES) for op in measured["opcodes"]):
+        return "global lines"
+    ways, measured_ways = predicted / ideal, measured["wavefronts"] / max(measured["ideal"], 1e-9)
+    if abs(measured_ways - ways) <= TOLERANCE * ways:
+        return "ways agree"
+    return "DIFFERS"
 
 
 def compare(model: dict, measured: dict) -> list:
@@ -271,7 +305,8 @@ def compare(model: dict, measured: dict) -> list:
             row.update(verdict="not executed")
         else:
             row.update(measured=m["wavefronts"] / m["executed"], ncu_ideal=m["ideal"] / m["executed"],
-                       requests=m["executed"], opcodes=sorted(m["opcodes"]), verdict=judge(rec["wavefronts"], m))
+                       requests=m["executed"], opcodes=sorted(m["opcodes"]),
+                       verdict=judge(rec["wavefronts"], rec["ideal"], m))
         rows.append(row)
     for name, m in measured.items():
         if name in model:
@@ -286,6 +321,7 @@ def summarize(work: Path, plan: dict) -> dict:
     """The per-access table of every profiled instance and of the probe."""
     kernels = parse_source_csv((work / "sass.csv").read_text())
     sources = Sources([ROOT / "generated", *plan.get("source_roots", [])])
+    models = current_models(plan)
     out = {"instances": [], "probe": None}
     for row in plan["rows"]:
         lines = parse_line_table((work / row["line_table"]).read_text())
@@ -299,9 +335,22 @@ def summarize(work: Path, plan: dict) -> dict:
                 acc["opcodes"] |= m["opcodes"]
         out["instances"].append({"instance": row["name"], "family": row["family"], "kind": row["kind"],
                                  "twin_of": row.get("twin_of"), "twin_pad": row.get("twin_pad"), "kernels": len(mine),
-                                 "accesses": compare(row["derived"].get("bank", {}), measured)})
+                                 "accesses": compare(models.get(row["name"], row["derived"].get("bank", {})), measured)})
     if (work / "probe_sass.csv").is_file():
         out["probe"] = probe_summary((work / "probe_sass.csv").read_text(), (work / "probe_lines.txt").read_text())
+    return out
+
+
+def current_models(plan: dict) -> dict:
+    """{instance: bank record} from this tree's model: the counts of a run can be judged again
+    after the model changes (the kernels the run profiled must be unchanged)."""
+    manifest = {r["name"]: r for r in json.loads((ROOT / "generated" / "manifest.json").read_text())}
+    out = {}
+    for row in plan["rows"]:
+        if row["name"] in manifest:
+            out[row["name"]] = manifest[row["name"]]["derived"].get("bank", {})
+        elif row.get("twin_of") in manifest:
+            out[row["name"]] = twin_plan(manifest[row["twin_of"]]).inst.d["bank"]
     return out
 
 
@@ -329,13 +378,21 @@ def _fmt(x) -> str:
 def markdown(result: dict, meta: dict) -> str:
     lines = [f"# Shared-memory bank model vs Nsight Compute, access by access ({meta.get('device', '?')}, commit "
              f"{meta.get('commit', '?')})", "",
+             f"Counts profiled at commit {meta.get('commit', '?')}; predictions of the model at "
+             f"{meta.get('judged_at', meta.get('commit', '?'))} (`--summarize` judges a run's counts with the "
+             "model of the tree it runs in).", "",
              "Each row is one access a template tags (`// smem: <access>`) and its family's lowering declares "
              "(`codegen/passes/banks.py`). `predicted`: the model's wavefronts per warp request at the instance's "
              "layout; `measured`: ncu's source counters, L1 shared wavefronts over executed instructions, summed "
              "over the SASS instructions whose line (or a line they were inlined at) carries the tag "
              "(nvdisasm's line table); `ncu ideal`: ncu's own conflict-free count. `agrees`: within "
-             f"{TOLERANCE:.0%}. cp.async fills (LDGSTS) take no L1 shared wavefronts in these counters: `not "
-             "counted`. wgmma operand reads and TMA writes are not thread instructions and have no row. "
+             f"{TOLERANCE:.0%}. `global lines`: a cp.async fill (LDGSTS) that costs more than its shared side; "
+             "ncu counts its wavefronts per global line it reads (a 16-byte piece from each of 32 rows: 32), "
+             "which the bank model, a description of the shared side only, does not hold. `ways agree`: the "
+             "conflict ratio agrees (model wavefronts over its ideal, ncu's over ncu's ideal), the count does "
+             "not, because ptxas made the access with other widths than its source (LDS.128 beside LDS.64, "
+             "ldmatrix .x1 beside .x4). wgmma operand reads "
+             "and TMA writes are not thread instructions and have no row. "
              "`(untagged)`: shared instructions no tag claims. Twins: the same instance at pad 0, built on "
              "first use.", "",
              "Reproduce: `STEPS=bank_check make gpu-check` (tree as committed).", ""]
@@ -443,7 +500,9 @@ def main():
         launch_all(json.loads((work / "plan.json").read_text()))
     if args.summarize:
         result = summarize(work, json.loads((work / "plan.json").read_text()))
-        meta = {"commit": os.environ.get("ATTNGEN_COMMIT", "?")}
+        meta = {"commit": os.environ.get("ATTNGEN_COMMIT", "?"),
+                "judged_at": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                            text=True).stdout.strip() or "?"}
         try:
             import torch
             meta["device"] = torch.cuda.get_device_name()

@@ -1,9 +1,12 @@
 """Shared-memory bank-conflict model and the padding it chooses.
 
-Hopper shared memory has 32 banks of 4 bytes. A warp's access is served in phases: 32 lanes
-per phase for 4-byte accesses, 16 for 8-byte, 8 for 16-byte. Within a phase, lanes reading
-the same word share it (broadcast); distinct words in one bank are serialized. The cost of
-an access is its number of wavefronts; the ideal is one per phase.
+Hopper shared memory has 32 banks of 4 bytes. Lanes reading the same word share it
+(broadcast); distinct words in one bank are serialized. The cost of an access is its number of
+wavefronts. As measured on the H100 (Nsight Compute's per-instruction counts,
+bench/results/h100/bank_check.md): 4-byte and 8-byte accesses are served for the whole warp
+at once, so they take as many wavefronts as the bank holding the most distinct words (an
+8-byte read of two addresses: 1; of 256 contiguous bytes: 2); 16-byte accesses are served a
+quarter-warp (8 lanes) at a time, at least one wavefront per quarter with active lanes.
 """
 from __future__ import annotations
 
@@ -16,10 +19,14 @@ BANKS = 32
 WORD = 4
 
 
+def _lanes_per_phase(width: int) -> int:
+    return 8 if width > 8 else 32
+
+
 def wavefronts(addresses: list, width: int) -> int:
     """Wavefronts for one warp-wide access; `addresses` holds one byte address per lane
     (None for an inactive lane), `width` is the bytes each lane accesses (4, 8 or 16)."""
-    per_phase = 32 * WORD // max(width, WORD) if width > WORD else 32
+    per_phase = _lanes_per_phase(width)
     total = 0
     for start in range(0, len(addresses), per_phase):
         banks = defaultdict(set)
@@ -38,11 +45,13 @@ def ideal(width: int) -> int:
 
 
 def active_phases(addresses: list, width: int) -> int:
-    """Phases with at least one active lane: the wavefronts a conflict-free access takes when
-    some lanes sit out (a row narrower than the lanes that split it)."""
-    per_phase = 32 * WORD // max(width, WORD) if width > WORD else 32
-    return sum(1 for start in range(0, len(addresses), per_phase)
-               if any(a is not None for a in addresses[start:start + per_phase]))
+    """The wavefronts a conflict-free access of these lanes takes: one per phase with active
+    lanes, and at least the distinct bytes over 128 (an 8-byte access of 32 distinct lanes: 2)."""
+    per_phase = _lanes_per_phase(width)
+    phases = sum(1 for start in range(0, len(addresses), per_phase)
+                 if any(a is not None for a in addresses[start:start + per_phase]))
+    distinct = {a for a in addresses if a is not None}
+    return max(phases, -(-len(distinct) * width // (BANKS * WORD)))
 
 
 @dataclass(frozen=True)
