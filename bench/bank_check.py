@@ -501,8 +501,9 @@ def main():
     if args.summarize:
         result = summarize(work, json.loads((work / "plan.json").read_text()))
         meta = {"commit": os.environ.get("ATTNGEN_COMMIT", "?"),
-                "judged_at": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                            text=True).stdout.strip() or "?"}
+                # the tree whose model judges: named by the caller where .git is stale (the GPU machine's copy)
+                "judged_at": os.environ.get("ATTNGEN_MODEL_COMMIT") or subprocess.run(
+                    ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or "?"}
         try:
             import torch
             meta["device"] = torch.cuda.get_device_name()

@@ -52,6 +52,7 @@ if want bank_check; then  # the bank model against ncu's per-instruction counts 
     && ncu --clock-control none --section SourceCounters --kernel-name-base mangled -f -o "$W/probe" "$W/probe" \
     && ncu -i "$W/probe.ncu-rep" --page source --csv --print-source sass --print-kernel-base mangled > "$W/probe_sass.csv"
   rm -rf "$W"/*.ncu-rep "$W"/cubins_* "$W/probe"
+  export ATTNGEN_MODEL_COMMIT=${ATTNGEN_COMMIT:-}  # this tree's model judges the counts
   step bank_check python3 -m bench.bank_check --summarize --work "$W" --out "$OUT/r"
 fi
 want tune_compare && step tune_compare python3 -m bench.tune_compare --out "$OUT/r"
