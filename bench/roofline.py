@@ -4,7 +4,7 @@ written once) and its FLOPs, both from the shape; the two floors they give at th
 bandwidth and the arithmetic rate of the unit that does the work; and the achieved fraction of
 the binding (larger) floor.
 
-  python -m bench.roofline [--results DIR]     writes DIR/roofline.md (run by `make report`)
+  python -m bench.roofline [--results DIR]     writes DIR/roofline.md and .png (run by `make report`)
 
 Limits: the copy bandwidth and the bf16 matmul rate measured in the benchmark runs that the
 results record (paged.json, flash_attention.json), and the fp32 CUDA-core rate of
@@ -119,6 +119,37 @@ def markdown(rows: list, limits: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def draw(rows: list, limits: dict, path: Path) -> Path:
+    """The classic roofline: achieved TFLOP/s against FLOPs per byte, one point per benchmarked
+    case (colored by op and dtype), under the copy-bandwidth slope and the two compute roofs."""
+    from codegen.report_figure import _pyplot
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 6))
+    intensity = [r["flop"] / r["bytes"] for r in rows]
+    span = [min(intensity) / 2, max(intensity) * 4]
+    copy = limits["copy_tbps"]
+    for peak, label in ((limits["bf16_matmul_tflops"], "bf16 MMA"), (limits["fp32_fma_tflops"], "fp32 FMA")):
+        knee = peak / copy
+        xs = [span[0], knee, max(span[1], knee * 2)]
+        ax.plot(xs, [min(copy * x, peak) for x in xs], color="gray", lw=1)
+        ax.annotate(f"{label} {peak:.0f} TFLOP/s", (xs[-1], peak), ha="right", va="bottom", fontsize=8)
+    for i, op in enumerate(dict.fromkeys(r["op"] for r in rows)):
+        rs = [r for r in rows if r["op"] == op]
+        ax.scatter([r["flop"] / r["bytes"] for r in rs], [r["flop"] / r["ms"] / 1e9 for r in rs], s=22,
+                   color=f"C{i}", label=op)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("FLOPs per byte moved (inputs read once, outputs written once)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.set_title(f"Roofline of the benchmarked kernels (H100, copy {copy:.2f} TB/s)")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(ROOT / "bench" / "results" / "h100"))
@@ -126,7 +157,8 @@ def main():
     results = Path(args.results)
     rows, limits = build(results)
     (results / "roofline.md").write_text(markdown(rows, limits))
-    print(f"wrote {results / 'roofline.md'}")
+    draw(rows, limits, results / "roofline.png")
+    print(f"wrote {results / 'roofline.md'} and roofline.png")
 
 
 if __name__ == "__main__":

@@ -106,7 +106,7 @@ def _cmd_report(args) -> int:
 
     from .report import write
     path = write(pipeline.ROOT, Path(args.out) if args.out else pipeline.ROOT / "bench" / "results" / "h100")
-    print(f"wrote {path}")
+    print(f"wrote {path} and {path.with_suffix('.png').name}")
     return 0
 
 

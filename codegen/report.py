@@ -2,7 +2,7 @@
 reported when its cubin was compiled (registers, spills, stack), the threads and shared memory
 the lowering chose, the theoretical occupancy those allow on the arch, and the bank model's
 ways (wavefronts per request over the conflict-free ideal) for each shared-memory access the
-family declares.
+family declares; report.png draws the same (codegen/report_figure.py).
 
   python -m codegen report [--out DIR]     after `make build` (the cubin logs are its input)
 """
@@ -14,6 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import report_figure
 from .arch import ARCHES, Arch
 from .passes import banks
 
@@ -142,6 +143,9 @@ def write(root: Path, out_dir: Path) -> Path:
     table = rows(manifest, root / "build" / "cubin")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps(table, indent=1) + "\n")
+    meta = toolchain(root)
     path = out_dir / "report.md"
-    path.write_text(markdown(table, toolchain(root)))
+    path.write_text(markdown(table, meta))
+    report_figure.draw(table, out_dir / "report.png",
+                       f"Static resource report ({', '.join(f'{k} {v}' for k, v in meta.items())})")
     return path

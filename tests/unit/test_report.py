@@ -2,6 +2,7 @@
 occupancy calculator does (register allocation in steps of 8 per thread, 256 per warp)."""
 from codegen.arch import ARCHES
 from codegen.report import markdown, occupancy, parse_ptxas_log
+from codegen.report_figure import draw, kind_costs
 
 LOG = """ptxas info    : Compiling entry function 'a' for 'sm_90a'
     24 bytes stack frame, 24 bytes spill stores, 72 bytes spill loads
@@ -36,3 +37,23 @@ def test_markdown_says_what_is_not_built():
     rows = [{"name": "x_sm90a", "family": "f", "kind": "k", "threads": 128, "smem_bytes": 2048, "bank": {},
              "built": False}]
     assert "no ptxas log" in markdown(rows)
+
+
+def _bank(wavefronts, ideal, unpadded, worst):
+    return {"buffers": ["b"], "width": 4, "wavefronts": wavefronts, "ideal": ideal, "unpadded": unpadded,
+            "worst": worst}
+
+
+def test_kind_costs_sum_over_instances_and_accesses():
+    rows = [{"family": "f", "kind": "k", "bank": {"a": _bank(1, 1, 4, 8), "b": _bank(4, 4, 4, 4)}},
+            {"family": "f", "kind": "k", "bank": {"a": _bank(2, 1, 2, 2)}},
+            {"family": "f", "kind": "plain", "bank": {}}]
+    (kind, cost), = kind_costs(rows)
+    assert kind == "f k" and cost == {"wavefronts": 7 / 6, "unpadded": 10 / 6, "worst": 14 / 6}
+
+
+def test_the_figure_is_a_png(tmp_path):
+    rows = [{"name": "x_sm90a", "family": "f", "kind": "k", "threads": 128, "smem_bytes": 2048, "built": True,
+             "registers": 96, "spill_bytes": 8, "warps_per_sm": 16, "bank": {"a": _bank(2, 1, 4, 4)}}]
+    path = draw(rows, tmp_path / "report.png", "test")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

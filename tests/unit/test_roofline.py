@@ -15,3 +15,9 @@ def test_every_case_sits_under_its_floor():
 def test_floors_pick_the_larger_term():
     f = roofline.floors(nbytes=3e9, flop=1e12, tbps=3.0, tflops=100.0)
     assert f["bound"] == "compute" and abs(f["floor_ms"] - 10.0) < 1e-9 and abs(f["memory_floor_ms"] - 1.0) < 1e-9
+
+
+def test_the_figure_is_a_png(tmp_path):
+    rows, limits = roofline.build(ROOT / "bench" / "results" / "h100")
+    path = roofline.draw(rows, limits, tmp_path / "roofline.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
