@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
-# benchmarks, tuned vs default; jit_tests / jit_bench (instances built on first use), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench and flash_tests/flash_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_paged a cold and a warm
+# tuning run of the family (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench and flash_tests/flash_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last.
 set -uo pipefail
@@ -24,7 +25,9 @@ step() {  # step NAME COMMAND...: run, log to $OUT/r/NAME.log, remember exit sta
   return $rc
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/r/device.txt"
-step build python3 -m codegen build -j 16 || tail -50 "$OUT/r/build.log"
+if [ "${BUILD:-1}" = 1 ]; then  # BUILD=0: the steps need no default build (the tune steps build their own)
+  step build python3 -m codegen build -j 16 || tail -50 "$OUT/r/build.log"
+fi
 want gpu_tests && step gpu_tests python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider
 want memcheck && step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py ${SANITIZE:-}
 want racecheck && step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py ${SANITIZE:-}
@@ -56,6 +59,15 @@ if want bank_check; then  # the bank model against ncu's per-instruction counts 
   step bank_check python3 -m bench.bank_check --summarize --work "$W" --out "$OUT/r"
 fi
 want tune_compare && step tune_compare python3 -m bench.tune_compare --out "$OUT/r"
+for fam in causal_linear rwkv paged; do  # tune_<family>: a cold tune (its cache cleared), then a warm one
+  if want "tune_$fam"; then
+    rm -rf "build/tune/$fam"
+    step "tune_$fam" python3 -m codegen tune "specs/$fam.yaml" -j 16 --out "$OUT/r/tune"
+    step "tune_${fam}_warm" python3 -m codegen tune "specs/$fam.yaml" -j 16 --out "$OUT/r/tune_warm"
+    cp "tuned/sm_90a/$fam.yaml" "$OUT/r/tune/tuned_$fam.yaml"
+    cat "$OUT/r/tune/tune_$fam.md"
+  fi
+done
 if want retune; then
   cp bench/results/h100/tune_causal_linear.json "$OUT/r/tune_first.json"
   rm -rf build/tune

@@ -1,17 +1,20 @@
-"""Candidates: each tuning grid expanded (tuned dtypes, forward direction only: the reverse
-kernel is the same code walking time backwards) and lowered; impossible ones are reported."""
+"""Candidates: each tuning grid expanded (tuned dtypes, and the one value of each other axis
+that the family's workload times: causal linear's forward direction, rwkv's forward scan with
+the keys contracted) and lowered; impossible ones are reported."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 from .. import expand, passes
 from ..spec import Spec
+from . import workloads
 
 
 def tuning_spec(spec: Spec) -> Spec:
     """The spec with its kinds' grids replaced by the tuning grids, over the tuned axes."""
     kinds = {name: spec.tune.kernels.get(name, kind) for name, kind in spec.kernels.items()}
-    axes = {**spec.axes, "dtype": spec.tune.dtypes, "direction": ("fwd",)}
+    timed = {axis: (value,) for axis, value in workloads.for_family(spec.family).AXES.items()}
+    axes = {**spec.axes, "dtype": spec.tune.dtypes, **timed}
     return replace(spec, kernels=kinds, axes=axes, tuned=())
 
 

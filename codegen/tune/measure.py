@@ -1,6 +1,8 @@
 """On the GPU: check each candidate against the float64 reference, then time it on the
 bucket's shape (CUDA-event medians via triton.testing.do_bench, warm-up, inputs rotated
-beyond L2, three repeats whose spread is recorded). One worker process per visible GPU."""
+beyond L2, three repeats whose spread is recorded). The family's workload
+(codegen/tune/workloads/) makes the inputs and calls the instance. One worker process per
+visible GPU."""
 from __future__ import annotations
 
 import math
@@ -14,40 +16,37 @@ def _torch_dtype(torch, name):
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
-def _inputs(torch, shape, dtype, seed):
-    B, H, L, E, M = (shape[d] for d in ("B", "H", "L", "E", "M"))
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(B, H, L, E, device="cuda", generator=g).to(dtype) / math.sqrt(E)
-    k = torch.randn(B, H, L, E, device="cuda", generator=g).to(dtype) / math.sqrt(L)
-    v = torch.randn(B, H, L, M, device="cuda", generator=g).to(dtype)
-    return q, k, v
+def _nbytes(args) -> int:
+    return sum(x.numel() * x.element_size() for x in args if hasattr(x, "numel"))
 
 
 def measure_one(job: dict) -> dict:
-    """job: name, shape, dtype. Returns median_ms, spread_ms, note (inf when rejected)."""
+    """job: family, name, shape, dtype. Returns median_ms, spread_ms, note (inf when rejected)."""
     import torch
     import triton.testing
 
-    op = torch.ops.attngen_tune.causal_dot_product_with
+    from . import workloads
+
+    work = workloads.for_family(job["family"])
+    ops = torch.ops.attngen_tune
     dtype = _torch_dtype(torch, job["dtype"])
     shape, name = job["shape"], job["name"]
     try:
-        small = {**shape, "B": 1, "H": 2, "L": min(shape["L"], 300)}
-        q, k, v = _inputs(torch, small, dtype, seed=1)
-        torch.full(q.shape[:3] + v.shape[3:], float("nan"), dtype=dtype, device="cuda")  # poison the pool
-        out = op(q, k, v, False, name).double()
-        ref = torch.tril(q.double() @ k.double().transpose(-1, -2)) @ v.double()
+        args = work.inputs(torch, work.check_shape(shape), dtype, seed=1)
+        ref = work.reference(args)
+        torch.full(ref.shape, float("nan"), dtype=dtype, device="cuda")  # poison the block the output reuses
+        out = work.run(ops, name, args).double()
         err = ((out - ref).norm() / ref.norm()).item()
         if not err <= TOLERANCE[job["dtype"]]:
             return {"median_ms": math.inf, "spread_ms": 0.0, "note": f"wrong result: rel err {err:.2e}"}
-        nbytes = shape["B"] * shape["H"] * shape["L"] * (2 * shape["E"] + shape["M"]) * q.element_size()
-        count = max(1, min(8, math.ceil(3 * L2_BYTES / nbytes)))
-        sets = [_inputs(torch, shape, dtype, seed=10 + i) for i in range(count)]
+        first = work.inputs(torch, shape, dtype, seed=10)
+        count = max(1, min(8, math.ceil(3 * L2_BYTES / _nbytes(first))))
+        sets = [first] + [work.inputs(torch, shape, dtype, seed=10 + i) for i in range(1, count)]
         state = {"i": 0}
 
         def call():
             state["i"] = (state["i"] + 1) % count
-            op(*sets[state["i"]], False, name)
+            work.run(ops, name, sets[state["i"]])
         medians = [triton.testing.do_bench(call, warmup=10, rep=40, return_mode="median") for _ in range(REPEATS)]
         medians.sort()
         return {"median_ms": medians[len(medians) // 2], "spread_ms": medians[-1] - medians[0], "note": ""}

@@ -23,7 +23,7 @@ def markdown(header: dict, entries: list[dict], seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def heat_map(rows: list[dict], path) -> bool:
+def heat_map(rows: list[dict], path, family: str) -> bool:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -45,7 +45,7 @@ def heat_map(rows: list[dict], path) -> bool:
     ax.set_yticks(range(len(rows)), [f"{r['bucket']} {r['dtype']}" for r in rows], fontsize=7)
     ax.set_xticks(range(len(names)), short, rotation=90, fontsize=3)
     fig.colorbar(im, ax=ax, label="log2(time / best in bucket)")
-    ax.set_title("causal-linear tuning: every candidate on every bucket (blank: does not cover it or failed)")
+    ax.set_title(f"{family} tuning: every candidate on every bucket (blank: does not cover it or failed)")
     fig.tight_layout()
     fig.savefig(path, dpi=150)
     return True

@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import dispatch, pipeline
 from ..arch import DTYPE_BYTES
 from ..build import cuda_home
-from . import build, cache, candidates, report, select, table
+from . import build, cache, candidates, report, select, table, workloads
 from .progress import Progress
 
 
@@ -69,14 +69,18 @@ def _measure_on_gpu(jobs, so_path, on_result):
     measure.measure_all(jobs, so_path, on_result)
 
 
+def _runtime(spec, bucket, dtype: str, dev: Device) -> dict:
+    return workloads.for_family(spec.family).runtime(bucket.shape, DTYPE_BYTES[dtype], dev.sm_count)
+
+
 def _add_defaults(spec, built, cands, dev: Device) -> dict:
     """The instance the default rules pick per (bucket, dtype), added to the candidates so
     that every winner's speed-up over the default is measured in the same run."""
     names, defaults = {c.name for c in cands}, {}
+    tuned_axes = workloads.for_family(spec.family).AXES
     for bucket in spec.tune.buckets:
         for dtype in spec.tune.dtypes:
-            runtime = dispatch.runtime_for(bucket.shape, DTYPE_BYTES[dtype], dev.sm_count)
-            inst = dispatch.select(spec, built, runtime, {"dtype": dtype, "direction": "fwd"})
+            inst = dispatch.select(spec, built, _runtime(spec, bucket, dtype, dev), {"dtype": dtype, **tuned_axes})
             defaults[(bucket.name, dtype)] = inst
             if inst is not None and inst.name not in names:
                 cands.append(inst)
@@ -89,10 +93,9 @@ def _plan(spec, cands, failed, sources, store, dev: Device):
     results, todo = {}, []
     for bucket in spec.tune.buckets:
         for dtype in spec.tune.dtypes:
-            runtime = dispatch.runtime_for(bucket.shape, DTYPE_BYTES[dtype], dev.sm_count)
-            for inst in _smallest_buckets(spec, cands, runtime, dtype):
-                job = {"id": f"{bucket.name}|{dtype}|{inst.name}", "name": inst.name, "shape": bucket.shape,
-                       "dtype": dtype}
+            for inst in _smallest_buckets(spec, cands, _runtime(spec, bucket, dtype, dev), dtype):
+                job = {"id": f"{bucket.name}|{dtype}|{inst.name}", "family": spec.family, "name": inst.name,
+                       "shape": bucket.shape, "dtype": dtype}
                 if inst.name in failed:
                     results[job["id"]] = {"median_ms": math.inf, "spread_ms": 0.0, "note": failed[inst.name]}
                     continue
@@ -191,7 +194,7 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None, *, 
     (out / f"tune_{spec.stem}.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1, default=str))
     md = report.markdown(header, entries, time.monotonic() - t_start)
     (out / f"tune_{spec.stem}.md").write_text(md)
-    report.heat_map(rows, out / f"tune_{spec.stem}.png")
+    report.heat_map(rows, out / f"tune_{spec.stem}.png", spec.family)
     print(md)
     print(f"tune: wrote {path}; run `make gen` to emit its dispatch")
     return header

@@ -2,6 +2,7 @@
 which emits its winners as dispatch rules ahead of the spec's default rules."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,14 +38,14 @@ def tuned_instances(spec: Spec, entry: LocDict, file: str) -> list[KernelInstanc
     if not isinstance(params, LocDict) or set(params) != set(kind.grid):
         raise SpecError(file, entry.line_of("params"), "params",
                         f"expected exactly the parameters {list(kind.grid)} of kind {kind.name!r}")
-    out = []
-    for dtype in entry["serves"]:
-        for direction in spec.axes["direction"]:
-            out.append(KernelInstance(
-                family=spec.family, op=spec.op.name, kind=kind.name, template=kind.template, arch=spec.arch,
-                axes=(("dtype", dtype), ("direction", direction)),
-                params=tuple((p, params[p]) for p in kind.grid), spec_file=spec.file))
-    return out
+    # The winner serves every value of the axes other than dtype (direction, keys): the same
+    # code walking the other way or with the other axis as output.
+    axes = [[(axis, value) for value in (entry["serves"] if axis == "dtype" else values)]
+            for axis, values in spec.axes.items()]
+    return [KernelInstance(family=spec.family, op=spec.op.name, kind=kind.name, template=kind.template,
+                           arch=spec.arch, axes=combo, params=tuple((p, params[p]) for p in kind.grid),
+                           spec_file=spec.file)
+            for combo in itertools.product(*axes)]
 
 
 def load_rules(spec: Spec, path: Path, lower, display: str | None = None) -> tuple[list[KernelInstance], tuple]:

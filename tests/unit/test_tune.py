@@ -169,3 +169,48 @@ def test_runner_end_to_end_on_cpu_resumes_from_the_cache(tmp_path):
     assert len(timed) == 10
     doc2 = __import__("yaml").safe_load((tmp_path / "tuned" / "sm_90a" / "causal_linear.yaml").read_text())
     assert [e["instance"] for e in doc2["buckets"]] == [e["instance"] for e in doc["buckets"]]
+
+
+@pytest.mark.parametrize("family", ["rwkv", "paged"])
+def test_runner_tunes_every_family_and_its_table_dispatches(tmp_path, family):
+    """rwkv and paged through the same tuner (their workloads give the dispatch variables):
+    every bucket gets a winner, measured beside the default rules' pick, and the written table
+    loads back as rules that dispatch the winner on the bucket's shape, for every axis value."""
+    import zlib
+
+    import yaml
+
+    from codegen import passes
+    from codegen.arch import DTYPE_BYTES
+    from codegen.tune import runner, workloads
+    dev = runner.Device("Test GPU", 132, "2.x", "13.0", "nvcc test")
+    timed = []
+
+    def fake_measure(jobs, so_path, on_result):
+        for job in jobs:
+            timed.append(job)
+            on_result(job, {"median_ms": 1 + zlib.crc32(job["name"].encode()) % 97 / 10, "spread_ms": 0.0, "note": ""})
+
+    fake_build = lambda spec, cands, jobs: (tmp_path / "fake.so", {}, {c.name: c.name for c in cands})  # noqa: E731
+    spec_file = str(ROOT / "specs" / f"{family}.yaml")
+    runner.run(spec_file, root=tmp_path, device=dev, build_fn=fake_build, measure_fn=fake_measure,
+               out_dir=str(tmp_path / "out"))
+    assert timed and all(job["family"] == family for job in timed)
+    spec, built = [sb for sb in pipeline.lower(pipeline.expand(pipeline.load()), use_tuned=False) if sb[0].family == family][0]
+    work = workloads.for_family(family)
+    path = tmp_path / "tuned" / "sm_90a" / f"{family}.yaml"
+    doc = yaml.safe_load(path.read_text())
+    assert {(e["bucket"], e["dtype"]) for e in doc["buckets"]} == {(b.name, d) for b in spec.tune.buckets
+                                                                  for d in spec.tune.dtypes}
+    extra, rules = table.load_rules(spec, path, passes.lower_one)
+    tuned = table.attach(spec, rules)
+    for entry in doc["buckets"]:
+        bucket = next(b for b in spec.tune.buckets if b.name == entry["bucket"])
+        runtime = work.runtime(bucket.shape, DTYPE_BYTES[entry["dtype"]], 132)
+        assert bucket.when.evaluate(runtime), bucket.name   # the bucket's own shape falls in it
+        default = dispatch.select(spec, built, runtime, {"dtype": entry["dtype"], **work.AXES})
+        assert default is not None and entry["default"] == default.name and entry["default_ms"] is not None
+        for served in entry["serves"]:
+            for axes in ({**dict(i.axes), "dtype": served} for i in extra if i.kind == entry["kind"]):
+                pick = dispatch.select(tuned, built + extra, runtime, axes)
+                assert (pick.kind, dict(pick.params)) == (entry["kind"], entry["params"]), (bucket.name, axes)
