@@ -39,7 +39,6 @@ want flash_tests && step flash_tests python3 -m pytest -q -m gpu tests/gpu/test_
 want bench && step bench python3 -m bench.causal_linear ${BENCH_ARGS:-} --out "$OUT/r"
 want rwkv_bench && step rwkv_bench python3 -m bench.rwkv ${BENCH_ARGS:-} --out "$OUT/r"
 want linear_sweep && step linear_sweep python3 -m bench.chunked_vs_recurrent --out "$OUT/r"
-want paged_sweep && step paged_sweep python3 -m bench.sweep_paged --out "$OUT/r"
 want paged_bench && step paged_bench python3 -m bench.paged ${BENCH_ARGS:-} --out "$OUT/r"
 want jit_bench && step jit_bench python3 -m bench.jit_first_use --out "$OUT/r"
 want flash_bench && step flash_bench python3 -m bench.flash_attention ${BENCH_ARGS:-} --out "$OUT/r"
@@ -77,10 +76,10 @@ if want retune; then
   cp tuned/sm_90a/causal_linear.yaml "$OUT/r/tuned_second.yaml"
 fi
 tar -czf "$OUT/all.tgz" -C "$OUT/r" .
-cp "$OUT/r/causal_linear.md" "$OUT/r/chunked_vs_recurrent.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/sweep_paged.md" "$OUT/r/flash_attention.md" "$OUT/r/bank_check.md" "$OUT/r/jit_first_use.md" "$OUT/" 2>/dev/null
+cp "$OUT/r/causal_linear.md" "$OUT/r/chunked_vs_recurrent.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/flash_attention.md" "$OUT/r/bank_check.md" "$OUT/r/jit_first_use.md" "$OUT/" 2>/dev/null
 echo
 echo "| step | rc | seconds |"
 echo "|---|---|---|"
 for s in "${status[@]}"; do IFS='|' read -r n rc sec <<< "$s"; echo "| $n | $rc | $sec |"; done
-cat "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/sweep_paged.md" "$OUT/r/flash_attention.md" "$OUT/r/bank_check.md" 2>/dev/null
+cat "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/flash_attention.md" "$OUT/r/bank_check.md" 2>/dev/null
 if [ -f "$OUT/r/retune_check.log" ]; then cat "$OUT/r/retune_check.log"; fi

@@ -182,6 +182,118 @@ cudaError_t launch_rwkv_rev_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_b
 size_t workspace_rwkv_rev_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&);
 cudaError_t launch_rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a(const Params&);
 
 namespace {
 
@@ -269,6 +381,62 @@ bool covers_80(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) =
 bool covers_81(const WkvKey& key) { return ((key.N == 32) && ((key.align % 8) == 0)); }
 bool covers_82(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
 bool covers_83(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_84(const WkvKey& key) { return ((key.N == 64) && ((key.align % 4) == 0)); }
+bool covers_85(const WkvKey& key) { return ((key.N == 64) && ((key.align % 4) == 0)); }
+bool covers_86(const WkvKey& key) { return ((key.N == 64) && ((key.align % 4) == 0)); }
+bool covers_87(const WkvKey& key) { return ((key.N == 64) && ((key.align % 4) == 0)); }
+bool covers_88(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_89(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_90(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_91(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_92(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_93(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_94(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_95(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_96(const WkvKey& key) { return ((key.N == 64) && ((key.align % 4) == 0)); }
+bool covers_97(const WkvKey& key) { return ((key.N == 64) && ((key.align % 4) == 0)); }
+bool covers_98(const WkvKey& key) { return ((key.N == 64) && ((key.align % 4) == 0)); }
+bool covers_99(const WkvKey& key) { return ((key.N == 64) && ((key.align % 4) == 0)); }
+bool covers_100(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_101(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_102(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_103(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_104(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_105(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_106(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_107(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_108(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_109(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_110(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_111(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_112(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_113(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_114(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_115(const WkvKey& key) { return ((key.N == 64) && ((key.align % 8) == 0)); }
+bool covers_116(const WkvKey& key) { return ((key.N == 128) && ((key.align % 4) == 0)); }
+bool covers_117(const WkvKey& key) { return ((key.N == 128) && ((key.align % 4) == 0)); }
+bool covers_118(const WkvKey& key) { return ((key.N == 128) && ((key.align % 4) == 0)); }
+bool covers_119(const WkvKey& key) { return ((key.N == 128) && ((key.align % 4) == 0)); }
+bool covers_120(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_121(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_122(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_123(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_124(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_125(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_126(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_127(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_128(const WkvKey& key) { return ((key.N == 128) && ((key.align % 4) == 0)); }
+bool covers_129(const WkvKey& key) { return ((key.N == 128) && ((key.align % 4) == 0)); }
+bool covers_130(const WkvKey& key) { return ((key.N == 128) && ((key.align % 4) == 0)); }
+bool covers_131(const WkvKey& key) { return ((key.N == 128) && ((key.align % 4) == 0)); }
+bool covers_132(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_133(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_134(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_135(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_136(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_137(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_138(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
+bool covers_139(const WkvKey& key) { return ((key.N == 128) && ((key.align % 8) == 0)); }
 
 const Entry kEntries[] = {
     {"rwkv_fwd_contracted_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a", launch_rwkv_fwd_contracted_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a, covers_0, workspace_rwkv_fwd_contracted_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a},
@@ -355,6 +523,62 @@ const Entry kEntries[] = {
     {"rwkv_rev_output_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a", launch_rwkv_rev_output_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a, covers_81, workspace_rwkv_rev_output_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a},
     {"rwkv_rev_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a", launch_rwkv_rev_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a, covers_82, workspace_rwkv_rev_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a},
     {"rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a", launch_rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a, covers_83, workspace_rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a},
+    {"rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a", launch_rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a, covers_84, workspace_rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a},
+    {"rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a", launch_rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a, covers_85, workspace_rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a},
+    {"rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a", launch_rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a, covers_86, workspace_rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a},
+    {"rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a", launch_rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a, covers_87, workspace_rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a},
+    {"rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a", launch_rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a, covers_88, workspace_rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a},
+    {"rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a", launch_rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a, covers_89, workspace_rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a},
+    {"rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a", launch_rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a, covers_90, workspace_rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a},
+    {"rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a", launch_rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a, covers_91, workspace_rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a},
+    {"rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a", launch_rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a, covers_92, workspace_rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a},
+    {"rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a", launch_rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a, covers_93, workspace_rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a},
+    {"rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a", launch_rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a, covers_94, workspace_rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a},
+    {"rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a", launch_rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a, covers_95, workspace_rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a},
+    {"rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a", launch_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a, covers_96, workspace_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a},
+    {"rwkv_fwd_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a", launch_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a, covers_97, workspace_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a},
+    {"rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a", launch_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a, covers_98, workspace_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a},
+    {"rwkv_rev_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a", launch_rwkv_rev_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a, covers_99, workspace_rwkv_rev_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a},
+    {"rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a", launch_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a, covers_100, workspace_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a},
+    {"rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a", launch_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a, covers_101, workspace_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a},
+    {"rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a", launch_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a, covers_102, workspace_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a},
+    {"rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a", launch_rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a, covers_103, workspace_rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a},
+    {"rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a", launch_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a, covers_104, workspace_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a},
+    {"rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a", launch_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a, covers_105, workspace_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a},
+    {"rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a", launch_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a, covers_106, workspace_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a},
+    {"rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a", launch_rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a, covers_107, workspace_rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a},
+    {"rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a", launch_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a, covers_108, workspace_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a},
+    {"rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a", launch_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a, covers_109, workspace_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a},
+    {"rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a", launch_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a, covers_110, workspace_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a},
+    {"rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a", launch_rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a, covers_111, workspace_rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a},
+    {"rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a", launch_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a, covers_112, workspace_rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a},
+    {"rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a", launch_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a, covers_113, workspace_rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a},
+    {"rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a", launch_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a, covers_114, workspace_rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a},
+    {"rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a", launch_rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a, covers_115, workspace_rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a},
+    {"rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a", launch_rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a, covers_116, workspace_rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a},
+    {"rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a", launch_rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a, covers_117, workspace_rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a},
+    {"rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a", launch_rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a, covers_118, workspace_rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a},
+    {"rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a", launch_rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a, covers_119, workspace_rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a},
+    {"rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a", launch_rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a, covers_120, workspace_rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a},
+    {"rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a", launch_rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a, covers_121, workspace_rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a},
+    {"rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a", launch_rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a, covers_122, workspace_rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a},
+    {"rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a", launch_rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a, covers_123, workspace_rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a},
+    {"rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a", launch_rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a, covers_124, workspace_rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a},
+    {"rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a", launch_rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a, covers_125, workspace_rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a},
+    {"rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a", launch_rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a, covers_126, workspace_rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a},
+    {"rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a", launch_rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a, covers_127, workspace_rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a},
+    {"rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a", launch_rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a, covers_128, workspace_rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a},
+    {"rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a", launch_rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a, covers_129, workspace_rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a},
+    {"rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a", launch_rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a, covers_130, workspace_rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a},
+    {"rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a", launch_rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a, covers_131, workspace_rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a},
+    {"rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a", launch_rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a, covers_132, workspace_rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a},
+    {"rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a", launch_rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a, covers_133, workspace_rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a},
+    {"rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a", launch_rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a, covers_134, workspace_rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a},
+    {"rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a", launch_rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a, covers_135, workspace_rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a},
+    {"rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a", launch_rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a, covers_136, workspace_rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a},
+    {"rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a", launch_rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a, covers_137, workspace_rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a},
+    {"rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a", launch_rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a, covers_138, workspace_rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a},
+    {"rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a", launch_rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a, covers_139, workspace_rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a},
 };
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
@@ -411,67 +635,294 @@ const Entry* jit_select(const WkvKey& key) {
 }
 
 const Entry* wkv_scan_select(const WkvKey& key) {
+  // tuned: tuned/sm_90a/rwkv.yaml: bucket n64_few_bh: when N == 64 and BH < sm_count
+  if (((key.N == 64) && (key.BH < key.sm_count))) {
+    if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == false) {
+      if (kEntries[84].covers(key)) return &kEntries[84];  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == true) {
+      if (kEntries[85].covers(key)) return &kEntries[85];  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true && key.keys_output == false) {
+      if (kEntries[86].covers(key)) return &kEntries[86];  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true && key.keys_output == true) {
+      if (kEntries[87].covers(key)) return &kEntries[87];  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false && key.keys_output == false) {
+      if (kEntries[88].covers(key)) return &kEntries[88];  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false && key.keys_output == true) {
+      if (kEntries[89].covers(key)) return &kEntries[89];  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true && key.keys_output == false) {
+      if (kEntries[90].covers(key)) return &kEntries[90];  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true && key.keys_output == true) {
+      if (kEntries[91].covers(key)) return &kEntries[91];  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false && key.keys_output == false) {
+      if (kEntries[92].covers(key)) return &kEntries[92];  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false && key.keys_output == true) {
+      if (kEntries[93].covers(key)) return &kEntries[93];  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true && key.keys_output == false) {
+      if (kEntries[94].covers(key)) return &kEntries[94];  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true && key.keys_output == true) {
+      if (kEntries[95].covers(key)) return &kEntries[95];  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/rwkv.yaml: bucket n64_mid_bh: when N == 64 and BH < 4 * sm_count
+  if (((key.N == 64) && (key.BH < (4 * key.sm_count)))) {
+    if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == false) {
+      if (kEntries[96].covers(key)) return &kEntries[96];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == true) {
+      if (kEntries[97].covers(key)) return &kEntries[97];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true && key.keys_output == false) {
+      if (kEntries[98].covers(key)) return &kEntries[98];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true && key.keys_output == true) {
+      if (kEntries[99].covers(key)) return &kEntries[99];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false && key.keys_output == false) {
+      if (kEntries[100].covers(key)) return &kEntries[100];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false && key.keys_output == true) {
+      if (kEntries[101].covers(key)) return &kEntries[101];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true && key.keys_output == false) {
+      if (kEntries[102].covers(key)) return &kEntries[102];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true && key.keys_output == true) {
+      if (kEntries[103].covers(key)) return &kEntries[103];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false && key.keys_output == false) {
+      if (kEntries[104].covers(key)) return &kEntries[104];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false && key.keys_output == true) {
+      if (kEntries[105].covers(key)) return &kEntries[105];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true && key.keys_output == false) {
+      if (kEntries[106].covers(key)) return &kEntries[106];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true && key.keys_output == true) {
+      if (kEntries[107].covers(key)) return &kEntries[107];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/rwkv.yaml: bucket n64_many_bh: when N == 64
+  if ((key.N == 64)) {
+    if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == false) {
+      if (kEntries[1].covers(key)) return &kEntries[1];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == true) {
+      if (kEntries[4].covers(key)) return &kEntries[4];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true && key.keys_output == false) {
+      if (kEntries[7].covers(key)) return &kEntries[7];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true && key.keys_output == true) {
+      if (kEntries[10].covers(key)) return &kEntries[10];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false && key.keys_output == false) {
+      if (kEntries[108].covers(key)) return &kEntries[108];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false && key.keys_output == true) {
+      if (kEntries[109].covers(key)) return &kEntries[109];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true && key.keys_output == false) {
+      if (kEntries[110].covers(key)) return &kEntries[110];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true && key.keys_output == true) {
+      if (kEntries[111].covers(key)) return &kEntries[111];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false && key.keys_output == false) {
+      if (kEntries[112].covers(key)) return &kEntries[112];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false && key.keys_output == true) {
+      if (kEntries[113].covers(key)) return &kEntries[113];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true && key.keys_output == false) {
+      if (kEntries[114].covers(key)) return &kEntries[114];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true && key.keys_output == true) {
+      if (kEntries[115].covers(key)) return &kEntries[115];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/rwkv.yaml: bucket n128_few_bh: when N == 128 and BH < sm_count
+  if (((key.N == 128) && (key.BH < key.sm_count))) {
+    if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == false) {
+      if (kEntries[116].covers(key)) return &kEntries[116];  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == true) {
+      if (kEntries[117].covers(key)) return &kEntries[117];  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true && key.keys_output == false) {
+      if (kEntries[118].covers(key)) return &kEntries[118];  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true && key.keys_output == true) {
+      if (kEntries[119].covers(key)) return &kEntries[119];  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false && key.keys_output == false) {
+      if (kEntries[120].covers(key)) return &kEntries[120];  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false && key.keys_output == true) {
+      if (kEntries[121].covers(key)) return &kEntries[121];  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true && key.keys_output == false) {
+      if (kEntries[122].covers(key)) return &kEntries[122];  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true && key.keys_output == true) {
+      if (kEntries[123].covers(key)) return &kEntries[123];  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false && key.keys_output == false) {
+      if (kEntries[124].covers(key)) return &kEntries[124];  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false && key.keys_output == true) {
+      if (kEntries[125].covers(key)) return &kEntries[125];  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true && key.keys_output == false) {
+      if (kEntries[126].covers(key)) return &kEntries[126];  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true && key.keys_output == true) {
+      if (kEntries[127].covers(key)) return &kEntries[127];  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/rwkv.yaml: bucket n128_many_bh: when N == 128
+  if ((key.N == 128)) {
+    if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == false) {
+      if (kEntries[128].covers(key)) return &kEntries[128];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == true) {
+      if (kEntries[129].covers(key)) return &kEntries[129];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true && key.keys_output == false) {
+      if (kEntries[130].covers(key)) return &kEntries[130];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP32 && key.reverse == true && key.keys_output == true) {
+      if (kEntries[131].covers(key)) return &kEntries[131];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false && key.keys_output == false) {
+      if (kEntries[132].covers(key)) return &kEntries[132];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false && key.keys_output == true) {
+      if (kEntries[133].covers(key)) return &kEntries[133];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true && key.keys_output == false) {
+      if (kEntries[134].covers(key)) return &kEntries[134];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true && key.keys_output == true) {
+      if (kEntries[135].covers(key)) return &kEntries[135];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false && key.keys_output == false) {
+      if (kEntries[136].covers(key)) return &kEntries[136];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false && key.keys_output == true) {
+      if (kEntries[137].covers(key)) return &kEntries[137];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true && key.keys_output == false) {
+      if (kEntries[138].covers(key)) return &kEntries[138];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true && key.keys_output == true) {
+      if (kEntries[139].covers(key)) return &kEntries[139];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+    }
+  }
   // specs/rwkv.yaml:113: when BH >= sm_count -> full_head
   if ((key.BH >= key.sm_count)) {
     if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == false) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // rwkv_fwd_contracted_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a
       if (kEntries[1].covers(key)) return &kEntries[1];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[96].covers(key)) return &kEntries[96];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
       if (kEntries[2].covers(key)) return &kEntries[2];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[128].covers(key)) return &kEntries[128];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == true) {
       if (kEntries[3].covers(key)) return &kEntries[3];  // rwkv_fwd_output_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a
       if (kEntries[4].covers(key)) return &kEntries[4];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[97].covers(key)) return &kEntries[97];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
       if (kEntries[5].covers(key)) return &kEntries[5];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[129].covers(key)) return &kEntries[129];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true && key.keys_output == false) {
       if (kEntries[6].covers(key)) return &kEntries[6];  // rwkv_rev_contracted_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a
       if (kEntries[7].covers(key)) return &kEntries[7];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[98].covers(key)) return &kEntries[98];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
       if (kEntries[8].covers(key)) return &kEntries[8];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[130].covers(key)) return &kEntries[130];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true && key.keys_output == true) {
       if (kEntries[9].covers(key)) return &kEntries[9];  // rwkv_rev_output_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a
       if (kEntries[10].covers(key)) return &kEntries[10];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[99].covers(key)) return &kEntries[99];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
       if (kEntries[11].covers(key)) return &kEntries[11];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[131].covers(key)) return &kEntries[131];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false && key.keys_output == false) {
       if (kEntries[12].covers(key)) return &kEntries[12];  // rwkv_fwd_contracted_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_fp16_sm90a
       if (kEntries[13].covers(key)) return &kEntries[13];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[104].covers(key)) return &kEntries[104];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+      if (kEntries[112].covers(key)) return &kEntries[112];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
       if (kEntries[14].covers(key)) return &kEntries[14];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
+      if (kEntries[136].covers(key)) return &kEntries[136];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false && key.keys_output == true) {
       if (kEntries[15].covers(key)) return &kEntries[15];  // rwkv_fwd_output_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_fp16_sm90a
       if (kEntries[16].covers(key)) return &kEntries[16];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[105].covers(key)) return &kEntries[105];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+      if (kEntries[113].covers(key)) return &kEntries[113];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
       if (kEntries[17].covers(key)) return &kEntries[17];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
+      if (kEntries[137].covers(key)) return &kEntries[137];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == true && key.keys_output == false) {
       if (kEntries[18].covers(key)) return &kEntries[18];  // rwkv_rev_contracted_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_fp16_sm90a
       if (kEntries[19].covers(key)) return &kEntries[19];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[106].covers(key)) return &kEntries[106];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+      if (kEntries[114].covers(key)) return &kEntries[114];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
       if (kEntries[20].covers(key)) return &kEntries[20];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
+      if (kEntries[138].covers(key)) return &kEntries[138];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == true && key.keys_output == true) {
       if (kEntries[21].covers(key)) return &kEntries[21];  // rwkv_rev_output_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_fp16_sm90a
       if (kEntries[22].covers(key)) return &kEntries[22];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[107].covers(key)) return &kEntries[107];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+      if (kEntries[115].covers(key)) return &kEntries[115];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
       if (kEntries[23].covers(key)) return &kEntries[23];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
+      if (kEntries[139].covers(key)) return &kEntries[139];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == false && key.keys_output == false) {
       if (kEntries[24].covers(key)) return &kEntries[24];  // rwkv_fwd_contracted_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_bf16_sm90a
       if (kEntries[25].covers(key)) return &kEntries[25];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[100].covers(key)) return &kEntries[100];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+      if (kEntries[108].covers(key)) return &kEntries[108];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
       if (kEntries[26].covers(key)) return &kEntries[26];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
+      if (kEntries[132].covers(key)) return &kEntries[132];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == false && key.keys_output == true) {
       if (kEntries[27].covers(key)) return &kEntries[27];  // rwkv_fwd_output_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_bf16_sm90a
       if (kEntries[28].covers(key)) return &kEntries[28];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[101].covers(key)) return &kEntries[101];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+      if (kEntries[109].covers(key)) return &kEntries[109];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
       if (kEntries[29].covers(key)) return &kEntries[29];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
+      if (kEntries[133].covers(key)) return &kEntries[133];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == true && key.keys_output == false) {
       if (kEntries[30].covers(key)) return &kEntries[30];  // rwkv_rev_contracted_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_bf16_sm90a
       if (kEntries[31].covers(key)) return &kEntries[31];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[102].covers(key)) return &kEntries[102];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+      if (kEntries[110].covers(key)) return &kEntries[110];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
       if (kEntries[32].covers(key)) return &kEntries[32];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
+      if (kEntries[134].covers(key)) return &kEntries[134];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == true && key.keys_output == true) {
       if (kEntries[33].covers(key)) return &kEntries[33];  // rwkv_rev_output_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_bf16_sm90a
       if (kEntries[34].covers(key)) return &kEntries[34];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[103].covers(key)) return &kEntries[103];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+      if (kEntries[111].covers(key)) return &kEntries[111];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
       if (kEntries[35].covers(key)) return &kEntries[35];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
+      if (kEntries[135].covers(key)) return &kEntries[135];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
     }
   }
   // specs/rwkv.yaml:115: when True -> wide_head
@@ -518,62 +969,86 @@ const Entry* wkv_scan_select(const WkvKey& key) {
     if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == false) {
       if (kEntries[48].covers(key)) return &kEntries[48];  // rwkv_fwd_contracted_col_split_n32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
       if (kEntries[49].covers(key)) return &kEntries[49];  // rwkv_fwd_contracted_col_split_n64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[84].covers(key)) return &kEntries[84];  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
       if (kEntries[50].covers(key)) return &kEntries[50];  // rwkv_fwd_contracted_col_split_n128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[116].covers(key)) return &kEntries[116];  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == true) {
       if (kEntries[51].covers(key)) return &kEntries[51];  // rwkv_fwd_output_col_split_n32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
       if (kEntries[52].covers(key)) return &kEntries[52];  // rwkv_fwd_output_col_split_n64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[85].covers(key)) return &kEntries[85];  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
       if (kEntries[53].covers(key)) return &kEntries[53];  // rwkv_fwd_output_col_split_n128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[117].covers(key)) return &kEntries[117];  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true && key.keys_output == false) {
       if (kEntries[54].covers(key)) return &kEntries[54];  // rwkv_rev_contracted_col_split_n32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
       if (kEntries[55].covers(key)) return &kEntries[55];  // rwkv_rev_contracted_col_split_n64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[86].covers(key)) return &kEntries[86];  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
       if (kEntries[56].covers(key)) return &kEntries[56];  // rwkv_rev_contracted_col_split_n128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[118].covers(key)) return &kEntries[118];  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true && key.keys_output == true) {
       if (kEntries[57].covers(key)) return &kEntries[57];  // rwkv_rev_output_col_split_n32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
       if (kEntries[58].covers(key)) return &kEntries[58];  // rwkv_rev_output_col_split_n64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[87].covers(key)) return &kEntries[87];  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
       if (kEntries[59].covers(key)) return &kEntries[59];  // rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[119].covers(key)) return &kEntries[119];  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false && key.keys_output == false) {
       if (kEntries[60].covers(key)) return &kEntries[60];  // rwkv_fwd_contracted_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
       if (kEntries[61].covers(key)) return &kEntries[61];  // rwkv_fwd_contracted_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[92].covers(key)) return &kEntries[92];  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
       if (kEntries[62].covers(key)) return &kEntries[62];  // rwkv_fwd_contracted_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[124].covers(key)) return &kEntries[124];  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false && key.keys_output == true) {
       if (kEntries[63].covers(key)) return &kEntries[63];  // rwkv_fwd_output_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
       if (kEntries[64].covers(key)) return &kEntries[64];  // rwkv_fwd_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[93].covers(key)) return &kEntries[93];  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
       if (kEntries[65].covers(key)) return &kEntries[65];  // rwkv_fwd_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[125].covers(key)) return &kEntries[125];  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == true && key.keys_output == false) {
       if (kEntries[66].covers(key)) return &kEntries[66];  // rwkv_rev_contracted_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
       if (kEntries[67].covers(key)) return &kEntries[67];  // rwkv_rev_contracted_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[94].covers(key)) return &kEntries[94];  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
       if (kEntries[68].covers(key)) return &kEntries[68];  // rwkv_rev_contracted_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[126].covers(key)) return &kEntries[126];  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == true && key.keys_output == true) {
       if (kEntries[69].covers(key)) return &kEntries[69];  // rwkv_rev_output_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
       if (kEntries[70].covers(key)) return &kEntries[70];  // rwkv_rev_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[95].covers(key)) return &kEntries[95];  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
       if (kEntries[71].covers(key)) return &kEntries[71];  // rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[127].covers(key)) return &kEntries[127];  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == false && key.keys_output == false) {
       if (kEntries[72].covers(key)) return &kEntries[72];  // rwkv_fwd_contracted_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
       if (kEntries[73].covers(key)) return &kEntries[73];  // rwkv_fwd_contracted_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[88].covers(key)) return &kEntries[88];  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
       if (kEntries[74].covers(key)) return &kEntries[74];  // rwkv_fwd_contracted_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[120].covers(key)) return &kEntries[120];  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == false && key.keys_output == true) {
       if (kEntries[75].covers(key)) return &kEntries[75];  // rwkv_fwd_output_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
       if (kEntries[76].covers(key)) return &kEntries[76];  // rwkv_fwd_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[89].covers(key)) return &kEntries[89];  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
       if (kEntries[77].covers(key)) return &kEntries[77];  // rwkv_fwd_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[121].covers(key)) return &kEntries[121];  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == true && key.keys_output == false) {
       if (kEntries[78].covers(key)) return &kEntries[78];  // rwkv_rev_contracted_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
       if (kEntries[79].covers(key)) return &kEntries[79];  // rwkv_rev_contracted_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[90].covers(key)) return &kEntries[90];  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
       if (kEntries[80].covers(key)) return &kEntries[80];  // rwkv_rev_contracted_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[122].covers(key)) return &kEntries[122];  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.reverse == true && key.keys_output == true) {
       if (kEntries[81].covers(key)) return &kEntries[81];  // rwkv_rev_output_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
       if (kEntries[82].covers(key)) return &kEntries[82];  // rwkv_rev_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[91].covers(key)) return &kEntries[91];  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
       if (kEntries[83].covers(key)) return &kEntries[83];  // rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[123].covers(key)) return &kEntries[123];  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
   }
   return jit_select(key);
