@@ -1331,8 +1331,8 @@ const Entry* jit_select(const DecodeKey& key) {
 }
 
 const Entry* paged_decode_select(const DecodeKey& key) {
-  // tuned: tuned/sm_90a/paged.yaml: bucket mha_tiny: when G * Q <= 2 and KVE == 0 and S * Hkv <= 32
-  if ((((key.G * key.Q) <= 2) && (key.KVE == 0) && ((key.S * key.Hkv) <= 32))) {
+  // tuned: tuned/sm_90a/paged.yaml: bucket mha_tiny: when Q == 1 and G <= 2 and KVE == 0 and S * Hkv <= 32 and L <= 8192
+  if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && ((key.S * key.Hkv) <= 32) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
       if (kEntries[304].covers(key)) return &kEntries[304];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
     }
@@ -1340,8 +1340,8 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[305].covers(key)) return &kEntries[305];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
-  // tuned: tuned/sm_90a/paged.yaml: bucket mha_short: when G * Q <= 2 and KVE == 0 and L <= 1024
-  if ((((key.G * key.Q) <= 2) && (key.KVE == 0) && (key.L <= 1024))) {
+  // tuned: tuned/sm_90a/paged.yaml: bucket mha_short: when Q == 1 and G <= 2 and KVE == 0 and L <= 1024
+  if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && (key.L <= 1024))) {
     if (key.dtype == DType::kBF16) {
       if (kEntries[306].covers(key)) return &kEntries[306];  // paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_bf16_sm90a
     }
@@ -1349,8 +1349,8 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[307].covers(key)) return &kEntries[307];  // paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_fp16_sm90a
     }
   }
-  // tuned: tuned/sm_90a/paged.yaml: bucket mha_few_long: when G * Q <= 2 and KVE == 0 and S * Hkv < sm_count
-  if ((((key.G * key.Q) <= 2) && (key.KVE == 0) && ((key.S * key.Hkv) < key.sm_count))) {
+  // tuned: tuned/sm_90a/paged.yaml: bucket mha_few_long: when Q == 1 and G <= 2 and KVE == 0 and S * Hkv < sm_count and L > 8192
+  if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && ((key.S * key.Hkv) < key.sm_count) && (key.L > 8192))) {
     if (key.dtype == DType::kBF16) {
       if (kEntries[308].covers(key)) return &kEntries[308];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
     }
@@ -1358,8 +1358,8 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[309].covers(key)) return &kEntries[309];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
-  // tuned: tuned/sm_90a/paged.yaml: bucket mha: when G * Q <= 2 and KVE == 0
-  if ((((key.G * key.Q) <= 2) && (key.KVE == 0))) {
+  // tuned: tuned/sm_90a/paged.yaml: bucket mha: when Q == 1 and G <= 2 and KVE == 0 and L <= 8192
+  if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
       if (kEntries[310].covers(key)) return &kEntries[310];  // paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_bf16_sm90a
     }
@@ -1367,8 +1367,8 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[311].covers(key)) return &kEntries[311];  // paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_fp16_sm90a
     }
   }
-  // tuned: tuned/sm_90a/paged.yaml: bucket gqa_tiny: when KVE == 0 and S * Hkv <= 32
-  if (((key.KVE == 0) && ((key.S * key.Hkv) <= 32))) {
+  // tuned: tuned/sm_90a/paged.yaml: bucket gqa_tiny: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv <= 32 and L <= 8192
+  if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && ((key.S * key.Hkv) <= 32) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
       if (kEntries[304].covers(key)) return &kEntries[304];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
     }
@@ -1376,8 +1376,8 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[305].covers(key)) return &kEntries[305];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
-  // tuned: tuned/sm_90a/paged.yaml: bucket gqa_short: when KVE == 0 and L <= 1024
-  if (((key.KVE == 0) && (key.L <= 1024))) {
+  // tuned: tuned/sm_90a/paged.yaml: bucket gqa_short: when Q == 1 and G <= 8 and KVE == 0 and L <= 1024
+  if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && (key.L <= 1024))) {
     if (key.dtype == DType::kBF16) {
       if (kEntries[312].covers(key)) return &kEntries[312];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
     }
@@ -1385,8 +1385,8 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[313].covers(key)) return &kEntries[313];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
-  // tuned: tuned/sm_90a/paged.yaml: bucket gqa_few_long: when KVE == 0 and S * Hkv < sm_count
-  if (((key.KVE == 0) && ((key.S * key.Hkv) < key.sm_count))) {
+  // tuned: tuned/sm_90a/paged.yaml: bucket gqa_few_long: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv < sm_count and L > 8192
+  if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && ((key.S * key.Hkv) < key.sm_count) && (key.L > 8192))) {
     if (key.dtype == DType::kBF16) {
       if (kEntries[308].covers(key)) return &kEntries[308];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
     }
@@ -1394,8 +1394,8 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[309].covers(key)) return &kEntries[309];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
-  // tuned: tuned/sm_90a/paged.yaml: bucket gqa: when KVE == 0
-  if ((key.KVE == 0)) {
+  // tuned: tuned/sm_90a/paged.yaml: bucket gqa: when Q == 1 and G <= 8 and KVE == 0 and L <= 8192
+  if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
       if (kEntries[304].covers(key)) return &kEntries[304];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
     }
