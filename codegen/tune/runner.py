@@ -91,6 +91,7 @@ def _add_defaults(spec, built, cands, dev: Device) -> dict:
 def _plan(spec, cands, failed, sources, store, dev: Device):
     """(results known already: failed builds and cache hits, jobs still to time)."""
     results, todo = {}, []
+    workload = Path(workloads.for_family(spec.family).__file__).read_text()
     for bucket in spec.tune.buckets:
         for dtype in spec.tune.dtypes:
             for inst in _smallest_buckets(spec, cands, _runtime(spec, bucket, dtype, dev), dtype):
@@ -99,8 +100,9 @@ def _plan(spec, cands, failed, sources, store, dev: Device):
                 if inst.name in failed:
                     results[job["id"]] = {"median_ms": math.inf, "spread_ms": 0.0, "note": failed[inst.name]}
                     continue
-                job["key"] = cache.key(inst.name, sources[inst.name], dev.compiler, dev.torch, spec.arch, dev.name,
-                                       bucket.shape)
+                # The workload's code is part of what was timed: editing it re-times everything.
+                job["key"] = cache.key(inst.name, sources[inst.name] + workload, dev.compiler, dev.torch, spec.arch,
+                                       dev.name, bucket.shape)
                 hit = store.get(job["key"])
                 if hit is not None:
                     results[job["id"]] = hit
