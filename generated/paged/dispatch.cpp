@@ -622,26 +622,30 @@ cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_w
 size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a(const Params&);
-cudaError_t launch_paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_bf16_sm90a(const Params&);
-cudaError_t launch_paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a(const Params&);
-cudaError_t launch_paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_bf16_sm90a(const Params&);
-cudaError_t launch_paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a(const Params&);
+cudaError_t launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a(const Params&);
 
 namespace {
 
@@ -951,14 +955,16 @@ bool covers_302(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 
 bool covers_303(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_304(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_305(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
-bool covers_306(const DecodeKey& key) { return ((key.D == 128) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
-bool covers_307(const DecodeKey& key) { return ((key.D == 128) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_306(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_307(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_308(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_309(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_310(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
 bool covers_311(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
 bool covers_312(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_313(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_314(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_315(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 
 const Entry kEntries[] = {
     {"paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a", launch_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a, covers_0, workspace_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a},
@@ -1265,16 +1271,18 @@ const Entry kEntries[] = {
     {"paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_301, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
     {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_302, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
     {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_303, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a, covers_304, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a, covers_305, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a},
-    {"paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_bf16_sm90a", launch_paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_bf16_sm90a, covers_306, workspace_paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_bf16_sm90a},
-    {"paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_fp16_sm90a", launch_paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_fp16_sm90a, covers_307, workspace_paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a, covers_308, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a, covers_309, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a},
-    {"paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_bf16_sm90a", launch_paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_bf16_sm90a, covers_310, workspace_paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_bf16_sm90a},
-    {"paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_fp16_sm90a", launch_paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_fp16_sm90a, covers_311, workspace_paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a, covers_312, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a, covers_313, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_304, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_305, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a, covers_306, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a, covers_307, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a, covers_308, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a, covers_309, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a},
+    {"paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a", launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a, covers_310, workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a},
+    {"paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a", launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a, covers_311, workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_312, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_313, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a, covers_314, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a, covers_315, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a},
 };
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
@@ -1334,73 +1342,73 @@ const Entry* paged_decode_select(const DecodeKey& key) {
   // tuned: tuned/sm_90a/paged.yaml: bucket mha_tiny: when Q == 1 and G <= 2 and KVE == 0 and S * Hkv <= 32 and L <= 8192
   if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && ((key.S * key.Hkv) <= 32) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[304].covers(key)) return &kEntries[304];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[304].covers(key)) return &kEntries[304];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[305].covers(key)) return &kEntries[305];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[305].covers(key)) return &kEntries[305];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket mha_short: when Q == 1 and G <= 2 and KVE == 0 and L <= 1024
   if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && (key.L <= 1024))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[306].covers(key)) return &kEntries[306];  // paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_bf16_sm90a
+      if (kEntries[306].covers(key)) return &kEntries[306];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[307].covers(key)) return &kEntries[307];  // paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_fp16_sm90a
+      if (kEntries[307].covers(key)) return &kEntries[307];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket mha_few_long: when Q == 1 and G <= 2 and KVE == 0 and S * Hkv < sm_count and L > 8192
   if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && ((key.S * key.Hkv) < key.sm_count) && (key.L > 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[308].covers(key)) return &kEntries[308];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[308].covers(key)) return &kEntries[308];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[309].covers(key)) return &kEntries[309];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[309].covers(key)) return &kEntries[309];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket mha: when Q == 1 and G <= 2 and KVE == 0 and L <= 8192
   if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[310].covers(key)) return &kEntries[310];  // paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_bf16_sm90a
+      if (kEntries[310].covers(key)) return &kEntries[310];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[311].covers(key)) return &kEntries[311];  // paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_fp16_sm90a
+      if (kEntries[311].covers(key)) return &kEntries[311];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_tiny: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv <= 32 and L <= 8192
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && ((key.S * key.Hkv) <= 32) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[304].covers(key)) return &kEntries[304];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[312].covers(key)) return &kEntries[312];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[305].covers(key)) return &kEntries[305];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[313].covers(key)) return &kEntries[313];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_short: when Q == 1 and G <= 8 and KVE == 0 and L <= 1024
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && (key.L <= 1024))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[312].covers(key)) return &kEntries[312];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[306].covers(key)) return &kEntries[306];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[313].covers(key)) return &kEntries[313];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[307].covers(key)) return &kEntries[307];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_few_long: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv < sm_count and L > 8192
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && ((key.S * key.Hkv) < key.sm_count) && (key.L > 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[308].covers(key)) return &kEntries[308];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[314].covers(key)) return &kEntries[314];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[309].covers(key)) return &kEntries[309];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[315].covers(key)) return &kEntries[315];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa: when Q == 1 and G <= 8 and KVE == 0 and L <= 8192
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[304].covers(key)) return &kEntries[304];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[306].covers(key)) return &kEntries[306];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[305].covers(key)) return &kEntries[305];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[307].covers(key)) return &kEntries[307];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
   // specs/paged.yaml:145: when G * Q >= 3 or KVE > 0 -> grouped_mma
@@ -1436,9 +1444,11 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[237].covers(key)) return &kEntries[237];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a
       if (kEntries[238].covers(key)) return &kEntries[238];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a
       if (kEntries[239].covers(key)) return &kEntries[239];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a
-      if (kEntries[305].covers(key)) return &kEntries[305];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
-      if (kEntries[309].covers(key)) return &kEntries[309];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
-      if (kEntries[313].covers(key)) return &kEntries[313];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[305].covers(key)) return &kEntries[305];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[307].covers(key)) return &kEntries[307];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[309].covers(key)) return &kEntries[309];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[313].covers(key)) return &kEntries[313];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[315].covers(key)) return &kEntries[315];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a
       if (kEntries[240].covers(key)) return &kEntries[240];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a
       if (kEntries[241].covers(key)) return &kEntries[241];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a
       if (kEntries[242].covers(key)) return &kEntries[242];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a
@@ -1477,9 +1487,11 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[273].covers(key)) return &kEntries[273];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a
       if (kEntries[274].covers(key)) return &kEntries[274];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a
       if (kEntries[275].covers(key)) return &kEntries[275];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a
-      if (kEntries[304].covers(key)) return &kEntries[304];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
-      if (kEntries[308].covers(key)) return &kEntries[308];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
-      if (kEntries[312].covers(key)) return &kEntries[312];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[304].covers(key)) return &kEntries[304];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[306].covers(key)) return &kEntries[306];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[308].covers(key)) return &kEntries[308];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[312].covers(key)) return &kEntries[312];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[314].covers(key)) return &kEntries[314];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a
       if (kEntries[276].covers(key)) return &kEntries[276];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a
       if (kEntries[277].covers(key)) return &kEntries[277];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a
       if (kEntries[278].covers(key)) return &kEntries[278];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a
@@ -1553,8 +1565,6 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[57].covers(key)) return &kEntries[57];  // paged_single_pass_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_fp16_sm90a
       if (kEntries[58].covers(key)) return &kEntries[58];  // paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_fp16_sm90a
       if (kEntries[59].covers(key)) return &kEntries[59];  // paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_fp16_sm90a
-      if (kEntries[307].covers(key)) return &kEntries[307];  // paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_fp16_sm90a
-      if (kEntries[311].covers(key)) return &kEntries[311];  // paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_fp16_sm90a
       if (kEntries[60].covers(key)) return &kEntries[60];  // paged_single_pass_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp16_sm90a
       if (kEntries[61].covers(key)) return &kEntries[61];  // paged_single_pass_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_fp16_sm90a
       if (kEntries[62].covers(key)) return &kEntries[62];  // paged_single_pass_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_fp16_sm90a
@@ -1592,8 +1602,6 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[92].covers(key)) return &kEntries[92];  // paged_single_pass_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_bf16_sm90a
       if (kEntries[93].covers(key)) return &kEntries[93];  // paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_bf16_sm90a
       if (kEntries[94].covers(key)) return &kEntries[94];  // paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_bf16_sm90a
-      if (kEntries[306].covers(key)) return &kEntries[306];  // paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages2_part0_bf16_sm90a
-      if (kEntries[310].covers(key)) return &kEntries[310];  // paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages2_part0_bf16_sm90a
       if (kEntries[95].covers(key)) return &kEntries[95];  // paged_single_pass_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_bf16_sm90a
       if (kEntries[96].covers(key)) return &kEntries[96];  // paged_single_pass_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_bf16_sm90a
       if (kEntries[97].covers(key)) return &kEntries[97];  // paged_single_pass_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_bf16_sm90a
@@ -1671,6 +1679,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[162].covers(key)) return &kEntries[162];  // paged_split_k_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_fp16_sm90a
       if (kEntries[163].covers(key)) return &kEntries[163];  // paged_split_k_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_fp16_sm90a
       if (kEntries[164].covers(key)) return &kEntries[164];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_fp16_sm90a
+      if (kEntries[311].covers(key)) return &kEntries[311];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a
       if (kEntries[165].covers(key)) return &kEntries[165];  // paged_split_k_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_fp16_sm90a
       if (kEntries[166].covers(key)) return &kEntries[166];  // paged_split_k_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_fp16_sm90a
       if (kEntries[167].covers(key)) return &kEntries[167];  // paged_split_k_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_fp16_sm90a
@@ -1708,6 +1717,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[197].covers(key)) return &kEntries[197];  // paged_split_k_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_bf16_sm90a
       if (kEntries[198].covers(key)) return &kEntries[198];  // paged_split_k_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_bf16_sm90a
       if (kEntries[199].covers(key)) return &kEntries[199];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_bf16_sm90a
+      if (kEntries[310].covers(key)) return &kEntries[310];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a
       if (kEntries[200].covers(key)) return &kEntries[200];  // paged_split_k_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_bf16_sm90a
       if (kEntries[201].covers(key)) return &kEntries[201];  // paged_split_k_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_bf16_sm90a
       if (kEntries[202].covers(key)) return &kEntries[202];  // paged_split_k_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_bf16_sm90a
