@@ -107,7 +107,7 @@ def wkv_scan(q, kc, vo, w, u=None, state=None, reverse=False, keys_output=False,
 def wkv_grad_rkwu(r, k, v, w, u, d_o, checkpoints, d_state=None, want_d_state0=True, *, every,
                   dtype=torch.float64):
     """The contract of the backward pass for r, k, w, u and the initial state
-    (templates/rwkv/grad_rkwu.cu), in `dtype`, taking S_{t-1} only from the forward's
+    (templates/rwkv_grad/grad_rkwu.cu.j2), in `dtype`, taking S_{t-1} only from the forward's
     checkpoints (the state before steps 0, every, 2 every, ...) rebuilt forward within each
     window. Returns dr, dk, dw (r's dtype), du per batch [B, H, N] and dS_0 (or an empty tensor)."""
     out_dtype = r.dtype

@@ -2,7 +2,7 @@
 
 The forward is one scan of the N x N state, which also saves the state every
 `wkv_checkpoint_every()` steps when a gradient is wanted. The backward is one dv scan (time
-reversed) and one pass for r, k, w, u and the initial state (templates/rwkv/grad_rkwu.cu) that
+reversed) and one pass for r, k, w, u and the initial state (templates/rwkv_grad/grad_rkwu.cu.j2) that
 rebuilds the states between checkpoints, so the decay gradient is taken directly:
     dw_t[j] = exp(w_t[j]) sum_i dS_t[j, i] S_{t-1}[j, i]
 (accurate for decays near 0, where a cumulative identity's O(1) terms cancel to O(decay)).

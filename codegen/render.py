@@ -90,8 +90,7 @@ def render_support(env, spec: Spec, namespace: str = NAMESPACE) -> dict[str, str
                   key_struct=fam.KEY_STRUCT, runtime_vars=fam.RUNTIME_VARS,
                   dtypes=list(fam.AXES["dtype"]),
                   torch_dtypes={d: TORCH_DTYPES[d] for d in spec.axes["dtype"]},
-                  constants=getattr(fam, "SUPPORT_CONSTANTS", {}),
-                  fixed={name: k.knobs for name, k in (spec.fixed or {}).items()})
+                  constants=getattr(fam, "SUPPORT_CONSTANTS", {}))
     return {out: _render(env, spec.file, template, **common) for template, out in fam.SUPPORT_FILES.items()}
 
 

@@ -13,8 +13,8 @@ from .errors import SpecError
 from .families import family_module
 from .yamlloc import LocDict, LocList, load_located
 
-TOP_KEYS = {"family", "arch", "op", "axes", "kernels", "dispatch", "tune", "fixed"}
-REQUIRED_TOP_KEYS = TOP_KEYS - {"tune", "fixed"}
+TOP_KEYS = {"family", "arch", "op", "axes", "kernels", "dispatch", "tune"}
+REQUIRED_TOP_KEYS = TOP_KEYS - {"tune"}
 TUNE_KEYS = {"dtypes", "buckets", "kernels"}
 BUCKET_KEYS = {"name", "when", "shape"}
 OP_KEYS = {"name", "schema", "doc"}
@@ -66,14 +66,6 @@ class TuneSpec:
 
 
 @dataclass(frozen=True)
-class FixedKernel:
-    """A kernel rendered once per family (not grid-instanced), with its build-time knobs."""
-    name: str
-    knobs: dict           # knob -> int, every knob the family declares for it
-    line: int
-
-
-@dataclass(frozen=True)
 class Spec:
     file: str
     family: str
@@ -84,7 +76,6 @@ class Spec:
     dispatch: tuple       # Rule, in order
     tune: TuneSpec | None = None
     tuned: tuple = ()     # dispatch.TunedRule from tuned/<arch>/<stem>.yaml, set by the pipeline
-    fixed: dict = None    # name -> FixedKernel: the family's fixed kernels and their knobs
 
     @property
     def stem(self) -> str:
@@ -159,36 +150,7 @@ def load_spec(path: str | Path, templates_dir: str | Path) -> Spec:
     kernels = _load_kernels(ctx, doc, fam, axes, Path(templates_dir))
     dispatch = _load_dispatch(ctx, doc, fam, kernels)
     tune = _load_tune(ctx, doc, fam, axes, kernels, Path(templates_dir)) if "tune" in doc else None
-    fixed = _load_fixed(ctx, doc, fam)
-    return Spec(file, family, arch, op, axes, kernels, dispatch, tune, fixed=fixed)
-
-
-def _load_fixed(ctx: _Ctx, doc: LocDict, fam) -> dict:
-    """`fixed:` sets the knobs of the family's fixed kernels (FIXED_KNOBS in its module); every
-    knob must be given, and the family's check_fixed validates the values."""
-    from .passes import Rejected
-
-    declared = getattr(fam, "FIXED_KNOBS", {})
-    if "fixed" not in doc:
-        if declared:
-            ctx.fail(doc.line, "fixed", f"missing required field (knobs of {sorted(declared)})")
-        return {}
-    node = ctx.mapping(doc["fixed"], doc.line_of("fixed"), "fixed")
-    ctx.keys(node, set(declared), set(declared), "fixed")
-    out = {}
-    for name, knob_names in declared.items():
-        body = ctx.mapping(node[name], node.line_of(name), f"fixed.{name}")
-        ctx.keys(body, set(knob_names), set(knob_names), f"fixed.{name}")
-        for knob in knob_names:
-            if not isinstance(body[knob], int) or isinstance(body[knob], bool):
-                ctx.fail(body.line_of(knob), f"fixed.{name}.{knob}", f"expected an integer, got {_kind(body[knob])}")
-        knobs = {knob: body[knob] for knob in knob_names}
-        try:
-            fam.check_fixed(name, knobs)
-        except Rejected as rej:
-            ctx.fail(body.line_of(rej.param), f"fixed.{name}.{rej.param}", rej.reason)
-        out[name] = FixedKernel(name, knobs, node.line_of(name))
-    return out
+    return Spec(file, family, arch, op, axes, kernels, dispatch, tune)
 
 
 def _load_op(ctx: _Ctx, doc: LocDict) -> OpSpec:

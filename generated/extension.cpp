@@ -25,6 +25,10 @@ namespace rwkv {
 struct Entry;
 bool wkv_scan_register_jit(const Entry* entry);
 }  // namespace rwkv
+namespace rwkv_grad {
+struct Entry;
+bool wkv_grad_rkwu_register_jit(const Entry* entry);
+}  // namespace rwkv_grad
 }  // namespace attngen
 
 namespace {
@@ -42,6 +46,8 @@ void register_jit(const std::string& op, int64_t entry_function) {
     added = attngen::paged::paged_decode_register_jit(static_cast<const attngen::paged::Entry*>(entry));
   } else if (op == "wkv_scan") {
     added = attngen::rwkv::wkv_scan_register_jit(static_cast<const attngen::rwkv::Entry*>(entry));
+  } else if (op == "wkv_grad_rkwu") {
+    added = attngen::rwkv_grad::wkv_grad_rkwu_register_jit(static_cast<const attngen::rwkv_grad::Entry*>(entry));
   } else {
     TORCH_CHECK_VALUE(false, "register_jit: no op named ", op);
   }

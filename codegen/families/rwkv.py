@@ -42,38 +42,15 @@ SUPPORT_FILES = {
     "rwkv/params.cuh.j2": "rwkv/params.cuh",
     "rwkv/decay.cuh.j2": "rwkv/decay.cuh",
     "rwkv/bindings.cpp.j2": "rwkv/bindings.cpp",
-    "rwkv/grad_rkwu.h.j2": "rwkv/grad_rkwu.h",   # the backward pass for r, k, w, u and the initial
-    "rwkv/grad_rkwu.cu.j2": "rwkv/grad_rkwu.cu", # state: one kernel, not grid-instanced
 }
 # The forward saves its state every CHECKPOINT_EVERY steps for the backward, which rebuilds the
-# states in between (grad_rkwu.cu): N*N*4 bytes per (b, h) per 64 steps, half of what bf16 r,
-# k, v, w take at N = 64; and 64 steps are the window that pass stages in shared memory.
+# states in between (the rwkv_grad family, specs/rwkv_grad.yaml): N*N*4 bytes per (b, h) per 64
+# steps, half of what bf16 r, k, v, w take at N = 64; and 64 steps are the window that pass
+# stages in shared memory.
 CHECKPOINT_EVERY = 64
 SUPPORT_CONSTANTS = {"checkpoint_every": CHECKPOINT_EVERY,
                      "checkpoint_every_why": "codegen/families/rwkv.py CHECKPOINT_EVERY says why"}
 KEY_STRUCT = "WkvKey"
-# Build-time knobs of the fixed kernels (rendered once, not grid-instanced), set in the spec's
-# `fixed:` section and checked by check_fixed.
-FIXED_KNOBS = {"grad_rkwu": ("e", "minb", "threads", "l", "float_v", "float_do", "prefetch")}
-
-
-def check_fixed(name: str, knobs: dict) -> None:
-    """Raise Rejected naming the knob for a value grad_rkwu.cu.j2 cannot build."""
-    from ..passes import Rejected
-    k = knobs
-    if not _is_pow2(k["e"]) or not 4 <= k["e"] <= 32:
-        raise Rejected("e", f"e={k['e']}: values per thread must be a power of two from 4 to 32 (float4 groups)")
-    if not 1 <= k["minb"] <= 4:
-        raise Rejected("minb", f"minb={k['minb']}: CTAs per SM the registers must allow, 1 to 4")
-    if k["threads"] % 32 or not 32 <= k["threads"] <= 1024:
-        raise Rejected("threads", f"threads={k['threads']}: a whole number of warps, at most 1024")
-    if k["l"] < 1 or CHECKPOINT_EVERY % k["l"]:
-        raise Rejected("l", f"l={k['l']}: steps per sub-window must divide the {CHECKPOINT_EVERY}-step window")
-    for flag in ("float_v", "float_do", "prefetch"):
-        if k[flag] not in (0, 1):
-            raise Rejected(flag, f"{flag}={k[flag]}: 0 or 1")
-
-
 def _is_pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 

@@ -40,7 +40,7 @@ def heat_map(rows: list[dict], path, family: str) -> bool:
         for m in r["measurements"]:
             if math.isfinite(m["median_ms"]):
                 grid[i, names.index(m["name"])] = m["median_ms"] / best
-    fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.09), 1.2 + 0.35 * len(rows)))
+    fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.09), max(3.0, 1.2 + 0.35 * len(rows))))
     im = ax.imshow(np.log2(grid), aspect="auto", cmap="viridis_r", vmin=0, vmax=2)
     ax.set_yticks(range(len(rows)), [f"{r['bucket']} {r['dtype']}" for r in rows], fontsize=7)
     ax.set_xticks(range(len(names)), short, rotation=90, fontsize=3)

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "../common/torch_checks.h"
-#include "grad_rkwu.h"
 #include "params.cuh"
 
 namespace attngen {
@@ -224,51 +223,6 @@ std::vector<int64_t> wkv_scan_key(const at::Tensor& q, const at::Tensor& kc, con
   return wkv_scan_key_values(make_key(q, kc, vo, w, reverse, keys_output));
 }
 
-// The backward for r, k, w, u and the initial state (grad_rkwu.cu). The Python backward calls
-// it with tensors it made itself; the checks guard the contract, not user input.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv_grad_rkwu(
-    const at::Tensor& r, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& u,
-    const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, bool want_d_state0) {
-  const std::string op = "wkv_grad_rkwu: ";
-  if (r.dim() != 4) fail_value(op + "r must be [B, T, H, N], got shape " + str(r.sizes()));
-  for (const at::Tensor* t : {&r, &k, &v, &d_o}) {
-    if (t->sizes() != r.sizes() || !t->is_contiguous() || !t->is_cuda()) {
-      fail_value(op + "r, k, v, do must be contiguous, on the GPU and of r's shape " + str(r.sizes()) + ", got " +
-                 str(t->sizes()) + " with strides " + str(t->strides()));
-    }
-  }
-  for (const at::Tensor* t : {&k, &v, &d_o, &w, &u}) {
-    if (t->scalar_type() != r.scalar_type()) fail_value(op + "k, v, do, w, u must have r's dtype " + str(r) + ", got " + str(*t));
-  }
-  const int64_t B = r.size(0), T = r.size(1), H = r.size(2), N = r.size(3);
-  if (N != 32 && N != 64 && N != 128 && N != 256) fail_value(op + "unsupported head size N=" + str(N) + "; expected 32, 64, 128, 256");
-  if (w.sizes() != r.sizes() || w.stride(3) != 1) fail_value(op + "w must be [B, T, H, N] with a contiguous last dim, got " + str(w.sizes()));
-  if (u.dim() != 2 || u.size(0) != H || u.size(1) != N || u.stride(1) != 1) fail_value(op + "u must be [H, N], got " + str(u.sizes()));
-  check_checkpoints(r, checkpoints, false);
-  if (d_state && (d_state->scalar_type() != at::kFloat || !d_state->is_contiguous() || d_state->numel() != B * H * N * N)) {
-    fail_value(op + "d_state must be a contiguous float32 [B, H, N, N]");
-  }
-  at::Tensor dr = at::empty_like(r, at::MemoryFormat::Contiguous), dk = at::empty_like(dr), dw = at::empty_like(dr);
-  at::Tensor du_part = at::zeros({B, H, N}, r.options().dtype(at::kFloat));
-  at::Tensor d_s0 = want_d_state0 ? at::empty({B, H, N, N}, r.options().dtype(at::kFloat)) : at::empty({0}, r.options().dtype(at::kFloat));
-  if (B * H == 0) return {dr, dk, dw, du_part, d_s0};
-  GradRkwuParams p{};
-  p.r = r.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.d_o = d_o.data_ptr();
-  p.w = w.data_ptr(), p.w_sb = w.stride(0), p.w_st = w.stride(1), p.w_sh = w.stride(2);
-  p.u = u.data_ptr(), p.u_sh = u.stride(0);
-  p.ckpt = checkpoints.data_ptr<float>();
-  p.d_state = d_state ? d_state->data_ptr<float>() : nullptr;
-  p.dr = dr.data_ptr(), p.dk = dk.data_ptr(), p.dw = dw.data_ptr();
-  p.du_part = du_part.data_ptr<float>();
-  p.d_s0 = want_d_state0 ? d_s0.data_ptr<float>() : nullptr;
-  p.B = B, p.T = T, p.H = H, p.N = N;
-  p.sb = T * H * N, p.st = H * N, p.sh = N;  // contiguous (a size-1 dim's stride may read otherwise)
-  const c10::cuda::CUDAGuard guard(r.device());
-  const cudaError_t err = launch_grad_rkwu(p, dtype_code(r), c10::cuda::getCurrentCUDAStream());
-  if (err != cudaSuccess) fail_runtime(std::string("wkv_grad_rkwu: launch failed: ") + cudaGetErrorString(err));
-  return {dr, dk, dw, du_part, d_s0};
-}
-
 int64_t wkv_checkpoint_every() { return kCheckpointEvery; }
 
 std::vector<std::string> wkv_scan_instances() {
@@ -290,13 +244,10 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
   m.def("wkv_scan_key(Tensor q, Tensor kc, Tensor vo, Tensor w, bool reverse=False, bool keys_output=False) -> int[]",
         &attngen::rwkv::wkv_scan_key);
   m.def("wkv_scan_instances() -> str[]", &attngen::rwkv::wkv_scan_instances);
-  m.def("wkv_grad_rkwu(Tensor r, Tensor k, Tensor v, Tensor w, Tensor u, Tensor d_o, Tensor checkpoints, "
-        "Tensor? d_state, bool want_d_state0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("wkv_checkpoint_every() -> int", &attngen::rwkv::wkv_checkpoint_every);
 }
 
 TORCH_LIBRARY_IMPL(attngen, CUDA, m) {
   m.impl("wkv_scan", &attngen::rwkv::wkv_scan_cuda);
   m.impl("wkv_scan_with", &attngen::rwkv::wkv_scan_with_cuda);
-  m.impl("wkv_grad_rkwu", &attngen::rwkv::wkv_grad_rkwu);
 }

@@ -830,7 +830,7 @@ const Entry* wkv_scan_select(const WkvKey& key) {
       if (kEntries[139].covers(key)) return &kEntries[139];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
     }
   }
-  // specs/rwkv.yaml:113: when BH >= sm_count -> full_head
+  // specs/rwkv.yaml:96: when BH >= sm_count -> full_head
   if ((key.BH >= key.sm_count)) {
     if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == false) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // rwkv_fwd_contracted_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a
@@ -925,7 +925,7 @@ const Entry* wkv_scan_select(const WkvKey& key) {
       if (kEntries[135].covers(key)) return &kEntries[135];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
     }
   }
-  // specs/rwkv.yaml:115: when True -> wide_head
+  // specs/rwkv.yaml:98: when True -> wide_head
   if (true) {
     if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == false) {
       if (kEntries[36].covers(key)) return &kEntries[36];  // rwkv_fwd_contracted_wide_head_n256_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
@@ -964,7 +964,7 @@ const Entry* wkv_scan_select(const WkvKey& key) {
       if (kEntries[47].covers(key)) return &kEntries[47];  // rwkv_rev_output_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
     }
   }
-  // specs/rwkv.yaml:117: when True -> col_split
+  // specs/rwkv.yaml:100: when True -> col_split
   if (true) {
     if (key.dtype == DType::kFP32 && key.reverse == false && key.keys_output == false) {
       if (kEntries[48].covers(key)) return &kEntries[48];  // rwkv_fwd_contracted_col_split_n32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a

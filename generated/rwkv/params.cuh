@@ -41,7 +41,7 @@ struct Params {
   // Strides in floats of the state's batch, head, c and o dims (in and out alike).
   int64_t x_sb, x_sh, x_sc, x_so;
   // Checkpoints (forward walks only): the state before steps 0, E, 2E, ... (E = kCheckpointEvery)
-  // into ckpt [B, H, ceil(T / E), N(key), N(value)] contiguous, for the backward (grad_rkwu.cu).
+  // into ckpt [B, H, ceil(T / E), N(key), N(value)] contiguous, for the backward (templates/rwkv_grad/grad_rkwu.cu.j2).
   float* ckpt;
   int64_t ck_sb, ck_sh, ck_sn, ck_sc, ck_so;
   bool y_float;

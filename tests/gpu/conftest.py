@@ -33,3 +33,8 @@ def manifest():
 @pytest.fixture(scope="session")
 def rwkv_manifest():
     return family_manifest("rwkv")
+
+
+@pytest.fixture(scope="session")
+def rwkv_grad_manifest():
+    return family_manifest("rwkv_grad")

@@ -35,7 +35,7 @@ def causal_linear():
 
 def rwkv_family():
     # wkv: one scan instance per kind, dtype and mode (N=64; N=256 for wide_head), then one
-    # forward + backward through the dispatch (the r, k, w, u pass grad_rkwu.cu included).
+    # forward + backward through the dispatch (the rwkv_grad family's r, k, w, u pass included).
     from attngen import rwkv  # noqa: E402
 
     for name in rwkv.wkv_instances():

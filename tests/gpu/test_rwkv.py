@@ -1,4 +1,4 @@
-"""GPU tier: every generated wkv scan instance against the float64 contract, and wkv5/wkv6
+"""GPU tier: every generated wkv scan and backward instance against the float64 contract, and wkv5/wkv6
 forward and backward (through the dispatch) against float64 autograd of the naive recurrence."""
 import pytest
 import torch
@@ -69,6 +69,27 @@ def test_every_scan_instance(rwkv_manifest):
             if not max(errs) <= TOL[dtype]:
                 failures.append(f"{name}: T={T} rel err y {errs[0]:.3g} state {errs[1]:.3g} checkpoints {errs[2]:.3g}")
     assert not failures, "\n".join(failures)
+
+
+def test_every_grad_instance(rwkv_grad_manifest):
+    """Each backward instance (specs/rwkv_grad.yaml) forced, against the float64 contract on the
+    same checkpoints: dr, dk, dw, du and the initial state's gradient, windows cut short too."""
+    failures = []
+    for name, row in sorted(rwkv_grad_manifest.items()):
+        dtype, N = DTYPES[row["dtype"]], row["params"]["n"]
+        for T in (1, 65, 300):
+            r, k, v, w, u, _ = wkv_inputs(1, T, 2, N, dtype, seed=T + N)
+            d_o = torch.randn_like(r)
+            d_state = torch.randn(1, 2, N, N, device="cuda") / N ** 0.5
+            ck = torch.empty(rwkv.checkpoint_shape(1, T, 2, N), device="cuda")
+            reference.wkv_scan(r, k, v, w, u, checkpoints=ck, every=rwkv.checkpoint_every())
+            want = reference.wkv_grad_rkwu(r, k, v, w, u, d_o, ck, d_state, True, every=rwkv.checkpoint_every())
+            poison(3 * r.numel() + N * N * 4)
+            got = torch.ops.attngen.wkv_grad_rkwu_with(r, k, v, w, u, d_o, ck, d_state, True, name)
+            errs = [rel_err(g, wt) for g, wt in zip(got, want)]
+            if not max(errs) <= TOL[dtype]:
+                failures.append(f"{name}: T={T} rel err dr, dk, dw, du, dS0 = {', '.join(f'{e:.3g}' for e in errs)}")
+    assert rwkv_grad_manifest and not failures, "\n".join(failures)
 
 
 def grads_of(fn, inputs, d_o, d_state):

@@ -17,7 +17,7 @@ def test_summary_counts_the_manifest():
 
 def test_format_names_every_family_and_the_tuned_table():
     text = info.format_summary(info.summary(ROOT))
-    for family in ("causal_linear", "rwkv", "paged", "flash_attention"):
+    for family in ("causal_linear", "rwkv", "rwkv_grad", "paged", "flash_attention"):
         assert f"  {family}: " in text
     assert "tuned/sm_90a/causal_linear.yaml" in text and "built on first use: on; cache " in text
 

@@ -221,19 +221,22 @@ def rwkv_error(tmp_path, text) -> SpecError:
     return info.value
 
 
-def test_fixed_kernel_knobs_are_checked_where_they_are_set(tmp_path):
-    """grad_rkwu's build-time knobs live in the spec's fixed: section; a value its template
-    cannot build, an unknown or a missing knob, or no section at all name file:line and field."""
-    text = re.sub(r"(?m)^    minb: 2", "    minb: 9", RWKV)
-    err = rwkv_error(tmp_path, text)
-    assert err.field == "fixed.grad_rkwu.minb" and err.line == line_of(text, "    minb: 9") and "1 to 4" in err.message
-    text = re.sub(r"(?m)^    l: 8", "    l: 7", RWKV)
-    err = rwkv_error(tmp_path, text)
-    assert err.field == "fixed.grad_rkwu.l" and "divide" in err.message
-    err = rwkv_error(tmp_path, re.sub(r"(?m)^    prefetch: 1", "    prefetch: 1\n    unroll: 2", RWKV))
-    assert err.field == "fixed.grad_rkwu.unroll" and "unknown key" in err.message
-    err = rwkv_error(tmp_path, re.sub(r"(?m)^    threads: 128\n", "", RWKV))
-    assert err.field == "fixed.grad_rkwu.threads" and "missing" in err.message
-    head, _, rest = RWKV.partition("\nfixed:\n")
-    err = rwkv_error(tmp_path, head + "\n" + rest[rest.index("dispatch:"):])
-    assert err.field == "fixed" and "missing required field" in err.message
+def test_grad_rkwu_knobs_are_grid_axes_checked_where_they_are_set(tmp_path):
+    """grad_rkwu's knobs are grid axes of specs/rwkv_grad.yaml; a value its template cannot build
+    names file:line and the grid field, with the instance."""
+    grad = (ROOT / "specs" / "rwkv_grad.yaml").read_text()
+    for needle, bad, field, why in (("      minb: [2]", "      minb: [9]", "minb", "1 to 4"),
+                                    ("      l: [8]", "      l: [7]", "l", "dividing"),
+                                    ("      threads: [128]", "      threads: [100]", "threads", "whole number of warps")):
+        text = grad.replace(needle, bad)
+        path = tmp_path / "rwkv_grad.yaml"
+        path.write_text(text)
+        with pytest.raises(SpecError) as info:
+            pipeline.lower(pipeline.expand(pipeline.load([path])))
+        err = info.value
+        assert err.field == f"kernels.grad_rkwu.grid.{field}" and err.line == line_of(text, bad) and why in err.message
+    # The old `fixed:` section is gone: it is an unknown top-level key now.
+    err = rwkv_error(tmp_path, RWKV + "\nfixed:\n  grad_rkwu:\n    e: 8\n")
+    assert err.field == "fixed" and "unknown" in err.message
+
+

@@ -171,7 +171,7 @@ def test_runner_end_to_end_on_cpu_resumes_from_the_cache(tmp_path):
     assert [e["instance"] for e in doc2["buckets"]] == [e["instance"] for e in doc["buckets"]]
 
 
-@pytest.mark.parametrize("family", ["rwkv", "paged"])
+@pytest.mark.parametrize("family", ["rwkv", "rwkv_grad", "paged"])
 def test_runner_tunes_every_family_and_its_table_dispatches(tmp_path, family):
     """rwkv and paged through the same tuner (their workloads give the dispatch variables):
     every bucket gets a winner, measured beside the default rules' pick, and the written table

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-FAMILIES = ("causal_linear", "rwkv", "paged")
+FAMILIES = ("causal_linear", "rwkv", "rwkv_grad", "paged")
 
 
 def for_family(family: str) -> ModuleType:
