@@ -11,7 +11,9 @@
                   fresh inputs on the GPU
   run(ops, instance, inputs) / reference(inputs)
                   the forced instance's output through `ops` (the tuning extension's op
-                  namespace) and the float64 reference of the same output
+                  namespace; this call is what gets timed) and the float64 reference of the
+                  same output
+  as_tensor(out)  (optional) a run's output as one tensor for the check, where it is a tuple
 
 CPU code (candidates, defaults, tables) uses only AXES and runtime; the rest runs on the GPU.
 """
