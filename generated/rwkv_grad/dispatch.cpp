@@ -38,6 +38,14 @@ cudaError_t launch_rwkv_grad_grad_rkwu_n128_e8_minb2_threads128_l8_float_v1_floa
 size_t workspace_rwkv_grad_grad_rkwu_n128_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a(const Params&);
 cudaError_t launch_rwkv_grad_grad_rkwu_n256_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_rwkv_grad_grad_rkwu_n256_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a(const Params&);
+cudaError_t launch_rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_bf16_sm90a(const Params&);
+cudaError_t launch_rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_fp16_sm90a(const Params&);
 
 namespace {
 
@@ -53,6 +61,10 @@ bool covers_8(const GradKey& key) { return (key.N == 32); }
 bool covers_9(const GradKey& key) { return (key.N == 64); }
 bool covers_10(const GradKey& key) { return (key.N == 128); }
 bool covers_11(const GradKey& key) { return (key.N == 256); }
+bool covers_12(const GradKey& key) { return (key.N == 64); }
+bool covers_13(const GradKey& key) { return (key.N == 64); }
+bool covers_14(const GradKey& key) { return (key.N == 64); }
+bool covers_15(const GradKey& key) { return (key.N == 64); }
 
 const Entry kEntries[] = {
     {"rwkv_grad_grad_rkwu_n32_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp32_sm90a", launch_rwkv_grad_grad_rkwu_n32_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp32_sm90a, covers_0, workspace_rwkv_grad_grad_rkwu_n32_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp32_sm90a},
@@ -67,6 +79,10 @@ const Entry kEntries[] = {
     {"rwkv_grad_grad_rkwu_n64_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a", launch_rwkv_grad_grad_rkwu_n64_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a, covers_9, workspace_rwkv_grad_grad_rkwu_n64_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a},
     {"rwkv_grad_grad_rkwu_n128_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a", launch_rwkv_grad_grad_rkwu_n128_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a, covers_10, workspace_rwkv_grad_grad_rkwu_n128_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a},
     {"rwkv_grad_grad_rkwu_n256_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a", launch_rwkv_grad_grad_rkwu_n256_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a, covers_11, workspace_rwkv_grad_grad_rkwu_n256_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a},
+    {"rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a", launch_rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a, covers_12, workspace_rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a},
+    {"rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a", launch_rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a, covers_13, workspace_rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a},
+    {"rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_bf16_sm90a", launch_rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_bf16_sm90a, covers_14, workspace_rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_bf16_sm90a},
+    {"rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_fp16_sm90a", launch_rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_fp16_sm90a, covers_15, workspace_rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_fp16_sm90a},
 };
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
@@ -123,6 +139,24 @@ const Entry* jit_select(const GradKey& key) {
 }
 
 const Entry* wkv_grad_rkwu_select(const GradKey& key) {
+  // tuned: tuned/sm_90a/rwkv_grad.yaml: bucket n64_few_bh: when N == 64 and BH < sm_count
+  if (((key.N == 64) && (key.BH < key.sm_count))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[12].covers(key)) return &kEntries[12];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[13].covers(key)) return &kEntries[13];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/rwkv_grad.yaml: bucket n64: when N == 64
+  if ((key.N == 64)) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[14].covers(key)) return &kEntries[14];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[15].covers(key)) return &kEntries[15];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_fp16_sm90a
+    }
+  }
   // specs/rwkv_grad.yaml:46: when True -> grad_rkwu
   if (true) {
     if (key.dtype == DType::kFP32) {
@@ -134,12 +168,16 @@ const Entry* wkv_grad_rkwu_select(const GradKey& key) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[4].covers(key)) return &kEntries[4];  // rwkv_grad_grad_rkwu_n32_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
       if (kEntries[5].covers(key)) return &kEntries[5];  // rwkv_grad_grad_rkwu_n64_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
+      if (kEntries[13].covers(key)) return &kEntries[13];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
+      if (kEntries[15].covers(key)) return &kEntries[15];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_fp16_sm90a
       if (kEntries[6].covers(key)) return &kEntries[6];  // rwkv_grad_grad_rkwu_n128_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
       if (kEntries[7].covers(key)) return &kEntries[7];  // rwkv_grad_grad_rkwu_n256_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
       if (kEntries[8].covers(key)) return &kEntries[8];  // rwkv_grad_grad_rkwu_n32_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
       if (kEntries[9].covers(key)) return &kEntries[9];  // rwkv_grad_grad_rkwu_n64_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
+      if (kEntries[12].covers(key)) return &kEntries[12];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
+      if (kEntries[14].covers(key)) return &kEntries[14];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_bf16_sm90a
       if (kEntries[10].covers(key)) return &kEntries[10];  // rwkv_grad_grad_rkwu_n128_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
       if (kEntries[11].covers(key)) return &kEntries[11];  // rwkv_grad_grad_rkwu_n256_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
     }
