@@ -105,8 +105,10 @@ def _bank(g: dict, n: int, nbytes: int) -> dict:
         return None if pair // g["l"] >= 3 else (pair % g["l"], pair // g["l"])
 
     def kar_finish(lane, _pad):
+        # One float of the entry, the one the lane's sum needs: decay hi (dw), r (dk) or k (dr);
+        # ptxas reads it alone (LDS, measured: ncu, H100, N 32 fp16: 4 wavefronts, 4-way).
         f = finishing(lane)
-        return None if f is None else kar(f[0], lane // tpk)
+        return None if f is None else kar(f[0], lane // tpk) + (4, 8, 0)[f[1]]
 
     def ov_read(lane, _pad):
         f = finishing(lane)
@@ -131,7 +133,7 @@ def _bank(g: dict, n: int, nbytes: int) -> dict:
         # warp distinct ones.
         banks.Access("kar_read", 16, lambda lane, _: kar(0, lane // tpk), ("kar",)),
         # Finishing the sums: the lanes of a key on L rows (lane % L), swizzled apart.
-        banks.Access("kar_finish_read", 16, kar_finish, ("kar",)),
+        banks.Access("kar_finish_read", 4, kar_finish, ("kar",)),
         banks.contiguous("sub_write", 16, ("sub",)),
         banks.contiguous("sub_read", 16, ("sub",)),
         # A row's group g of four values, widened: the lanes of a key contiguous, the keys of a

@@ -3,7 +3,7 @@
 // Instance rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
 //   kind grad_rkwu: one CTA per (b, h, KEYS keys) walking time in reverse window by window: the window staged in shared memory, its states rebuilt from the checkpoint, then the L steps of each sub-window in registers
 //   128 threads (16 keys of 8 lanes), 84224 bytes of shared memory
-//   bank conflicts (ways, from the bank pass): tile_write 1, tile_widen 2, ov_write 1, kar_write 2, kar_read 1, kar_finish_read 1, sub_write 1, sub_read 1, tile_read 1, ov_read 1, out_write 2, out_read 1, du_write 1, du_read 4
+//   bank conflicts (ways, from the bank pass): tile_write 1, tile_widen 2, ov_write 1, kar_write 2, kar_read 1, kar_finish_read 4, sub_write 1, sub_read 1, tile_read 1, ov_read 1, out_write 2, out_read 1, du_write 1, du_read 4
 //
 // The wkv backward for r, k, w, u and the initial state, in one pass walking time in reverse
 // (dv comes from a scan). For each key j, with S_{t-1} the state before step t, dS_t the

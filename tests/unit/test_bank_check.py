@@ -67,3 +67,16 @@ def test_compare_flags_what_disagrees_and_what_nothing_declares():
     # conflict-free both ways, but ptxas split the access into narrower instructions
     measured["a"].update(wavefronts=30, ideal=15)
     assert bank_check.compare(model, measured)[0]["verdict"] == "ways agree"
+
+
+def test_an_access_judged_at_its_own_width_when_a_neighbour_shares_its_line():
+    """rwkv wide_head's vo_read line, as ncu and nvdisasm saw it on the H100: eight LDS.64 of the
+    access (1 wavefront each) and two hoisted LDS.128 of the next step's q and decay reads (4 and
+    8) under the same line."""
+    from bench.bank_check import access_bytes, judge
+    assert [access_bytes(op) for op in ("LDS.64", "LDS.128", "STS.U16", "LDS", "LDSM.16.M88.4")] == [8, 16, 2, 4, None]
+    line = {"executed": 10, "wavefronts": 20, "ideal": 16, "opcodes": {"LDS.64", "LDS.128"},
+            "by_width": {8: {"executed": 8, "wavefronts": 8, "ideal": 8}, 16: {"executed": 2, "wavefronts": 12, "ideal": 8}}}
+    assert judge(1, 1, line, 8) == "agrees at its width"
+    line["by_width"][8]["wavefronts"] = 16                      # the access itself 2-way: a real miss
+    assert judge(1, 1, line, 8) == "DIFFERS"
