@@ -36,8 +36,6 @@ SUPPORT_FILES = {
 SUPPORT_CONSTANTS = {"checkpoint_every": CHECKPOINT_EVERY,
                      "checkpoint_every_why": "codegen/families/rwkv.py CHECKPOINT_EVERY says why"}
 KEY_STRUCT = "GradKey"
-SMEM_PER_SM = 228 * 1024     # sm_90, the occupancy the float tiles must not cost
-SMEM_RESERVED_PER_CTA = 1024
 
 
 def _is_pow2(x: int) -> bool:
@@ -61,8 +59,8 @@ def _check_knobs(p: dict) -> None:
         raise Rejected("n", f"n={p['n']}: a power of two of at least 32 (a key's lanes stay in one warp)")
 
 
-def geometry(p: dict, nbytes: int) -> dict:
-    """What the knobs make of the kernel for head size n and elements of nbytes."""
+def geometry(p: dict, nbytes: int, arch: Arch) -> dict:
+    """What the knobs make of the kernel for head size n and elements of nbytes on arch."""
     n, w = p["n"], CHECKPOINT_EVERY
     e = max(p["e"], n // 32)                     # values per thread: a key's lanes fit one warp
     tpk = n // e                                 # threads per key
@@ -78,7 +76,7 @@ def geometry(p: dict, nbytes: int) -> dict:
                 + 4 * w * ov_parts)
 
     def ctas(nbytes_: int) -> int:
-        return min(SMEM_PER_SM // (nbytes_ + SMEM_RESERVED_PER_CTA), p["minb"])
+        return min(arch.smem_per_sm // (nbytes_ + arch.smem_reserved_per_cta), p["minb"])
     # v's and do's tiles in float where that keeps as many CTAs per SM as the input type would
     # (v is read at three places per step, do at one; widening them there was about a fifth of
     # the instructions: ncu, N = 64 bf16).
@@ -91,7 +89,7 @@ def geometry(p: dict, nbytes: int) -> dict:
             "v_type": "float" if v_bytes == 4 else "T", "d_type": "float" if d_bytes == 4 else "T"}
 
 
-def _bank(g: dict, n: int, nbytes: int) -> dict:
+def _bank(g: dict, nbytes: int) -> dict:
     """The kernel's shared-memory accesses, lane by lane for warp 0 (tid = lane; lane // tpk is
     the key, lane % tpk its lane)."""
     tpk, keys, sw, vn, vk = g["tpk"], g["keys_per_cta"], g["swizzle"], 16 // nbytes, g["vk"]
@@ -151,7 +149,7 @@ def _bank(g: dict, n: int, nbytes: int) -> dict:
 def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p, nbytes = inst.p, inst.dtype_bytes
     _check_knobs(p)
-    g = geometry(p, nbytes)
+    g = geometry(p, nbytes, arch)
     if g["tpk"] > 32 or p["n"] % g["keys_per_cta"] or not _is_pow2(g["keys_per_cta"]):
         raise Rejected("threads", f"threads={p['threads']} gives {g['keys_per_cta']} keys of {g['tpk']} lanes per CTA; "
                                   f"the keys must be a power of two dividing n={p['n']}")
@@ -161,7 +159,7 @@ def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("threads", f"threads={g['threads']} do not split the window's {v_items} pieces of v evenly")
     if g["smem_bytes"] > arch.max_smem_per_block:
         raise Rejected("l", f"{g['smem_bytes']} bytes of shared memory exceed the {arch.max_smem_per_block} of a block")
-    return inst.with_derived({**g, "bank": _bank(g, p["n"], nbytes), "threads_param": "threads", "smem_param": "l"})
+    return inst.with_derived({**g, "bank": _bank(g, nbytes), "threads_param": "threads", "smem_param": "l"})
 
 
 def smem_bytes_at_runtime(inst: KernelInstance) -> str:

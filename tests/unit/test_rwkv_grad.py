@@ -3,23 +3,25 @@ rejects knobs the kernel cannot build with the knob's name."""
 import pytest
 
 from codegen import pipeline
+from codegen.arch import ARCHES
 from codegen.families import rwkv_grad
 from codegen.passes import Rejected
 
+H100 = ARCHES["sm_90a"]
 DEFAULT = {"n": 64, "e": 8, "minb": 2, "threads": 128, "l": 8, "float_v": 1, "float_do": 1, "prefetch": 1}
 
 
 def test_geometry_of_the_measured_default():
     # N 64 bf16 at 2 CTAs per SM: 16 keys of 8 lanes, both tiles in float, 82.3 KB (the figure
     # the C++ Shape gave, bench/results/h100/grad_rkwu_sweep.md).
-    g = rwkv_grad.geometry(DEFAULT, 2)
+    g = rwkv_grad.geometry(DEFAULT, 2, H100)
     assert (g["tpk"], g["keys_per_cta"], g["v_type"], g["d_type"], g["smem_bytes"]) == (8, 16, "float", "float", 84224)
     # N 256: a key's 256 values over 32 lanes (e raised to 8), and the float tiles would cost a CTA
     # per SM at 16 bits, so they stay in the input type.
-    g = rwkv_grad.geometry({**DEFAULT, "n": 256}, 2)
+    g = rwkv_grad.geometry({**DEFAULT, "n": 256}, 2, H100)
     assert (g["tpk"], g["keys_per_cta"], g["v_type"], g["d_type"]) == (32, 4, "T", "T")
     # Without the float knobs the tiles stay in the input type whatever the occupancy.
-    g = rwkv_grad.geometry({**DEFAULT, "float_v": 0, "float_do": 0}, 2)
+    g = rwkv_grad.geometry({**DEFAULT, "float_v": 0, "float_do": 0}, 2, H100)
     assert (g["v_type"], g["d_type"]) == ("T", "T") and g["smem_bytes"] < 84224
 
 
