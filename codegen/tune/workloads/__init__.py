@@ -1,4 +1,4 @@
-"""What the tuner times per family: one module each, with the same five names.
+"""What the tuner times per family: one module each, with the same names.
 
   AXES            the axis values candidates are built and timed at, besides dtype (the tuned
                   winner then serves every value of those axes: the same code either way)
@@ -22,19 +22,12 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-FAMILIES = ("causal_linear", "rwkv", "rwkv_grad", "paged")
-
 
 def for_family(family: str) -> ModuleType:
-    if family not in FAMILIES:
-        raise SystemExit(f"tune: no tuning workload for family {family!r}; the tuner knows {list(FAMILIES)}")
-    return importlib.import_module(f"{__name__}.{family}")
-
-
-def contiguous_align(dtype_bytes: int, *sizes: int) -> int:
-    """The vector width (elements) contiguous tensors allow: 16 bytes, halved until it divides
-    every innermost size (the bindings' vector_align on fresh allocations)."""
-    align = 16 // dtype_bytes
-    while align > 1 and any(size % align for size in sizes):
-        align //= 2
-    return align
+    try:
+        return importlib.import_module(f"{__name__}.{family}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{family}":
+            raise
+        raise SystemExit(f"tune: family {family!r} has no tuning workload; add codegen/tune/workloads/{family}.py "
+                         f"(the contract is in codegen/tune/workloads/__init__.py)") from None

@@ -6,7 +6,7 @@ winner of 64 x 4096 (3 stages, 1.02x the default there) read 2.13 TB/s against t
 2.56 with lengths U(1..8192) (H100, dbc4461, bench/results/h100/paged.md)."""
 from __future__ import annotations
 
-from . import contiguous_align
+from ...dispatch import contiguous_align
 
 AXES: dict = {}
 BLOCK = 16

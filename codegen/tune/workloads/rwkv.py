@@ -3,7 +3,7 @@ RWKV6's forward (keys contracted, u and an initial state). The backward's scans 
 kinds walking in reverse or with the keys as the output axis, and take the same winners."""
 from __future__ import annotations
 
-from . import contiguous_align
+from ...dispatch import contiguous_align
 
 AXES = {"direction": "fwd", "keys": "contracted"}
 

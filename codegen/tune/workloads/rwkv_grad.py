@@ -7,7 +7,6 @@ from __future__ import annotations
 from ...families.rwkv import CHECKPOINT_EVERY
 
 AXES: dict = {}
-EVERY = CHECKPOINT_EVERY
 
 
 def runtime(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
@@ -26,8 +25,8 @@ def inputs(torch, shape: dict, dtype, seed: int) -> tuple:
     w = (-torch.exp(torch.randn(B, T, H, N, device="cuda", generator=g) - 2)).to(dtype)  # decays ~0.87
     u = (torch.randn(H, N, device="cuda", generator=g) * 0.1).to(dtype)
     d_state = torch.randn(B, H, N, N, device="cuda", generator=g) * 0.1
-    checkpoints = torch.empty(B, H, -(-T // EVERY), N, N, device="cuda")
-    reference.wkv_scan(r, k, v, w, u, checkpoints=checkpoints, every=EVERY, dtype=torch.float32)
+    checkpoints = torch.empty(B, H, -(-T // CHECKPOINT_EVERY), N, N, device="cuda")
+    reference.wkv_scan(r, k, v, w, u, checkpoints=checkpoints, every=CHECKPOINT_EVERY, dtype=torch.float32)
     return r, k, v, w, u, d_o, checkpoints, d_state
 
 
@@ -43,4 +42,4 @@ def run(ops, instance: str, args: tuple):
 
 def reference(args: tuple):
     from attngen import reference
-    return as_tensor(reference.wkv_grad_rkwu(*args, want_d_state0=True, every=EVERY))
+    return as_tensor(reference.wkv_grad_rkwu(*args, want_d_state0=True, every=CHECKPOINT_EVERY))
