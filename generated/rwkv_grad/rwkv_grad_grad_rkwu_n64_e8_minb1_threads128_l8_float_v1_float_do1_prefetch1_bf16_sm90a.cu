@@ -41,10 +41,9 @@ constexpr int N = 64;                  // head size
 constexpr int MINB = 1;                // CTAs per SM the registers must allow
 constexpr bool PREFETCH = 1;         // the next window into L2 while this one is worked on
 
-// The geometry codegen/families/rwkv_grad.py (geometry) decided from the knobs, N and T.
+// The geometry codegen/families/rwkv_grad.py (geometry) decided from the knobs, N and the element type.
 struct S {
-  static constexpr int E = 8;             // values per thread
-  static constexpr int G = 2;             // float4 groups per thread
+  static constexpr int G = 2;             // float4 groups of values per thread (8 values)
   static constexpr int TPK = 8;           // threads per key (a key's lanes stay in one warp)
   static constexpr int THREADS = 128;
   static constexpr int KEYS = 16;          // keys per CTA
@@ -96,7 +95,7 @@ __global__ void __launch_bounds__(S::THREADS, MINB) grad_rkwu_kernel(const Param
   const unsigned utid = threadIdx.x;  // unsigned, so that the compiler knows lane < TPK
   const int tid = utid, jj = utid / S::TPK, lane = utid % S::TPK;
   const int key0 = blockIdx.y * S::KEYS, j = key0 + jj;
-  constexpr int VK = S::KEYS < 16 / int(sizeof(T)) ? S::KEYS : 16 / int(sizeof(T));  // keys per global access
+  constexpr int VK = 8;  // keys per global access (16 bytes, or all KEYS)
   const int64_t row0 = b * p.sb + h * p.sh, w_row0 = b * p.w_sb + h * p.w_sh;
   const int64_t windows = (p.T + S::W - 1) / S::W;
   const int64_t state_row = ((b * p.H + h) * N + j) * N;  // row j of a [B, H, N, N] tensor
