@@ -173,6 +173,77 @@ def axes_match_cpp(axes: dict) -> str:
     return f"key.dtype == DType::k{axes['dtype'].upper()}"
 
 
+# Head sizes whose fp8 rows the grouped kind reads straight into MMA operands: a lane's share
+# of a row (d / 4 bytes of K, d / 8 of V) is whole 16-byte reads, or one 8-byte read at 64.
+# Measured on the H100 (bench/results/h100/paged.md): at G 8, 64 seqs x 4096, e4m3 widened
+# per warp took 0.70-0.71x the bf16 time, issue-bound (ncu: 59% issue slots busy against 42%
+# for bf16); read directly it takes FIXME.
+FP8_DIRECT_D = (64, 128, 256)
+
+
+def raw_at(row: int, byte: int, d: int) -> int:
+    """Byte offset of a raw fp8 row's byte in a directly read tile (decode_mma.cu's raw_at):
+    16-byte chunks XOR-swizzled by the row (by row / 2 where two 64-byte rows share a line)."""
+    key = (row >> 1) & 3 if d == 64 else row & 7
+    return row * d + (((byte >> 4) ^ key) << 4) + (byte & 15)
+
+
+def k_chunk(t: int, i: int, d: int) -> int:
+    """The chunk of its K row that lane t reads at step i (decode_mma.cu's k_chunk)."""
+    return t if d == 64 else 2 * t + (i & 1) + 8 * (i >> 1)
+
+
+def q_column(col: int, d: int) -> int:
+    """The permuted q tile's column of head-dim element col (decode_mma.cu's q_column)."""
+    c, b = col >> 4, col & 15
+    t, i = (c, 0) if d == 64 else ((c & 7) >> 1, (c & 1) + 2 * (c >> 3))
+    kd, e = 4 * i + (b >> 2), b & 3
+    return 16 * kd + 2 * t + (e if e < 2 else 6 + e)
+
+
+def v_byte(g: int, j: int, d: int) -> int:
+    """The first byte of lane g's piece j of a V row (decode_mma.cu's v_byte)."""
+    return 8 * g if d == 64 else 16 * (g + 8 * j)
+
+
+def out_column(col: int, d: int) -> int:
+    """The permuted output's column of head-dim element col (decode_mma.cu's out_column)."""
+    return (col & 7) * 8 + (col >> 3) if d == 64 else (16 * (col >> 7) + (col & 15)) * 8 + ((col >> 4) & 7)
+
+
+def _direct_fp8_accesses(d: int, swizzle: int) -> list:
+    """The shared accesses of the direct fp8 path (declared by every grouped instance: the
+    template holds them all; those of another path are never executed)."""
+    offset = flash_attention.layout(d, swizzle)
+    per_lane = d // 32
+
+    def k_read(lane, _pad):         # lane (g, t): row g, chunk k_chunk(t, 0)
+        return raw_at(lane // 4, k_chunk(lane % 4, 0, d) * 16, d)
+
+    def v_read(lane, _pad):         # lane (g, t): token 2t, its piece 0
+        return raw_at(2 * (lane % 4), v_byte(lane // 4, 0, d), d)
+
+    def q_read(lane, _pad):         # a warp converts one row: lane reads its pair of elements
+        return offset(0, lane * per_lane) * 2
+
+    def q_write(lane, _pad):
+        return offset(0, q_column(lane * per_lane, d)) * 2
+
+    def factor_read(lane, _pad):    # a lane's rows lane / 4 (and + 8): one word per quad
+        return (lane // 4) * 4
+
+    def merge_read(lane, _pad):     # one thread per (row, 8-column chunk): element 0 of its chunk
+        chunks = d // 8
+        return ((lane // chunks) * (d + 8) + out_column(lane % chunks * 8, d)) * 4
+
+    return [banks.Access("fp8_k_read", 16, k_read, ("ring",)),
+            banks.Access("fp8_v_read", 8 if d == 64 else 16, v_read, ("ring",)),
+            banks.Access("q_convert_read", 4, q_read, ("q_tile",)), banks.Access("q_convert_write", 4, q_write, ("q_tile",)),
+            banks.Access("factor_write", 4, lambda lane, _pad: 0 if lane == 0 else None, ("factor",)),
+            banks.Access("factor_read", 4, factor_read, ("factor",)),
+            banks.Access("merge_read_permuted", 4, merge_read, ("merge",))]
+
+
 def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
     d, warps, tile, stages, mt, waves, fill, min_part, kv_e = (
@@ -198,9 +269,13 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
                              f"{mt * warp_tokens // 2}) exceed {MAX_REGS}")
     swizzle = int(d % 64 == 0)      # whole 128-byte lines: XOR swizzle; otherwise rows padded by a chunk
     row_bytes = flash_attention.pitch(d, swizzle) * 2
-    # fp8: the ring holds raw rows of d bytes, widened into one 16-bit K and V tile pair
+    # fp8: the ring holds raw rows of d bytes. Where d is a power of two the MMAs read them
+    # directly (half operands, q scaled per row: a float per row); otherwise they are widened
+    # into one 16-bit K and V tile pair first.
+    direct = bool(kv_e) and d in FP8_DIRECT_D
     raw_tile = tile * d if kv_e else tile * row_bytes
-    ring = rows * row_bytes + (2 * tile * row_bytes if kv_e else 0) + stages * 2 * raw_tile
+    ring = (rows * row_bytes + (rows * 4 if direct else 0) + (2 * tile * row_bytes if kv_e and not direct else 0)
+            + stages * 2 * raw_tile)
     merge_bytes = warps * rows * (d + 8 + 2) * 4         # the warps' rows, max and sum (fp32)
     smem = max(ring, merge_bytes)
     if smem > arch.max_smem_per_block:
@@ -239,6 +314,7 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         return ((lane // (d // 8)) * (d + 8) + lane % (d // 8) * 8) * 4
 
     rest = [banks.Access("fp8_raw_read", 8, raw_read, ("ring",)), banks.Access("fp8_wide_write", 16, wide_write, ("wide",)),
+            *_direct_fp8_accesses(d, swizzle),
             banks.Access("merge_write", 8, merge_write, ("merge",)), banks.Access("merge_read", 16, merge_read, ("merge",)),
             banks.Access("stat_write", 4, stat_write, ("merge",)), banks.Access("stat_read", 4, stat_read, ("merge",))]
     bank = banks.model(tile_accesses(flash_attention.layout(d, swizzle)) + rest,
@@ -246,8 +322,10 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     return inst.with_derived({
         "threads": threads, "rows": rows, "warp_tokens": warp_tokens, "swizzle": swizzle, "smem_bytes": smem,
         "ctas_per_sm": ctas_per_sm, "regs_estimate": regs,
-        "cache_doc": (f"fp8 e{kv_e}m{7 - kv_e}, widened to {inst.a['dtype']} in shared memory tile by tile" if kv_e
-                      else f"{inst.a['dtype']}, as q"),
+        "cache_doc": (f"fp8 e{kv_e}m{7 - kv_e}, read straight into half MMA operands (q scaled into half's range per row)"
+                      if direct else f"fp8 e{kv_e}m{7 - kv_e}, widened to {inst.a['dtype']} in shared memory tile by tile"
+                      if kv_e else f"{inst.a['dtype']}, as q"),
+        "fp8_direct": "true" if direct else "false",
         "bank": bank,
         "threads_param": "warps", "smem_param": "stages",
     })

@@ -7,7 +7,7 @@
 //   on m16n8k16 tensor cores; 102400 bytes of shared memory (3 stages of K and V,
 //   rows XOR-swizzled); about 2 CTAs per SM
 //   cache: fp16, as q
-//   bank conflicts (ways, from the bank pass): ldmatrix 1, cp_async_fill 1, fp8_raw_read 1, fp8_wide_write 1, merge_write 1, merge_read 2, stat_write 1, stat_read 1
+//   bank conflicts (ways, from the bank pass): ldmatrix 1, cp_async_fill 1, fp8_raw_read 1, fp8_wide_write 1, fp8_k_read 1, fp8_v_read 1, q_convert_read 2, q_convert_write 2, factor_write 1, factor_read 1, merge_read_permuted 2, merge_write 1, merge_read 2, stat_write 1, stat_read 1
 // What is computed is described in params.cuh.
 #include <cmath>
 #include <cstdint>
@@ -45,17 +45,25 @@ constexpr int MIN_PART = 256;   // split: no partition shorter than this (tokens
 constexpr int CTAS_PER_SM = 2;  // occupancy (shared memory, threads) from the lowering
 constexpr int KV_E = 0;           // fp8 cache: exponent bits (4: e4m3, 5: e5m2); 0: the cache holds T
 constexpr bool FP8 = KV_E != 0;
+// fp8 read straight from its raw rows into MMA operands (the lowering's choice: D a power of two
+// >= 64); otherwise an fp8 cache is widened into 16-bit tiles in shared memory first.
+constexpr bool FP8_DIRECT = false;
 using C = std::conditional_t<FP8, uint8_t, T>;  // a cache element
+// The MMAs' operand type: T, or half where fp8 goes straight into operands (every e4m3 and
+// e5m2 value is a half, one cvt per pair; q is scaled into half's range row by row, exactly).
+using M = std::conditional_t<FP8_DIRECT, __half, T>;
 constexpr int C_CHUNK = 16 / sizeof(C);      // cache elements per 16-byte copy
 constexpr float LOG2E = 1.4426950408889634f;
 using QTile = mma::Tile<ROWS, D, true>;
 using KVTile = mma::Tile<TILE, D, true>;
 // A stage of the ring: the K tile, then the V tile, as the cache holds them: 16-bit tiles laid
-// out for ldmatrix, or raw fp8 rows [TILE][D] that widen_tile turns into one 16-bit K and V
-// tile pair (`wide`) before the MMAs read them.
+// out for ldmatrix, or raw fp8 rows [TILE][D], with their 16-byte chunks XOR-swizzled
+// (raw_at) where the MMAs read them directly, plain where widen_rows turns them into one
+// 16-bit K and V tile pair (`wide`) first.
 constexpr int RAW_TILE = FP8 ? TILE * D : KVTile::ELEMS;  // cache elements
 constexpr int STAGE_ELEMS = 2 * RAW_TILE;
-constexpr int WIDE_ELEMS = FP8 ? 2 * KVTile::ELEMS : 0;
+constexpr int WIDE_ELEMS = FP8 && !FP8_DIRECT ? 2 * KVTile::ELEMS : 0;
+constexpr int FACTOR_FLOATS = FP8_DIRECT ? ROWS : 0;  // per query row: the power of two q was scaled by, inverted
 static_assert(WARP_TOKENS % 16 == 0 && TILE == WARPS * WARP_TOKENS && D % 16 == 0, "tiling");
 
 // Row blocks of ROWS query rows per kv head: the Q * G (query token, head) pairs of a group.
@@ -112,6 +120,192 @@ Split split_of(const Params& p) {
   return first;
 }
 
+// Byte offset of byte `byte` of row `row` in a raw fp8 tile read directly: 16-byte chunk c
+// sits at chunk c ^ key(row), so the 8 rows a K read touches and the 4 rows a V read touches
+// land on distinct bank groups (rows of 64 bytes pair up in a 128-byte line: key from row / 2).
+__device__ __forceinline__ int raw_at(int row, int byte) {
+  const int key = D == 64 ? (row >> 1) & 3 : row & 7;
+  return row * D + (((byte >> 4) ^ key) << 4) + (byte & 15);
+}
+
+// The reduction over D in Q K^T runs in any order Q and K agree on. Lane (g, t) of a direct
+// fp8 read takes its K row's bytes in 16-byte chunks k_chunk(t, i), i < D / 64; word w of
+// chunk i serves k-step kd = 4 i + w, its bytes 0, 1 as the MMA's k = 2t, 2t+1 (b0) and bytes
+// 2, 3 as k = 2t+8, 2t+9 (b1). The chunks of a lane's loads i interleave so that a quarter-warp
+// (rows 2q, 2q+1) touches 8 distinct chunks after the swizzle.
+__device__ __forceinline__ int k_chunk(int t, int i) { return D == 64 ? t : 2 * t + (i & 1) + 8 * (i >> 1); }
+
+// The column of q's logical (permuted) tile that holds head-dim element d: the inverse of the
+// order above, so that ldmatrix's A fragments of the permuted tile meet K's raw bytes.
+__device__ __forceinline__ int q_column(int d) {
+  const int c = d >> 4, b = d & 15;
+  const int t = D == 64 ? c : (c & 7) >> 1, i = D == 64 ? 0 : (c & 1) + 2 * (c >> 3);
+  const int kd = 4 * i + (b >> 2), e = b & 3;
+  return 16 * kd + 2 * t + (e < 2 ? e : 6 + e);
+}
+
+// P V with V's raw bytes: lane (g, t) of k-step kn takes the tokens 2t, 2t+1, 2t+8, 2t+9 (the
+// columns its P fragment holds) and, of each, the D / 8 bytes at v_byte(g, j): byte b of
+// piece j is output column g of n-tile 16 j + b. So the output's n-tiles are a permutation of
+// the head dim, which the final merge undoes (out_column).
+__device__ __forceinline__ int v_byte(int g, int j) { return D == 64 ? 8 * g : 16 * (g + 8 * j); }
+// The column of the permuted output (n-tile dt, column n: dt * 8 + n) that holds head-dim element d.
+__device__ __forceinline__ int out_column(int d) {
+  return D == 64 ? (d & 7) * 8 + (d >> 3) : (16 * (d >> 7) + (d & 15)) * 8 + ((d >> 4) & 7);
+}
+
+// Two fp8 values (the low byte first) as a half2 operand register: one cvt, exact.
+__device__ __forceinline__ uint32_t fp8x2_half2(uint32_t two) {
+  uint32_t out;
+  const uint16_t in = static_cast<uint16_t>(two);
+  if constexpr (KV_E == 5) {
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(out) : "h"(in));
+  } else {
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(out) : "h"(in));
+  }
+  return out;
+}
+
+// q rows as half in the permuted order, each scaled by the power of two that puts its largest
+// magnitude in [2^14, 2^15) (exact for bf16 q, whose range half lacks); factor[r] receives the
+// inverse, which the scores take back. One warp per row; a row without a finite nonzero
+// magnitude keeps scale 1 (zeros stay zeros, inf and NaN reach the output as in the reference).
+__device__ __forceinline__ void q_to_half(M* q_half, float* factor, int warp, int lane) {
+  constexpr int PER_LANE = D / 32;  // contiguous head-dim elements per lane, in pairs
+  const T* q_in = reinterpret_cast<const T*>(q_half);
+  for (int r = warp; r < ROWS; r += WARPS) {
+    float x[PER_LANE];
+    float top = 0.f;
+#pragma unroll
+    for (int j = 0; j < PER_LANE; j += 2) {
+      const int d = lane * PER_LANE + j;
+      const uint32_t two = *reinterpret_cast<const uint32_t*>(q_in + QTile::offset(r, d));  // smem: q_convert_read
+      x[j] = to_float(reinterpret_cast<const T*>(&two)[0]);
+      x[j + 1] = to_float(reinterpret_cast<const T*>(&two)[1]);
+      top = fmaxf(top, fmaxf(fabsf(x[j]), fabsf(x[j + 1])));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
+    int shift = 0;
+    if (top > 0.f && top <= 3.402823466e38f) shift = min(14 - ilogbf(top), 126);
+    const float scale = __int_as_float((127 + shift) << 23);
+    __syncwarp();  // the row is read by every lane before any lane rewrites it
+#pragma unroll
+    for (int j = 0; j < PER_LANE; j += 2) {
+      const int d = lane * PER_LANE + j;
+      *reinterpret_cast<uint32_t*>(q_half + QTile::offset(r, q_column(d))) = mma::pack2<M>(x[j] * scale, x[j + 1] * scale);  // smem: q_convert_write
+    }
+    if (lane == 0) factor[r] = __int_as_float((127 - shift) << 23);  // smem: factor_write
+  }
+}
+
+// S += Q K^T over this warp's rows [row0, row0 + WARP_TOKENS) of a 16-bit K tile (ldmatrix).
+__device__ __forceinline__ void qk_tile(float (&s)[MT][NT][4], uint32_t q_base, int q_lane, uint32_t k_base, int k_lane,
+                                        int row0) {
+#pragma unroll
+  for (int kd = 0; kd < KD; ++kd) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) mma::ldmatrix_x4(a[mt], q_base + 2 * QTile::moved(q_lane, mt * 16, kd * 16));  // smem: ldmatrix
+#pragma unroll
+    for (int j = 0; j < NT / 2; ++j) {
+      uint32_t kb[4];
+      mma::ldmatrix_x4(kb, k_base + 2 * KVTile::moved(k_lane, row0 + j * 16, kd * 16));  // smem: ldmatrix
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma::m16n8k16<M>(s[mt][2 * j], a[mt], kb[0], kb[1]);
+        mma::m16n8k16<M>(s[mt][2 * j + 1], a[mt], kb[2], kb[3]);
+      }
+    }
+  }
+}
+
+// O += P V over one 16-token k-step (rows row0 ...) of a 16-bit V tile (ldmatrix, transposed).
+__device__ __forceinline__ void pv_tile(float (&acc)[MT][DT][4], const uint32_t (&pa)[MT][4], uint32_t v_base, int v_lane,
+                                        int row0) {
+#pragma unroll
+  for (int j = 0; j < DT / 2; ++j) {
+    uint32_t vb[4];
+    mma::ldmatrix_x4_trans(vb, v_base + 2 * KVTile::moved(v_lane, row0, j * 16));  // smem: ldmatrix
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      mma::m16n8k16<M>(acc[mt][2 * j], pa[mt], vb[0], vb[1]);
+      mma::m16n8k16<M>(acc[mt][2 * j + 1], pa[mt], vb[2], vb[3]);
+    }
+  }
+}
+
+// S += Q K^T over this warp's rows [row0, row0 + WARP_TOKENS) of a raw fp8 K tile: each lane
+// reads its D / 4 bytes of one token row per n-tile (16-byte reads), one cvt per B register.
+__device__ __forceinline__ void qk_fp8(float (&s)[MT][NT][4], uint32_t q_base, int q_lane, const uint8_t* k_raw,
+                                       int row0, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int i = 0; i < D / 64; ++i) {
+    uint4 words[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int row = row0 + nt * 8 + g;
+      words[nt] = *reinterpret_cast<const uint4*>(k_raw + raw_at(row, k_chunk(t, i) * 16));  // smem: fp8_k_read
+    }
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const int kd = 4 * i + w;
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) mma::ldmatrix_x4(a[mt], q_base + 2 * QTile::moved(q_lane, mt * 16, kd * 16));  // smem: ldmatrix
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint32_t word = (&words[nt].x)[w];
+        const uint32_t b0 = fp8x2_half2(word), b1 = fp8x2_half2(word >> 16);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma::m16n8k16<M>(s[mt][nt], a[mt], b0, b1);
+      }
+    }
+  }
+}
+
+// O += P V over this warp's rows of a raw fp8 V tile (k-step kn: rows row0 + 16 kn ...):
+// the bytes of tokens 2t and 2t+1 (and 2t+8, 2t+9) at one output column interleaved by a
+// byte permute, then one cvt per B register.
+__device__ __forceinline__ void pv_fp8(float (&acc)[MT][DT][4], const uint32_t (&pa)[MT][4], const uint8_t* v_raw,
+                                       int row0, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  constexpr int PIECES = D == 64 ? 1 : D / 128;   // reads per token: 8 bytes at D 64, else 16
+  constexpr int WORDS = D == 64 ? 2 : 4;          // words per read
+#pragma unroll
+  for (int j = 0; j < PIECES; ++j) {
+    uint32_t tok[4][WORDS];  // tokens 2t, 2t+1, 2t+8, 2t+9
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int row = row0 + 2 * t + (k & 1) + 8 * (k >> 1);
+      const uint8_t* at = v_raw + raw_at(row, v_byte(g, j));
+      if constexpr (WORDS == 4) {
+        const uint4 v = *reinterpret_cast<const uint4*>(at);  // smem: fp8_v_read
+        tok[k][0] = v.x, tok[k][1] = v.y, tok[k][2] = v.z, tok[k][3] = v.w;
+      } else {
+        const uint2 v = *reinterpret_cast<const uint2*>(at);  // smem: fp8_v_read
+        tok[k][0] = v.x, tok[k][1] = v.y;
+      }
+    }
+#pragma unroll
+    for (int w = 0; w < WORDS; ++w) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // bytes 2h, 2h + 1 of the word: n-tiles 16 j + 4 w + 2 h (+1)
+        const uint32_t lo = __byte_perm(tok[0][w], tok[1][w], h ? 0x7362 : 0x5140);
+        const uint32_t hi = __byte_perm(tok[2][w], tok[3][w], h ? 0x7362 : 0x5140);
+        const int dt = 16 * j + 4 * w + 2 * h;
+        const uint32_t b0a = fp8x2_half2(lo), b1a = fp8x2_half2(hi), b0b = fp8x2_half2(lo >> 16), b1b = fp8x2_half2(hi >> 16);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma::m16n8k16<M>(acc[mt][dt], pa[mt], b0a, b1a);
+          mma::m16n8k16<M>(acc[mt][dt + 1], pa[mt], b0b, b1b);
+        }
+      }
+    }
+  }
+}
+
 // Stage the K and V rows of tokens [first, first + TILE); rows at or past `end` are
 // zero-filled and never address the cache (their block-table entries may be junk).
 __device__ __forceinline__ void issue_tile(C* stage, const Params& p, const int32_t* pages, int64_t kv_head,
@@ -131,7 +325,7 @@ __device__ __forceinline__ void issue_tile(C* stage, const Params& p, const int3
       k_at = page * p.k_sb + slot * p.k_st + kv_head * p.k_sh + col;
       v_at = page * p.v_sb + slot * p.v_st + kv_head * p.v_sh + col;
     }
-    const int at = FP8 ? row * D + col : KVTile::offset(row, col);
+    const int at = FP8_DIRECT ? raw_at(row, col) : FP8 ? row * D + col : KVTile::offset(row, col);
     cp_async_zfill<16>(stage + at, k + k_at, valid);  // smem: cp_async_fill
     cp_async_zfill<16>(stage + RAW_TILE + at, v + v_at, valid);  // smem: cp_async_fill
   }
@@ -174,7 +368,8 @@ __device__ __forceinline__ void widen_rows(T* wide, const uint8_t* raw, int row0
 __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Params p, const Split split) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* q_tile = reinterpret_cast<T*>(smem_raw);  // smem buffer: q_tile
-  T* wide = q_tile + QTile::ELEMS;                           // FP8: the widened K and V tiles; smem buffer: wide
+  float* factor = reinterpret_cast<float*>(q_tile + QTile::ELEMS);  // FP8_DIRECT: q's row scales, inverted; smem buffer: factor
+  T* wide = reinterpret_cast<T*>(factor + FACTOR_FLOATS);  // FP8 widened: the K and V tiles; smem buffer: wide
   C* ring = reinterpret_cast<C*>(wide + WIDE_ELEMS);  // smem buffer: ring
   const int64_t seq = blockIdx.x;
   const unsigned group = group_size(p), blocks = row_blocks(p);
@@ -208,6 +403,12 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
   }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if constexpr (FP8_DIRECT) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // the queries landed
+    q_to_half(reinterpret_cast<M*>(q_tile), factor, warp, lane);
+    __syncthreads();  // the half queries and their row scales are complete
+  }
   // This lane's rows: r = 16 mt + 8 h + lane / 4 holds the scores of element pairs 2h, 2h + 1;
   // a row sees tokens t < row_end (its causal limit within this partition), ALiBi adds
   // slope * (t - position).
@@ -225,6 +426,11 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
   const float k_scale = FP8 && p.k_scale ? p.k_scale[kv_head * p.scale_sh] : 1.f;
   const float v_scale = FP8 && p.v_scale ? p.v_scale[kv_head * p.scale_sh] : 1.f;
   const float score_scale = p.scale * k_scale;
+  float row_scale[2 * MT];  // the score scale of each of this lane's rows (with q's row scale where q was scaled)
+#pragma unroll
+  for (int r = 0; r < 2 * MT; ++r) {
+    row_scale[r] = FP8_DIRECT ? score_scale * factor[r / 2 * 16 + r % 2 * 8 + lane / 4] : score_scale;  // smem: factor_read
+  }
   const uint32_t q_base = mma::smem_addr(q_tile);
   const int q_lane = mma::a_operand_lane<QTile>(lane);
   const int k_lane = mma::b_operand_nk_lane<KVTile>(lane);
@@ -248,12 +454,13 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
     const int first = begin + it * TILE + warp * WARP_TOKENS;  // this warp's tokens: [first, first + WARP_TOKENS)
     if (first >= end) continue;
     const T* k_tile;
-    if constexpr (FP8) {
-      widen_rows(wide, reinterpret_cast<const uint8_t*>(ring + it % STAGES * STAGE_ELEMS), warp * WARP_TOKENS, lane);
+    const uint8_t* raw = reinterpret_cast<const uint8_t*>(ring + it % STAGES * STAGE_ELEMS);
+    if constexpr (FP8 && !FP8_DIRECT) {
+      widen_rows(wide, raw, warp * WARP_TOKENS, lane);
       __syncwarp();  // this warp's widened rows are complete (its previous reads of them came before)
       k_tile = wide;
     } else {
-      k_tile = reinterpret_cast<const T*>(ring + it % STAGES * STAGE_ELEMS);  // C is T
+      k_tile = reinterpret_cast<const T*>(raw);  // C is T (unused where fp8 is read directly)
     }
     const uint32_t k_base = mma::smem_addr(k_tile), v_base = mma::smem_addr(k_tile + KVTile::ELEMS);
 
@@ -264,21 +471,10 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
     }
-#pragma unroll
-    for (int kd = 0; kd < KD; ++kd) {
-      uint32_t a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) mma::ldmatrix_x4(a[mt], q_base + 2 * QTile::moved(q_lane, mt * 16, kd * 16));  // smem: ldmatrix
-#pragma unroll
-      for (int j = 0; j < NT / 2; ++j) {
-        uint32_t kb[4];
-        mma::ldmatrix_x4(kb, k_base + 2 * KVTile::moved(k_lane, warp * WARP_TOKENS + j * 16, kd * 16));  // smem: ldmatrix
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma::m16n8k16<T>(s[mt][2 * j], a[mt], kb[0], kb[1]);
-          mma::m16n8k16<T>(s[mt][2 * j + 1], a[mt], kb[2], kb[3]);
-        }
-      }
+    if constexpr (FP8_DIRECT) {
+      qk_fp8(s, q_base, q_lane, raw, warp * WARP_TOKENS, lane);
+    } else {
+      qk_tile(s, q_base, q_lane, k_base, k_lane, warp * WARP_TOKENS);
     }
 
     // Scale, soft cap, ALiBi; tokens a row does not see become -inf.
@@ -290,7 +486,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
         for (int e = 0; e < 4; ++e) {
           const int r = 2 * mt + e / 2;
           const int t = first + nt * 8 + lane % 4 * 2 + e % 2;
-          float x = s[mt][nt][e] * score_scale;
+          float x = s[mt][nt][e] * row_scale[r];
           if (extras) {
             if (p.soft_cap > 0.f) x = p.soft_cap * tanhf(x * p.soft_cap_inv);
             x += slope[r] * static_cast<float>(t - position[r]);
@@ -309,16 +505,11 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
     for (int kn = 0; kn < KN; ++kn) {
       uint32_t pa[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) mma::c_as_a<T>(pa[mt], s, mt, kn);
-#pragma unroll
-      for (int j = 0; j < DT / 2; ++j) {
-        uint32_t vb[4];
-        mma::ldmatrix_x4_trans(vb, v_base + 2 * KVTile::moved(v_lane, warp * WARP_TOKENS + kn * 16, j * 16));  // smem: ldmatrix
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma::m16n8k16<T>(acc[mt][2 * j], pa[mt], vb[0], vb[1]);
-          mma::m16n8k16<T>(acc[mt][2 * j + 1], pa[mt], vb[2], vb[3]);
-        }
+      for (int mt = 0; mt < MT; ++mt) mma::c_as_a<M>(pa[mt], s, mt, kn);
+      if constexpr (FP8_DIRECT) {
+        pv_fp8(acc, pa, raw + RAW_TILE, warp * WARP_TOKENS + kn * 16, lane);
+      } else {
+        pv_tile(acc, pa, v_base, v_lane, warp * WARP_TOKENS + kn * 16);
       }
     }
   }
@@ -366,7 +557,13 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
       const float weight = top == -INFINITY ? 0.f : exp2f(merge_max[w * ROWS + r] - top);  // smem: stat_read
       total += weight * merge_sum[w * ROWS + r];  // smem: stat_read
       float part[8];
-      load_float_pieces<8, 4>(merge_out + (w * ROWS + r) * MERGE_PITCH + col, part);  // smem: merge_read
+      const float* from = merge_out + (w * ROWS + r) * MERGE_PITCH;
+      if constexpr (FP8_DIRECT) {  // the output's columns come permuted (pv_fp8): undo it
+#pragma unroll
+        for (int j = 0; j < 8; ++j) part[j] = from[out_column(col + j)];  // smem: merge_read_permuted
+      } else {
+        load_float_pieces<8, 4>(from + col, part);  // smem: merge_read
+      }
 #pragma unroll
       for (int j = 0; j < 8; ++j) o[j] = fmaf(weight, part[j], o[j]);
     }
@@ -398,7 +595,7 @@ size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_
 
 cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params& p, cudaStream_t stream) {
   constexpr size_t smem = 102400;
-  static_assert(smem >= QTile::BYTES + WIDE_ELEMS * sizeof(T) + STAGES * STAGE_ELEMS * sizeof(C) &&
+  static_assert(smem >= QTile::BYTES + FACTOR_FLOATS * sizeof(float) + WIDE_ELEMS * sizeof(T) + STAGES * STAGE_ELEMS * sizeof(C) &&
                 smem >= WARPS * ROWS * (MERGE_PITCH + 2) * sizeof(float), "lowering and template agree on shared memory");
   const Split split = split_of(p);
   const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.Hkv * row_blocks(p)),

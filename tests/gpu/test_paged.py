@@ -176,6 +176,27 @@ def test_fp8_cache(dtype, kv_e, per_head):
         attngen.paged_decode(*case, k_scale=torch.ones(3, device="cuda"))
 
 
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_fp8_cache_query_magnitudes(D):
+    """Where the grouped kind reads fp8 straight into half MMA operands it scales each bf16 query
+    row into half's range: rows far beyond it (1e6), far below its normal range (1e-6), zero,
+    and ordinary rows share one CTA, and each must match the reference."""
+    G, Q = 8, 1
+    case, k_scale, v_scale = quantized(make_case(LENGTHS[:5], 2 * G, 2, D, torch.bfloat16, seed=D), FP8[4], True)
+    q = case[0].clone()
+    for head, factor in ((0, 1e6), (1, 1e-6), (2, 0.0), (9, 3e4), (10, 1e-30)):
+        q[:, head] *= factor
+    case = (q, *case[1:])
+    want = expected(case, k_scale=k_scale, v_scale=v_scale)
+    poison(want.numel() * 4)
+    got = attngen.paged_decode(*case, k_scale=k_scale, v_scale=v_scale)
+    name = paged.selected_instance(*case)
+    assert "_grouped_mma_" in name and "_kv_e4_" in name, name
+    err = worst_rel_err(got, want)
+    print(f"fp8 e4m3 D{D} query magnitudes 1e-30..1e6: worst relative error {err:.2e} ({name})")
+    assert err <= TOL[torch.bfloat16], name
+
+
 def test_fp8_cache_bad_input():
     case, k_scale, v_scale = quantized(make_case([40, 9], 4, 2, 64, torch.bfloat16), torch.float8_e4m3fn, True)
     q, k8, v8, bt, cl = case
