@@ -172,7 +172,7 @@ def candidates(kv_e: int = 0) -> list:
 
 def short(name: str) -> str:
     """stages3_waves2_fill90 out of a grouped_mma instance name."""
-    return "_".join(part for part in name.split("_") if part.startswith(("warps", "stages", "waves", "fill")))
+    return "_".join(part for part in name.split("_") if part.startswith(("warps", "tile", "stages", "waves", "fill")))
 
 
 def query_table() -> list:

@@ -596,6 +596,10 @@ cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_w
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
@@ -618,6 +622,10 @@ cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_w
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
@@ -940,31 +948,35 @@ bool covers_287(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 
 bool covers_288(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_289(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_290(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
-bool covers_291(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_291(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_292(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_293(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_294(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_294(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_295(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_296(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_297(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
+bool covers_297(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_298(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_299(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_299(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_300(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_301(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
+bool covers_301(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_302(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_303(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
-bool covers_304(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
-bool covers_305(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
-bool covers_306(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
-bool covers_307(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_304(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
+bool covers_305(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
+bool covers_306(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_307(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_308(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_309(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
-bool covers_310(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
-bool covers_311(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_310(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_311(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_312(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_313(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
-bool covers_314(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
-bool covers_315(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_314(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_315(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_316(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_317(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_318(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_319(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 
 const Entry kEntries[] = {
     {"paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a", launch_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a, covers_0, workspace_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a},
@@ -1258,31 +1270,35 @@ const Entry kEntries[] = {
     {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_288, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
     {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a, covers_289, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a},
     {"paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_290, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_291, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_292, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a, covers_293, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_294, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_295, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_296, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_297, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a, covers_298, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_299, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_300, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_301, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_302, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_303, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_304, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_305, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a, covers_306, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a, covers_307, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a, covers_308, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a, covers_309, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a},
-    {"paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a", launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a, covers_310, workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a},
-    {"paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a", launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a, covers_311, workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_312, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_313, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a, covers_314, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a, covers_315, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_291, workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_292, workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_293, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_294, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a, covers_295, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_296, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_297, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_298, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_299, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a, covers_300, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_301, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_302, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_303, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_304, workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_305, workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_306, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_307, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_308, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_309, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a, covers_310, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a, covers_311, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a, covers_312, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a, covers_313, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a},
+    {"paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a", launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a, covers_314, workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a},
+    {"paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a", launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a, covers_315, workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_316, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_317, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a, covers_318, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a, covers_319, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a},
 };
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
@@ -1342,76 +1358,76 @@ const Entry* paged_decode_select(const DecodeKey& key) {
   // tuned: tuned/sm_90a/paged.yaml: bucket mha_tiny: when Q == 1 and G <= 2 and KVE == 0 and S * Hkv <= 32 and L <= 8192
   if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && ((key.S * key.Hkv) <= 32) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[304].covers(key)) return &kEntries[304];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[308].covers(key)) return &kEntries[308];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[305].covers(key)) return &kEntries[305];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[309].covers(key)) return &kEntries[309];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket mha_short: when Q == 1 and G <= 2 and KVE == 0 and L <= 1024
   if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && (key.L <= 1024))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[306].covers(key)) return &kEntries[306];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[310].covers(key)) return &kEntries[310];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[307].covers(key)) return &kEntries[307];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[311].covers(key)) return &kEntries[311];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket mha_few_long: when Q == 1 and G <= 2 and KVE == 0 and S * Hkv < sm_count and L > 8192
   if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && ((key.S * key.Hkv) < key.sm_count) && (key.L > 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[308].covers(key)) return &kEntries[308];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[312].covers(key)) return &kEntries[312];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[309].covers(key)) return &kEntries[309];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[313].covers(key)) return &kEntries[313];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket mha: when Q == 1 and G <= 2 and KVE == 0 and L <= 8192
   if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[310].covers(key)) return &kEntries[310];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a
+      if (kEntries[314].covers(key)) return &kEntries[314];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[311].covers(key)) return &kEntries[311];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a
+      if (kEntries[315].covers(key)) return &kEntries[315];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_tiny: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv <= 32 and L <= 8192
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && ((key.S * key.Hkv) <= 32) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[312].covers(key)) return &kEntries[312];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[316].covers(key)) return &kEntries[316];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[313].covers(key)) return &kEntries[313];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[317].covers(key)) return &kEntries[317];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_short: when Q == 1 and G <= 8 and KVE == 0 and L <= 1024
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && (key.L <= 1024))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[306].covers(key)) return &kEntries[306];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[310].covers(key)) return &kEntries[310];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[307].covers(key)) return &kEntries[307];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[311].covers(key)) return &kEntries[311];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_few_long: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv < sm_count and L > 8192
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && ((key.S * key.Hkv) < key.sm_count) && (key.L > 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[314].covers(key)) return &kEntries[314];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[318].covers(key)) return &kEntries[318];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[315].covers(key)) return &kEntries[315];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[319].covers(key)) return &kEntries[319];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa: when Q == 1 and G <= 8 and KVE == 0 and L <= 8192
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[306].covers(key)) return &kEntries[306];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[310].covers(key)) return &kEntries[310];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[307].covers(key)) return &kEntries[307];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[311].covers(key)) return &kEntries[311];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
-  // specs/paged.yaml:145: when G * Q >= 3 or KVE > 0 -> grouped_mma
+  // specs/paged.yaml:146: when G * Q >= 3 or KVE > 0 -> grouped_mma
   if ((((key.G * key.Q) >= 3) || (key.KVE > 0))) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[210].covers(key)) return &kEntries[210];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_fp16_sm90a
@@ -1444,11 +1460,11 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[237].covers(key)) return &kEntries[237];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a
       if (kEntries[238].covers(key)) return &kEntries[238];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a
       if (kEntries[239].covers(key)) return &kEntries[239];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a
-      if (kEntries[305].covers(key)) return &kEntries[305];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a
-      if (kEntries[307].covers(key)) return &kEntries[307];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
-      if (kEntries[309].covers(key)) return &kEntries[309];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a
-      if (kEntries[313].covers(key)) return &kEntries[313];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a
-      if (kEntries[315].covers(key)) return &kEntries[315];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[309].covers(key)) return &kEntries[309];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[311].covers(key)) return &kEntries[311];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[313].covers(key)) return &kEntries[313];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a
+      if (kEntries[317].covers(key)) return &kEntries[317];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[319].covers(key)) return &kEntries[319];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a
       if (kEntries[240].covers(key)) return &kEntries[240];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a
       if (kEntries[241].covers(key)) return &kEntries[241];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a
       if (kEntries[242].covers(key)) return &kEntries[242];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a
@@ -1487,11 +1503,11 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[273].covers(key)) return &kEntries[273];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a
       if (kEntries[274].covers(key)) return &kEntries[274];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a
       if (kEntries[275].covers(key)) return &kEntries[275];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a
-      if (kEntries[304].covers(key)) return &kEntries[304];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a
-      if (kEntries[306].covers(key)) return &kEntries[306];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
-      if (kEntries[308].covers(key)) return &kEntries[308];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a
-      if (kEntries[312].covers(key)) return &kEntries[312];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a
-      if (kEntries[314].covers(key)) return &kEntries[314];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[308].covers(key)) return &kEntries[308];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[310].covers(key)) return &kEntries[310];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[312].covers(key)) return &kEntries[312];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a
+      if (kEntries[316].covers(key)) return &kEntries[316];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[318].covers(key)) return &kEntries[318];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a
       if (kEntries[276].covers(key)) return &kEntries[276];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a
       if (kEntries[277].covers(key)) return &kEntries[277];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a
       if (kEntries[278].covers(key)) return &kEntries[278];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a
@@ -1500,7 +1516,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[281].covers(key)) return &kEntries[281];  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a
     }
   }
-  // specs/paged.yaml:152: when L <= 512 -> single_pass
+  // specs/paged.yaml:153: when L <= 512 -> single_pass
   if ((key.L <= 512)) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a
@@ -1614,7 +1630,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[104].covers(key)) return &kEntries[104];  // paged_single_pass_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_bf16_sm90a
     }
   }
-  // specs/paged.yaml:154: when True -> split_k
+  // specs/paged.yaml:155: when True -> split_k
   if (true) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[105].covers(key)) return &kEntries[105];  // paged_split_k_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_fp32_sm90a
@@ -1679,7 +1695,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[162].covers(key)) return &kEntries[162];  // paged_split_k_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_fp16_sm90a
       if (kEntries[163].covers(key)) return &kEntries[163];  // paged_split_k_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_fp16_sm90a
       if (kEntries[164].covers(key)) return &kEntries[164];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_fp16_sm90a
-      if (kEntries[311].covers(key)) return &kEntries[311];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a
+      if (kEntries[315].covers(key)) return &kEntries[315];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_fp16_sm90a
       if (kEntries[165].covers(key)) return &kEntries[165];  // paged_split_k_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_fp16_sm90a
       if (kEntries[166].covers(key)) return &kEntries[166];  // paged_split_k_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_fp16_sm90a
       if (kEntries[167].covers(key)) return &kEntries[167];  // paged_split_k_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_fp16_sm90a
@@ -1717,7 +1733,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[197].covers(key)) return &kEntries[197];  // paged_split_k_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_bf16_sm90a
       if (kEntries[198].covers(key)) return &kEntries[198];  // paged_split_k_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_bf16_sm90a
       if (kEntries[199].covers(key)) return &kEntries[199];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_bf16_sm90a
-      if (kEntries[310].covers(key)) return &kEntries[310];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a
+      if (kEntries[314].covers(key)) return &kEntries[314];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_bf16_sm90a
       if (kEntries[200].covers(key)) return &kEntries[200];  // paged_split_k_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_bf16_sm90a
       if (kEntries[201].covers(key)) return &kEntries[201];  // paged_split_k_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_bf16_sm90a
       if (kEntries[202].covers(key)) return &kEntries[202];  // paged_split_k_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_bf16_sm90a
