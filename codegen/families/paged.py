@@ -175,9 +175,9 @@ def axes_match_cpp(axes: dict) -> str:
 
 # Head sizes whose fp8 rows the grouped kind reads straight into MMA operands: a lane's share
 # of a row (d / 4 bytes of K, d / 8 of V) is whole 16-byte reads, or one 8-byte read at 64.
-# Measured on the H100 (bench/results/h100/paged.md): at G 8, 64 seqs x 4096, e4m3 widened
-# per warp took 0.70-0.71x the bf16 time, issue-bound (ncu: 59% issue slots busy against 42%
-# for bf16); read directly it takes FIXME.
+# Measured on the H100 (bench/results/h100/paged.md, e4m3 D128, 64 seqs x 4096, G 1-8): widened
+# per warp it took 0.70-0.71x the bf16 time, bound by issue (ncu: 59% of issue slots busy
+# against 42% for bf16, 1.69 TB/s); read directly, same tiles, 0.60-0.62x (commit 4a51496).
 FP8_DIRECT_D = (64, 128, 256)
 
 
@@ -263,16 +263,18 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if not 0 <= fill <= 100:
         raise Rejected("fill", f"fill={fill} is a percentage of the waves' CTA slots (0-100)")
     threads, rows, warp_tokens = 32 * warps, 16 * mt, tile // warps
-    regs = mt * d // 2 + mt * warp_tokens // 2 + MMA_REG_OVERHEAD
+    # fp8: the ring holds raw rows of d bytes. Where d is a power of two the MMAs read them
+    # directly (half operands, q scaled per row: a float per row); otherwise they are widened
+    # into one 16-bit K and V tile pair first.
+    direct = bool(kv_e) and d in FP8_DIRECT_D
+    # Read directly, a lane also holds its K words of every n-tile and 4 tokens' V pieces
+    # (at D 64 with 32 rows and 128-token tiles, the estimate without them let ptxas spill).
+    regs = mt * d // 2 + mt * warp_tokens // 2 + MMA_REG_OVERHEAD + (warp_tokens // 8 * 4 + 16 if direct else 0)
     if regs > MAX_REGS:
         raise Rejected("mt", f"about {regs} registers per thread (output {mt * d // 2}, scores "
                              f"{mt * warp_tokens // 2}) exceed {MAX_REGS}")
     swizzle = int(d % 64 == 0)      # whole 128-byte lines: XOR swizzle; otherwise rows padded by a chunk
     row_bytes = flash_attention.pitch(d, swizzle) * 2
-    # fp8: the ring holds raw rows of d bytes. Where d is a power of two the MMAs read them
-    # directly (half operands, q scaled per row: a float per row); otherwise they are widened
-    # into one 16-bit K and V tile pair first.
-    direct = bool(kv_e) and d in FP8_DIRECT_D
     raw_tile = tile * d if kv_e else tile * row_bytes
     ring = (rows * row_bytes + (rows * 4 if direct else 0) + (2 * tile * row_bytes if kv_e and not direct else 0)
             + stages * 2 * raw_tile)

@@ -436,16 +436,16 @@ cudaError_t launch_paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_st
 size_t workspace_paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
@@ -490,10 +490,10 @@ cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill9
 size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
@@ -508,16 +508,16 @@ cudaError_t launch_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill9
 size_t workspace_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
@@ -562,10 +562,10 @@ cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill9
 size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
@@ -580,6 +580,8 @@ cudaError_t launch_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill9
 size_t workspace_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
@@ -598,14 +600,14 @@ cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_w
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
@@ -624,8 +626,6 @@ cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_w
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
@@ -868,9 +868,9 @@ bool covers_207(const DecodeKey& key) { return ((key.D == 256) && (((4 >= key.G)
 bool covers_208(const DecodeKey& key) { return ((key.D == 256) && (((2 >= key.G) && ((2 * key.G) > 2)) || ((2 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
 bool covers_209(const DecodeKey& key) { return ((key.D == 256) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
 bool covers_210(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
-bool covers_211(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
-bool covers_212(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
-bool covers_213(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_211(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_212(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_213(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
 bool covers_214(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
 bool covers_215(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
 bool covers_216(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
@@ -904,9 +904,9 @@ bool covers_243(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 
 bool covers_244(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
 bool covers_245(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
 bool covers_246(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
-bool covers_247(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
-bool covers_248(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
-bool covers_249(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_247(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_248(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
+bool covers_249(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
 bool covers_250(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
 bool covers_251(const DecodeKey& key) { return ((key.D == 64) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
 bool covers_252(const DecodeKey& key) { return ((key.D == 80) && ((key.align % 8) == 0) && ((2 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
@@ -940,27 +940,27 @@ bool covers_279(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 
 bool covers_280(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (4 == key.KVE)); }
 bool covers_281(const DecodeKey& key) { return ((key.D == 256) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (5 == key.KVE)); }
 bool covers_282(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_283(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_283(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_284(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_285(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_286(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
-bool covers_287(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_286(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_287(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_288(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_289(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_290(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
+bool covers_290(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_291(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_292(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_293(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_294(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_295(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_296(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_296(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_297(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_298(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_299(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
-bool covers_300(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_299(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
+bool covers_300(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_301(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_302(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
-bool covers_303(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
+bool covers_303(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_304(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_305(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_306(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
@@ -1190,11 +1190,11 @@ const Entry kEntries[] = {
     {"paged_split_k_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_bf16_sm90a", launch_paged_split_k_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_bf16_sm90a, covers_208, workspace_paged_split_k_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_bf16_sm90a},
     {"paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_bf16_sm90a", launch_paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_bf16_sm90a, covers_209, workspace_paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_bf16_sm90a},
     {"paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_210, workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_211, workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
-    {"paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a, covers_212, workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a},
-    {"paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_213, workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_214, workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
-    {"paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a, covers_215, workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_211, workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_212, workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a, covers_213, workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_214, workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a, covers_215, workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a},
     {"paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_216, workspace_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
     {"paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_217, workspace_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
     {"paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a, covers_218, workspace_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a},
@@ -1217,8 +1217,8 @@ const Entry kEntries[] = {
     {"paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_235, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
     {"paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a, covers_236, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a},
     {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_237, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_238, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a, covers_239, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_238, workspace_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a, covers_239, workspace_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a},
     {"paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_240, workspace_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
     {"paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_241, workspace_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
     {"paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a, covers_242, workspace_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a},
@@ -1226,11 +1226,11 @@ const Entry kEntries[] = {
     {"paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_244, workspace_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
     {"paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a, covers_245, workspace_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a},
     {"paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_246, workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_247, workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
-    {"paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a, covers_248, workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a},
-    {"paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_249, workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_250, workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
-    {"paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a, covers_251, workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_247, workspace_paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_248, workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a, covers_249, workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_250, workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a, covers_251, workspace_paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a},
     {"paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_252, workspace_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
     {"paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_253, workspace_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
     {"paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a, covers_254, workspace_paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a},
@@ -1253,8 +1253,8 @@ const Entry kEntries[] = {
     {"paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_271, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
     {"paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a, covers_272, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a},
     {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_273, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_274, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a, covers_275, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_274, workspace_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a, covers_275, workspace_paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a},
     {"paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_276, workspace_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
     {"paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_277, workspace_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
     {"paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a, covers_278, workspace_paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a},
@@ -1262,29 +1262,29 @@ const Entry kEntries[] = {
     {"paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_280, workspace_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
     {"paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a", launch_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a, covers_281, workspace_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a},
     {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_fp16_sm90a, covers_282, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_283, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a, covers_284, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_285, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_286, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a, covers_287, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_288, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a, covers_289, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_290, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_291, workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_292, workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_283, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_284, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a, covers_285, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_286, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_287, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a, covers_288, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a, covers_289, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a, covers_290, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_291, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_292, workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
     {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a, covers_293, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a},
     {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a, covers_294, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a},
     {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a, covers_295, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves0_fill0_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_296, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_297, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_298, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_299, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a, covers_300, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_301, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_302, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_303, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_304, workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
-    {"paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_305, workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_296, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_297, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_298, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages2_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_299, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_300, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a, covers_301, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill0_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_302, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a, covers_303, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages3_mt1_waves4_fill90_min_part256_kv_e0_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_304, workspace_paged_grouped_mma_candidates_d128_warps4_tile64_stages4_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
+    {"paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_305, workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
     {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a, covers_306, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a},
     {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a, covers_307, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a},
     {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a, covers_308, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a},
@@ -1427,15 +1427,15 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[311].covers(key)) return &kEntries[311];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
     }
   }
-  // specs/paged.yaml:146: when G * Q >= 3 or KVE > 0 -> grouped_mma
+  // specs/paged.yaml:154: when G * Q >= 3 or KVE > 0 -> grouped_mma
   if ((((key.G * key.Q) >= 3) || (key.KVE > 0))) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[210].covers(key)) return &kEntries[210];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_fp16_sm90a
-      if (kEntries[211].covers(key)) return &kEntries[211];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a
-      if (kEntries[212].covers(key)) return &kEntries[212];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a
-      if (kEntries[213].covers(key)) return &kEntries[213];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a
-      if (kEntries[214].covers(key)) return &kEntries[214];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a
-      if (kEntries[215].covers(key)) return &kEntries[215];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a
+      if (kEntries[211].covers(key)) return &kEntries[211];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a
+      if (kEntries[212].covers(key)) return &kEntries[212];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a
+      if (kEntries[213].covers(key)) return &kEntries[213];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a
+      if (kEntries[214].covers(key)) return &kEntries[214];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a
+      if (kEntries[215].covers(key)) return &kEntries[215];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a
       if (kEntries[216].covers(key)) return &kEntries[216];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_fp16_sm90a
       if (kEntries[217].covers(key)) return &kEntries[217];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a
       if (kEntries[218].covers(key)) return &kEntries[218];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a
@@ -1458,8 +1458,8 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[235].covers(key)) return &kEntries[235];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_fp16_sm90a
       if (kEntries[236].covers(key)) return &kEntries[236];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_fp16_sm90a
       if (kEntries[237].covers(key)) return &kEntries[237];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_fp16_sm90a
-      if (kEntries[238].covers(key)) return &kEntries[238];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a
-      if (kEntries[239].covers(key)) return &kEntries[239];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a
+      if (kEntries[238].covers(key)) return &kEntries[238];  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_fp16_sm90a
+      if (kEntries[239].covers(key)) return &kEntries[239];  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_fp16_sm90a
       if (kEntries[309].covers(key)) return &kEntries[309];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_fp16_sm90a
       if (kEntries[311].covers(key)) return &kEntries[311];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_fp16_sm90a
       if (kEntries[313].covers(key)) return &kEntries[313];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_fp16_sm90a
@@ -1474,11 +1474,11 @@ const Entry* paged_decode_select(const DecodeKey& key) {
     }
     if (key.dtype == DType::kBF16) {
       if (kEntries[246].covers(key)) return &kEntries[246];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_bf16_sm90a
-      if (kEntries[247].covers(key)) return &kEntries[247];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a
-      if (kEntries[248].covers(key)) return &kEntries[248];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a
-      if (kEntries[249].covers(key)) return &kEntries[249];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a
-      if (kEntries[250].covers(key)) return &kEntries[250];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a
-      if (kEntries[251].covers(key)) return &kEntries[251];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a
+      if (kEntries[247].covers(key)) return &kEntries[247];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a
+      if (kEntries[248].covers(key)) return &kEntries[248];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a
+      if (kEntries[249].covers(key)) return &kEntries[249];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a
+      if (kEntries[250].covers(key)) return &kEntries[250];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a
+      if (kEntries[251].covers(key)) return &kEntries[251];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a
       if (kEntries[252].covers(key)) return &kEntries[252];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_bf16_sm90a
       if (kEntries[253].covers(key)) return &kEntries[253];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a
       if (kEntries[254].covers(key)) return &kEntries[254];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a
@@ -1501,8 +1501,8 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[271].covers(key)) return &kEntries[271];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_bf16_sm90a
       if (kEntries[272].covers(key)) return &kEntries[272];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_bf16_sm90a
       if (kEntries[273].covers(key)) return &kEntries[273];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_bf16_sm90a
-      if (kEntries[274].covers(key)) return &kEntries[274];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a
-      if (kEntries[275].covers(key)) return &kEntries[275];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a
+      if (kEntries[274].covers(key)) return &kEntries[274];  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_bf16_sm90a
+      if (kEntries[275].covers(key)) return &kEntries[275];  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a
       if (kEntries[308].covers(key)) return &kEntries[308];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part256_kv_e0_bf16_sm90a
       if (kEntries[310].covers(key)) return &kEntries[310];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_bf16_sm90a
       if (kEntries[312].covers(key)) return &kEntries[312];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_bf16_sm90a
@@ -1516,7 +1516,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[281].covers(key)) return &kEntries[281];  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_bf16_sm90a
     }
   }
-  // specs/paged.yaml:153: when L <= 512 -> single_pass
+  // specs/paged.yaml:161: when L <= 512 -> single_pass
   if ((key.L <= 512)) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_fp32_sm90a
@@ -1630,7 +1630,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[104].covers(key)) return &kEntries[104];  // paged_single_pass_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_bf16_sm90a
     }
   }
-  // specs/paged.yaml:155: when True -> split_k
+  // specs/paged.yaml:163: when True -> split_k
   if (true) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[105].covers(key)) return &kEntries[105];  // paged_split_k_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_fp32_sm90a

@@ -5,7 +5,7 @@
 //   128 threads = 4 warps; a CTA holds 16 query rows ((query token, head) pairs of
 //   one kv head) and each warp takes 32 of every 128-token tile against all of them
 //   on m16n8k16 tensor cores; 69696 bytes of shared memory (2 stages of K and V,
-//   rows XOR-swizzled); about 3 CTAs per SM
+//   rows XOR-swizzled); about 2 CTAs per SM
 //   cache: fp8 e4m3, read straight into half MMA operands (q scaled into half's range per row)
 //   bank conflicts (ways, from the bank pass): ldmatrix 1, cp_async_fill 1, fp8_raw_read 1, fp8_wide_write 1, fp8_k_read 1, fp8_v_read 1, q_convert_read 2, q_convert_write 2, factor_write 1, factor_read 1, merge_read_permuted 2, merge_write 1, merge_read 2, stat_write 1, stat_read 1
 // What is computed is described in params.cuh.
@@ -42,7 +42,7 @@ constexpr int MERGE_PITCH = D + 8;           // floats between rows of the warps
 constexpr int WAVES = 1;         // split: at least this many waves of CTAs (0: none asked)...
 constexpr int FILL = 90;           // ...whose last wave is this full (percent of all waves' slots)
 constexpr int MIN_PART = 256;   // split: no partition shorter than this (tokens)
-constexpr int CTAS_PER_SM = 3;  // occupancy (shared memory, threads) from the lowering
+constexpr int CTAS_PER_SM = 2;  // occupancy (shared memory, threads) from the lowering
 constexpr int KV_E = 4;           // fp8 cache: exponent bits (4: e4m3, 5: e5m2); 0: the cache holds T
 constexpr bool FP8 = KV_E != 0;
 // fp8 read straight from its raw rows into MMA operands (the lowering's choice: D a power of two
