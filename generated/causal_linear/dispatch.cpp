@@ -520,18 +520,50 @@ cudaError_t launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16
 size_t workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a(const Params&);
-cudaError_t launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&);
-cudaError_t launch_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a(const Params&);
+cudaError_t launch_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
+cudaError_t launch_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a(const Params&);
 cudaError_t launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a(const Params&);
 cudaError_t launch_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a(const Params&, cudaStream_t);
@@ -802,16 +834,32 @@ bool covers_251(const CausalLinearKey& key) { return (key.E <= 1024); }
 bool covers_252(const CausalLinearKey& key) { return (key.E <= 1024); }
 bool covers_253(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
 bool covers_254(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 4) == 0)); }
-bool covers_255(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_256(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_257(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_258(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_255(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_256(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_257(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
+bool covers_258(const CausalLinearKey& key) { return ((key.E <= 32) && (key.M <= 32) && ((key.align % 8) == 0)); }
 bool covers_259(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
 bool covers_260(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
-bool covers_261(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
-bool covers_262(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
-bool covers_263(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
-bool covers_264(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_261(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_262(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_263(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_264(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_265(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_266(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_267(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_268(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_269(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_270(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_271(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_272(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_273(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_274(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 8) == 0)); }
+bool covers_275(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_276(const CausalLinearKey& key) { return ((key.E <= 64) && (key.M <= 64) && ((key.align % 4) == 0)); }
+bool covers_277(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_278(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_279(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
+bool covers_280(const CausalLinearKey& key) { return ((key.E <= 128) && (key.M <= 128) && ((key.align % 4) == 0)); }
 
 const Entry kEntries[] = {
     {"causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a, covers_0, workspace_causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a},
@@ -1067,18 +1115,34 @@ const Entry kEntries[] = {
     {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a, covers_250, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a},
     {"causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_251, workspace_causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
     {"causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a", launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a, covers_252, workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a},
-    {"causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_253, workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_254, workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_255, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_256, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
-    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_257, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
-    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_258, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
-    {"causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_259, workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
-    {"causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_260, workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
-    {"causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_261, workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
-    {"causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_262, workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
-    {"causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_263, workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
-    {"causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_264, workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
+    {"causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_253, workspace_causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
+    {"causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_254, workspace_causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
+    {"causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_255, workspace_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_256, workspace_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_257, workspace_causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_258, workspace_causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_259, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a, covers_260, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a},
+    {"causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_261, workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_262, workspace_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_263, workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_264, workspace_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_265, workspace_causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
+    {"causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a", launch_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a, covers_266, workspace_causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a},
+    {"causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_267, workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a, covers_268, workspace_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_269, workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a, covers_270, workspace_causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_271, workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a", launch_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a, covers_272, workspace_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a},
+    {"causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_273, workspace_causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a", launch_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a, covers_274, workspace_causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a},
+    {"causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_275, workspace_causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
+    {"causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a, covers_276, workspace_causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a},
+    {"causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_277, workspace_causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
+    {"causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a", launch_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a, covers_278, workspace_causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a},
+    {"causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_279, workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
+    {"causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_280, workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
 };
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
@@ -1138,75 +1202,163 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e32_small_bh: when E <= 32 and M <= 32 and BH < sm_count // 2
   if (((key.E <= 32) && (key.M <= 32) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[253].covers(key)) return &kEntries[253];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[253].covers(key)) return &kEntries[253];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[254].covers(key)) return &kEntries[254];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[254].covers(key)) return &kEntries[254];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false) {
+      if (kEntries[255].covers(key)) return &kEntries[255];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true) {
+      if (kEntries[256].covers(key)) return &kEntries[256];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false) {
+      if (kEntries[257].covers(key)) return &kEntries[257];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true) {
+      if (kEntries[258].covers(key)) return &kEntries[258];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_tiny_bh: when E <= 64 and M <= 64 and BH < sm_count // 8
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 8)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[255].covers(key)) return &kEntries[255];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[259].covers(key)) return &kEntries[259];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[256].covers(key)) return &kEntries[256];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[260].covers(key)) return &kEntries[260];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false) {
+      if (kEntries[261].covers(key)) return &kEntries[261];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true) {
+      if (kEntries[262].covers(key)) return &kEntries[262];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false) {
+      if (kEntries[263].covers(key)) return &kEntries[263];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true) {
+      if (kEntries[264].covers(key)) return &kEntries[264];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_long_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2 and L >= 8192
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 2)) && (key.L >= 8192))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[257].covers(key)) return &kEntries[257];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[265].covers(key)) return &kEntries[265];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[258].covers(key)) return &kEntries[258];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[266].covers(key)) return &kEntries[266];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false) {
+      if (kEntries[267].covers(key)) return &kEntries[267];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true) {
+      if (kEntries[268].covers(key)) return &kEntries[268];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false) {
+      if (kEntries[269].covers(key)) return &kEntries[269];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true) {
+      if (kEntries[270].covers(key)) return &kEntries[270];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[257].covers(key)) return &kEntries[257];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[265].covers(key)) return &kEntries[265];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[258].covers(key)) return &kEntries[258];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[266].covers(key)) return &kEntries[266];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false) {
+      if (kEntries[271].covers(key)) return &kEntries[271];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true) {
+      if (kEntries[272].covers(key)) return &kEntries[272];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false) {
+      if (kEntries[273].covers(key)) return &kEntries[273];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true) {
+      if (kEntries[274].covers(key)) return &kEntries[274];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_large_bh: when E <= 64 and M <= 64
   if (((key.E <= 64) && (key.M <= 64))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[259].covers(key)) return &kEntries[259];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[275].covers(key)) return &kEntries[275];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[260].covers(key)) return &kEntries[260];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[276].covers(key)) return &kEntries[276];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false) {
+      if (kEntries[261].covers(key)) return &kEntries[261];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true) {
+      if (kEntries[262].covers(key)) return &kEntries[262];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false) {
+      if (kEntries[263].covers(key)) return &kEntries[263];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true) {
+      if (kEntries[264].covers(key)) return &kEntries[264];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e128_small_bh: when E <= 128 and M <= 128 and BH < sm_count // 2
   if (((key.E <= 128) && (key.M <= 128) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[261].covers(key)) return &kEntries[261];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[277].covers(key)) return &kEntries[277];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[262].covers(key)) return &kEntries[262];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[278].covers(key)) return &kEntries[278];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false) {
+      if (kEntries[204].covers(key)) return &kEntries[204];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true) {
+      if (kEntries[220].covers(key)) return &kEntries[220];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false) {
+      if (kEntries[172].covers(key)) return &kEntries[172];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true) {
+      if (kEntries[188].covers(key)) return &kEntries[188];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e128_large_bh: when E <= 128 and M <= 128
   if (((key.E <= 128) && (key.M <= 128))) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
-      if (kEntries[263].covers(key)) return &kEntries[263];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[279].covers(key)) return &kEntries[279];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
-      if (kEntries[264].covers(key)) return &kEntries[264];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[280].covers(key)) return &kEntries[280];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == false) {
+      if (kEntries[204].covers(key)) return &kEntries[204];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.reverse == true) {
+      if (kEntries[220].covers(key)) return &kEntries[220];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == false) {
+      if (kEntries[172].covers(key)) return &kEntries[172];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+    }
+    if (key.dtype == DType::kFP16 && key.reverse == true) {
+      if (kEntries[188].covers(key)) return &kEntries[188];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
     }
   }
   // specs/causal_linear.yaml:169: when True -> chunked
   if (true) {
     if (key.dtype == DType::kFP16 && key.reverse == false) {
       if (kEntries[162].covers(key)) return &kEntries[162];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[257].covers(key)) return &kEntries[257];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[163].covers(key)) return &kEntries[163];  // causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[164].covers(key)) return &kEntries[164];  // causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[165].covers(key)) return &kEntries[165];  // causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[166].covers(key)) return &kEntries[166];  // causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[167].covers(key)) return &kEntries[167];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[263].covers(key)) return &kEntries[263];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[269].covers(key)) return &kEntries[269];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[273].covers(key)) return &kEntries[273];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[168].covers(key)) return &kEntries[168];  // causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[169].covers(key)) return &kEntries[169];  // causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[170].covers(key)) return &kEntries[170];  // causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
@@ -1220,11 +1372,15 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kFP16 && key.reverse == true) {
       if (kEntries[178].covers(key)) return &kEntries[178];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[258].covers(key)) return &kEntries[258];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[179].covers(key)) return &kEntries[179];  // causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[180].covers(key)) return &kEntries[180];  // causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[181].covers(key)) return &kEntries[181];  // causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[182].covers(key)) return &kEntries[182];  // causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[183].covers(key)) return &kEntries[183];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[264].covers(key)) return &kEntries[264];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[270].covers(key)) return &kEntries[270];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[274].covers(key)) return &kEntries[274];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[184].covers(key)) return &kEntries[184];  // causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[185].covers(key)) return &kEntries[185];  // causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
       if (kEntries[186].covers(key)) return &kEntries[186];  // causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
@@ -1238,11 +1394,15 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kBF16 && key.reverse == false) {
       if (kEntries[194].covers(key)) return &kEntries[194];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[255].covers(key)) return &kEntries[255];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[195].covers(key)) return &kEntries[195];  // causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[196].covers(key)) return &kEntries[196];  // causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[197].covers(key)) return &kEntries[197];  // causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[198].covers(key)) return &kEntries[198];  // causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[199].covers(key)) return &kEntries[199];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[261].covers(key)) return &kEntries[261];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[267].covers(key)) return &kEntries[267];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[271].covers(key)) return &kEntries[271];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[200].covers(key)) return &kEntries[200];  // causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[201].covers(key)) return &kEntries[201];  // causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[202].covers(key)) return &kEntries[202];  // causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
@@ -1256,11 +1416,15 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kBF16 && key.reverse == true) {
       if (kEntries[210].covers(key)) return &kEntries[210];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[256].covers(key)) return &kEntries[256];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[211].covers(key)) return &kEntries[211];  // causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[212].covers(key)) return &kEntries[212];  // causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[213].covers(key)) return &kEntries[213];  // causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[214].covers(key)) return &kEntries[214];  // causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[215].covers(key)) return &kEntries[215];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[262].covers(key)) return &kEntries[262];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[268].covers(key)) return &kEntries[268];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[272].covers(key)) return &kEntries[272];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[216].covers(key)) return &kEntries[216];  // causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[217].covers(key)) return &kEntries[217];  // causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
       if (kEntries[218].covers(key)) return &kEntries[218];  // causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
@@ -1281,12 +1445,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[2].covers(key)) return &kEntries[2];  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[3].covers(key)) return &kEntries[3];  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[4].covers(key)) return &kEntries[4];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
-      if (kEntries[259].covers(key)) return &kEntries[259];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[275].covers(key)) return &kEntries[275];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[5].covers(key)) return &kEntries[5];  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[6].covers(key)) return &kEntries[6];  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[7].covers(key)) return &kEntries[7];  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[8].covers(key)) return &kEntries[8];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[263].covers(key)) return &kEntries[263];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[279].covers(key)) return &kEntries[279];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
       if (kEntries[9].covers(key)) return &kEntries[9];  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
@@ -1294,12 +1458,12 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[11].covers(key)) return &kEntries[11];  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[12].covers(key)) return &kEntries[12];  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[13].covers(key)) return &kEntries[13];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
-      if (kEntries[260].covers(key)) return &kEntries[260];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[276].covers(key)) return &kEntries[276];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[14].covers(key)) return &kEntries[14];  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
       if (kEntries[15].covers(key)) return &kEntries[15];  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[16].covers(key)) return &kEntries[16];  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
       if (kEntries[17].covers(key)) return &kEntries[17];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[264].covers(key)) return &kEntries[264];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[280].covers(key)) return &kEntries[280];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
       if (kEntries[18].covers(key)) return &kEntries[18];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
@@ -1350,13 +1514,13 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
   if ((key.L >= 1024)) {
     if (key.dtype == DType::kFP32 && key.reverse == false) {
       if (kEntries[108].covers(key)) return &kEntries[108];  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[253].covers(key)) return &kEntries[253];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[253].covers(key)) return &kEntries[253];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
       if (kEntries[109].covers(key)) return &kEntries[109];  // causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[110].covers(key)) return &kEntries[110];  // causal_linear_fwd_split_time_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[111].covers(key)) return &kEntries[111];  // causal_linear_fwd_split_time_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[112].covers(key)) return &kEntries[112];  // causal_linear_fwd_split_time_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[255].covers(key)) return &kEntries[255];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
-      if (kEntries[257].covers(key)) return &kEntries[257];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[259].covers(key)) return &kEntries[259];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[265].covers(key)) return &kEntries[265];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
       if (kEntries[113].covers(key)) return &kEntries[113];  // causal_linear_fwd_split_time_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[114].covers(key)) return &kEntries[114];  // causal_linear_fwd_split_time_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[115].covers(key)) return &kEntries[115];  // causal_linear_fwd_split_time_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
@@ -1364,13 +1528,13 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
       if (kEntries[117].covers(key)) return &kEntries[117];  // causal_linear_rev_split_time_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[254].covers(key)) return &kEntries[254];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[254].covers(key)) return &kEntries[254];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
       if (kEntries[118].covers(key)) return &kEntries[118];  // causal_linear_rev_split_time_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[119].covers(key)) return &kEntries[119];  // causal_linear_rev_split_time_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[120].covers(key)) return &kEntries[120];  // causal_linear_rev_split_time_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[121].covers(key)) return &kEntries[121];  // causal_linear_rev_split_time_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[256].covers(key)) return &kEntries[256];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
-      if (kEntries[258].covers(key)) return &kEntries[258];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[260].covers(key)) return &kEntries[260];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[266].covers(key)) return &kEntries[266];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
       if (kEntries[122].covers(key)) return &kEntries[122];  // causal_linear_rev_split_time_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[123].covers(key)) return &kEntries[123];  // causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
       if (kEntries[124].covers(key)) return &kEntries[124];  // causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
@@ -1433,7 +1597,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[60].covers(key)) return &kEntries[60];  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[61].covers(key)) return &kEntries[61];  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[62].covers(key)) return &kEntries[62];  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[261].covers(key)) return &kEntries[261];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[277].covers(key)) return &kEntries[277];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.reverse == true) {
       if (kEntries[63].covers(key)) return &kEntries[63];  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
@@ -1445,7 +1609,7 @@ const Entry* causal_dot_product_select(const CausalLinearKey& key) {
       if (kEntries[69].covers(key)) return &kEntries[69];  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[70].covers(key)) return &kEntries[70];  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
       if (kEntries[71].covers(key)) return &kEntries[71];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[262].covers(key)) return &kEntries[262];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[278].covers(key)) return &kEntries[278];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.reverse == false) {
       if (kEntries[72].covers(key)) return &kEntries[72];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
