@@ -263,16 +263,17 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if not 0 <= fill <= 100:
         raise Rejected("fill", f"fill={fill} is a percentage of the waves' CTA slots (0-100)")
     threads, rows, warp_tokens = 32 * warps, 16 * mt, tile // warps
-    # fp8: the ring holds raw rows of d bytes. Where d is a power of two the MMAs read them
-    # directly (half operands, q scaled per row: a float per row); otherwise they are widened
-    # into one 16-bit K and V tile pair first.
+    # fp8: the ring holds raw rows of d bytes. At the head sizes of FP8_DIRECT_D the MMAs read
+    # them directly (half operands, q scaled per row: a float per row); otherwise they are
+    # widened into one 16-bit K and V tile pair first.
     direct = bool(kv_e) and d in FP8_DIRECT_D
     # Read directly, a lane also holds its K words of every n-tile and 4 tokens' V pieces
     # (at D 64 with 32 rows and 128-token tiles, the estimate without them let ptxas spill).
-    regs = mt * d // 2 + mt * warp_tokens // 2 + MMA_REG_OVERHEAD + (warp_tokens // 8 * 4 + 16 if direct else 0)
+    fp8_operands = warp_tokens // 8 * 4 + 16 if direct else 0
+    regs = mt * d // 2 + mt * warp_tokens // 2 + MMA_REG_OVERHEAD + fp8_operands
     if regs > MAX_REGS:
         raise Rejected("mt", f"about {regs} registers per thread (output {mt * d // 2}, scores "
-                             f"{mt * warp_tokens // 2}) exceed {MAX_REGS}")
+                             f"{mt * warp_tokens // 2}, fp8 operands {fp8_operands}) exceed {MAX_REGS}")
     swizzle = int(d % 64 == 0)      # whole 128-byte lines: XOR swizzle; otherwise rows padded by a chunk
     row_bytes = flash_attention.pitch(d, swizzle) * 2
     raw_tile = tile * d if kv_e else tile * row_bytes

@@ -45,8 +45,8 @@ constexpr int MIN_PART = 256;   // split: no partition shorter than this (tokens
 constexpr int CTAS_PER_SM = 2;  // occupancy (shared memory, threads) from the lowering
 constexpr int KV_E = 0;           // fp8 cache: exponent bits (4: e4m3, 5: e5m2); 0: the cache holds T
 constexpr bool FP8 = KV_E != 0;
-// fp8 read straight from its raw rows into MMA operands (the lowering's choice: D a power of two
-// >= 64); otherwise an fp8 cache is widened into 16-bit tiles in shared memory first.
+// fp8 read straight from its raw rows into MMA operands (the lowering's choice: D 64, 128 or
+// 256); otherwise an fp8 cache is widened into 16-bit tiles in shared memory first.
 constexpr bool FP8_DIRECT = false;
 using C = std::conditional_t<FP8, uint8_t, T>;  // a cache element
 // The MMAs' operand type: T, or half where fp8 goes straight into operands (every e4m3 and
