@@ -171,8 +171,8 @@ def candidates(kv_e: int = 0) -> list:
 
 
 def short(name: str) -> str:
-    """stages3_waves2_fill90 out of a grouped_mma instance name."""
-    return "_".join(part for part in name.split("_") if part.startswith(("warps", "tile", "stages", "waves", "fill")))
+    """warps4_tile64_stages3_waves2_fill90_rows4_pdl1 out of a grouped_mma instance name."""
+    return "_".join(part for part in name.split("_") if part.startswith(("warps", "tile", "stages", "waves", "fill", "rows", "pdl")))
 
 
 def query_table() -> list:
@@ -248,7 +248,7 @@ def markdown(copy, rows, meta, groups=(), queries=(), fp8=()) -> str:
                        + f" | {f(best[1])} ({best[0]}) | {f(r.get('torch_tbps'))} | `{r['instance']}` |")
         names = sorted({n for r in groups + rows for n in r["candidates_tbps"]})
         if names:
-            out += ["", "grouped_mma candidates forced (TB/s; the default is warps4_tile64_stages2_waves1_fill90):", "",
+            out += ["", "grouped_mma candidates forced (TB/s; the default is warps4_tile64_stages2_waves1_fill90_rows4_pdl1):", "",
                     "| case | " + " | ".join(names) + " |", "|---" + "|---" * len(names) + "|"]
             for r in rows + groups:
                 label = r["case"] if "case" in r else f"G {r['G']}, {r['S']} seqs, context {r['context']}"
@@ -267,7 +267,7 @@ def markdown(copy, rows, meta, groups=(), queries=(), fp8=()) -> str:
             out.append(f"| {r['G']} | {r['Hkv']} | {r['S']} | {r['context']} | {f(r['bf16_ms'])} | {f(r['e4m3_ms'])} | "
                        f"**{r['e4m3_ratio']:.2f}** | {f(r['e4m3_tbps'])} | {f(r['e5m2_ms'])} | {r['e5m2_ratio']:.2f} | "
                        f"`{r['e4m3_instance']}` |")
-        out += ["", "e4m3 candidates forced (ms; the default is warps4_tile128_stages3_waves1_fill90): " + "; ".join(
+        out += ["", "e4m3 candidates forced (ms; the default is warps4_tile128_stages3_waves1_fill90_rows4_pdl1): " + "; ".join(
             f"G {r['G']}: " + ", ".join(f"{k} {v:.3f}" for k, v in r["e4m3_candidates_ms"].items()) for r in fp8)]
     return "\n".join(out) + "\n"
 

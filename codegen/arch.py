@@ -21,6 +21,11 @@ class Arch:
     def short(self) -> str:
         return self.name.replace("_", "")
 
+    @property
+    def compute(self) -> int:
+        """Compute capability as a number: 90 for sm_90a."""
+        return int(self.name[3:].rstrip("a"))
+
 
 ARCHES = {
     # Hopper: 227 KB of shared memory per block once opted in (CUDA programming guide, CC 9.0).

@@ -16,6 +16,10 @@ missing heads and stores nothing for them. Multi-token queries take a CTA per qu
 read once per (sequence, kv head, partition) whatever the group size and number of query
 tokens. Its partitions are chosen at launch from the batch and the SM count (`waves`,
 `min_part`) rather than fixed.
+
+A split launch leaves each partition's output and log-sum-exp in a workspace and a merge kernel
+(split.cuh) combines them. The merge is instantiated in each split instance's TU with the
+instance's own `merge_rows` and `pdl` knobs, so the tuner sweeps it with the kernel it follows.
 """
 from __future__ import annotations
 
@@ -49,15 +53,14 @@ DECODE = "paged/decode.cu.j2"
 DECODE_MMA = "paged/decode_mma.cu.j2"
 TEMPLATE_PARAMS = {
     DECODE: {"d": "int", "vec": "int", "tx": "int", "heads": "int", "hpt": "int", "threads": "int",
-             "tile": "int", "stages": "int", "part": "int0"},
+             "tile": "int", "stages": "int", "part": "int0", "merge_rows": "int0", "pdl": "int0"},
     DECODE_MMA: {"d": "int", "warps": "int", "tile": "int", "stages": "int", "mt": "int", "waves": "int0",
-                 "fill": "int0", "min_part": "int", "kv_e": "int0"},
+                 "fill": "int0", "min_part": "int", "kv_e": "int0", "merge_rows": "int", "pdl": "int0"},
 }
 SUPPORT_FILES = {
     "paged/params.cuh.j2": "paged/params.cuh",
     "paged/bindings.cpp.j2": "paged/bindings.cpp",
-    "paged/reduce.h.j2": "paged/reduce.h",       # split-K's merge, not grid-instanced
-    "paged/reduce.cu.j2": "paged/reduce.cu",
+    "paged/split.cuh.j2": "paged/split.cuh",     # the split workspace and the merge kernel template
 }
 KEY_STRUCT = "DecodeKey"
 # Query tokens per sequence a call may bring (speculative decoding, chunked-prefill tails): the
@@ -74,6 +77,25 @@ MAX_REGS = 255
 
 def _is_pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
+
+
+def _merge(p: dict, split: bool, arch: Arch) -> dict:
+    """The merge's knobs (split.cuh): `merge_rows` query rows per CTA, each by d / 4 threads
+    reading float4s; `pdl` launches it as a programmatic dependent of the decode grid (sm_90)."""
+    rows, pdl, d = p["merge_rows"], p["pdl"], p["d"]
+    if not split:
+        if rows or pdl:
+            raise Rejected("merge_rows", f"merge_rows={rows}, pdl={pdl}: a single-pass kind has no merge (0, 0)")
+        return {"pdl": "false", "merge_threads": 0}
+    threads = rows * d // 4
+    if not _is_pow2(rows) or threads > arch.max_threads_per_block:
+        raise Rejected("merge_rows", f"merge_rows={rows} must be a power of two with merge_rows * d / 4 = {threads} "
+                                     f"threads <= {arch.max_threads_per_block}")
+    if pdl not in (0, 1):
+        raise Rejected("pdl", f"pdl={pdl}: 1 launches the merge as a programmatic dependent, 0 plainly")
+    if pdl and arch.compute < 90:
+        raise Rejected("pdl", f"pdl=1 needs programmatic dependent launch (sm_90 and later), not {arch.name}")
+    return {"pdl": "true" if pdl else "false", "merge_threads": threads}
 
 
 def _geometry(p: dict, nbytes: int) -> dict:
@@ -158,7 +180,7 @@ def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
                         banks.Access("stat_write", 4, stat_write, ("merge",)),
                         banks.Access("stat_read", 4, stat_read, ("merge",))])
     return inst.with_derived({
-        **geo, "threads": threads, "smem_bytes": smem, "ring_bytes": ring, "merge_bytes": merge,
+        **geo, **_merge(p, split, arch), "threads": threads, "smem_bytes": smem, "ring_bytes": ring, "merge_bytes": merge,
         "loads": loads, "split": "true" if split else "false", "bank": bank,
         "threads_param": "threads", "smem_param": "tile",
     })
@@ -328,7 +350,7 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         "cache_doc": (f"fp8 e{kv_e}m{7 - kv_e}, read straight into half MMA operands (q scaled into half's range per row)"
                       if direct else f"fp8 e{kv_e}m{7 - kv_e}, widened to {inst.a['dtype']} in shared memory tile by tile"
                       if kv_e else f"{inst.a['dtype']}, as q"),
-        "fp8_direct": "true" if direct else "false",
+        "fp8_direct": "true" if direct else "false", **_merge(p, True, arch),
         "bank": bank,
         "threads_param": "warps", "smem_param": "stages",
     })

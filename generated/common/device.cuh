@@ -97,6 +97,13 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
+// Programmatic dependent launch (sm_90): a grid allows the next kernel on its stream, launched
+// as its programmatic dependent, to start before it ends; the dependent waits for it to finish,
+// with its writes visible, before it reads them. Without the attribute on the dependent's launch
+// both are no-ops.
+__device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_for_primary_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int PENDING>

@@ -31,7 +31,7 @@ def test_plan_builds_the_dispatched_kind_at_the_new_head_size(paged_plan):
     entry = paged_plan.sources["paged/jit_entry.cu"]
     assert f'"{inst.name}"' in entry and "key.dtype == DType::kBF16" in entry and "key.D == 48" in entry
     assert inst.filename in paged_plan.sources and "paged/params.cuh" in paged_plan.sources
-    assert "paged/reduce.cu" in paged_plan.sources, "the split-K merge the instance includes is compiled with it"
+    assert "paged/split.cuh" in paged_plan.sources, "the split-K merge the instance instantiates is shipped with it"
     assert "paged/bindings.cpp" not in paged_plan.sources
 
 

@@ -174,6 +174,32 @@ def test_paged_grouped_mma_rows_over_the_register_file(tmp_path):
     assert err.field == "kernels.grouped_mma.grid.mt" and "registers per thread (output 192" in str(err)
 
 
+def test_paged_merge_rows_are_a_power_of_two_within_a_block(tmp_path):
+    text = PAGED.replace("      merge_rows: [4]\n      pdl: [1]\n    where:", "      merge_rows: [3]\n      pdl: [1]\n    where:", 1)
+    err = paged_error(tmp_path, text)
+    assert err.line == line_of(text, "merge_rows: [3]") and err.field == "kernels.split_k.grid.merge_rows"
+    assert "merge_rows=3 must be a power of two" in str(err)
+    text = PAGED.replace("      merge_rows: [4]\n      pdl: [1]\n    where:", "      merge_rows: [64]\n      pdl: [1]\n    where:", 1)
+    assert "merge_rows * d / 4 = 1280 threads <= 1024" in str(paged_error(tmp_path, text))  # d 80
+
+
+def test_paged_single_pass_has_no_merge(tmp_path):
+    text = PAGED.replace("      merge_rows: [0]           # no merge\n      pdl: [0]", "      merge_rows: [0]\n      pdl: [1]", 1)
+    err = paged_error(tmp_path, text)
+    assert err.field == "kernels.single_pass.grid.merge_rows" and "a single-pass kind has no merge" in str(err)
+
+
+def test_paged_pdl_needs_sm_90():
+    from codegen.arch import ARCHES
+    from codegen.families import paged
+    from codegen.passes import Rejected
+    knobs = {"d": 128, "merge_rows": 4, "pdl": 1}
+    assert paged._merge(knobs, True, ARCHES["sm_90a"]) == {"pdl": "true", "merge_threads": 128}
+    with pytest.raises(Rejected, match="pdl=1 needs programmatic dependent launch .* not sm_80") as info:
+        paged._merge(knobs, True, ARCHES["sm_80"])
+    assert info.value.param == "pdl"
+
+
 FLASH = (ROOT / "specs" / "flash_attention.yaml").read_text()
 
 
