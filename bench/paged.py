@@ -248,7 +248,7 @@ def markdown(copy, rows, meta, groups=(), queries=(), fp8=()) -> str:
                        + f" | {f(best[1])} ({best[0]}) | {f(r.get('torch_tbps'))} | `{r['instance']}` |")
         names = sorted({n for r in groups + rows for n in r["candidates_tbps"]})
         if names:
-            out += ["", "grouped_mma candidates forced (TB/s; the default is warps4_tile64_stages2_waves1_fill90_rows4_pdl1):", "",
+            out += ["", "grouped_mma candidates forced (TB/s; the default is warps4_tile64_stages2_waves1_fill90_rows1_pdl1):", "",
                     "| case | " + " | ".join(names) + " |", "|---" + "|---" * len(names) + "|"]
             for r in rows + groups:
                 label = r["case"] if "case" in r else f"G {r['G']}, {r['S']} seqs, context {r['context']}"
@@ -267,7 +267,7 @@ def markdown(copy, rows, meta, groups=(), queries=(), fp8=()) -> str:
             out.append(f"| {r['G']} | {r['Hkv']} | {r['S']} | {r['context']} | {f(r['bf16_ms'])} | {f(r['e4m3_ms'])} | "
                        f"**{r['e4m3_ratio']:.2f}** | {f(r['e4m3_tbps'])} | {f(r['e5m2_ms'])} | {r['e5m2_ratio']:.2f} | "
                        f"`{r['e4m3_instance']}` |")
-        out += ["", "e4m3 candidates forced (ms; the default is warps4_tile128_stages3_waves1_fill90_rows4_pdl1): " + "; ".join(
+        out += ["", "e4m3 candidates forced (ms; the default is warps4_tile128_stages3_waves1_fill90_rows1_pdl1): " + "; ".join(
             f"G {r['G']}: " + ", ".join(f"{k} {v:.3f}" for k, v in r["e4m3_candidates_ms"].items()) for r in fp8)]
     return "\n".join(out) + "\n"
 

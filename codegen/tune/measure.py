@@ -64,7 +64,10 @@ def measure_one(job: dict) -> dict:
             work.run(ops, name, sets[state["i"]])
         medians = [triton.testing.do_bench(call, warmup=10, rep=40, return_mode="median") for _ in range(REPEATS)]
         medians.sort()
-        return {"median_ms": medians[len(medians) // 2], "spread_ms": medians[-1] - medians[0], "note": ""}
+        mid = len(medians) // 2
+        return {"median_ms": medians[mid], "spread_ms": medians[-1] - medians[0],
+                "jitter_ms": (min(medians[mid] - medians[mid - 1], medians[mid + 1] - medians[mid])
+                              if len(medians) >= 3 else medians[-1] - medians[0]), "note": ""}
     except Exception as exc:  # noqa: BLE001 - a candidate that fails to launch is scored, not fatal
         return {"median_ms": math.inf, "spread_ms": 0.0, "note": f"failed: {str(exc).splitlines()[0][:120]}"}
 

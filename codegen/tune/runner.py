@@ -134,7 +134,8 @@ def _choose_all(spec, cands, results, defaults):
         for dtype in spec.tune.dtypes:
             prefix = f"{bucket.name}|{dtype}|"
             ms = [select.Measurement(jid[len(prefix):], r["median_ms"], r["spread_ms"],
-                                     _simplicity(spec, by_name[jid[len(prefix):]]), r.get("note", ""))
+                                     _simplicity(spec, by_name[jid[len(prefix):]]), r.get("note", ""),
+                                     r.get("jitter_ms"))
                   for jid, r in results.items() if jid.startswith(prefix)]
             choice = select.choose(ms)
             default = defaults[(bucket.name, dtype)]

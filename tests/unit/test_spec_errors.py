@@ -175,11 +175,11 @@ def test_paged_grouped_mma_rows_over_the_register_file(tmp_path):
 
 
 def test_paged_merge_rows_are_a_power_of_two_within_a_block(tmp_path):
-    text = PAGED.replace("      merge_rows: [4]\n      pdl: [1]\n    where:", "      merge_rows: [3]\n      pdl: [1]\n    where:", 1)
+    text = PAGED.replace("      merge_rows: [1]\n      pdl: [1]\n    where:", "      merge_rows: [3]\n      pdl: [1]\n    where:", 1)
     err = paged_error(tmp_path, text)
     assert err.line == line_of(text, "merge_rows: [3]") and err.field == "kernels.split_k.grid.merge_rows"
     assert "merge_rows=3 must be a power of two" in str(err)
-    text = PAGED.replace("      merge_rows: [4]\n      pdl: [1]\n    where:", "      merge_rows: [64]\n      pdl: [1]\n    where:", 1)
+    text = PAGED.replace("      merge_rows: [1]\n      pdl: [1]\n    where:", "      merge_rows: [64]\n      pdl: [1]\n    where:", 1)
     assert "merge_rows * d / 4 = 1280 threads <= 1024" in str(paged_error(tmp_path, text))  # d 80
 
 

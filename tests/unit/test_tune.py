@@ -34,6 +34,16 @@ def test_a_near_tie_under_the_noise_floor_goes_to_the_simpler():
     assert select.choose([m("fast", 0.0900, 0.0, simple=1), m("simple", 0.0950, 0.0, simple=0)]).winner.name == "fast"
 
 
+def test_one_outlying_repeat_does_not_make_a_slower_candidate_tie():
+    # The paged tune on the H100: repeats of the simpler candidate near 0.021 / 0.040 / 0.040 ms
+    # (spread 0.019) against a fastest at 0.0221; the jitter (0.0) says the median is settled.
+    slow = select.Measurement("simple_slow", 0.0397, 0.0187, (0, "simple_slow"), "", 0.0)
+    fast = select.Measurement("fast", 0.0221, 0.0001, (1, "fast"), "", 0.0001)
+    assert select.choose([slow, fast]).winner.name == "fast"
+    # Without a jitter (measurements cached before it was recorded) the spread stands in.
+    assert select.choose([m("simple_slow", 0.0397, 0.0187), m("fast", 0.0221, 0.0001, simple=1)]).winner.name == "simple_slow"
+
+
 def test_failed_candidates_never_win():
     choice = select.choose([m("broken", math.inf), m("slow", 9.0)])
     assert choice.winner.name == "slow"
