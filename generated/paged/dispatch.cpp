@@ -642,6 +642,30 @@ cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_w
 size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&);
+cudaError_t launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a(const Params&);
+cudaError_t launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&);
 
 namespace {
 
@@ -959,6 +983,18 @@ bool covers_310(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 
 bool covers_311(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
 bool covers_312(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (0 == key.KVE)); }
 bool covers_313(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (4 == key.KVE)); }
+bool covers_314(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_315(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_316(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_317(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_318(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_319(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_320(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_321(const DecodeKey& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_322(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_323(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_324(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_325(const DecodeKey& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 
 const Entry kEntries[] = {
     {"paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a", launch_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a, covers_0, workspace_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a},
@@ -1275,6 +1311,18 @@ const Entry kEntries[] = {
     {"paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a, covers_311, workspace_paged_grouped_mma_candidates_d128_warps4_tile128_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a},
     {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_312, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a},
     {"paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a", launch_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a, covers_313, workspace_paged_grouped_mma_candidates_d128_warps2_tile32_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_314, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_315, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_316, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_317, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_318, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_319, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
+    {"paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a", launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a, covers_320, workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a},
+    {"paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a", launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a, covers_321, workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a, covers_322, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a, covers_323, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_324, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_325, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
 };
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
@@ -1331,6 +1379,78 @@ const Entry* jit_select(const DecodeKey& key) {
 }
 
 const Entry* paged_decode_select(const DecodeKey& key) {
+  // tuned: tuned/sm_90a/paged.yaml: bucket mha_tiny: when Q == 1 and G <= 2 and KVE == 0 and S * Hkv <= 32 and L <= 8192
+  if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && ((key.S * key.Hkv) <= 32) && (key.L <= 8192))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[314].covers(key)) return &kEntries[314];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[315].covers(key)) return &kEntries[315];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/paged.yaml: bucket mha_short: when Q == 1 and G <= 2 and KVE == 0 and L <= 1024
+  if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && (key.L <= 1024))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[316].covers(key)) return &kEntries[316];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[317].covers(key)) return &kEntries[317];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/paged.yaml: bucket mha_few_long: when Q == 1 and G <= 2 and KVE == 0 and S * Hkv < sm_count and L > 8192
+  if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && ((key.S * key.Hkv) < key.sm_count) && (key.L > 8192))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[318].covers(key)) return &kEntries[318];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[319].covers(key)) return &kEntries[319];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/paged.yaml: bucket mha: when Q == 1 and G <= 2 and KVE == 0 and L <= 8192
+  if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && (key.L <= 8192))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[320].covers(key)) return &kEntries[320];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[321].covers(key)) return &kEntries[321];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/paged.yaml: bucket gqa_tiny: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv <= 32 and L <= 8192
+  if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && ((key.S * key.Hkv) <= 32) && (key.L <= 8192))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[314].covers(key)) return &kEntries[314];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[315].covers(key)) return &kEntries[315];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/paged.yaml: bucket gqa_short: when Q == 1 and G <= 8 and KVE == 0 and L <= 1024
+  if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && (key.L <= 1024))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[322].covers(key)) return &kEntries[322];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[323].covers(key)) return &kEntries[323];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/paged.yaml: bucket gqa_few_long: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv < sm_count and L > 8192
+  if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && ((key.S * key.Hkv) < key.sm_count) && (key.L > 8192))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[324].covers(key)) return &kEntries[324];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[325].covers(key)) return &kEntries[325];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/paged.yaml: bucket gqa: when Q == 1 and G <= 8 and KVE == 0 and L <= 8192
+  if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && (key.L <= 8192))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[316].covers(key)) return &kEntries[316];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[317].covers(key)) return &kEntries[317];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+    }
+  }
   // specs/paged.yaml:170: when G * Q >= 3 or KVE > 0 -> grouped_mma
   if ((((key.G * key.Q) >= 3) || (key.KVE > 0))) {
     if (key.dtype == DType::kFP16) {
@@ -1364,6 +1484,11 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[237].covers(key)) return &kEntries[237];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[238].covers(key)) return &kEntries[238];  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[239].covers(key)) return &kEntries[239];  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[315].covers(key)) return &kEntries[315];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[317].covers(key)) return &kEntries[317];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[319].covers(key)) return &kEntries[319];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[323].covers(key)) return &kEntries[323];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a
+      if (kEntries[325].covers(key)) return &kEntries[325];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[240].covers(key)) return &kEntries[240];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[241].covers(key)) return &kEntries[241];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[242].covers(key)) return &kEntries[242];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
@@ -1402,6 +1527,11 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[273].covers(key)) return &kEntries[273];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[274].covers(key)) return &kEntries[274];  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[275].covers(key)) return &kEntries[275];  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[314].covers(key)) return &kEntries[314];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[316].covers(key)) return &kEntries[316];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[318].covers(key)) return &kEntries[318];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[322].covers(key)) return &kEntries[322];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a
+      if (kEntries[324].covers(key)) return &kEntries[324];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[276].covers(key)) return &kEntries[276];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[277].covers(key)) return &kEntries[277];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[278].covers(key)) return &kEntries[278];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
@@ -1589,6 +1719,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[162].covers(key)) return &kEntries[162];  // paged_split_k_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[163].covers(key)) return &kEntries[163];  // paged_split_k_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[164].covers(key)) return &kEntries[164];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[321].covers(key)) return &kEntries[321];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[165].covers(key)) return &kEntries[165];  // paged_split_k_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[166].covers(key)) return &kEntries[166];  // paged_split_k_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[167].covers(key)) return &kEntries[167];  // paged_split_k_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
@@ -1626,6 +1757,7 @@ const Entry* paged_decode_select(const DecodeKey& key) {
       if (kEntries[197].covers(key)) return &kEntries[197];  // paged_split_k_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[198].covers(key)) return &kEntries[198];  // paged_split_k_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[199].covers(key)) return &kEntries[199];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[320].covers(key)) return &kEntries[320];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[200].covers(key)) return &kEntries[200];  // paged_split_k_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[201].covers(key)) return &kEntries[201];  // paged_split_k_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[202].covers(key)) return &kEntries[202];  // paged_split_k_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
