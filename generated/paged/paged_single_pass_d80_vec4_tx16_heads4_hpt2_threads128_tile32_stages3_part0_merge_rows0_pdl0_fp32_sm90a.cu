@@ -303,6 +303,17 @@ int64_t partitions(const Params& p) {
   return capacity <= part ? 1 : (capacity + part - 1) / part;
 }
 
+// The merge after a split launch. A template, so that a single-pass instance (no merge knobs)
+// instantiates no merge kernel.
+template <bool Split = SPLIT>
+cudaError_t merge_partitions_of(const Params& p, int64_t parts, cudaStream_t stream) {
+  if constexpr (Split) {
+    return launch_merge<T, D, MERGE_ROWS, PDL>(merge_params(p, parts, PART), stream);
+  } else {
+    return cudaSuccess;
+  }
+}
+
 }  // namespace
 
 size_t workspace_paged_single_pass_d80_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a(const Params& p) {
@@ -320,9 +331,9 @@ cudaError_t launch_paged_single_pass_d80_vec4_tx16_heads4_hpt2_threads128_tile32
     if (err != cudaSuccess) return err;
   }
   decode_kernel<<<grid, THREADS, smem, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || !SPLIT) return err;
-  return launch_merge<T, D, MERGE_ROWS, PDL>(merge_params(p, parts, PART), stream);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return merge_partitions_of(p, parts, stream);
 }
 
 }  // namespace paged

@@ -63,7 +63,7 @@ namespace {
 template <typename T, int D, int ROWS, bool PDL>
 __global__ void __launch_bounds__(ROWS * D / 4) merge_partitions(const MergeParams p) {
   constexpr int LANES = D / 4;
-  static_assert(D % 4 == 0, "a row's threads read whole float4s");
+  static_assert(D % 4 == 0 && ROWS > 0, "a row's threads read whole float4s; at least one row per CTA");
   const int64_t s = blockIdx.x;
   const int64_t r = static_cast<int64_t>(blockIdx.y) * ROWS + threadIdx.x / LANES;
   const int c = threadIdx.x % LANES * 4;
