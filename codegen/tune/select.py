@@ -1,7 +1,7 @@
 """Choosing a winner per bucket from measurements. Pure: testable with any cost function.
 
-A candidate must beat the runner-up by more than the spread (the larger of the two);
-otherwise the simpler candidate wins, so tables do not churn between runs. The spread is at
+A candidate must beat the runner-up by more than the noise (the larger of the two);
+otherwise the simpler candidate wins, so tables do not churn between runs. The noise is at
 least NOISE_FLOOR of the median: the spread of back-to-back repeats underestimates the drift
 between runs (two fresh tuning runs on the H100 gave 0.0904 and 0.0902 ms for one candidate
 whose repeats spread by 0.0001 ms, and a near-tie flipped).

@@ -192,7 +192,7 @@ at::Tensor launch(const Entry* entry, const Inputs& in) {
   p.k_sb = in.k.stride(0), p.k_st = in.k.stride(1), p.k_sh = in.k.stride(2);
   p.v_sb = in.v.stride(0), p.v_st = in.v.stride(1), p.v_sh = in.v.stride(2);
   p.bt_ss = in.block_table.stride(0);
-  p.out_ss = out.stride(0), p.out_sq = out.stride(1), p.out_sh = out.stride(2);  // contiguous (reduce.h)
+  p.out_ss = out.stride(0), p.out_sq = out.stride(1), p.out_sh = out.stride(2);  // contiguous (split.cuh)
   p.sm_count = detail::sm_count(q.device().index(), "paged_decode");
   const size_t workspace_bytes = entry->workspace(p);
   at::Tensor workspace;

@@ -106,7 +106,7 @@ Split split_of(const Params& p) {
   const int64_t ctas = p.S * p.Hkv * row_blocks(p);
   const int64_t slots = CTAS_PER_SM * p.sm_count;
   // One wave of whole contexts when it fits and shares the SMs evenly (the busiest SM within
-  // FILL% of the mean): no reduce, no partition seams. Measured on the H100 (bench/results/
+  // FILL% of the mean): no merge, no partition seams. Measured on the H100 (bench/results/
   // h100/paged.md, commit 2633a6c): 256 CTAs at G 16, 64 seqs read 2.06 / 2.63 TB/s unsplit
   // against 1.74 / 2.46 in 3 partitions at contexts 1024 / 4096.
   const int64_t busiest = (ctas + p.sm_count - 1) / p.sm_count;
