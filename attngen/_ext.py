@@ -1,5 +1,7 @@
 """Loads the built extension once: $ATTNGEN_LIB, else the copy `pip install` put beside this
-file, else the checkout's build/lib/attngen_ext.so (`make build`)."""
+file, else the checkout's build/lib/attngen_ext.so (`make build`). The benchmark extension
+(bench-role kinds, op namespace attngen_bench: `python -m codegen build --bench`) is loaded
+beside it on request."""
 from __future__ import annotations
 
 import os
@@ -10,7 +12,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGED_LIB = Path(__file__).resolve().parent / "attngen_ext.so"
 DEFAULT_LIB = ROOT / "build" / "lib" / "attngen_ext.so"
+BENCH_LIB = ROOT / "build" / "bench" / "lib" / "attngen_bench_ext.so"
 _loaded: Path | None = None
+_bench_loaded: bool | None = None
 
 
 def library_path() -> Path:
@@ -35,3 +39,16 @@ def load() -> None:
                            f"--no-build-isolation .`) on a machine with a CUDA build of torch")
     torch.ops.load_library(str(path))
     _loaded = path
+
+
+def load_bench() -> bool:
+    """Load the benchmark extension if it is built ($ATTNGEN_BENCH_LIB, else the checkout's
+    build/bench/lib/attngen_bench_ext.so); False where it is not."""
+    global _bench_loaded
+    if _bench_loaded is None:
+        path = Path(os.environ.get("ATTNGEN_BENCH_LIB", BENCH_LIB))
+        _bench_loaded = path.is_file()
+        if _bench_loaded:
+            load()
+            torch.ops.load_library(str(path))
+    return _bench_loaded

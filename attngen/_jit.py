@@ -21,7 +21,6 @@ import torch
 
 from . import _ext
 
-UNCOVERED = "no compiled instance covers it"  # the bindings' error when dispatch finds nothing
 _libraries: dict = {}                         # path -> the loaded library (kept open)
 
 
@@ -46,27 +45,34 @@ def cache_dir(arch: str) -> Path:
     return cache_root() / arch
 
 
-def call(op: str, run, key, uncovered: str = UNCOVERED):
-    """run(); if the op's dispatch covers nothing for it (its error contains `uncovered`), build
-    the instance for key() (the numbers of the op's `<op>_key`), register it, and run again.
-    When none can be built, the op's error stands, with the generator's reasons added."""
+def call(op: str, run):
+    """run(); if the op's dispatch finds no compiled instance for it (the typed signal its
+    bindings record, read by the `take_uncovered` op), build the instance for that key,
+    register it, and run again. When none can be built, the op's error stands, with the
+    generator's reasons added."""
     if torch.compiler.is_compiling() or not enabled():
         return run()
     try:
         return run()
     except ValueError as exc:
-        if uncovered not in str(exc):
-            raise
+        uncovered_op, key = _take_uncovered()
+        if uncovered_op != op:
+            raise   # any other error: bad input, or a forced instance that does not cover the call
         jit = _generator()
         if jit is None:   # an installed package without the source tree: the op's error stands
             raise ValueError(f"{exc}\n(Not built on first use: {GENERATOR_MISSING})") from None
         try:
-            ensure(op, key())
+            ensure(op, key)
         except jit.SizeIsBuilt:
             raise exc from None   # not a missing size: the dispatch's own error
         except jit.Unbuildable as why:
             raise ValueError(f"{exc}\nNor can one be built on first use: {why}") from None
     return run()
+
+
+def _take_uncovered() -> tuple[str, list]:
+    """The op and key the last call on this thread found no instance for ('' if none), cleared."""
+    return torch.ops.attngen.take_uncovered()
 
 
 GENERATOR_MISSING = ("building an instance on first use needs the generator: the attngen source tree (codegen/, "

@@ -3,11 +3,15 @@
 and the attention layers of fast-transformers built on it."""
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from . import _ext, _jit
+from . import _jit
+from ._ops import Op
 
+OP = Op("causal_dot_product")
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _registered = False
 
@@ -41,12 +45,8 @@ def _register() -> None:
     global _registered
     if _registered:
         return
-    _ext.load()
-    name = "attngen::causal_dot_product"
-
-    @torch.library.register_fake(name)
-    def _fake(q, k, v, reverse=False):
-        return v.new_empty(q.shape[:3] + v.shape[3:])
+    name = f"attngen::{OP.name}"
+    OP.packet()  # loads the extension: the op, its Meta kernel (the fake implementation torch.compile uses)
 
     def setup_context(ctx, inputs, output):
         q, k, v, reverse = inputs
@@ -55,7 +55,7 @@ def _register() -> None:
 
     def backward(ctx, grad):
         q, k, v = ctx.saved_tensors
-        op = torch.ops.attngen.causal_dot_product
+        op = OP.packet()
         grad = grad if grad.stride(-1) == 1 else grad.contiguous()
         rev = ctx.reverse
         # o_t = sum_s (q_t . k_s) v_s over s <= t (s >= t if reverse):
@@ -81,50 +81,52 @@ def causal_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, revers
     check_inputs(q, k, v)
     _register()
     _build_past_the_buckets(q, k, v, reverse)
-    return torch.ops.attngen.causal_dot_product(q, k, v, reverse)
+    return OP.packet()(q, k, v, reverse)
 
 
 _decided: set = set()  # (E, M, dtype, reverse) already looked at in this process
 
 
 def _build_past_the_buckets(q, k, v, reverse: bool) -> None:
-    """E or M past the recurrent kinds' buckets (E = 256 in fp32) sends a call to the generic
-    kind; the first such call builds a recurrent instance for it (attngen/_jit.py), which the
-    dispatch then tries before the generic kind. Looked at once per (E, M, dtype, direction)."""
+    """E or M past the recurrent kinds' buckets (E = 256 in fp32) sends a call to the spec's
+    fallback-role kind; the first such call builds a recurrent instance for it (attngen/_jit.py),
+    which the dispatch then tries before the fallback. Looked at once per (E, M, dtype, direction)."""
     if torch.compiler.is_compiling() or not _jit.enabled() or is_fake(q):
         return  # traced (the backward of a compiled graph is traced with fake tensors): nothing to build
     seen = (q.shape[3], v.shape[3], q.dtype, bool(reverse))
     if seen in _decided:
         return
     _decided.add(seen)
-    if "_generic_" not in torch.ops.attngen.causal_dot_product_select(q, k, v, reverse):
+    if OP.select(q, k, v, reverse) not in _fallbacks():
         return
     jit = _jit._generator()
     if jit is None:
         return  # no source tree: the generic kind serves the call
     try:
-        _jit.ensure("causal_dot_product", torch.ops.attngen.causal_dot_product_key(q, k, v, reverse))
+        _jit.ensure(OP.name, OP.key(q, k, v, reverse))
     except (jit.SizeIsBuilt, jit.Unbuildable):
         pass  # misaligned, or no recurrent instance fits: the generic kind serves the call
 
 
+@functools.cache
+def _fallbacks() -> frozenset:
+    return frozenset(OP.instances("fallback"))
+
+
 def instances() -> list[str]:
-    _register()
-    return list(torch.ops.attngen.causal_dot_product_instances())
+    return OP.instances()
 
 
 def selected_instance(q, k, v, reverse: bool = False) -> str:
     """Name of the instance the generated dispatch picks for these inputs ('' if none)."""
     check_inputs(q, k, v)
-    _register()
-    return torch.ops.attngen.causal_dot_product_select(q, k, v, reverse)
+    return OP.select(q, k, v, reverse)
 
 
 def causal_dot_product_with(instance: str, q, k, v, reverse: bool = False):
     """Run one named instance (tests and tuning); errors if it does not cover the inputs."""
     check_inputs(q, k, v)
-    _register()
-    return torch.ops.attngen.causal_dot_product_with(q, k, v, reverse, instance)
+    return OP.forced(instance, q, k, v, reverse)
 
 
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:

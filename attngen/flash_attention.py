@@ -15,9 +15,10 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import _ext, _jit
 from ._checks import check_tensor
+from ._ops import Op
 
+OP = Op("flash_attention")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 _registered = False
 
@@ -26,17 +27,8 @@ def _register() -> None:
     global _registered
     if _registered:
         return
-    _ext.load()
-    name = "attngen::flash_attention"
-
-    @torch.library.register_fake(name)
-    def _fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right,
-              alibi_slopes, soft_cap):
-        if cu_seqlens_q is None:
-            lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-        else:
-            lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-        return q.new_empty(q.shape), lse
+    name = f"attngen::{OP.name}"
+    OP.packet()  # loads the extension: the op, its Meta kernel (the fake implementation torch.compile uses)
 
     def setup_context(ctx, inputs, output):
         pass
@@ -200,18 +192,15 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 
 
 def _call(args, instance: Optional[str]):
-    if instance is None:
-        return _jit.call("flash_attention", lambda: torch.ops.attngen.flash_attention(*args),
-                         lambda: torch.ops.attngen.flash_attention_key(*args[:3]),
-                         uncovered="flash_attention: unsupported head size")
-    return torch.ops.attngen.flash_attention_with(*args, instance)
+    return OP(*args) if instance is None else OP.forced(instance, *args)
 
 
 def selected_instance(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
     """The instance dispatch picks for [B, L, H, D] tensors ('' if none covers them)."""
     _check_qkv(q, k, v, 4, "[B, L, H, D]")
     _register()
-    return torch.ops.attngen.flash_attention_select(_aligned(q), _aligned(k), _aligned(v))
+    return OP.select(_aligned(q), _aligned(k), _aligned(v), None, None, q.shape[1], k.shape[1], q.shape[-1] ** -0.5,
+                     -1, -1, None, 0.0)
 
 
 def instance_head_size(name: str) -> int:
@@ -223,5 +212,4 @@ def instance_head_size(name: str) -> int:
 
 
 def instances() -> list[str]:
-    _register()
-    return list(torch.ops.attngen.flash_attention_instances())
+    return OP.instances()

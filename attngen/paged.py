@@ -18,27 +18,13 @@ from typing import Optional
 
 import torch
 
-from . import _ext, _jit
 from ._checks import check_tensor
+from ._ops import Op
 
+OP = Op("paged_decode")
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8_CACHE_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 LAYOUTS = ("NHD", "HND")
-_registered = False
-
-
-def _register() -> None:
-    global _registered
-    if _registered:
-        return
-    _ext.load()
-
-    @torch.library.register_fake("attngen::paged_decode")
-    def _fake(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes=None, soft_cap=0.0, k_scale=None,
-              v_scale=None):
-        return q.new_empty(q.shape)
-
-    _registered = True
 
 
 def _fail(msg: str):
@@ -147,7 +133,6 @@ def _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes
     if alibi_slopes is not None:
         alibi_slopes = alibi_slopes.to(torch.float32).contiguous()
     k_scale, v_scale = (None if x is None else x.contiguous() for x in (k_scale, v_scale))
-    _register()
     return (q, k, v, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale)
 
 
@@ -170,8 +155,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     lengths first (this synchronizes; leave it off inside CUDA graphs)."""
     args = _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout,
                     validate, k_scale, v_scale)
-    return _jit.call("paged_decode", lambda: torch.ops.attngen.paged_decode(*args),
-                     lambda: torch.ops.attngen.paged_decode_key(*args[:5]))
+    return OP(*args)
 
 
 def paged_decode_with(instance: str, q, k_cache, v_cache, block_table, context_lens, scale=None, *,
@@ -179,14 +163,12 @@ def paged_decode_with(instance: str, q, k_cache, v_cache, block_table, context_l
     """paged_decode through the named instance (benchmarks, tests); an error if it does not cover the call."""
     args = _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout, False,
                     k_scale, v_scale)
-    return torch.ops.attngen.paged_decode_with(*args, instance)
+    return OP.forced(instance, *args)
 
 
 def selected_instance(q, k_cache, v_cache, block_table, context_lens, kv_layout="NHD") -> str:
     """The instance dispatch picks for these tensors ('' if none covers them)."""
-    q, k, v, block_table, context_lens, *_ = _prepare(q, k_cache, v_cache, block_table, context_lens, None, None,
-                                                      None, kv_layout, False)
-    return torch.ops.attngen.paged_decode_select(q, k, v, block_table, context_lens)
+    return OP.select(*_prepare(q, k_cache, v_cache, block_table, context_lens, None, None, None, kv_layout, False))
 
 
 def instance_heads(name: str) -> int:
@@ -200,5 +182,4 @@ def instance_heads(name: str) -> int:
 
 
 def instances() -> list[str]:
-    _register()
-    return list(torch.ops.attngen.paged_decode_instances())
+    return OP.instances()

@@ -14,8 +14,10 @@ from typing import Optional
 
 import torch
 
-from . import _ext, _jit
+from ._ops import Op
 
+SCAN = Op("wkv_scan")
+GRAD_RKWU = Op("wkv_grad_rkwu")
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _registered = False
 
@@ -33,14 +35,11 @@ def _vector_ready(t: torch.Tensor) -> torch.Tensor:
 
 
 def _scan(q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints=None):
-    return _jit.call("wkv_scan",
-                     lambda: torch.ops.attngen.wkv_scan(q, kc, vo, w, u, state, reverse, keys_output, return_state,
-                                                        float_out, checkpoints),
-                     lambda: torch.ops.attngen.wkv_scan_key(q, kc, vo, w, reverse, keys_output))
+    return SCAN(q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints)
 
 
 def _grad_rkwu(r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0):
-    return torch.ops.attngen.wkv_grad_rkwu(r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0)
+    return GRAD_RKWU(r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0)
 
 
 def checkpoint_shape(B, T, H, N) -> tuple:
@@ -51,8 +50,9 @@ def checkpoint_shape(B, T, H, N) -> tuple:
 
 @functools.cache
 def checkpoint_every() -> int:
-    """Steps between the forward's state checkpoints (codegen/families/rwkv.py CHECKPOINT_EVERY)."""
-    _ext.load()
+    """Steps between the forward's state checkpoints (codegen/families/rwkv.py CHECKPOINT_EVERY),
+    as the extension was built with it."""
+    SCAN.packet()
     return int(torch.ops.attngen.wkv_checkpoint_every())
 
 
@@ -60,21 +60,7 @@ def _register() -> None:
     global _registered
     if _registered:
         return
-    _ext.load()
-
-    @torch.library.register_fake("attngen::wkv_scan")
-    def _scan_fake(q, kc, vo, w, u=None, state=None, reverse=False, keys_output=False, return_state=True,
-                   float_out=False, checkpoints=None):
-        B, T, H, N = q.shape
-        y = q.new_empty(q.shape, dtype=torch.float32 if float_out else q.dtype)
-        return y, q.new_empty((B, H, N, N) if return_state else (0,), dtype=torch.float32)
-
-    @torch.library.register_fake("attngen::wkv_grad_rkwu")
-    def _grad_rkwu_fake(r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0):
-        B, T, H, N = r.shape
-        f32 = dict(dtype=torch.float32)
-        grads = [r.new_empty(r.shape) for _ in range(3)]  # dr, dk, dw: contiguous, r's dtype
-        return (*grads, r.new_empty((B, H, N), **f32), r.new_empty((B, H, N, N) if want_d_state0 else (0,), **f32))
+    SCAN.packet()  # loads the extension: wkv_scan and wkv_grad_rkwu with their Meta kernels (fake implementations)
 
     @torch.library.custom_op("attngen::wkv", mutates_args=())
     def wkv_op(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: torch.Tensor,
@@ -207,19 +193,15 @@ def wkv5(r, k, v, w, u, state=None, check: bool = False):
 
 
 def wkv_instances() -> list[str]:
-    _register()
-    return list(torch.ops.attngen.wkv_scan_instances())
+    return SCAN.instances()
 
 
 def wkv_scan_with(instance: str, q, kc, vo, w, u=None, state=None, reverse=False, keys_output=False,
                   return_state=True, float_out=False, checkpoints=None):
     """One named scan instance (tests): errors if it does not cover the inputs."""
-    _register()
-    return torch.ops.attngen.wkv_scan_with(q, kc, vo, w, u, state, reverse, keys_output, return_state,
-                                           float_out, checkpoints, instance)
+    return SCAN.forced(instance, q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints)
 
 
 def selected_scan(q, kc, vo, w, reverse=False, keys_output=False) -> str:
     """The scan instance the generated dispatch picks for these inputs ('' if none)."""
-    _register()
-    return torch.ops.attngen.wkv_scan_select(q, kc, vo, w, reverse, keys_output)
+    return SCAN.select(q, kc, vo, w, None, None, reverse, keys_output, True, False, None)

@@ -78,12 +78,11 @@ def representatives(manifest: list) -> list:
         old = chosen.get(key)
         if old is None or (row["dtype"] != "fp32", _saved(row)) > (old["dtype"] != "fp32", _saved(old)):
             chosen[key] = row
-    # The padded layout of the flash mma_sync kernel too (d96), beside its swizzled one.
+    # A kind whose rows are padded where its swizzle is off (flash mma_sync at d96): that layout
+    # too, beside the swizzled one.
     for row in manifest:
-        if row["family"] == "flash_attention" and row["kind"] == "mma_sync" and row["params"]["swizzle"] == 0 \
-                and row["dtype"] == "bf16":
-            chosen[("flash_attention", "mma_sync padded")] = row
-            break
+        if row["params"].get("swizzle") == 0 and row["dtype"] == "bf16":
+            chosen.setdefault((row["family"], row["kind"] + " padded"), row)
     return list(chosen.values())
 
 
@@ -148,7 +147,7 @@ def launch(row: dict) -> None:
         fa = importlib.import_module("attngen.flash_attention")
         D = p["d"]
         q, k, v = (torch.randn(1, 1024, 4, D, device="cuda").to(dtype) for _ in range(3))
-        if row["kind"].startswith("hopper_ws"):
+        if row["params"].get("tma"):
             # TMA loads take no thread accesses; a packed batch takes the cp.async fills instead
             cu = torch.tensor([0, 300, 1024], dtype=torch.int32, device="cuda")
             fa.flash_attention_varlen(q[0], k[0], v[0], cu, cu, 724, 724, instance=name)

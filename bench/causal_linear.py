@@ -19,6 +19,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import attngen  # noqa: E402
+from attngen import causal_linear  # noqa: E402
 
 # (B, H, L, E, M) and fast-transformers lmha forward fp32 from ANCHORS.md (ms, not re-measured).
 SHAPES = [
@@ -92,7 +93,8 @@ def time_fwd_bwd(impl, B, H, L, E, M, dtype, backward_only=False):
 def chunked_variants(E: int, M: int) -> list[str]:
     """The bf16 forward chunked instances (dispatched kind and its candidates) built for
     exactly this E and M: timed side by side to choose the chunked kind's defaults."""
-    return [n for n in attngen.instances() if "_fwd_chunked" in n and f"_e{E}_m{M}_" in n and n.endswith("_bf16_sm90a")]
+    names = attngen.instances() + causal_linear.OP.bench_instances()   # the bench-role ones: `codegen build --bench`
+    return [n for n in names if "_fwd_chunked" in n and f"_e{E}_m{M}_" in n and n.endswith("_bf16_sm90a")]
 
 
 def have_fla() -> bool:

@@ -55,7 +55,7 @@ def run(quick: bool):
     rows = []
     peak = matmul_tflops()
     print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s", flush=True)
-    names = fa.instances()
+    names = fa.instances() + fa.OP.bench_instances()   # the bench-role ones: `codegen build --bench`
     for B, H, N, D in SHAPES:
         g = torch.Generator(device="cuda").manual_seed(N + D)
         q, k, v = (torch.randn(B, N, H, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))

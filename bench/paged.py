@@ -164,10 +164,10 @@ def group_table(quick: bool) -> list:
 
 
 def candidates(kv_e: int = 0) -> list:
-    """The grouped_mma_candidates instances (other stages and split targets, never dispatched)
+    """The bench-role grouped_mma_candidates instances (other stages and split targets, never dispatched;
+    the benchmark extension: `python -m codegen build --bench`)
     reading a cache in q's dtype (kv_e 0) or fp8 e4m3 (kv_e 4)."""
-    return [n for n in paged.instances()
-            if "_grouped_mma_candidates_" in n and f"_kv_e{kv_e}_" in n and n.endswith("_bf16_sm90a")]
+    return [n for n in paged.OP.bench_instances() if f"_kv_e{kv_e}_" in n and n.endswith("_bf16_sm90a")]
 
 
 def short(name: str) -> str:

@@ -40,7 +40,7 @@ def _cmd_gen(args) -> int:
 
 
 def _cmd_list(args) -> int:
-    lowered = pipeline.lower(pipeline.expand(pipeline.load(args.specs or None)))
+    lowered = pipeline.lower(pipeline.expand(pipeline.load(args.specs or None)), bench=args.bench)
     shown = 0
     for _, instances in lowered:
         for inst in instances:
@@ -97,7 +97,9 @@ def _cmd_tune(args) -> int:
 
 
 def _cmd_build(args) -> int:
-    from .build import build
+    from .build import build, build_bench
+    if args.bench:
+        return build_bench(args.jobs)
     return build(args.target, args.jobs)
 
 
@@ -120,6 +122,7 @@ def main(argv=None) -> int:
     p.set_defaults(func=_cmd_gen)
     p = sub.add_parser("list")
     p.add_argument("--filter", default="*")
+    p.add_argument("--bench", action="store_true", help="the benchmark extension's instances (bench-role kinds)")
     p.add_argument("specs", nargs="*")
     p.set_defaults(func=_cmd_list)
     p = sub.add_parser("dump")
@@ -128,6 +131,8 @@ def main(argv=None) -> int:
     p.set_defaults(func=_cmd_dump)
     p = sub.add_parser("build")
     p.add_argument("--target", default=None)
+    p.add_argument("--bench", action="store_true",
+                   help="the benchmark extension instead (bench-role kinds, build/bench/; op namespace attngen_bench)")
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.set_defaults(func=_cmd_build)
     p = sub.add_parser("tune")

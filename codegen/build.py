@@ -15,6 +15,11 @@ from pathlib import Path
 from .pipeline import ROOT
 
 
+# nvcc's flags for every kernel, in `make build` and in a build on first use (codegen/jit.py).
+# -lineinfo: profilers and the bank check (bench/bank_check.py) map instructions to source lines.
+NVCC_FLAGS = ("-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo")
+
+
 def cuda_home() -> str:
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if home:
@@ -53,7 +58,7 @@ def write_toolchain(build_dir: Path) -> str | None:
         f"nvcc = {nvcc}",
         f"cxx = {os.environ.get('CXX', 'c++')}",
         f"cuda_home = {home}",
-        "nvcc_flags = -O3 -std=c++17 --expt-relaxed-constexpr -lineinfo",
+        f"nvcc_flags = {' '.join(NVCC_FLAGS)}",
         "cxx_flags = -O2 -std=c++17",
         f"torch_cflags = {cflags}",
         f"torch_ldflags = {ldflags}",
@@ -89,7 +94,17 @@ def ninja_command(targets, jobs=None, ninja_file="generated/build.ninja", keep_g
     return cmd + list(targets)
 
 
-def build(target: str | None = None, jobs: int | None = None) -> int:
+def build_bench(jobs: int | None = None) -> int:
+    """The benchmark extension: bench-role kinds rendered into build/bench/generated and linked as
+    build/bench/lib/attngen_bench_ext.so (needs a CUDA build of torch)."""
+    from .pipeline import BENCH_LAYOUT, generate_bench
+    lowered, _ = generate_bench()
+    count = sum(len(insts) for _, insts in lowered)
+    print(f"bench: {count} bench-role instances into {BENCH_LAYOUT.build}/", flush=True)
+    return build("extension", jobs, ninja_file=f"{BENCH_LAYOUT.gen}/build.ninja")
+
+
+def build(target: str | None = None, jobs: int | None = None, ninja_file: str = "generated/build.ninja") -> int:
     """Build `target` ('extension', 'cubins' or a ninja path); None picks what this machine can."""
     build_dir = ROOT / "build"
     with build_lock(build_dir):
@@ -99,7 +114,7 @@ def build(target: str | None = None, jobs: int | None = None) -> int:
         if target == "extension" and reason is not None:
             print(f"error: cannot link the extension: {reason}", file=sys.stderr)
             return 2
-        cmd = ninja_command([target], jobs)
+        cmd = ninja_command([target], jobs, ninja_file)
         print("+ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
         rc = subprocess.call(cmd, cwd=ROOT)
         if rc == 0 and target == "cubins" and reason is not None:

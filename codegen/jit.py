@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import build as build_stage
 from . import dispatch, passes, pipeline, render
 from .arch import ARCHES
 from .families import family_module
@@ -32,10 +33,8 @@ from .instance import KernelInstance
 from .passes import Rejected
 from .spec import Spec
 
-# -lineinfo as in `make build`: profilers and the bank check (bench/bank_check.py) map the
-# instructions of a built-on-first-use instance to its source lines too.
-NVCC_FLAGS = ("-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", "-shared", "-Xcompiler=-fPIC",
-              "-cudart=shared")
+# `make build`'s flags, linked into a library of its own.
+NVCC_FLAGS = (*build_stage.NVCC_FLAGS, "-shared", "-Xcompiler=-fPIC", "-cudart=shared")
 LIBRARY = "lib.so"
 
 
@@ -71,7 +70,7 @@ def spec_of(op: str) -> Spec:
 def decode_key(spec: Spec, values) -> tuple[dict, dict]:
     """The numbers of `<op>_key` (dispatch.cpp.j2): the run-time variables, then each axis' index."""
     fam = family_module(spec.family)
-    names = list(fam.RUNTIME_VARS)
+    names = list(spec.op.key)
     values = [int(v) for v in values]
     if len(values) != len(names) + len(spec.axes):
         raise ValueError(f"{spec.op.name}: a key of {len(values)} numbers, expected {len(names) + len(spec.axes)}")
@@ -100,7 +99,7 @@ def plan(spec: Spec, runtime: dict, axes: dict, cache_tag: str = "") -> Plan:
     if not jit_params:
         raise Unbuildable(f"{spec.op.name}: the {spec.family} family builds no instance on first use")
     (spec, instances), = pipeline.lower(pipeline.expand([spec]))  # with the tuned table's rules
-    fallback = getattr(fam, "JIT_INSTEAD_OF", ())
+    fallback = {name for name, kind in spec.kernels.items() if kind.role == "fallback"}
     instances = [i for i in instances if i.kind not in fallback]  # a fallback kind does not count as covering
     if dispatch.select(spec, instances, runtime, axes) is not None:
         raise ValueError(f"{spec.op.name}: the key is covered by a built instance; nothing to build")
@@ -153,10 +152,10 @@ def render_sources(spec: Spec, inst: KernelInstance) -> dict:
         # a support TU the instance uses (the paged split-K merge): its header is included
         if rel.endswith(".cu") and f'"{Path(rel).stem}.h"' in source:
             files[rel] = text
-    runtime = render._runtime_env(fam)
+    runtime = render.key_env(spec)
     files[f"{spec.family}/jit_entry.cu"] = render._render(
-        env, spec.file, "jit_entry.cu.j2", family=spec.family, inst=inst, key_struct=fam.KEY_STRUCT,
-        axes_match=fam.axes_match_cpp(inst.a), covers=spec.kernels[inst.kind].covers.to_cpp({**runtime, **inst.p}))
+        env, spec.file, "op/jit_entry.cu.j2", family=spec.family, inst=inst, role=spec.kernels[inst.kind].role,
+        axes_match=render.axes_match_cpp(spec, inst.a), covers=spec.kernels[inst.kind].covers.to_cpp({**runtime, **inst.p}))
     return files
 
 
@@ -170,8 +169,7 @@ def digest(sources: dict, cache_tag: str) -> str:
 
 def nvcc_path() -> str:
     """nvcc as `make build` finds it; a clear error when the toolkit is missing."""
-    from .build import cuda_home
-    nvcc = os.environ.get("NVCC", os.path.join(cuda_home(), "bin", "nvcc"))
+    nvcc = os.environ.get("NVCC", os.path.join(build_stage.cuda_home(), "bin", "nvcc"))
     if not os.path.isfile(nvcc):
         raise RuntimeError(f"attngen: building an instance on first use needs nvcc, not found at {nvcc}; install "
                            "the CUDA toolkit (12.4 or later) and set CUDA_HOME, or set ATTNGEN_JIT=0")

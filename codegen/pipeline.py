@@ -4,7 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import expand as expand_stage
+from . import ninja
 from . import passes, render
+from . import tuned as tuned_table
 from .spec import Spec, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,20 +40,22 @@ def expand(specs: list[Spec]):
     return [(spec, expand_stage.expand(spec)) for spec in specs]
 
 
-def lower(expanded, use_tuned: bool = True):
-    """Lower every instance; with use_tuned, a spec's tuned table (tuned/<arch>/<stem>.yaml)
-    adds its winners to the build and its rules to the spec."""
-    from .tune import table
-
+def lower(expanded, use_tuned: bool = True, bench: bool = False):
+    """Lower every instance and keep those of the build: the shipped extension's (every role
+    but bench), or with `bench` the benchmark extension's (bench-role kinds only). With
+    use_tuned, a spec's tuned table (tuned/<arch>/<stem>.yaml) adds its winners to the shipped
+    build and its rules to the spec."""
     out = []
     for spec, instances in expanded:
         lowered, _ = passes.lower_all(spec, instances, strict=True)
-        path = table.table_path(ROOT, spec)
+        lowered = [i for i in lowered if (spec.kernels[i.kind].role == "bench") == bench]
+        path = tuned_table.table_path(ROOT, spec)
+        use_tuned = use_tuned and not bench
         if use_tuned and path.is_file():
-            extra, rules = table.load_rules(spec, path, passes.lower_one, _display(path))
+            extra, rules = tuned_table.load_rules(spec, path, passes.lower_one, _display(path))
             names = {i.name for i in lowered}
             lowered += [i for i in extra if i.name not in names and not names.add(i.name)]
-            spec = table.attach(spec, rules)
+            spec = tuned_table.attach(spec, rules)
         out.append((spec, lowered))
     passes.check_unique_names_across([i for _, insts in out for i in insts])
     return out
@@ -66,3 +70,17 @@ def generate(paths=None, out_dir: Path = GENERATED_DIR, templates_dir: Path = TE
     lowered = lower(expand(load(paths, templates_dir)))
     files = render_files(lowered, templates_dir)
     return lowered, render.write_tree(out_dir, files)
+
+
+BENCH_NAMESPACE = "attngen_bench"
+BENCH_LAYOUT = ninja.Layout(gen="build/bench/generated", build="build/bench",
+                            extension=f"build/bench/lib/{BENCH_NAMESPACE}_ext.so")
+
+
+def generate_bench(paths=None, templates_dir: Path = TEMPLATES_DIR):
+    """The benchmark extension's sources (bench-role kinds, op namespace attngen_bench) under
+    build/bench/generated: built on demand (`python -m codegen build --bench`), never committed
+    and never part of the shipped extension."""
+    lowered = lower(expand(load(paths, templates_dir)), bench=True)
+    files = render.render_all(templates_dir, lowered, namespace=BENCH_NAMESPACE, layout=BENCH_LAYOUT)
+    return lowered, render.write_tree(ROOT / BENCH_LAYOUT.gen, files)

@@ -52,22 +52,35 @@ def render_instance(env, spec: Spec, inst: KernelInstance) -> str:
                    bank_report=report, smem_expr=fam.smem_bytes_at_runtime(inst))
 
 
-def _runtime_env(fam) -> dict:
-    return {name: f"key.{name}" for name in fam.RUNTIME_VARS}
+def key_env(spec: Spec) -> dict:
+    """The run-time variables as the C++ key's fields."""
+    return {name: f"key.{name}" for name in spec.op.key}
+
+
+def axes_match_cpp(spec: Spec, axes: dict) -> str:
+    """C++ condition selecting the instances built for these axis values: the key holds each
+    axis as the index of its value in the family's axis (dtype as the DType of that index)."""
+    fam = family_module(spec.family)
+    terms = []
+    for axis, value in axes.items():
+        if axis == "dtype":
+            terms.append(f"key.dtype == DType::k{value.upper()}")
+        else:
+            terms.append(f"key.{axis} == {fam.AXES[axis].index(value)}")
+    return " && ".join(terms)
 
 
 def dispatch_context(spec: Spec, instances: list[KernelInstance]) -> dict:
     """Everything the dispatch template prints, decided here: C++ conditions per rule, and per
     rule the candidate instances grouped by axis values, in `prefer` order."""
-    fam = family_module(spec.family)
-    runtime = _runtime_env(fam)
+    runtime = key_env(spec)
     index = {inst.name: i for i, inst in enumerate(instances)}
     covers = [spec.kernels[inst.kind].covers.to_cpp({**runtime, **inst.p}) for inst in instances]
     def groups(members):
         by_axes = {}
         for inst in members:
             by_axes.setdefault(inst.axes, []).append(index[inst.name])
-        return [{"match": fam.axes_match_cpp(dict(axes)), "entries": entries} for axes, entries in by_axes.items()]
+        return [{"match": axes_match_cpp(spec, dict(axes)), "entries": entries} for axes, entries in by_axes.items()]
 
     rules = [{"source": f"tuned: {rule.source}", "when": rule.when.to_cpp(runtime), "groups": groups(rule.instances),
               "jit_first": False} for rule in spec.tuned]
@@ -77,21 +90,32 @@ def dispatch_context(spec: Spec, instances: list[KernelInstance]) -> dict:
                          key=lambda i: tuple(i.p[k] for k in kind.prefer))
         rules.append({"source": f"{spec.file}:{rule.line}: when {rule.when.text} -> {rule.kind}",
                       "when": rule.when.to_cpp(runtime), "groups": groups(members),
-                      "jit_first": rule.kind in getattr(fam, "JIT_INSTEAD_OF", ())})
+                      "jit_first": kind.role == "fallback"})
     return {"family": spec.family, "op": spec.op.name, "instances": instances, "covers": covers,
-            "runtime_vars": list(fam.RUNTIME_VARS), "key_axes": [fam.KEY_AXES_CPP[axis] for axis in spec.axes],
-            "rules": rules, "key_struct": fam.KEY_STRUCT, "axis_names": ", ".join(spec.axes)}
+            "roles": [spec.kernels[inst.kind].role for inst in instances],
+            "runtime_vars": list(spec.op.key), "key_axes": [f"static_cast<int64_t>(key.{axis})" for axis in spec.axes],
+            "rules": rules, "axis_names": ", ".join(spec.axes)}
+
+
+def op_context(spec: Spec, namespace: str = NAMESPACE) -> dict:
+    """What the op's own templates (templates/op/, the family's op_impl.h.j2 and params.cuh.j2) print."""
+    fam = family_module(spec.family)
+    return dict(op=spec.op, family=spec.family, namespace=namespace, dtypes=list(fam.AXES["dtype"]),
+                torch_dtypes={d: TORCH_DTYPES[d] for d in spec.axes["dtype"]},
+                constants=getattr(fam, "SUPPORT_CONSTANTS", {}), exported=getattr(fam, "EXPORTED_CONSTANTS", {}))
+
+
+# The op's files rendered from templates/op/ for every spec: {template: output name in the family's directory}.
+OP_FILES = {"op/interface.h.j2": "interface.h", "op/op.cpp.j2": "op.cpp"}
 
 
 def render_support(env, spec: Spec, namespace: str = NAMESPACE) -> dict[str, str]:
-    """The family's files that are not instances: headers, bindings, support TUs."""
+    """The family's files that are not instances: its headers, the op's interface and bindings."""
     fam = family_module(spec.family)
-    common = dict(op=spec.op.name, schema=spec.op.schema, namespace=namespace,
-                  key_struct=fam.KEY_STRUCT, runtime_vars=fam.RUNTIME_VARS,
-                  dtypes=list(fam.AXES["dtype"]),
-                  torch_dtypes={d: TORCH_DTYPES[d] for d in spec.axes["dtype"]},
-                  constants=getattr(fam, "SUPPORT_CONSTANTS", {}))
-    return {out: _render(env, spec.file, template, **common) for template, out in fam.SUPPORT_FILES.items()}
+    ctx = op_context(spec, namespace)
+    files = {out: _render(env, spec.file, template, **ctx) for template, out in fam.SUPPORT_FILES.items()}
+    files.update({f"{spec.family}/{out}": _render(env, spec.file, template, **ctx) for template, out in OP_FILES.items()})
+    return files
 
 
 def render_common(env) -> dict[str, str]:
@@ -106,7 +130,7 @@ def render_common(env) -> dict[str, str]:
 def render_spec(env, spec: Spec, instances: list[KernelInstance], namespace: str = NAMESPACE) -> dict[str, str]:
     """All files of one spec, as {path under generated/: content}."""
     files = render_support(env, spec, namespace)
-    files[f"{spec.family}/dispatch.cpp"] = _render(env, spec.file, "dispatch.cpp.j2",
+    files[f"{spec.family}/dispatch.cpp"] = _render(env, spec.file, "op/dispatch.cpp.j2",
                                                    **dispatch_context(spec, instances))
     for inst in instances:
         files[inst.filename] = render_instance(env, spec, inst)
@@ -134,7 +158,7 @@ def render_all(templates_dir: Path, specs_and_instances, namespace: str = NAMESP
     for spec, instances in specs_and_instances:
         files.update(render_spec(env, spec, instances, namespace))
     ops = [(spec.family, spec.op.name) for spec, _ in specs_and_instances]
-    files["extension.cpp"] = _render(env, "specs/", "extension.cpp.j2", namespace=namespace, ops=ops)
+    files["extension.cpp"] = _render(env, "specs/", "op/extension.cpp.j2", namespace=namespace, ops=ops)
     files["manifest.json"] = manifest(specs_and_instances)
     files["build.ninja"] = ninja.build_file(specs_and_instances, files, layout)
     return files

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import expr
+from . import op as op_decl
 from .arch import ARCHES
 from .errors import SpecError
 from .families import family_module
@@ -17,16 +18,13 @@ TOP_KEYS = {"family", "arch", "op", "axes", "kernels", "dispatch", "tune"}
 REQUIRED_TOP_KEYS = TOP_KEYS - {"tune"}
 TUNE_KEYS = {"dtypes", "buckets", "kernels"}
 BUCKET_KEYS = {"name", "when", "shape"}
-OP_KEYS = {"name", "schema", "doc"}
-KERNEL_KEYS = {"template", "doc", "grid", "where", "covers", "prefer"}
+OP_KEYS = {"name", "schema", "doc", "outputs", "key", "dispatch_axes"}
+KERNEL_KEYS = {"template", "doc", "role", "grid", "where", "covers", "prefer"}
+# A kind's role: dispatched by the rules (the default); `fallback`, which an instance built on
+# first use for the call goes before (codegen/jit.py); `bench`, never dispatched and built only
+# into the benchmark extension (`python -m codegen build --bench`), not into the shipped one.
+ROLES = ("dispatch", "fallback", "bench")
 RULE_KEYS = {"kind", "when"}
-
-
-@dataclass(frozen=True)
-class OpSpec:
-    name: str
-    schema: str
-    doc: str
 
 
 @dataclass(frozen=True)
@@ -34,6 +32,7 @@ class KernelKind:
     name: str
     template: str
     doc: str
+    role: str             # one of ROLES
     grid: dict            # param -> tuple of values, in declared order
     where: tuple          # Expr, all must hold
     covers: expr.Expr     # runtime: may this instance serve the call?
@@ -70,7 +69,7 @@ class Spec:
     file: str
     family: str
     arch: str
-    op: OpSpec
+    op: op_decl.OpDecl
     axes: dict            # axis -> tuple of values (dtype, direction, ...)
     kernels: dict         # name -> KernelKind, in declared order
     dispatch: tuple       # Rule, in order
@@ -145,22 +144,57 @@ def load_spec(path: str | Path, templates_dir: str | Path) -> Spec:
     if arch not in ARCHES:
         ctx.fail(doc.line_of("arch"), "arch", f"unknown arch {arch!r}; expected one of {sorted(ARCHES)}")
 
-    op = _load_op(ctx, doc)
     axes = _load_axes(ctx, doc, fam)
-    kernels = _load_kernels(ctx, doc, fam, axes, Path(templates_dir))
-    dispatch = _load_dispatch(ctx, doc, fam, kernels)
-    tune = _load_tune(ctx, doc, fam, axes, kernels, Path(templates_dir)) if "tune" in doc else None
+    op = _load_op(ctx, doc, fam)
+    kernels = _load_kernels(ctx, doc, fam, op, axes, Path(templates_dir))
+    dispatch = _load_dispatch(ctx, doc, op, kernels)
+    tune = _load_tune(ctx, doc, fam, op, axes, kernels, Path(templates_dir)) if "tune" in doc else None
     return Spec(file, family, arch, op, axes, kernels, dispatch, tune)
 
 
-def _load_op(ctx: _Ctx, doc: LocDict) -> OpSpec:
+def _load_op(ctx: _Ctx, doc: LocDict, fam) -> op_decl.OpDecl:
+    """The op declaration (codegen/op.py): the schema, the outputs, the dispatch key."""
     op = ctx.mapping(doc["op"], doc.line_of("op"), "op")
-    ctx.keys(op, OP_KEYS, {"name", "schema"}, "op")
+    ctx.keys(op, OP_KEYS, OP_KEYS - {"doc"}, "op")
     name = ctx.string(op, "name", "op.name")
     schema = ctx.string(op, "schema", "op.schema")
-    if not schema.startswith(name + "("):
-        ctx.fail(op.line_of("schema"), "op.schema", f"expected the schema to start with '{name}('")
-    return OpSpec(name, schema, str(op.get("doc", "")))
+    if not name.isidentifier():
+        ctx.fail(op.line_of("name"), "op.name", f"expected an identifier, got {name!r}")
+    lines = {"op.schema": op.line_of("schema"), "op.outputs": op.line_of("outputs"),
+             "op.dispatch_axes": op.line_of("dispatch_axes"), "op.key": op.line_of("key")}
+    try:
+        args, returns = op_decl.parse_schema(name, schema)
+        outputs_node = ctx.mapping(op["outputs"], op.line_of("outputs"), "op.outputs")
+        if len(outputs_node) != returns:
+            ctx.fail(op.line_of("outputs"), "op.outputs",
+                     f"the schema returns {returns} tensor(s) but {len(outputs_node)} output(s) are declared")
+        outputs = []
+        for out_name, body in outputs_node.items():
+            field = f"op.outputs.{out_name}"
+            body = ctx.mapping(body, outputs_node.line_of(out_name), field)
+            ctx.keys(body, {"shape", "dtype", "like"}, {"shape"}, field)
+            lines[field] = outputs_node.line_of(out_name)
+            if not str(out_name).isidentifier() or out_name in {a.name for a in args}:
+                ctx.fail(outputs_node.line_of(out_name), field, "expected an identifier that names no argument")
+            outputs.append(op_decl.output(args, out_name, dict(body), field))
+        key = ctx.mapping(op["key"], op.line_of("key"), "op.key")
+        for var, what in key.items():
+            if not str(var).isidentifier() or not isinstance(what, str):
+                ctx.fail(key.line_of(var), f"op.key.{var}", "expected <variable>: <what it is>")
+        axes_node = ctx.mapping(op["dispatch_axes"], op.line_of("dispatch_axes"), "op.dispatch_axes")
+        dispatch_axes = {str(axis): str(source) for axis, source in axes_node.items()}
+        op_decl.check_dispatch_axes(args, fam.AXES, dispatch_axes)
+    except op_decl.DeclError as exc:
+        ctx.fail(_decl_line(lines, exc.field), exc.field, str(exc))
+    return op_decl.OpDecl(name, schema, " ".join(str(op.get("doc", "")).split()), args, returns, tuple(outputs),
+                          dict(key), dispatch_axes)
+
+
+def _decl_line(lines: dict, field: str) -> int:
+    """The line of the deepest declared field that `field` lies in."""
+    while field not in lines and "." in field:
+        field = field.rsplit(".", 1)[0]
+    return lines.get(field)
 
 
 def _values(ctx: _Ctx, value, line, field, allowed=None, allow_auto=False, allow_zero=False) -> tuple:
@@ -187,7 +221,7 @@ def _load_axes(ctx: _Ctx, doc: LocDict, fam) -> dict:
             for name in axes}
 
 
-def _load_kernels(ctx: _Ctx, doc: LocDict, fam, axes: dict, templates_dir: Path,
+def _load_kernels(ctx: _Ctx, doc: LocDict, fam, op, axes: dict, templates_dir: Path,
                   base: dict | None = None, prefix: str = "kernels") -> dict:
     """The kernel kinds; with `base` (tuning), each entry names a kind of `base` and brings
     only its tuning `grid` and `where`, the rest coming from the kind."""
@@ -204,7 +238,7 @@ def _load_kernels(ctx: _Ctx, doc: LocDict, fam, axes: dict, templates_dir: Path,
             ctx.keys(body, {"grid", "where"}, {"grid"}, field)
             kind = base[name]
             body = LocDict({**{"template": kind.template, "covers": kind.covers.text, "doc": kind.doc,
-                               "prefer": LocList(kind.prefer)}, **body})
+                               "role": kind.role, "prefer": LocList(kind.prefer)}, **body})
             body.line, body.key_lines = kernels.line_of(name), dict(kernels[name].key_lines)
         ctx.keys(body, KERNEL_KEYS, {"template", "grid", "covers"}, field)
         template = ctx.string(body, "template", f"{field}.template")
@@ -227,18 +261,21 @@ def _load_kernels(ctx: _Ctx, doc: LocDict, fam, axes: dict, templates_dir: Path,
             ctx.fail(body.line_of("where"), f"{field}.where", f"expected a list of expressions, got {_kind(where)}")
         where_exprs = tuple(ctx.expression(w, derived, where.line_of(i), f"{field}.where[{i}]", strings=True)
                             for i, w in enumerate(where))
-        covers = ctx.expression(body["covers"], set(grid) | set(fam.RUNTIME_VARS),
+        covers = ctx.expression(body["covers"], set(grid) | set(op.key),
                                 body.line_of("covers"), f"{field}.covers")
         prefer = body.get("prefer", LocList())
         if not isinstance(prefer, LocList) or any(p not in grid for p in prefer):
             ctx.fail(body.line_of("prefer"), f"{field}.prefer",
                      f"expected a list of grid parameters from {list(grid)}")
-        out[name] = KernelKind(name, template, str(body.get("doc", "")), grid, where_exprs, covers,
+        role = body.get("role", "dispatch")
+        if role not in ROLES:
+            ctx.fail(body.line_of("role"), f"{field}.role", f"expected one of {list(ROLES)}, got {_kind(role)}")
+        out[name] = KernelKind(name, template, str(body.get("doc", "")), role, grid, where_exprs, covers,
                                tuple(prefer), kernels.line_of(name), param_lines)
     return out
 
 
-def _load_tune(ctx: _Ctx, doc: LocDict, fam, axes: dict, kernels: dict, templates_dir: Path) -> TuneSpec:
+def _load_tune(ctx: _Ctx, doc: LocDict, fam, op, axes: dict, kernels: dict, templates_dir: Path) -> TuneSpec:
     tune = ctx.mapping(doc["tune"], doc.line_of("tune"), "tune")
     ctx.keys(tune, TUNE_KEYS, TUNE_KEYS, "tune")
     dtypes = _values(ctx, tune["dtypes"], tune.line_of("dtypes"), "tune.dtypes", axes["dtype"])
@@ -254,14 +291,14 @@ def _load_tune(ctx: _Ctx, doc: LocDict, fam, axes: dict, kernels: dict, template
         if not name.isidentifier() or name in names:
             ctx.fail(node.line_of("name"), f"{field}.name", f"expected a new identifier, got {name!r}")
         names.add(name)
-        when = ctx.expression(node["when"], set(fam.RUNTIME_VARS), node.line_of("when"), f"{field}.when")
+        when = ctx.expression(node["when"], set(op.key), node.line_of("when"), f"{field}.when")
         shape = ctx.mapping(node["shape"], node.line_of("shape"), f"{field}.shape")
         ctx.keys(shape, set(fam.SHAPE_DIMS), set(fam.SHAPE_DIMS), f"{field}.shape")
         for dim, size in shape.items():
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 ctx.fail(shape.line_of(dim), f"{field}.shape.{dim}", f"expected a positive integer, got {_kind(size)}")
         buckets.append(Bucket(name, when, dict(shape), node.line_of("name")))
-    kinds = _load_kernels(ctx, tune, fam, axes, templates_dir, base=kernels, prefix="tune.kernels")
+    kinds = _load_kernels(ctx, tune, fam, op, axes, templates_dir, base=kernels, prefix="tune.kernels")
     return TuneSpec(dtypes, tuple(buckets), kinds)
 
 
@@ -274,7 +311,7 @@ def _load_grid(ctx: _Ctx, body: LocDict, field: str, params: dict) -> dict:
             for p in params}
 
 
-def _load_dispatch(ctx: _Ctx, doc: LocDict, fam, kernels: dict) -> tuple:
+def _load_dispatch(ctx: _Ctx, doc: LocDict, op, kernels: dict) -> tuple:
     rules = doc["dispatch"]
     if not isinstance(rules, LocList) or not rules:
         ctx.fail(doc.line_of("dispatch"), "dispatch", f"expected a non-empty list of rules, got {_kind(rules)}")
@@ -287,6 +324,8 @@ def _load_dispatch(ctx: _Ctx, doc: LocDict, fam, kernels: dict) -> tuple:
         if kind not in kernels:
             ctx.fail(rule.line_of("kind"), f"{field}.kind",
                      f"unknown kernel kind {kind!r}; expected one of {list(kernels)}")
-        when = ctx.expression(rule["when"], set(fam.RUNTIME_VARS), rule.line_of("when"), f"{field}.when")
+        if kernels[kind].role == "bench":
+            ctx.fail(rule.line_of("kind"), f"{field}.kind", f"kind {kind!r} has role bench: no rule dispatches it")
+        when = ctx.expression(rule["when"], set(op.key), rule.line_of("when"), f"{field}.when")
         out.append(Rule(kind, when, rule.line_of(i)))
     return tuple(out)

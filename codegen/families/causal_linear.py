@@ -45,7 +45,7 @@ TEMPLATE_PARAMS = {
 # Files rendered once per family (template -> output under generated/).
 SUPPORT_FILES = {
     "causal_linear/params.cuh.j2": "causal_linear/params.cuh",
-    "causal_linear/bindings.cpp.j2": "causal_linear/bindings.cpp",
+    "causal_linear/op_impl.h.j2": "causal_linear/op_impl.h",
 }
 KEY_STRUCT = "CausalLinearKey"
 

@@ -57,7 +57,7 @@ TEMPLATE_PARAMS = {
 SUPPORT_FILES = {
     "flash_attention/params.cuh.j2": "flash_attention/params.cuh",
     "flash_attention/forward_common.cuh.j2": "flash_attention/forward_common.cuh",
-    "flash_attention/bindings.cpp.j2": "flash_attention/bindings.cpp",
+    "flash_attention/op_impl.h.j2": "flash_attention/op_impl.h",
 }
 KEY_STRUCT = "AttentionKey"
 

@@ -59,7 +59,7 @@ TEMPLATE_PARAMS = {
 }
 SUPPORT_FILES = {
     "paged/params.cuh.j2": "paged/params.cuh",
-    "paged/bindings.cpp.j2": "paged/bindings.cpp",
+    "paged/op_impl.h.j2": "paged/op_impl.h",
     "paged/split.cuh.j2": "paged/split.cuh",     # the split workspace and the merge kernel template
 }
 KEY_STRUCT = "DecodeKey"
@@ -130,11 +130,9 @@ def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
                                                                  "stages", "part"))
     if stages < 2:
         raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
-    split = inst.kind != "single_pass"
-    if split and (part <= 0 or part % tile):
-        raise Rejected("part", f"part={part} must be a positive multiple of tile={tile} for a split kind")
-    if not split and part:
-        raise Rejected("part", f"part={part}: a single-pass kind walks the whole context (part 0)")
+    split = part > 0  # part 0: one pass over the whole context, no merge; else split-K over partitions of part tokens
+    if split and part % tile:
+        raise Rejected("part", f"part={part} must be a multiple of tile={tile} (0: a single pass, no split)")
 
     row_bytes = d * nbytes
     ring = stages * tile * 2 * row_bytes                     # K and V tiles

@@ -41,13 +41,15 @@ TEMPLATE_PARAMS = {
 SUPPORT_FILES = {
     "rwkv/params.cuh.j2": "rwkv/params.cuh",
     "rwkv/decay.cuh.j2": "rwkv/decay.cuh",
-    "rwkv/bindings.cpp.j2": "rwkv/bindings.cpp",
+    "rwkv/op_impl.h.j2": "rwkv/op_impl.h",
 }
 # The forward saves its state every CHECKPOINT_EVERY steps for the backward, which rebuilds the
 # states in between (the rwkv_grad family, specs/rwkv_grad.yaml): N*N*4 bytes per (b, h) per 64
 # steps, half of what bf16 r, k, v, w take at N = 64; and 64 steps are the window that pass
 # stages in shared memory.
 CHECKPOINT_EVERY = 64
+# The runtime reads it from the extension (the op wkv_checkpoint_every), never from codegen.
+EXPORTED_CONSTANTS = {"wkv_checkpoint_every": "kCheckpointEvery"}
 SUPPORT_CONSTANTS = {"checkpoint_every": CHECKPOINT_EVERY,
                      "checkpoint_every_why": "codegen/families/rwkv.py CHECKPOINT_EVERY says why"}
 KEY_STRUCT = "WkvKey"

@@ -31,7 +31,7 @@ TEMPLATE_PARAMS = {
 SUPPORT_FILES = {
     "rwkv_grad/params.cuh.j2": "rwkv_grad/params.cuh",
     "rwkv/decay.cuh.j2": "rwkv_grad/decay.cuh",      # the forward's decay split, rendered for this family too
-    "rwkv_grad/bindings.cpp.j2": "rwkv_grad/bindings.cpp",
+    "rwkv_grad/op_impl.h.j2": "rwkv_grad/op_impl.h",
 }
 SUPPORT_CONSTANTS = {"checkpoint_every": CHECKPOINT_EVERY,
                      "checkpoint_every_why": "codegen/families/rwkv.py CHECKPOINT_EVERY says why"}

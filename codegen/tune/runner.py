@@ -11,7 +11,8 @@ from pathlib import Path
 from .. import dispatch, pipeline
 from ..arch import DTYPE_BYTES
 from ..build import cuda_home
-from . import build, cache, candidates, report, select, table, workloads
+from .. import tuned as table
+from . import build, cache, candidates, report, select, workloads
 from .progress import Progress
 
 

@@ -25,30 +25,5 @@ struct Params {
   int64_t seg_len;       // set by the launcher: steps per segment
 };
 
-enum class DType : int { kFP32 = 0, kFP16 = 1, kBF16 = 2 };
-
-// What dispatch looks at: the run-time variables of the spec's `when:` and `covers:`.
-struct CausalLinearKey {
-  int64_t E;  // size of the contracted feature dim (q, k last dim)
-  int64_t M;  // size of the value dim (v last dim)
-  int64_t L;  // sequence length
-  int64_t BH;  // batch * heads
-  int64_t align;  // largest vector width (elements) that every pointer, stride and E, M allow
-  int64_t sm_count;  // multiprocessors on the current device
-  DType dtype;
-  bool reverse;
-};
-
-using Launcher = cudaError_t (*)(const Params&, cudaStream_t);
-using Covers = bool (*)(const CausalLinearKey&);
-using Workspace = size_t (*)(const Params&);
-
-struct Entry {
-  const char* name;
-  Launcher launch;
-  Covers covers;
-  Workspace workspace;
-};
-
 }  // namespace causal_linear
 }  // namespace attngen

@@ -44,32 +44,5 @@ struct Params {
   int64_t sm_count;
 };
 
-enum class DType : int { kFP16 = 0, kBF16 = 1 };
-
-// What dispatch looks at: the run-time variables of the spec's `when:` and `covers:`.
-struct AttentionKey {
-  int64_t D;  // head size
-  int64_t B;  // batch (sequences)
-  int64_t Hq;  // query heads
-  int64_t Hkv;  // key/value heads
-  int64_t G;  // query heads per kv head (Hq / Hkv)
-  int64_t Lq;  // query rows (the longest sequence when packed)
-  int64_t Lk;  // key rows (the longest sequence when packed)
-  int64_t align;  // largest vector width (elements) that every pointer, stride and D allow
-  int64_t sm_count;  // multiprocessors on the current device
-  DType dtype;
-};
-
-using Launcher = cudaError_t (*)(const Params&, cudaStream_t);
-using Covers = bool (*)(const AttentionKey&);
-using Workspace = size_t (*)(const Params&);
-
-struct Entry {
-  const char* name;
-  Launcher launch;
-  Covers covers;
-  Workspace workspace;
-};
-
 }  // namespace flash_attention
 }  // namespace attngen

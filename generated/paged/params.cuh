@@ -49,33 +49,5 @@ __host__ __device__ inline unsigned group_size(const Params& p) {
   return static_cast<unsigned>(p.Hq) / static_cast<unsigned>(p.Hkv);
 }
 
-enum class DType : int { kFP32 = 0, kFP16 = 1, kBF16 = 2 };
-
-// What dispatch looks at: the run-time variables of the spec's `when:` and `covers:`.
-struct DecodeKey {
-  int64_t D;  // head size
-  int64_t G;  // query heads per kv head (Hq / Hkv)
-  int64_t S;  // sequences in the batch
-  int64_t Q;  // query tokens per sequence (1: plain decode)
-  int64_t KVE;  // exponent bits of an fp8 cache (4: e4m3, 5: e5m2; 0: the cache has q's dtype)
-  int64_t Hq;  // query heads
-  int64_t Hkv;  // key/value heads
-  int64_t L;  // longest context the block table can hold (max_blocks * block_size)
-  int64_t align;  // largest vector width (elements) that every pointer, stride and D allow
-  int64_t sm_count;  // multiprocessors on the current device
-  DType dtype;
-};
-
-using Launcher = cudaError_t (*)(const Params&, cudaStream_t);
-using Covers = bool (*)(const DecodeKey&);
-using Workspace = size_t (*)(const Params&);
-
-struct Entry {
-  const char* name;
-  Launcher launch;
-  Covers covers;
-  Workspace workspace;
-};
-
 }  // namespace paged
 }  // namespace attngen

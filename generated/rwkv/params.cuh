@@ -49,30 +49,5 @@ struct Params {
   void* workspace;          // unused by the scans (Entry::workspace is 0)
 };
 
-enum class DType : int { kFP32 = 0, kFP16 = 1, kBF16 = 2 };
-
-// What dispatch looks at: the run-time variables of the spec's `when:` and `covers:`.
-struct WkvKey {
-  int64_t N;  // head size (r, k, v, w last dim; the state is N x N)
-  int64_t T;  // sequence length
-  int64_t BH;  // batch * heads
-  int64_t align;  // largest vector width (elements) that every pointer, stride and N allow
-  int64_t sm_count;  // multiprocessors on the current device
-  DType dtype;
-  bool reverse;
-  bool keys_output;
-};
-
-using Launcher = cudaError_t (*)(const Params&, cudaStream_t);
-using Covers = bool (*)(const WkvKey&);
-using Workspace = size_t (*)(const Params&);
-
-struct Entry {
-  const char* name;
-  Launcher launch;
-  Covers covers;
-  Workspace workspace;
-};
-
 }  // namespace rwkv
 }  // namespace attngen

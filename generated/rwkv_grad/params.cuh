@@ -34,27 +34,5 @@ struct Params {
   void* workspace;               // unused (Entry::workspace is 0)
 };
 
-enum class DType : int { kFP32 = 0, kFP16 = 1, kBF16 = 2 };
-
-// What dispatch looks at: the run-time variables of the spec's `when:` and `covers:`.
-struct GradKey {
-  int64_t N;  // head size
-  int64_t T;  // sequence length
-  int64_t BH;  // batch * heads
-  int64_t sm_count;  // multiprocessors on the current device
-  DType dtype;
-};
-
-using Launcher = cudaError_t (*)(const Params&, cudaStream_t);
-using Covers = bool (*)(const GradKey&);
-using Workspace = size_t (*)(const Params&);
-
-struct Entry {
-  const char* name;
-  Launcher launch;
-  Covers covers;
-  Workspace workspace;
-};
-
 }  // namespace rwkv_grad
 }  // namespace attngen

@@ -44,6 +44,17 @@ def test_where_filters_the_grid(lowered):
             assert p["vec"] * inst.dtype_bytes == 16
 
 
+def test_bench_kinds_are_built_apart(lowered):
+    """A bench-role kind is in no shipped build and no dispatch rule; `--bench` holds only them."""
+    bench_lowered = pipeline.lower(pipeline.expand(pipeline.load()), bench=True)
+    for (spec, insts), (_, bench) in zip(lowered, bench_lowered):
+        roles = {name: kind.role for name, kind in spec.kernels.items()}
+        assert all(roles[i.kind] != "bench" for i in insts), spec.file
+        assert all(roles[i.kind] == "bench" for i in bench), spec.file
+        assert all(roles[rule.kind] != "bench" for rule in spec.dispatch), spec.file
+    assert sum(len(b) for _, b in bench_lowered) > 0
+
+
 def test_every_axis_value_is_instantiated(lowered):
     """Every combination of axis values has instances, and every kind has some (a kind may
     leave out axis values its `where:` excludes, as the tensor-core kinds leave out fp32)."""
@@ -52,7 +63,8 @@ def test_every_axis_value_is_instantiated(lowered):
         for values in spec.axes.values():
             want *= len(values)
         assert len({tuple(i.a.values()) for i in insts}) == want, spec.file
-        assert {i.kind for i in insts} == set(spec.kernels), spec.file
+        shipped = {name for name, kind in spec.kernels.items() if kind.role != "bench"}
+        assert {i.kind for i in insts} == shipped, spec.file
 
 
 def test_instance_names_carry_every_axis(lowered):
@@ -130,7 +142,7 @@ def test_dispatch_is_generated_from_the_rules(lowered):
     assert "if ((key.BH >= (key.sm_count / 2)))" in text
     # Within a rule, instances are tried smallest bucket first.
     first_rule = text[text.index("when BH >= sm_count // 2"):text.index("-> low_occupancy")]
-    block = first_rule[first_rule.index("kFP32 && key.reverse == false"):]
+    block = first_rule[first_rule.index("kFP32 && key.direction == 0"):]
     idx = [int(x) for x in __import__("re").findall(r"kEntries\[(\d+)\]\.covers", block)[:9]]
     names = [pipeline_name for pipeline_name in json.loads(files["manifest.json"])]
     buckets = [(names[i]["params"]["e"], names[i]["params"]["m"]) for i in idx]

@@ -7,7 +7,8 @@ import pytest
 
 from codegen import dispatch, pipeline, render
 from codegen.errors import SpecError
-from codegen.tune import cache, candidates, select, table
+from codegen import tuned as table
+from codegen.tune import cache, candidates, select
 
 ROOT = Path(__file__).resolve().parents[2]
 

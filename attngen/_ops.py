@@ -1,0 +1,58 @@
+"""The generated ops as the runtime calls them: one `Op` per op declared in a spec.
+
+Every op's torch surface is generated from its declaration (templates/op/op.cpp.j2): the op, its
+Meta kernel (the fake implementation torch.compile traces), and the helpers `<op>_with`
+(through a named instance), `<op>_select` (the instance dispatch picks), `<op>_key` (the
+dispatch key as numbers) and `<op>_instances` (by role). They take the op's own arguments, so
+this class needs nothing per op but its name.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _ext, _jit
+
+BENCH_NAMESPACE = "attngen_bench"   # the benchmark extension's ops (bench-role kinds; _ext.load_bench)
+
+
+class Op:
+    def __init__(self, name: str):
+        self.name = name
+
+    def _namespace(self):
+        _ext.load()
+        return torch.ops.attngen
+
+    def packet(self):
+        """torch.ops.attngen.<op>: what autograd and fake registrations name."""
+        return getattr(self._namespace(), self.name)
+
+    def __call__(self, *args):
+        """The op through its dispatch; a call no compiled instance covers builds one on first use."""
+        run = getattr(self._namespace(), self.name)
+        return _jit.call(self.name, lambda: run(*args))
+
+    def forced(self, instance: str, *args):
+        """The op through the named instance: a shipped one, or a bench-role one of the benchmark
+        extension (`python -m codegen build --bench`); an error if it does not cover the call."""
+        ops = self._namespace()
+        if instance not in self.instances() and instance in self.bench_instances():
+            ops = getattr(torch.ops, BENCH_NAMESPACE)
+        return getattr(ops, f"{self.name}_with")(*args, instance)
+
+    def select(self, *args) -> str:
+        """The instance the generated dispatch picks for these arguments ('' if none)."""
+        return getattr(self._namespace(), f"{self.name}_select")(*args)
+
+    def key(self, *args) -> list:
+        return list(getattr(self._namespace(), f"{self.name}_key")(*args))
+
+    def instances(self, role: str = "") -> list[str]:
+        """The shipped extension's instances of this op, of one role ('dispatch', 'fallback') or all."""
+        return list(getattr(self._namespace(), f"{self.name}_instances")(role))
+
+    def bench_instances(self) -> list[str]:
+        """The benchmark extension's instances of this op ([] where it is not built)."""
+        if not _ext.load_bench():
+            return []
+        return list(getattr(getattr(torch.ops, BENCH_NAMESPACE), f"{self.name}_instances")("bench"))
