@@ -18,6 +18,14 @@ BENCH_NAMESPACE = "attngen_bench"   # the benchmark extension's ops (bench-role 
 class Op:
     def __init__(self, name: str):
         self.name = name
+        self._autograd = False
+
+    def register_autograd(self, backward, setup_context) -> None:
+        """The op's autograd formula (hand-written, in the family's module), once per process."""
+        if not self._autograd:
+            self.packet()   # the op must exist first: load the extension
+            torch.library.register_autograd(f"attngen::{self.name}", backward, setup_context=setup_context)
+            self._autograd = True
 
     def _namespace(self):
         _ext.load()

@@ -13,7 +13,6 @@ from ._ops import Op
 
 OP = Op("causal_dot_product")
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_registered = False
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, op: str = "causal_dot_product"):
@@ -41,35 +40,32 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, op: str = "c
         raise ValueError(f"{op}: k has last dim {k.shape[3]} but q has {q.shape[3]}")
 
 
+def _setup_context(ctx, inputs, output):
+    q, k, v, reverse = inputs
+    ctx.save_for_backward(q, k, v)
+    ctx.reverse = reverse
+
+
+def _backward(ctx, grad):
+    q, k, v = ctx.saved_tensors
+    op = OP.packet()
+    grad = grad if grad.stride(-1) == 1 else grad.contiguous()
+    rev = ctx.reverse
+    # o_t = sum_s (q_t . k_s) v_s over s <= t (s >= t if reverse):
+    #   dq_t = sum_s (g_t . v_s) k_s, same direction;
+    #   dk_s = sum_t (v_s . g_t) q_t and dv_s = sum_t (k_s . q_t) g_t, the other direction.
+    for args in ((grad, v, k, rev), (v, grad, q, not rev), (k, q, grad, not rev)):
+        _build_past_the_buckets(*args)
+    dq = op(grad, v, k, rev) if ctx.needs_input_grad[0] else None
+    dk = op(v, grad, q, not rev) if ctx.needs_input_grad[1] else None
+    dv = op(k, q, grad, not rev) if ctx.needs_input_grad[2] else None
+    return dq, dk, dv, None
+
+
 def _register() -> None:
-    global _registered
-    if _registered:
-        return
-    name = f"attngen::{OP.name}"
-    OP.packet()  # loads the extension: the op, its Meta kernel (the fake implementation torch.compile uses)
-
-    def setup_context(ctx, inputs, output):
-        q, k, v, reverse = inputs
-        ctx.save_for_backward(q, k, v)
-        ctx.reverse = reverse
-
-    def backward(ctx, grad):
-        q, k, v = ctx.saved_tensors
-        op = OP.packet()
-        grad = grad if grad.stride(-1) == 1 else grad.contiguous()
-        rev = ctx.reverse
-        # o_t = sum_s (q_t . k_s) v_s over s <= t (s >= t if reverse):
-        #   dq_t = sum_s (g_t . v_s) k_s, same direction;
-        #   dk_s = sum_t (v_s . g_t) q_t and dv_s = sum_t (k_s . q_t) g_t, the other direction.
-        for args in ((grad, v, k, rev), (v, grad, q, not rev), (k, q, grad, not rev)):
-            _build_past_the_buckets(*args)
-        dq = op(grad, v, k, rev) if ctx.needs_input_grad[0] else None
-        dk = op(v, grad, q, not rev) if ctx.needs_input_grad[1] else None
-        dv = op(k, q, grad, not rev) if ctx.needs_input_grad[2] else None
-        return dq, dk, dv, None
-
-    torch.library.register_autograd(name, backward, setup_context=setup_context)
-    _registered = True
+    """The autograd formula; the op and its Meta kernel (the fake implementation torch.compile
+    uses) come with the extension."""
+    OP.register_autograd(_backward, _setup_context)
 
 
 def causal_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, reverse: bool = False):

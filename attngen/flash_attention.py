@@ -20,25 +20,16 @@ from ._ops import Op
 
 OP = Op("flash_attention")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-_registered = False
+
+
+def _no_backward(ctx, grad_out, grad_lse):
+    raise NotImplementedError("flash_attention: the backward pass is not implemented yet (forward only); "
+                              "call it under torch.no_grad() or detach q, k and v")
 
 
 def _register() -> None:
-    global _registered
-    if _registered:
-        return
-    name = f"attngen::{OP.name}"
-    OP.packet()  # loads the extension: the op, its Meta kernel (the fake implementation torch.compile uses)
-
-    def setup_context(ctx, inputs, output):
-        pass
-
-    def backward(ctx, grad_out, grad_lse):
-        raise NotImplementedError("flash_attention: the backward pass is not implemented yet (forward only); "
-                                  "call it under torch.no_grad() or detach q, k and v")
-
-    torch.library.register_autograd(name, backward, setup_context=setup_context)
-    _registered = True
+    """A gradient request raises; the op and its Meta kernel come with the extension."""
+    OP.register_autograd(_no_backward, lambda ctx, inputs, output: None)
 
 
 def _fail(msg: str):
