@@ -132,9 +132,9 @@ def launch(row: dict) -> None:
         rwkv.wkv_scan_with(name, q, kc, vo, w, u, s0, False, False, True, False)
     elif row["family"] == "rwkv_grad":
         from attngen import _ext
-        from codegen.tune.workloads import rwkv_grad
+        from bench.workloads import rwkv_grad
         _ext.load()
-        args = rwkv_grad.inputs(torch, {"B": 2, "H": 4, "T": 256, "N": p["n"]}, dtype, seed=0)
+        args = rwkv_grad.inputs(torch, torch.ops.attngen, {"B": 2, "H": 4, "T": 256, "N": p["n"]}, dtype, seed=0)
         torch.ops.attngen.wkv_grad_rkwu_with(*args, True, name)
     elif row["family"] == "paged":
         from attngen import paged

@@ -16,7 +16,7 @@ import torch
 from bench import ROOT, run_meta
 from bench.causal_linear import do_bench, make_inputs, rotating
 import attngen
-from codegen import dispatch, pipeline
+from codegen import dispatch, families, pipeline
 
 # (B, H, L, E, M)
 SHAPES = [(1, 1, 16, 64, 64), (1, 1, 64, 64, 64), (1, 1, 256, 64, 64), (1, 1, 1024, 64, 64),
@@ -44,7 +44,7 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for B, H, L, E, M in SHAPES:
-        runtime = dispatch.runtime_for({"B": B, "H": H, "L": L, "E": E, "M": M}, 2, sms)
+        runtime = families.family("causal_linear").tune.runtime({"B": B, "H": H, "L": L, "E": E, "M": M}, 2, sms)
         get = rotating(lambda i: make_inputs(B, H, L, E, M, torch.bfloat16, "bhld", i), B * H * L * (2 * E + M) * 2)
         chunked = attngen.selected_instance(*get())
         recurrent = recurrent_choice(spec, built, runtime)

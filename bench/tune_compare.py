@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import attngen  # noqa: E402
 from bench.causal_linear import SHAPES, do_bench, environment, make_inputs, rotating  # noqa: E402
-from codegen import dispatch, pipeline  # noqa: E402
+from codegen import dispatch, families, pipeline  # noqa: E402
 from codegen.arch import DTYPE_BYTES  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -31,7 +31,7 @@ def main():
     for (B, H, L, E, M), _ in SHAPES:
         shape = {"B": B, "H": H, "L": L, "E": E, "M": M}
         for dname, dtype in DTYPES.items():
-            runtime = dispatch.runtime_for(shape, DTYPE_BYTES[dname], sms)
+            runtime = families.family("causal_linear").tune.runtime(shape, DTYPE_BYTES[dname], sms)
             axes = {"dtype": dname, "direction": "fwd"}
             default = dispatch.select(default_spec, built, runtime, axes).name
             tuned = dispatch.select(tuned_spec, all_instances, runtime, axes).name

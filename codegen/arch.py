@@ -37,6 +37,9 @@ ARCHES = {
                   48 * 1024, 65536, smem_per_sm=164 * 1024),
 }
 
+# Registers a thread may hold (PTX ISA: 255 on every arch the specs target).
+MAX_REGS = 255
+
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 DTYPE_CPP = {"fp32": "float", "fp16": "__half", "bf16": "__nv_bfloat16"}
 

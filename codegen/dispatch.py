@@ -51,18 +51,3 @@ def first_covering(spec: Spec, instances: list[KernelInstance], kind: str, runti
     """The instance of `kind` that the generated table would try first for `runtime` and `axes`
     (benchmarks and tests forcing one kind)."""
     return next((i for i in ordered(spec, instances, kind) if i.a == axes and covers(spec, i, runtime)), None)
-
-
-def contiguous_align(dtype_bytes: int, *sizes: int) -> int:
-    """The vector width (elements) contiguous tensors allow: 16 bytes, halved until it divides
-    every innermost size (the bindings' vector_align on fresh allocations)."""
-    align = 16 // dtype_bytes
-    while align > 1 and any(size % align for size in sizes):
-        align //= 2
-    return align
-
-
-def runtime_for(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
-    """Causal linear's run-time variables for contiguous tensors of `shape` (B, H, L, E, M)."""
-    return {"E": shape["E"], "M": shape["M"], "L": shape["L"], "BH": shape["B"] * shape["H"],
-            "align": contiguous_align(dtype_bytes, shape["E"], shape["M"]), "sm_count": sm_count}

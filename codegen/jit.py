@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import build as build_stage
-from . import dispatch, passes, pipeline, render
+from . import dispatch, lower, pipeline, render
 from .arch import ARCHES
-from .families import family_module
+from .families import family
 from .instance import KernelInstance
 from .passes import Rejected
 from .spec import Spec
@@ -69,19 +69,19 @@ def spec_of(op: str) -> Spec:
 
 def decode_key(spec: Spec, values) -> tuple[dict, dict]:
     """The numbers of `<op>_key` (dispatch.cpp.j2): the run-time variables, then each axis' index."""
-    fam = family_module(spec.family)
+    values_of = family(spec.family).axes
     names = list(spec.op.key)
     values = [int(v) for v in values]
     if len(values) != len(names) + len(spec.axes):
         raise ValueError(f"{spec.op.name}: a key of {len(values)} numbers, expected {len(names) + len(spec.axes)}")
     runtime = dict(zip(names, values))
-    axes = {axis: fam.AXES[axis][index] for axis, index in zip(spec.axes, values[len(names):])}
+    axes = {axis: values_of[axis][index] for axis, index in zip(spec.axes, values[len(names):])}
     return runtime, axes
 
 
 def jit_variables(spec: Spec) -> list:
     """The run-time variables an instance built on first use takes its sizes from."""
-    return list(getattr(family_module(spec.family), "JIT_PARAMS", {}))
+    return list(family(spec.family).jit_params)
 
 
 def _by_distance(instances, targets: dict):
@@ -94,8 +94,7 @@ def _by_distance(instances, targets: dict):
 
 def plan(spec: Spec, runtime: dict, axes: dict, cache_tag: str = "") -> Plan:
     """The instance to build for a key that the spec's built instances do not cover."""
-    fam = family_module(spec.family)
-    jit_params = getattr(fam, "JIT_PARAMS", {})
+    jit_params = family(spec.family).jit_params
     if not jit_params:
         raise Unbuildable(f"{spec.op.name}: the {spec.family} family builds no instance on first use")
     (spec, instances), = pipeline.lower(pipeline.expand([spec]))  # with the tuned table's rules
@@ -115,7 +114,7 @@ def plan(spec: Spec, runtime: dict, axes: dict, cache_tag: str = "") -> Plan:
         for inst in _by_distance(members, targets):
             candidate = inst.with_params(**targets)
             try:
-                lowered = passes.lower_one(candidate)
+                lowered = lower.lower_one(candidate)
             except Rejected as exc:
                 reasons.setdefault(rule.kind, f"{candidate.name}: {exc.param}: {exc.reason}")
                 continue
@@ -132,7 +131,7 @@ def plan(spec: Spec, runtime: dict, axes: dict, cache_tag: str = "") -> Plan:
 def plan_instance(spec: Spec, inst: KernelInstance, cache_tag: str = "") -> Plan:
     """A plan for an instance chosen by the caller (the bank check's unpadded twins), checked by
     every lowering pass but by no dispatch rule: it is reached by name (`<op>_with`)."""
-    lowered = passes.lower_one(inst)
+    lowered = lower.lower_one(inst)
     sources = render_sources(spec, lowered)
     return Plan(spec, lowered, sources, digest(sources, cache_tag))
 
@@ -140,7 +139,6 @@ def plan_instance(spec: Spec, inst: KernelInstance, cache_tag: str = "") -> Plan
 def render_sources(spec: Spec, inst: KernelInstance) -> dict:
     """Every file the library compiles, at the paths its #includes expect."""
     env = render.environment(pipeline.TEMPLATES_DIR)
-    fam = family_module(spec.family)
     files = render.render_common(env)
     support = render.render_support(env, spec)
     for rel, text in support.items():

@@ -5,7 +5,8 @@ from pathlib import Path
 
 from . import expand as expand_stage
 from . import ninja
-from . import passes, render
+from . import lower as lower_stage
+from . import render
 from . import tuned as tuned_table
 from .spec import Spec, load_spec
 
@@ -47,17 +48,17 @@ def lower(expanded, use_tuned: bool = True, bench: bool = False):
     build and its rules to the spec."""
     out = []
     for spec, instances in expanded:
-        lowered, _ = passes.lower_all(spec, instances, strict=True)
+        lowered, _ = lower_stage.lower_all(spec, instances, strict=True)
         lowered = [i for i in lowered if (spec.kernels[i.kind].role == "bench") == bench]
         path = tuned_table.table_path(ROOT, spec)
         use_tuned = use_tuned and not bench
         if use_tuned and path.is_file():
-            extra, rules = tuned_table.load_rules(spec, path, passes.lower_one, _display(path))
+            extra, rules = tuned_table.load_rules(spec, path, lower_stage.lower_one, _display(path))
             names = {i.name for i in lowered}
             lowered += [i for i in extra if i.name not in names and not names.add(i.name)]
             spec = tuned_table.attach(spec, rules)
         out.append((spec, lowered))
-    passes.check_unique_names_across([i for _, insts in out for i in insts])
+    lower_stage.check_unique_names_across([i for _, insts in out for i in insts])
     return out
 
 

@@ -15,7 +15,7 @@ import jinja2
 
 from .arch import DTYPE_BYTES, WGMMA_N
 from .errors import SpecError
-from .families import family_module
+from .families import family
 from .instance import KernelInstance
 from .spec import Spec
 from . import ninja
@@ -45,11 +45,10 @@ def render_instance(env, spec: Spec, inst: KernelInstance) -> str:
     d = inst.d
     ways = banks.ways(d.get("bank", {}))
     report = ", ".join(f"{k} {v:g}" for k, v in ways.items()) or "n/a (no shared memory)"
-    fam = family_module(inst.family)
     return _render(env, spec.file, inst.template, inst=inst, p=inst.p, d=d,
                    kind_doc=" ".join(spec.kernels[inst.kind].doc.split()) or inst.kind,
                    reverse="true" if inst.a.get("direction") == "rev" else "false",
-                   bank_report=report, smem_expr=fam.smem_bytes_at_runtime(inst))
+                   bank_report=report, smem_expr=family(inst.family).smem_bytes_at_runtime(inst))
 
 
 def key_env(spec: Spec) -> dict:
@@ -60,13 +59,13 @@ def key_env(spec: Spec) -> dict:
 def axes_match_cpp(spec: Spec, axes: dict) -> str:
     """C++ condition selecting the instances built for these axis values: the key holds each
     axis as the index of its value in the family's axis (dtype as the DType of that index)."""
-    fam = family_module(spec.family)
+    values = family(spec.family).axes
     terms = []
     for axis, value in axes.items():
         if axis == "dtype":
             terms.append(f"key.dtype == DType::k{value.upper()}")
         else:
-            terms.append(f"key.{axis} == {fam.AXES[axis].index(value)}")
+            terms.append(f"key.{axis} == {values[axis].index(value)}")
     return " && ".join(terms)
 
 
@@ -99,10 +98,10 @@ def dispatch_context(spec: Spec, instances: list[KernelInstance]) -> dict:
 
 def op_context(spec: Spec, namespace: str = NAMESPACE) -> dict:
     """What the op's own templates (templates/op/, the family's op_impl.h.j2 and params.cuh.j2) print."""
-    fam = family_module(spec.family)
-    return dict(op=spec.op, family=spec.family, namespace=namespace, dtypes=list(fam.AXES["dtype"]),
+    fam = family(spec.family)
+    return dict(op=spec.op, family=spec.family, namespace=namespace, dtypes=list(fam.axes["dtype"]),
                 torch_dtypes={d: TORCH_DTYPES[d] for d in spec.axes["dtype"]},
-                constants=getattr(fam, "SUPPORT_CONSTANTS", {}), exported=getattr(fam, "EXPORTED_CONSTANTS", {}))
+                constants=fam.support_constants, exported=fam.exported_constants)
 
 
 # The op's files rendered from templates/op/ for every spec: {template: output name in the family's directory}.
@@ -111,9 +110,9 @@ OP_FILES = {"op/interface.h.j2": "interface.h", "op/op.cpp.j2": "op.cpp"}
 
 def render_support(env, spec: Spec, namespace: str = NAMESPACE) -> dict[str, str]:
     """The family's files that are not instances: its headers, the op's interface and bindings."""
-    fam = family_module(spec.family)
     ctx = op_context(spec, namespace)
-    files = {out: _render(env, spec.file, template, **ctx) for template, out in fam.SUPPORT_FILES.items()}
+    files = {out: _render(env, spec.file, template, **ctx)
+             for template, out in family(spec.family).support_files.items()}
     files.update({f"{spec.family}/{out}": _render(env, spec.file, template, **ctx) for template, out in OP_FILES.items()})
     return files
 

@@ -11,7 +11,7 @@ from . import expr
 from . import op as op_decl
 from .arch import ARCHES
 from .errors import SpecError
-from .families import family_module
+from .families import family as family_plugin
 from .yamlloc import LocDict, LocList, load_located
 
 TOP_KEYS = {"family", "arch", "op", "axes", "kernels", "dispatch", "tune"}
@@ -137,7 +137,7 @@ def load_spec(path: str | Path, templates_dir: str | Path) -> Spec:
     ctx.keys(doc, TOP_KEYS, REQUIRED_TOP_KEYS, "")
 
     family = ctx.string(doc, "family", "family")
-    fam = family_module(family)
+    fam = family_plugin(family)
     if fam is None:
         ctx.fail(doc.line_of("family"), "family", f"unknown family {family!r}")
     arch = ctx.string(doc, "arch", "arch")
@@ -183,7 +183,7 @@ def _load_op(ctx: _Ctx, doc: LocDict, fam) -> op_decl.OpDecl:
                 ctx.fail(key.line_of(var), f"op.key.{var}", "expected <variable>: <what it is>")
         axes_node = ctx.mapping(op["dispatch_axes"], op.line_of("dispatch_axes"), "op.dispatch_axes")
         dispatch_axes = {str(axis): str(source) for axis, source in axes_node.items()}
-        op_decl.check_dispatch_axes(args, fam.AXES, dispatch_axes)
+        op_decl.check_dispatch_axes(args, fam.axes, dispatch_axes)
     except op_decl.DeclError as exc:
         ctx.fail(_decl_line(lines, exc.field), exc.field, str(exc))
     return op_decl.OpDecl(name, schema, " ".join(str(op.get("doc", "")).split()), args, returns, tuple(outputs),
@@ -216,8 +216,8 @@ def _values(ctx: _Ctx, value, line, field, allowed=None, allow_auto=False, allow
 
 def _load_axes(ctx: _Ctx, doc: LocDict, fam) -> dict:
     axes = ctx.mapping(doc["axes"], doc.line_of("axes"), "axes")
-    ctx.keys(axes, set(fam.AXES), set(fam.AXES), "axes")
-    return {name: _values(ctx, axes[name], axes.line_of(name), f"axes.{name}", fam.AXES[name])
+    ctx.keys(axes, set(fam.axes), set(fam.axes), "axes")
+    return {name: _values(ctx, axes[name], axes.line_of(name), f"axes.{name}", fam.axes[name])
             for name in axes}
 
 
@@ -242,17 +242,17 @@ def _load_kernels(ctx: _Ctx, doc: LocDict, fam, op, axes: dict, templates_dir: P
             body.line, body.key_lines = kernels.line_of(name), dict(kernels[name].key_lines)
         ctx.keys(body, KERNEL_KEYS, {"template", "grid", "covers"}, field)
         template = ctx.string(body, "template", f"{field}.template")
-        if template not in fam.TEMPLATE_PARAMS:
+        if template not in fam.lowerings:
             ctx.fail(body.line_of("template"), f"{field}.template",
-                     f"family {fam.NAME!r} has no lowering for template {template!r}; expected one of "
-                     f"{sorted(fam.TEMPLATE_PARAMS)}")
+                     f"family {fam.name!r} has no lowering for template {template!r}; expected one of "
+                     f"{sorted(fam.lowerings)}")
         if not (templates_dir / template).is_file():
             ctx.fail(body.line_of("template"), f"{field}.template",
                      f"template file {templates_dir / template} does not exist")
-        grid = _load_grid(ctx, body, field, fam.TEMPLATE_PARAMS[template])
+        grid = _load_grid(ctx, body, field, fam.lowerings[template].params)
         grid_map = body["grid"]
         param_lines = {p: grid_map.line_of(p) for p in grid}
-        derived = set(grid) | set(axes) | set(fam.DERIVED_NAMES)
+        derived = set(grid) | set(axes) | set(fam.derived_names)
         where = body.get("where", LocList())
         if isinstance(where, str):
             where = LocList([where])
@@ -293,7 +293,7 @@ def _load_tune(ctx: _Ctx, doc: LocDict, fam, op, axes: dict, kernels: dict, temp
         names.add(name)
         when = ctx.expression(node["when"], set(op.key), node.line_of("when"), f"{field}.when")
         shape = ctx.mapping(node["shape"], node.line_of("shape"), f"{field}.shape")
-        ctx.keys(shape, set(fam.SHAPE_DIMS), set(fam.SHAPE_DIMS), f"{field}.shape")
+        ctx.keys(shape, set(fam.tune.shape_dims), set(fam.tune.shape_dims), f"{field}.shape")
         for dim, size in shape.items():
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 ctx.fail(shape.line_of(dim), f"{field}.shape.{dim}", f"expected a positive integer, got {_kind(size)}")

@@ -6,63 +6,22 @@ The recurrent template keeps a slice of the E x cols state of one (b, h) in regi
 """
 from __future__ import annotations
 
-from ..arch import Arch
+from ..arch import MAX_REGS, Arch
 from ..instance import KernelInstance
 from ..passes import Rejected, banks, vectorize
-from . import flash_attention
+from ..passes import tiles as shared_tiles
+from . import Family, Lowering, TunePlan
 
-NAME = "causal_linear"
-AXES = {"dtype": ("fp32", "fp16", "bf16"), "direction": ("fwd", "rev")}
-# Names a `covers:` or `when:` expression may use; filled at run time by the bindings.
-# Built on first use (codegen/jit.py): the run-time variables a key may lack and the grid
-# parameters that take their values. A call the dispatch sends to a fallback kind (E or M past
-# the recurrent kinds' buckets) gets a recurrent instance built for it, tried before the fallback.
-JIT_PARAMS = {"E": "e", "M": "m"}
-JIT_INSTEAD_OF = ("generic",)
-# The key's axis fields as the index of the axis value in AXES (dispatch.cpp's key values).
-KEY_AXES_CPP = {"dtype": "static_cast<int64_t>(key.dtype)", "direction": "key.reverse ? 1 : 0"}
-RUNTIME_VARS = {
-    "E": "size of the contracted feature dim (q, k last dim)",
-    "M": "size of the value dim (v last dim)",
-    "L": "sequence length",
-    "BH": "batch * heads",
-    "align": "largest vector width (elements) that every pointer, stride and E, M allow",
-    "sm_count": "multiprocessors on the current device",
-}
-DERIVED_NAMES = {"dtype_bytes"}
-SHAPE_DIMS = ("B", "H", "L", "E", "M")  # a tuning bucket's representative shape
 RECURRENT = "causal_linear/recurrent.cu.j2"
 GENERIC = "causal_linear/generic.cu.j2"
 CHUNKED = "causal_linear/chunked.cu.j2"
-# Template -> its grid parameters, in instance-name order ("auto_ok" may be 'auto').
-TEMPLATE_PARAMS = {
-    RECURRENT: {"e": "int", "m": "int", "cols": "int", "mpt": "int", "tph": "int", "vec": "int",
-                "chunk": "int", "buf": "int", "pad": "auto_ok", "seg": "int0"},
-    GENERIC: {"emax": "int", "cols": "int", "groups": "int", "chunk": "int"},
-    CHUNKED: {"e": "int", "m": "int", "cols": "int", "warps": "int", "stages": "int", "terms": "int",
-              "sbuf": "int", "seg": "int0", "waves": "int"},
-}
-# Files rendered once per family (template -> output under generated/).
-SUPPORT_FILES = {
-    "causal_linear/params.cuh.j2": "causal_linear/params.cuh",
-    "causal_linear/op_impl.h.j2": "causal_linear/op_impl.h",
-}
-KEY_STRUCT = "CausalLinearKey"
-
-
-def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
-    if inst.template == RECURRENT:
-        return _lower_recurrent(inst)
-    if inst.template == CHUNKED:
-        return _lower_chunked(inst, arch)
-    return _lower_generic(inst)
 
 
 def _is_pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
 
-def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
+def _lower_recurrent(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p, nbytes = inst.p, inst.dtype_bytes
     e, m, cols, mpt, tph, vec, chunk, buf = (p[k] for k in ("e", "m", "cols", "mpt", "tph", "vec", "chunk", "buf"))
     if not _is_pow2(tph) or tph > 32:
@@ -115,7 +74,6 @@ def _lower_recurrent(inst: KernelInstance) -> KernelInstance:
 # Registers the chunked kernel needs besides its fp32 fragments (operands, addresses, loop
 # state); with the fragments, the estimate must stay under 255 (the compile tier forbids spills).
 CHUNKED_REG_OVERHEAD = 64
-MAX_REGS = flash_attention.MAX_REGS
 
 
 def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
@@ -150,7 +108,7 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("cols", f"about {regs} registers per thread (state {state}, output {cols // 2}, "
                                f"scores {chunk // 2}) exceed {MAX_REGS}")
     swizzle_e, swizzle_c = int(e % 64 == 0), int(cols % 64 == 0)
-    pitch_e, pitch_c = flash_attention.pitch(e, swizzle_e), flash_attention.pitch(cols, swizzle_c)
+    pitch_e, pitch_c = shared_tiles.pitch(e, swizzle_e), shared_tiles.pitch(cols, swizzle_c)
     stage = chunk * (2 * pitch_e + pitch_c)
     smem = 2 * (stages * stage + p["sbuf"] * terms * e * pitch_c + warps * 16 * pitch_c)
     threads = 32 * warps
@@ -165,16 +123,16 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
     # output) and the output rows read back in 16-byte pieces.
     def tiles(layout_e, layout_c):
         qk = [banks.Access(f"qk_{a.name}", a.width, a.address, ("ring",))
-              for a in flash_attention.bank_accesses(e, threads=threads, offset=layout_e) if not a.name.startswith("o_")]
+              for a in shared_tiles.bank_accesses(e, threads=threads, offset=layout_e) if not a.name.startswith("o_")]
         buffers = {"cp_async_fill": ("ring",), "ldmatrix": ("ring", "state_terms"),
                    "o_fragment_write": ("state_terms", "o_stage"), "o_row_read": ("o_stage",)}
         cols_ = [banks.Access(f"cols_{a.name}", a.width, a.address, buffers[a.name])
-                 for a in flash_attention.bank_accesses(cols, threads=threads, offset=layout_c)]
+                 for a in shared_tiles.bank_accesses(cols, threads=threads, offset=layout_c)]
         return qk + cols_
 
-    chosen = tiles(flash_attention.layout(e, swizzle_e), flash_attention.layout(cols, swizzle_c))
-    plain = tiles(flash_attention.plain_layout(e), flash_attention.plain_layout(cols))
-    padded = tiles(flash_attention.layout(e, 0), flash_attention.layout(cols, 0))
+    chosen = tiles(shared_tiles.layout(e, swizzle_e), shared_tiles.layout(cols, swizzle_c))
+    plain = tiles(shared_tiles.plain_layout(e), shared_tiles.plain_layout(cols))
+    padded = tiles(shared_tiles.layout(e, 0), shared_tiles.layout(cols, 0))
     bank = banks.model(chosen, unpadded=plain, candidates=[(padded, 0)])
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "chunk": chunk, "warps_m": warps_m, "warps_n": warps_n,
@@ -184,7 +142,7 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
     })
 
 
-def _lower_generic(inst: KernelInstance) -> KernelInstance:
+def _lower_generic(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
     emax, cols, groups, chunk = p["emax"], p["cols"], p["groups"], p["chunk"]
     threads = cols * groups
@@ -205,17 +163,34 @@ def _lower_generic(inst: KernelInstance) -> KernelInstance:
                               "smem_param": "emax", "bank": bank})
 
 
-def smem_bytes_at_runtime(inst: KernelInstance) -> str:
-    """C++ expression of the dynamic shared memory a launch needs (E known only at run time
-    for the generic kernel)."""
-    if inst.template != GENERIC:
-        return str(inst.d["smem_bytes"])
+def _generic_smem_at_runtime(inst: KernelInstance) -> str:
+    """The generic kernel's dynamic shared memory: E is known only at run time."""
     p = inst.p
     return (f"(size_t)p.E * {p['cols']} * 4 + (size_t){p['chunk']} * (2 * p.E + {p['cols']}) * 4 + "
             f"(size_t){p['chunk'] * p['groups'] * p['cols']} * 4")
 
 
-def axes_match_cpp(axes: dict) -> str:
-    """C++ condition selecting the instances built for these axis values."""
-    reverse = "true" if axes["direction"] == "rev" else "false"
-    return f"key.dtype == DType::k{axes['dtype'].upper()} && key.reverse == {reverse}"
+def _tune_runtime(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
+    return {"E": shape["E"], "M": shape["M"], "L": shape["L"], "BH": shape["B"] * shape["H"],
+            "align": vectorize.contiguous_align(dtype_bytes, shape["E"], shape["M"]), "sm_count": sm_count}
+
+
+FAMILY = Family(
+    name="causal_linear",
+    axes={"dtype": ("fp32", "fp16", "bf16"), "direction": ("fwd", "rev")},
+    lowerings={
+        RECURRENT: Lowering({"e": "int", "m": "int", "cols": "int", "mpt": "int", "tph": "int", "vec": "int",
+                             "chunk": "int", "buf": "int", "pad": "auto_ok", "seg": "int0"}, _lower_recurrent),
+        GENERIC: Lowering({"emax": "int", "cols": "int", "groups": "int", "chunk": "int"}, _lower_generic,
+                          _generic_smem_at_runtime),
+        CHUNKED: Lowering({"e": "int", "m": "int", "cols": "int", "warps": "int", "stages": "int", "terms": "int",
+                           "sbuf": "int", "seg": "int0", "waves": "int"}, _lower_chunked),
+    },
+    support_files={"causal_linear/params.cuh.j2": "causal_linear/params.cuh",
+                   "causal_linear/op_impl.h.j2": "causal_linear/op_impl.h"},
+    # Forward only: the reverse kernel is the same code walking time backwards.
+    tune=TunePlan(("B", "H", "L", "E", "M"), _tune_runtime, axes={"direction": "fwd"}),
+    # A call the dispatch sends to the fallback kind (E or M past the recurrent kinds' buckets)
+    # gets a recurrent instance built for it, tried before the fallback.
+    jit_params={"E": "e", "M": "m"},
+)

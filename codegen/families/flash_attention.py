@@ -19,107 +19,20 @@ XOR-swizzled (`swizzle`); the bank model below checks the warp accesses they see
 """
 from __future__ import annotations
 
-from ..arch import WGMMA_N, Arch
+from ..arch import MAX_REGS, WGMMA_N, Arch
 from ..instance import KernelInstance
 from ..passes import Rejected, banks
+from ..passes.tiles import atoms_bank_accesses, bank_accesses, layout, pitch, plain_layout
+from . import Family, Lowering, TunePlan
 
-NAME = "flash_attention"
-AXES = {"dtype": ("fp16", "bf16")}
-# Built on first use (codegen/jit.py): the run-time variable a key may lack and the grid parameter
-# that takes its value.
-JIT_PARAMS = {"D": "d"}
-# The key's axis fields as the index of the axis value in AXES (dispatch.cpp's key values).
-KEY_AXES_CPP = {"dtype": "static_cast<int64_t>(key.dtype)"}
-RUNTIME_VARS = {
-    "D": "head size",
-    "B": "batch (sequences)",
-    "Hq": "query heads",
-    "Hkv": "key/value heads",
-    "G": "query heads per kv head (Hq / Hkv)",
-    "Lq": "query rows (the longest sequence when packed)",
-    "Lk": "key rows (the longest sequence when packed)",
-    "align": "largest vector width (elements) that every pointer, stride and D allow",
-    "sm_count": "multiprocessors on the current device",
-}
-DERIVED_NAMES = {"dtype_bytes"}
-SHAPE_DIMS = ("B", "Hq", "Hkv", "Lq", "Lk", "D")
 FORWARD = "flash_attention/forward.cu.j2"
 FORWARD_WGMMA = "flash_attention/forward_wgmma.cu.j2"
 FORWARD_WS = "flash_attention/forward_ws.cu.j2"
-TEMPLATE_PARAMS = {
-    FORWARD: {"d": "int", "block_m": "int", "block_n": "int", "warps": "int", "stages": "int",
-              "swizzle": "int0", "qregs": "int0", "minb": "int"},
-    FORWARD_WGMMA: {"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int",
-                    "overlap": "int0", "minb": "int"},
-    FORWARD_WS: {"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int",
-                 "overlap": "int0", "pingpong": "int0", "minb": "int", "tma": "int0"},
-}
-SUPPORT_FILES = {
-    "flash_attention/params.cuh.j2": "flash_attention/params.cuh",
-    "flash_attention/forward_common.cuh.j2": "flash_attention/forward_common.cuh",
-    "flash_attention/op_impl.h.j2": "flash_attention/op_impl.h",
-}
-KEY_STRUCT = "AttentionKey"
-
 # Register estimate per thread: fp32 output and score fragments, Q fragments when held, and
 # what addressing, the softmax state and the operands in flight take (ptxas has the last
 # word; the compile tier checks its report for spills).
 REG_OVERHEAD = 56
 WGMMA_REG_OVERHEAD = 40   # the wgmma kernel reads no operand fragments into registers but P
-MAX_REGS = 255
-CHUNK = 16                        # bytes: one cp.async / one ldmatrix row
-
-
-def pitch(d: int, swizzle: int) -> int:
-    """Elements between rows of a shared tile (mma.cuh, Tile::PITCH)."""
-    return d if swizzle else d + 8
-
-
-def tile_offset(row: int, col: int, d: int, swizzle: int) -> int:
-    """Element offset of (row, col) in a shared tile: the mirror of mma.cuh's Tile::offset."""
-    if not swizzle:
-        return row * (d + 8) + col
-    chunk = col // 8
-    return row * d + ((chunk & ~7) | ((chunk ^ row) & 7)) * 8 + col % 8
-
-
-def layout(d: int, swizzle: int):
-    """(row, col) -> element offset in a shared tile of rows d wide (mma.cuh's Tile::offset)."""
-    return lambda row, col: tile_offset(row, col, d, swizzle)
-
-
-def plain_layout(d: int):
-    """Rows d wide with neither padding nor swizzle: what the layout choice is measured against."""
-    return lambda row, col: row * d + col
-
-
-def bank_accesses(d: int, threads: int, offset, buffers: tuple = ()) -> list:
-    """The warp accesses of a shared tile of rows d wide at element offsets `offset(row, col)`:
-    ldmatrix row reads (A operand of Q, B operands of K and V: each phase reads 8 rows at one
-    chunk), the cp.async fill (consecutive chunks of consecutive rows), the epilogue's 4-byte
-    fragment writes (lane g, t: row g, cols 2t) and its 16-byte row reads (as the fill)."""
-    def ldmatrix(lane, _pad):
-        return offset((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8) * 2
-
-    chunks = d // 8
-
-    def rows(lane, _pad):
-        return offset(lane // chunks, lane % chunks * 8) * 2
-
-    def fragment_write(lane, _pad):
-        return offset(lane // 4, lane % 4 * 2) * 2
-
-    return [banks.Access("ldmatrix", CHUNK, ldmatrix, buffers), banks.Access("cp_async_fill", CHUNK, rows, buffers),
-            banks.Access("o_fragment_write", 4, fragment_write, buffers[:1]),
-            banks.Access("o_row_read", CHUNK, rows, buffers[:1])]
-
-
-def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
-    if inst.template == FORWARD_WGMMA:
-        return _lower_wgmma(inst, arch)
-    if inst.template == FORWARD_WS:
-        return _lower_warp_specialized(inst, arch)
-    return _lower_mma_sync(inst, arch)
 
 
 def _lower_mma_sync(inst: KernelInstance, arch: Arch) -> KernelInstance:
@@ -163,26 +76,6 @@ def _lower_mma_sync(inst: KernelInstance, arch: Arch) -> KernelInstance:
         "threads": threads, "smem_bytes": smem, "mt": mt, "pitch": pitch(d, swizzle), "regs_estimate": regs,
         "bank": bank, "threads_param": "warps", "smem_param": "stages",
     })
-
-
-def atoms_offset(row: int, col: int, rows: int) -> int:
-    """Element offset in a tile of 128-byte-swizzled atoms (wgmma.cuh, Atoms::offset)."""
-    return (col // 64) * rows * 64 + row * 64 + (((col // 8) % 8) ^ (row % 8)) * 8 + col % 8
-
-
-def atoms_layout(rows: int):
-    return lambda row, col: atoms_offset(row, col, rows)
-
-
-def atoms_bank_accesses(d: int, rows: int, staged_epilogue: bool = True, offset=None) -> list:
-    """Warp accesses of the wgmma kernels' tiles by threads (wgmma reads them itself, and TMA
-    writes them, through the 128-byte swizzle they are built for; neither goes through the
-    banks as thread accesses): the cp.async fill and, where the epilogue stages its rows in the
-    Q tile (`hopper`, not `hopper_ws`, which stores from registers), its writes and row reads.
-    `offset` replaces the atoms (the unswizzled comparison)."""
-    accesses = bank_accesses(d, 128, offset or atoms_layout(rows), ("q_tile", "kv_ring"))
-    keep = ("cp_async_fill", "o_fragment_write", "o_row_read") if staged_epilogue else ("cp_async_fill",)
-    return [a for a in accesses if a.name in keep]
 
 
 def _check_wgmma_tiles(inst: KernelInstance, arch: Arch) -> None:
@@ -305,10 +198,21 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
     })
 
 
-def smem_bytes_at_runtime(inst: KernelInstance) -> str:
-    return str(inst.d["smem_bytes"])
-
-
-def axes_match_cpp(axes: dict) -> str:
-    """C++ condition selecting the instances built for these axis values."""
-    return f"key.dtype == DType::k{axes['dtype'].upper()}"
+FAMILY = Family(
+    name="flash_attention",
+    axes={"dtype": ("fp16", "bf16")},
+    lowerings={
+        FORWARD: Lowering({"d": "int", "block_m": "int", "block_n": "int", "warps": "int", "stages": "int",
+                           "swizzle": "int0", "qregs": "int0", "minb": "int"}, _lower_mma_sync),
+        FORWARD_WGMMA: Lowering({"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int",
+                                 "stages": "int", "overlap": "int0", "minb": "int"}, _lower_wgmma),
+        FORWARD_WS: Lowering({"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int",
+                              "overlap": "int0", "pingpong": "int0", "minb": "int", "tma": "int0"},
+                             _lower_warp_specialized),
+    },
+    support_files={"flash_attention/params.cuh.j2": "flash_attention/params.cuh",
+                   "flash_attention/forward_common.cuh.j2": "flash_attention/forward_common.cuh",
+                   "flash_attention/op_impl.h.j2": "flash_attention/op_impl.h"},
+    tune=TunePlan(("B", "Hq", "Hkv", "Lq", "Lk", "D"), runtime=None),   # no tuning workload yet
+    jit_params={"D": "d"},
+)

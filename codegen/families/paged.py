@@ -23,56 +23,22 @@ instance's own `merge_rows` and `pdl` knobs, so the tuner sweeps it with the ker
 """
 from __future__ import annotations
 
-from ..arch import Arch
+from ..arch import MAX_REGS, Arch
 from ..instance import KernelInstance
 from ..passes import Rejected, banks, vectorize
-from . import flash_attention
+from ..passes import tiles as shared_tiles
+from . import Family, Lowering, TunePlan
 
-NAME = "paged"
-AXES = {"dtype": ("fp32", "fp16", "bf16")}
-# Built on first use (codegen/jit.py): the run-time variable a key may lack and the grid parameter
-# that takes its value.
-JIT_PARAMS = {"D": "d"}
-# The key's axis fields as the index of the axis value in AXES (dispatch.cpp's key values).
-KEY_AXES_CPP = {"dtype": "static_cast<int64_t>(key.dtype)"}
-RUNTIME_VARS = {
-    "D": "head size",
-    "G": "query heads per kv head (Hq / Hkv)",
-    "S": "sequences in the batch",
-    "Q": "query tokens per sequence (1: plain decode)",
-    "KVE": "exponent bits of an fp8 cache (4: e4m3, 5: e5m2; 0: the cache has q's dtype)",
-    "Hq": "query heads",
-    "Hkv": "key/value heads",
-    "L": "longest context the block table can hold (max_blocks * block_size)",
-    "align": "largest vector width (elements) that every pointer, stride and D allow",
-    "sm_count": "multiprocessors on the current device",
-}
-DERIVED_NAMES = {"dtype_bytes"}
-SHAPE_DIMS = ("S", "Hq", "Hkv", "D", "L")
 DECODE = "paged/decode.cu.j2"
 DECODE_MMA = "paged/decode_mma.cu.j2"
-TEMPLATE_PARAMS = {
-    DECODE: {"d": "int", "vec": "int", "tx": "int", "heads": "int", "hpt": "int", "threads": "int",
-             "tile": "int", "stages": "int", "part": "int0", "merge_rows": "int0", "pdl": "int0"},
-    DECODE_MMA: {"d": "int", "warps": "int", "tile": "int", "stages": "int", "mt": "int", "waves": "int0",
-                 "fill": "int0", "min_part": "int", "kv_e": "int0", "merge_rows": "int", "pdl": "int0"},
-}
-SUPPORT_FILES = {
-    "paged/params.cuh.j2": "paged/params.cuh",
-    "paged/op_impl.h.j2": "paged/op_impl.h",
-    "paged/split.cuh.j2": "paged/split.cuh",     # the split workspace and the merge kernel template
-}
-KEY_STRUCT = "DecodeKey"
 # Query tokens per sequence a call may bring (speculative decoding, chunked-prefill tails): the
 # bindings check it, the grouped kind's row blocks cover any Q * G.
 MAX_QUERY_TOKENS = 16
-SUPPORT_CONSTANTS = {"max_query_tokens": MAX_QUERY_TOKENS}
 MAX_SCORES = 32   # scores a thread holds per stage (registers)
 # Register estimate of grouped_mma per thread: output and score fragments plus what the
 # addressing, the row state and the operands in flight take (ptxas has the last word; the
 # compile tier checks its report for spills).
 MMA_REG_OVERHEAD = 64
-MAX_REGS = 255
 
 
 def _is_pow2(x: int) -> bool:
@@ -121,9 +87,7 @@ def _geometry(p: dict, nbytes: int) -> dict:
     return {"tz": tz, "rows": rows, "scores": tile // tz, "pieces": pieces, "chunks": -(-pieces // tx)}
 
 
-def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
-    if inst.template == DECODE_MMA:
-        return _lower_mma(inst, arch)
+def _lower_decode(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p, nbytes = inst.p, inst.dtype_bytes
     geo = _geometry(p, nbytes)
     d, tx, heads, threads, tile, stages, part = (p[k] for k in ("d", "tx", "heads", "threads", "tile",
@@ -184,15 +148,6 @@ def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
     })
 
 
-def smem_bytes_at_runtime(inst: KernelInstance) -> str:
-    return str(inst.d["smem_bytes"])
-
-
-def axes_match_cpp(axes: dict) -> str:
-    """C++ condition selecting the instances built for these axis values."""
-    return f"key.dtype == DType::k{axes['dtype'].upper()}"
-
-
 # Head sizes whose fp8 rows the grouped kind reads straight into MMA operands: a lane's share
 # of a row (d / 4 bytes of K, d / 8 of V) is whole 16-byte reads, or one 8-byte read at 64.
 # Measured on the H100 (bench/results/h100/paged.md, e4m3 D128, 64 seqs x 4096, G 1-8): widened
@@ -234,7 +189,7 @@ def out_column(col: int, d: int) -> int:
 def _direct_fp8_accesses(d: int, swizzle: int) -> list:
     """The shared accesses of the direct fp8 path (declared by every grouped instance: the
     template holds them all; those of another path are never executed)."""
-    offset = flash_attention.layout(d, swizzle)
+    offset = shared_tiles.layout(d, swizzle)
     per_lane = d // 32
 
     def k_read(lane, _pad):         # lane (g, t): row g, chunk k_chunk(t, 0)
@@ -295,7 +250,7 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("mt", f"about {regs} registers per thread (output {mt * d // 2}, scores "
                              f"{mt * warp_tokens // 2}, fp8 operands {fp8_operands}) exceed {MAX_REGS}")
     swizzle = int(d % 64 == 0)      # whole 128-byte lines: XOR swizzle; otherwise rows padded by a chunk
-    row_bytes = flash_attention.pitch(d, swizzle) * 2
+    row_bytes = shared_tiles.pitch(d, swizzle) * 2
     raw_tile = tile * d if kv_e else tile * row_bytes
     ring = (rows * row_bytes + (rows * 4 if direct else 0) + (2 * tile * row_bytes if kv_e and not direct else 0)
             + stages * 2 * raw_tile)
@@ -313,12 +268,12 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     # rows, 8 bytes in and 16 out per lane.
     tiles = ("q_tile", "ring", "wide")
     def tile_accesses(offset):
-        return [a for a in flash_attention.bank_accesses(d, threads, offset, tiles) if not a.name.startswith("o_")]
+        return [a for a in shared_tiles.bank_accesses(d, threads, offset, tiles) if not a.name.startswith("o_")]
 
     def raw_read(lane, _pad):
         return (lane // (d // 8)) * d + lane % (d // 8) * 8
 
-    def wide_write(lane, _pad, offset=flash_attention.layout(d, swizzle)):
+    def wide_write(lane, _pad, offset=shared_tiles.layout(d, swizzle)):
         return offset(lane // (d // 8), lane % (d // 8) * 8) * 2
 
     # The merge of the warps: float2 writes of row lane / 4, columns 2 (lane % 4), rows d + 8
@@ -340,8 +295,8 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
             *_direct_fp8_accesses(d, swizzle),
             banks.Access("merge_write", 8, merge_write, ("merge",)), banks.Access("merge_read", 16, merge_read, ("merge",)),
             banks.Access("stat_write", 4, stat_write, ("merge",)), banks.Access("stat_read", 4, stat_read, ("merge",))]
-    bank = banks.model(tile_accesses(flash_attention.layout(d, swizzle)) + rest,
-                       unpadded=tile_accesses(flash_attention.plain_layout(d)) + rest)
+    bank = banks.model(tile_accesses(shared_tiles.layout(d, swizzle)) + rest,
+                       unpadded=tile_accesses(shared_tiles.plain_layout(d)) + rest)
     return inst.with_derived({
         "threads": threads, "rows": rows, "warp_tokens": warp_tokens, "swizzle": swizzle, "smem_bytes": smem,
         "ctas_per_sm": ctas_per_sm, "regs_estimate": regs,
@@ -352,3 +307,33 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         "bank": bank,
         "threads_param": "warps", "smem_param": "stages",
     })
+
+
+# Pages of the tuning workload (bench/workloads/paged.py makes its block tables of them).
+TUNE_BLOCK = 16
+
+
+def _tune_runtime(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
+    return {"D": shape["D"], "G": shape["Hq"] // shape["Hkv"], "S": shape["S"], "Q": 1, "KVE": 0,
+            "Hq": shape["Hq"], "Hkv": shape["Hkv"], "L": -(-shape["L"] // TUNE_BLOCK) * TUNE_BLOCK,
+            "align": vectorize.contiguous_align(dtype_bytes, shape["D"]), "sm_count": sm_count}
+
+
+FAMILY = Family(
+    name="paged",
+    axes={"dtype": ("fp32", "fp16", "bf16")},
+    lowerings={
+        DECODE: Lowering({"d": "int", "vec": "int", "tx": "int", "heads": "int", "hpt": "int", "threads": "int",
+                          "tile": "int", "stages": "int", "part": "int0", "merge_rows": "int0", "pdl": "int0"},
+                         _lower_decode),
+        DECODE_MMA: Lowering({"d": "int", "warps": "int", "tile": "int", "stages": "int", "mt": "int",
+                              "waves": "int0", "fill": "int0", "min_part": "int", "kv_e": "int0",
+                              "merge_rows": "int", "pdl": "int0"}, _lower_mma),
+    },
+    support_files={"paged/params.cuh.j2": "paged/params.cuh",
+                   "paged/op_impl.h.j2": "paged/op_impl.h",
+                   "paged/split.cuh.j2": "paged/split.cuh"},   # the split workspace and the merge kernel template
+    tune=TunePlan(("S", "Hq", "Hkv", "D", "L"), _tune_runtime),
+    jit_params={"D": "d"},
+    support_constants={"max_query_tokens": MAX_QUERY_TOKENS},
+)

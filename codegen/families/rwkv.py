@@ -15,49 +15,23 @@ from __future__ import annotations
 from ..arch import Arch
 from ..instance import KernelInstance
 from ..passes import Rejected, banks, vectorize
+from . import Family, Lowering, TunePlan
 
-NAME = "rwkv"
-AXES = {"dtype": ("fp32", "fp16", "bf16"), "direction": ("fwd", "rev"), "keys": ("contracted", "output")}
-# Built on first use (codegen/jit.py): the run-time variable a key may lack and the grid parameter
-# that takes its value.
-JIT_PARAMS = {"N": "n"}
-# The key's axis fields as the index of the axis value in AXES (dispatch.cpp's key values).
-KEY_AXES_CPP = {"dtype": "static_cast<int64_t>(key.dtype)", "direction": "key.reverse ? 1 : 0",
-                "keys": "key.keys_output ? 1 : 0"}
-RUNTIME_VARS = {
-    "N": "head size (r, k, v, w last dim; the state is N x N)",
-    "T": "sequence length",
-    "BH": "batch * heads",
-    "align": "largest vector width (elements) that every pointer, stride and N allow",
-    "sm_count": "multiprocessors on the current device",
-}
-DERIVED_NAMES = {"dtype_bytes"}
-SHAPE_DIMS = ("B", "H", "T", "N")
 SCAN = "rwkv/scan.cu.j2"
-TEMPLATE_PARAMS = {
-    SCAN: {"n": "int", "cols": "int", "mpt": "int", "tph": "int", "vec": "int", "chunk": "int",
-           "buf": "int", "pad": "auto_ok", "dsplit": "int0"},
-}
-SUPPORT_FILES = {
-    "rwkv/params.cuh.j2": "rwkv/params.cuh",
-    "rwkv/decay.cuh.j2": "rwkv/decay.cuh",
-    "rwkv/op_impl.h.j2": "rwkv/op_impl.h",
-}
 # The forward saves its state every CHECKPOINT_EVERY steps for the backward, which rebuilds the
 # states in between (the rwkv_grad family, specs/rwkv_grad.yaml): N*N*4 bytes per (b, h) per 64
 # steps, half of what bf16 r, k, v, w take at N = 64; and 64 steps are the window that pass
 # stages in shared memory.
 CHECKPOINT_EVERY = 64
-# The runtime reads it from the extension (the op wkv_checkpoint_every), never from codegen.
-EXPORTED_CONSTANTS = {"wkv_checkpoint_every": "kCheckpointEvery"}
-SUPPORT_CONSTANTS = {"checkpoint_every": CHECKPOINT_EVERY,
-                     "checkpoint_every_why": "codegen/families/rwkv.py CHECKPOINT_EVERY says why"}
-KEY_STRUCT = "WkvKey"
+CHECKPOINT_CONSTANTS = {"checkpoint_every": CHECKPOINT_EVERY,
+                        "checkpoint_every_why": "codegen/families/rwkv.py CHECKPOINT_EVERY says why"}
+
+
 def _is_pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
 
-def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
+def _lower_scan(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p, nbytes = inst.p, inst.dtype_bytes
     n, cols, mpt, tph, vec, chunk, buf = (p[k] for k in ("n", "cols", "mpt", "tph", "vec", "chunk", "buf"))
     keys_output = inst.a["keys"] == "output"
@@ -126,13 +100,24 @@ def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
     })
 
 
-def smem_bytes_at_runtime(inst: KernelInstance) -> str:
-    return str(inst.d["smem_bytes"])
+def _tune_runtime(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
+    return {"N": shape["N"], "T": shape["T"], "BH": shape["B"] * shape["H"],
+            "align": vectorize.contiguous_align(dtype_bytes, shape["N"]), "sm_count": sm_count}
 
 
-def axes_match_cpp(axes: dict) -> str:
-    """C++ condition selecting the instances built for these axis values."""
-    reverse = "true" if axes["direction"] == "rev" else "false"
-    keys_output = "true" if axes["keys"] == "output" else "false"
-    return (f"key.dtype == DType::k{axes['dtype'].upper()} && key.reverse == {reverse} && "
-            f"key.keys_output == {keys_output}")
+FAMILY = Family(
+    name="rwkv",
+    axes={"dtype": ("fp32", "fp16", "bf16"), "direction": ("fwd", "rev"), "keys": ("contracted", "output")},
+    lowerings={SCAN: Lowering({"n": "int", "cols": "int", "mpt": "int", "tph": "int", "vec": "int", "chunk": "int",
+                               "buf": "int", "pad": "auto_ok", "dsplit": "int0"}, _lower_scan)},
+    support_files={"rwkv/params.cuh.j2": "rwkv/params.cuh",
+                   "rwkv/decay.cuh.j2": "rwkv/decay.cuh",
+                   "rwkv/op_impl.h.j2": "rwkv/op_impl.h"},
+    # RWKV6's forward (keys contracted, u and an initial state): the backward's scans are the same
+    # kinds walking in reverse or with the keys as the output axis, and take the same winners.
+    tune=TunePlan(("B", "H", "T", "N"), _tune_runtime, axes={"direction": "fwd", "keys": "contracted"}),
+    jit_params={"N": "n"},
+    support_constants=CHECKPOINT_CONSTANTS,
+    # The runtime reads it from the extension (the op wkv_checkpoint_every), never from codegen.
+    exported_constants={"wkv_checkpoint_every": "kCheckpointEvery"},
+)

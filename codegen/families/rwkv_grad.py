@@ -10,34 +10,10 @@ from __future__ import annotations
 from ..arch import Arch
 from ..instance import KernelInstance
 from ..passes import Rejected, banks
-from .rwkv import CHECKPOINT_EVERY
+from . import Family, Lowering, TunePlan
+from .rwkv import CHECKPOINT_CONSTANTS, CHECKPOINT_EVERY
 
-NAME = "rwkv_grad"
-AXES = {"dtype": ("fp32", "fp16", "bf16")}
-KEY_AXES_CPP = {"dtype": "static_cast<int64_t>(key.dtype)"}
-RUNTIME_VARS = {
-    "N": "head size",
-    "T": "sequence length",
-    "BH": "batch * heads",
-    "sm_count": "multiprocessors on the current device",
-}
-DERIVED_NAMES = {"dtype_bytes"}
-SHAPE_DIMS = ("B", "H", "T", "N")
 GRAD = "rwkv_grad/grad_rkwu.cu.j2"
-TEMPLATE_PARAMS = {
-    GRAD: {"n": "int", "e": "int", "minb": "int", "threads": "int", "l": "int", "float_v": "int0",
-           "float_do": "int0", "prefetch": "int0"},
-}
-SUPPORT_FILES = {
-    "rwkv_grad/params.cuh.j2": "rwkv_grad/params.cuh",
-    "rwkv/decay.cuh.j2": "rwkv_grad/decay.cuh",      # the forward's decay split, rendered for this family too
-    "rwkv_grad/op_impl.h.j2": "rwkv_grad/op_impl.h",
-}
-SUPPORT_CONSTANTS = {"checkpoint_every": CHECKPOINT_EVERY,
-                     "checkpoint_every_why": "codegen/families/rwkv.py CHECKPOINT_EVERY says why"}
-KEY_STRUCT = "GradKey"
-
-
 def _is_pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
@@ -146,7 +122,7 @@ def _bank(g: dict, nbytes: int) -> dict:
     return banks.model(accesses)
 
 
-def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
+def _lower_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p, nbytes = inst.p, inst.dtype_bytes
     _check_knobs(p)
     g = geometry(p, nbytes, arch)
@@ -162,10 +138,20 @@ def lower(inst: KernelInstance, arch: Arch) -> KernelInstance:
     return inst.with_derived({**g, "bank": _bank(g, nbytes), "threads_param": "threads", "smem_param": "l"})
 
 
-def smem_bytes_at_runtime(inst: KernelInstance) -> str:
-    return str(inst.d["smem_bytes"])
+def _tune_runtime(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
+    return {"N": shape["N"], "T": shape["T"], "BH": shape["B"] * shape["H"], "sm_count": sm_count}
 
 
-def axes_match_cpp(axes: dict) -> str:
-    """C++ condition selecting the instances built for these axis values."""
-    return f"key.dtype == DType::k{axes['dtype'].upper()}"
+FAMILY = Family(
+    name="rwkv_grad",
+    axes={"dtype": ("fp32", "fp16", "bf16")},
+    lowerings={GRAD: Lowering({"n": "int", "e": "int", "minb": "int", "threads": "int", "l": "int",
+                               "float_v": "int0", "float_do": "int0", "prefetch": "int0"}, _lower_grad)},
+    support_files={"rwkv_grad/params.cuh.j2": "rwkv_grad/params.cuh",
+                   "rwkv/decay.cuh.j2": "rwkv_grad/decay.cuh",   # the forward's decay split, rendered for this family too
+                   "rwkv_grad/op_impl.h.j2": "rwkv_grad/op_impl.h"},
+    tune=TunePlan(("B", "H", "T", "N"), _tune_runtime),
+    support_constants=CHECKPOINT_CONSTANTS,
+    # The tuning workload (bench/workloads/rwkv_grad.py) sizes its checkpoints by it.
+    exported_constants={"wkv_grad_checkpoint_every": "kCheckpointEvery"},
+)

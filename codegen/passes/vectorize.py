@@ -14,3 +14,12 @@ def check(vec: int, elem_bytes: int, dims: dict) -> None:
     for param, size in dims.items():
         if size % vec:
             raise Rejected(param, f"{param}={size} is not divisible by the vector width vec={vec}")
+
+
+def contiguous_align(dtype_bytes: int, *sizes: int) -> int:
+    """The vector width (elements) contiguous tensors allow: 16 bytes, halved until it divides
+    every innermost size (the bindings' vector_align on fresh allocations)."""
+    align = 16 // dtype_bytes
+    while align > 1 and any(size % align for size in sizes):
+        align //= 2
+    return align

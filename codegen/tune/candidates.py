@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .. import expand, passes
+from .. import expand, lower
+from ..families import family
 from ..spec import Spec
-from . import workloads
 
 
 def tuning_spec(spec: Spec) -> Spec:
     """The spec with its kinds' grids replaced by the tuning grids, over the tuned axes."""
     kinds = {name: spec.tune.kernels.get(name, kind) for name, kind in spec.kernels.items()}
-    timed = {axis: (value,) for axis, value in workloads.for_family(spec.family).AXES.items()}
+    timed = {axis: (value,) for axis, value in family(spec.family).tune.axes.items()}
     axes = {**spec.axes, "dtype": spec.tune.dtypes, **timed}
     return replace(spec, kernels=kinds, axes=axes, tuned=())
 
@@ -22,5 +22,5 @@ def candidates(spec: Spec):
     """(lowered candidates, rejections) of every tuned kind."""
     tspec = tuning_spec(spec)
     raw = [inst for name in spec.tune.kernels for inst in expand.expand_kind(tspec, tspec.kernels[name])]
-    lowered, rejected = passes.lower_all(tspec, raw, strict=False)
+    lowered, rejected = lower.lower_all(tspec, raw, strict=False)
     return lowered, rejected

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,8 @@ from .. import dispatch, pipeline
 from ..arch import DTYPE_BYTES
 from ..build import cuda_home
 from .. import tuned as table
-from . import build, cache, candidates, report, select, workloads
+from ..families import family
+from . import build, cache, candidates, report, select
 from .progress import Progress
 
 
@@ -65,20 +67,43 @@ class Device:
                       str(torch.version.cuda), _compiler())
 
 
+# The measuring side (bench/tune_worker.py and the family's bench/workloads/<family>.py) runs
+# the runtime; the compiler starts it as a process and reads its results, never importing it.
+WORKER = [sys.executable, "-m", "bench.tune_worker"]
+WORKLOADS = "bench/workloads"
+
+
 def _measure_on_gpu(jobs, so_path, on_result):
-    from . import measure
-    measure.measure_all(jobs, so_path, on_result)
+    by_id = {job["id"]: job for job in jobs}
+    with subprocess.Popen(WORKER + [so_path], cwd=pipeline.ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as worker:
+        worker.stdin.write(json.dumps(jobs))
+        worker.stdin.close()
+        for line in worker.stdout:
+            if line.startswith("{"):
+                done = json.loads(line)
+                on_result(by_id[done["id"]], done["result"])
+    if worker.returncode != 0:
+        raise SystemExit(f"tune: the measuring process ({' '.join(WORKER)}) failed with exit status {worker.returncode}")
+
+
+def _workload_source(root: Path, spec) -> str:
+    path = root / WORKLOADS / f"{spec.family}.py"
+    if not path.is_file():
+        raise SystemExit(f"tune: family {spec.family!r} has no tuning workload; add {WORKLOADS}/{spec.family}.py "
+                         f"(the contract is in {WORKLOADS}/__init__.py)")
+    return path.read_text()
 
 
 def _runtime(spec, bucket, dtype: str, dev: Device) -> dict:
-    return workloads.for_family(spec.family).runtime(bucket.shape, DTYPE_BYTES[dtype], dev.sm_count)
+    return family(spec.family).tune.runtime(bucket.shape, DTYPE_BYTES[dtype], dev.sm_count)
 
 
 def _add_defaults(spec, built, cands, dev: Device) -> dict:
     """The instance the default rules pick per (bucket, dtype), added to the candidates so
     that every winner's speed-up over the default is measured in the same run."""
     names, defaults = {c.name for c in cands}, {}
-    tuned_axes = workloads.for_family(spec.family).AXES
+    tuned_axes = family(spec.family).tune.axes
     for bucket in spec.tune.buckets:
         for dtype in spec.tune.dtypes:
             inst = dispatch.select(spec, built, _runtime(spec, bucket, dtype, dev), {"dtype": dtype, **tuned_axes})
@@ -92,7 +117,7 @@ def _add_defaults(spec, built, cands, dev: Device) -> dict:
 def _plan(spec, cands, failed, sources, store, dev: Device):
     """(results known already: failed builds and cache hits, jobs still to time)."""
     results, todo = {}, []
-    workload = Path(workloads.for_family(spec.family).__file__).read_text()
+    workload = _workload_source(pipeline.ROOT, spec)
     for bucket in spec.tune.buckets:
         for dtype in spec.tune.dtypes:
             for inst in _smallest_buckets(spec, cands, _runtime(spec, bucket, dtype, dev), dtype):
@@ -161,6 +186,9 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None, *, 
     spec = pipeline.load([spec_path])[0]
     if spec.tune is None:
         raise SystemExit(f"tune: {spec.file} has no tune: section")
+    if family(spec.family).tune.runtime is None:
+        raise SystemExit(f"tune: the {spec.family} family declares no tuning plan (its TunePlan's runtime, "
+                         f"codegen/families/{spec.family}.py)")
     dev = device or Device.current()
     built = pipeline.lower(pipeline.expand([spec]), use_tuned=False)[0][1]
     cands, rejected = candidates.candidates(spec)

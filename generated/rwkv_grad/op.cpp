@@ -79,6 +79,8 @@ DType dtype_of(const char* name, const at::Tensor& t) {
   }
 }
 
+int64_t wkv_grad_checkpoint_every() { return kCheckpointEvery; }
+
 }  // namespace
 }  // namespace rwkv_grad
 }  // namespace attngen
@@ -179,6 +181,7 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
   m.def("wkv_grad_rkwu_select(Tensor r, Tensor k, Tensor v, Tensor w, Tensor u, Tensor d_o, Tensor checkpoints, Tensor? d_state, bool want_d_state0) -> str", &attngen::rwkv_grad::wkv_grad_rkwu_select_name);
   m.def("wkv_grad_rkwu_key(Tensor r, Tensor k, Tensor v, Tensor w, Tensor u, Tensor d_o, Tensor checkpoints, Tensor? d_state, bool want_d_state0) -> int[]", &attngen::rwkv_grad::wkv_grad_rkwu_key);
   m.def("wkv_grad_rkwu_instances(str role=\"\") -> str[]", &attngen::rwkv_grad::wkv_grad_rkwu_instances);
+  m.def("wkv_grad_checkpoint_every() -> int", &attngen::rwkv_grad::wkv_grad_checkpoint_every);
 }
 
 TORCH_LIBRARY_IMPL(attngen, CUDA, m) {

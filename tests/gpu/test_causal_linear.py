@@ -141,14 +141,14 @@ def test_backward_matches_float64_autograd(BH, E, M, L, dtype):
 
 def test_generated_dispatch_matches_its_python_mirror():
     """The C++ table (tuned rules first, then the spec's) and codegen.dispatch agree."""
-    from codegen import dispatch, pipeline
+    from codegen import dispatch, families, pipeline
     spec, built = pipeline.lower(pipeline.expand(pipeline.load()))[0]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for B, H, L, E, M in [(1, 4, 64, 64, 64), (1, 8, 4096, 64, 64), (2 * sms, 1, 64, 64, 64), (2, 16, 9000, 48, 64),
                           (4, 8, 2000, 32, 32), (8, 16, 100, 128, 128), (1, 2, 50, 100, 24)]:
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             q, k, v = inputs(B, H, L, E, M, dtype)
-            runtime = dispatch.runtime_for({"B": B, "H": H, "L": L, "E": E, "M": M}, q.element_size(), sms)
+            runtime = families.family("causal_linear").tune.runtime({"B": B, "H": H, "L": L, "E": E, "M": M}, q.element_size(), sms)
             want = dispatch.select(spec, built, runtime, {"dtype": name, "direction": "fwd"})
             assert attngen.selected_instance(q, k, v) == (want.name if want else ""), (B, H, L, E, M, name)
     odd = inputs(1, 4, 64, 64, 64, torch.float32)

@@ -9,7 +9,8 @@ import pytest
 from codegen import expr, pipeline, render
 from codegen.arch import ARCHES
 from codegen.families import causal_linear, paged
-from codegen.passes import Rejected, banks, lower_one
+from codegen.lower import lower_one
+from codegen.passes import Rejected, banks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -202,7 +203,7 @@ def test_flash_tile_layouts_are_conflict_free():
     """The shared tiles of the flash kernels, padded or swizzled, serve ldmatrix reads and the
     epilogue's fragment writes at one wavefront per phase; the Python
     offset mirrors the template's (a permutation within each row, nothing overlaps)."""
-    from codegen.families import flash_attention as fa
+    from codegen.passes import tiles as fa
     for d, swizzle in ((64, 1), (96, 0), (128, 1), (128, 0), (256, 1)):
         ways = banks.conflict_ways(fa.bank_accesses(d, 128, fa.layout(d, swizzle)), 0)
         assert ways["ldmatrix"] == ways["o_fragment_write"] == 1.0, (d, swizzle, ways)

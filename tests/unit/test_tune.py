@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from codegen import dispatch, pipeline, render
+from codegen import dispatch, families, pipeline, render
 from codegen.errors import SpecError
 from codegen import tuned as table
 from codegen.tune import cache, candidates, select
@@ -79,14 +79,14 @@ def test_candidates_cover_the_buckets_and_report_rejections():
     assert all(c.a["direction"] == "fwd" and c.a["dtype"] in spec.tune.dtypes for c in cands)
     assert rejected and all(r.reason for r in rejected)
     for bucket in spec.tune.buckets:
-        runtime = dispatch.runtime_for(bucket.shape, 4, 132)
+        runtime = families.family("causal_linear").tune.runtime(bucket.shape, 4, 132)
         assert any(dispatch.covers(spec, c, runtime) for c in cands if c.a["dtype"] == "fp32"), bucket.name
 
 
 def test_python_dispatch_follows_the_default_rules():
     spec, built = pipeline.lower(pipeline.expand(pipeline.load()), use_tuned=False)[0]
     pick = lambda B, H, E, M, dtype="fp32": dispatch.select(  # noqa: E731
-        spec, built, dispatch.runtime_for({"B": B, "H": H, "L": 64, "E": E, "M": M}, 4 if dtype == "fp32" else 2, 132),
+        spec, built, families.family("causal_linear").tune.runtime({"B": B, "H": H, "L": 64, "E": E, "M": M}, 4 if dtype == "fp32" else 2, 132),
         {"dtype": dtype, "direction": "fwd"})
     assert pick(8, 16, 64, 64).kind == "lmha" and pick(8, 16, 64, 64).p["e"] == 64
     assert pick(1, 8, 64, 64).kind == "low_occupancy"
@@ -103,30 +103,30 @@ def _fake_table(tmp_path, spec, bucket="e64_large_bh", params=None):
 
 
 def test_tuned_table_becomes_dispatch_rules_ahead_of_the_defaults(tmp_path):
-    from codegen import passes
+    from codegen import lower
     spec, built = pipeline.lower(pipeline.expand(pipeline.load()), use_tuned=False)[0]
-    extra, rules = table.load_rules(spec, _fake_table(tmp_path, spec), passes.lower_one)
+    extra, rules = table.load_rules(spec, _fake_table(tmp_path, spec), lower.lower_one)
     assert {i.a["direction"] for i in extra} == {"fwd", "rev"} and all(i.p["cols"] == 32 for i in extra)
     tuned_spec = table.attach(spec, rules)
     instances = built + extra
-    runtime = dispatch.runtime_for({"B": 8, "H": 16, "L": 4096, "E": 64, "M": 64}, 4, 132)
+    runtime = families.family("causal_linear").tune.runtime({"B": 8, "H": 16, "L": 4096, "E": 64, "M": 64}, 4, 132)
     assert dispatch.select(tuned_spec, instances, runtime, {"dtype": "fp32", "direction": "rev"}).p["cols"] == 32
     # bf16 was not tuned here: the default rules still decide.
-    runtime16 = dispatch.runtime_for({"B": 8, "H": 16, "L": 4096, "E": 64, "M": 64}, 2, 132)
+    runtime16 = families.family("causal_linear").tune.runtime({"B": 8, "H": 16, "L": 4096, "E": 64, "M": 64}, 2, 132)
     assert dispatch.select(tuned_spec, instances, runtime16, {"dtype": "bf16", "direction": "fwd"}).p["cols"] == 64
     text = render.dispatch_context(tuned_spec, instances)["rules"][0]
     assert text["source"].startswith("tuned:") and "key.E <= 64" in text["when"]
 
 
 def test_tuned_table_errors_name_the_line(tmp_path):
-    from codegen import passes
+    from codegen import lower
     spec = pipeline.load()[0]
     with pytest.raises(SpecError) as info:
-        table.load_rules(spec, _fake_table(tmp_path, spec, bucket="nope"), passes.lower_one)
+        table.load_rules(spec, _fake_table(tmp_path, spec, bucket="nope"), lower.lower_one)
     assert info.value.field == "buckets[0].bucket" and info.value.line is not None
     bad = {"e": 64, "m": 64, "cols": 64, "mpt": 4, "tph": 3, "vec": 4, "chunk": 8, "buf": 2, "pad": 0, "seg": 0}
     with pytest.raises(SpecError) as info:
-        table.load_rules(spec, _fake_table(tmp_path, spec, params=bad), passes.lower_one)
+        table.load_rules(spec, _fake_table(tmp_path, spec, params=bad), lower.lower_one)
     assert info.value.field == "buckets[0].params.tph"
 
 
@@ -191,9 +191,9 @@ def test_runner_tunes_every_family_and_its_table_dispatches(tmp_path, family):
 
     import yaml
 
-    from codegen import passes
+    from codegen import lower
     from codegen.arch import DTYPE_BYTES
-    from codegen.tune import runner, workloads
+    from codegen.tune import runner
     dev = runner.Device("Test GPU", 132, "2.x", "13.0", "nvcc test")
     timed = []
 
@@ -208,18 +208,18 @@ def test_runner_tunes_every_family_and_its_table_dispatches(tmp_path, family):
                out_dir=str(tmp_path / "out"))
     assert timed and all(job["family"] == family for job in timed)
     spec, built = [sb for sb in pipeline.lower(pipeline.expand(pipeline.load()), use_tuned=False) if sb[0].family == family][0]
-    work = workloads.for_family(family)
+    plan = families.family(family).tune
     path = tmp_path / "tuned" / "sm_90a" / f"{family}.yaml"
     doc = yaml.safe_load(path.read_text())
     assert {(e["bucket"], e["dtype"]) for e in doc["buckets"]} == {(b.name, d) for b in spec.tune.buckets
                                                                   for d in spec.tune.dtypes}
-    extra, rules = table.load_rules(spec, path, passes.lower_one)
+    extra, rules = table.load_rules(spec, path, lower.lower_one)
     tuned = table.attach(spec, rules)
     for entry in doc["buckets"]:
         bucket = next(b for b in spec.tune.buckets if b.name == entry["bucket"])
-        runtime = work.runtime(bucket.shape, DTYPE_BYTES[entry["dtype"]], 132)
+        runtime = plan.runtime(bucket.shape, DTYPE_BYTES[entry["dtype"]], 132)
         assert bucket.when.evaluate(runtime), bucket.name   # the bucket's own shape falls in it
-        default = dispatch.select(spec, built, runtime, {"dtype": entry["dtype"], **work.AXES})
+        default = dispatch.select(spec, built, runtime, {"dtype": entry["dtype"], **plan.axes})
         assert default is not None and entry["default"] == default.name and entry["default_ms"] is not None
         for served in entry["serves"]:
             for axes in ({**dict(i.axes), "dtype": served} for i in extra if i.kind == entry["kind"]):

@@ -1,28 +1,21 @@
-"""Paged decode's tuning workload (codegen/tune/workloads/__init__.py says the contract): one
-query token per sequence, pages of BLOCK tokens shuffled through the cache (NHD), the cache in
-q's dtype. Contexts are ragged, as in a serving batch: the first sequence holds the bucket's L,
-the others U(1..L). Timed on equal contexts instead, the winners lost on ragged ones: the G 4
+"""Paged decode's tuning workload (bench/workloads/__init__.py says the contract): one query
+token per sequence, pages of BLOCK tokens shuffled through the cache (NHD), the cache in q's
+dtype. Contexts are ragged, as in a serving batch: the first sequence holds the bucket's L, the
+others U(1..L). Timed on equal contexts instead, the winners lost on ragged ones: the G 4
 winner of 64 x 4096 (3 stages, 1.02x the default there) read 2.13 TB/s against the default's
 2.56 with lengths U(1..8192) (H100, dbc4461, bench/results/h100/paged.md)."""
 from __future__ import annotations
 
-from ...dispatch import contiguous_align
+from attngen import reference as ref
 
-AXES: dict = {}
-BLOCK = 16
-
-
-def runtime(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
-    return {"D": shape["D"], "G": shape["Hq"] // shape["Hkv"], "S": shape["S"], "Q": 1, "KVE": 0,
-            "Hq": shape["Hq"], "Hkv": shape["Hkv"], "L": -(-shape["L"] // BLOCK) * BLOCK,
-            "align": contiguous_align(dtype_bytes, shape["D"]), "sm_count": sm_count}
+BLOCK = 16   # codegen/families/paged.py TUNE_BLOCK: the dispatch variables assume it
 
 
 def check_shape(shape: dict) -> dict:
     return {**shape, "S": 3, "L": min(shape["L"], 1000)}
 
 
-def inputs(torch, shape: dict, dtype, seed: int) -> tuple:
+def inputs(torch, ops, shape: dict, dtype, seed: int) -> tuple:
     S, Hq, Hkv, D, L = (shape[d] for d in ("S", "Hq", "Hkv", "D", "L"))
     g = torch.Generator(device="cuda").manual_seed(seed)
     pages = -(-L // BLOCK)
@@ -40,5 +33,4 @@ def run(ops, instance: str, args: tuple):
 
 
 def reference(args: tuple):
-    from attngen import reference
-    return reference.paged_decode(*args)
+    return ref.paged_decode(*args)

@@ -1,23 +1,15 @@
-"""Causal linear attention's tuning workload (codegen/tune/workloads/__init__.py says the
-contract): forward only, the reverse kernel is the same code walking time backwards."""
+"""Causal linear attention's tuning workload (bench/workloads/__init__.py says the contract):
+forward only, the reverse kernel is the same code walking time backwards."""
 from __future__ import annotations
 
 import math
-
-from ... import dispatch
-
-AXES = {"direction": "fwd"}
-
-
-def runtime(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
-    return dispatch.runtime_for(shape, dtype_bytes, sm_count)
 
 
 def check_shape(shape: dict) -> dict:
     return {**shape, "B": 1, "H": 2, "L": min(shape["L"], 300)}
 
 
-def inputs(torch, shape: dict, dtype, seed: int) -> tuple:
+def inputs(torch, ops, shape: dict, dtype, seed: int) -> tuple:
     B, H, L, E, M = (shape[d] for d in ("B", "H", "L", "E", "M"))
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(B, H, L, E, device="cuda", generator=g).to(dtype) / math.sqrt(E)

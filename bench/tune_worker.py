@@ -1,11 +1,17 @@
-"""On the GPU: check each candidate against the float64 reference, then time it on the
-bucket's shape (CUDA-event medians via triton.testing.do_bench, warm-up, inputs rotated
-beyond L2, three repeats whose spread is recorded). The family's workload
-(codegen/tune/workloads/) makes the inputs and calls the instance. One worker process per
-visible GPU."""
+"""`python -m bench.tune_worker EXTENSION.so`: the measuring side of `python -m codegen tune`,
+which starts it as its own process (the compiler never imports the runtime). Reads the jobs
+(JSON list on stdin: id, family, name, shape, dtype), writes one JSON line per result as it
+arrives ({"id", "result"}) on stdout.
+
+Each candidate is checked against the float64 reference, then timed on the bucket's shape
+(CUDA-event medians via triton.testing.do_bench, warm-up, inputs rotated beyond L2, three
+repeats whose spread is recorded). The family's workload (bench/workloads/) makes the inputs
+and calls the instance. One worker process per visible GPU."""
 from __future__ import annotations
 
+import json
 import math
+import sys
 
 L2_BYTES = 50 * 2**20
 REPEATS = 3
@@ -29,9 +35,10 @@ def _timing_sets(torch, work, job: dict, dtype) -> list:
     key = (job["family"], tuple(sorted(job["shape"].items())), job["dtype"])
     if key not in _SETS:
         _SETS.clear()
-        first = work.inputs(torch, job["shape"], dtype, seed=10)
+        ops = torch.ops.attngen_tune
+        first = work.inputs(torch, ops, job["shape"], dtype, seed=10)
         count = max(1, min(8, math.ceil(3 * L2_BYTES / _nbytes(first))))
-        _SETS[key] = [first] + [work.inputs(torch, job["shape"], dtype, seed=10 + i) for i in range(1, count)]
+        _SETS[key] = [first] + [work.inputs(torch, ops, job["shape"], dtype, seed=10 + i) for i in range(1, count)]
     return _SETS[key]
 
 
@@ -40,14 +47,14 @@ def measure_one(job: dict) -> dict:
     import torch
     import triton.testing
 
-    from . import workloads
+    from bench import workloads
 
     work = workloads.for_family(job["family"])
     ops = torch.ops.attngen_tune
     dtype = _torch_dtype(torch, job["dtype"])
     shape, name = job["shape"], job["name"]
     try:
-        args = work.inputs(torch, work.check_shape(shape), dtype, seed=1)
+        args = work.inputs(torch, ops, work.check_shape(shape), dtype, seed=1)
         ref = work.reference(args)
         torch.full(ref.shape, float("nan"), dtype=dtype, device="cuda")  # poison the block the output reuses
         out = getattr(work, "as_tensor", lambda x: x)(work.run(ops, name, args)).double()
@@ -107,3 +114,16 @@ def measure_all(jobs: list[dict], so_path: str, on_result) -> None:
         for future in concurrent.futures.as_completed([pool.submit(_run_job, job) for job in jobs]):
             job_id, result = future.result()
             on_result(by_id[job_id], result)
+
+
+def main(argv=None) -> None:
+    so_path, = (argv if argv is not None else sys.argv[1:])
+    jobs = json.load(sys.stdin)
+
+    def report(job, result):
+        print(json.dumps({"id": job["id"], "result": result}), flush=True)
+    measure_all(jobs, so_path, report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,23 +1,15 @@
-"""The RWKV wkv scan's tuning workload (codegen/tune/workloads/__init__.py says the contract):
-RWKV6's forward (keys contracted, u and an initial state). The backward's scans are the same
-kinds walking in reverse or with the keys as the output axis, and take the same winners."""
+"""The RWKV wkv scan's tuning workload (bench/workloads/__init__.py says the contract): RWKV6's
+forward (keys contracted, u and an initial state)."""
 from __future__ import annotations
 
-from ...dispatch import contiguous_align
-
-AXES = {"direction": "fwd", "keys": "contracted"}
-
-
-def runtime(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
-    return {"N": shape["N"], "T": shape["T"], "BH": shape["B"] * shape["H"],
-            "align": contiguous_align(dtype_bytes, shape["N"]), "sm_count": sm_count}
+from attngen import reference as ref
 
 
 def check_shape(shape: dict) -> dict:
     return {**shape, "B": 1, "H": 2, "T": min(shape["T"], 200)}
 
 
-def inputs(torch, shape: dict, dtype, seed: int) -> tuple:
+def inputs(torch, ops, shape: dict, dtype, seed: int) -> tuple:
     B, T, H, N = (shape[d] for d in ("B", "T", "H", "N"))
     g = torch.Generator(device="cuda").manual_seed(seed)
     r, k, v = (torch.randn(B, T, H, N, device="cuda", generator=g).to(dtype) for _ in range(3))
@@ -32,5 +24,4 @@ def run(ops, instance: str, args: tuple):
 
 
 def reference(args: tuple):
-    from attngen import reference
-    return reference.wkv_scan(*args)[0]
+    return ref.wkv_scan(*args)[0]
