@@ -1,10 +1,11 @@
 """attngen: attention kernels generated from declarative specs (see README.md)."""
 from .causal_linear import (causal_dot_product, causal_linear_attention, linear_attention,
                             instances, selected_instance, causal_dot_product_with)
+from .delta_rule import gated_delta_rule, rwkv7
 from .flash_attention import flash_attention, flash_attention_varlen
 from .paged import paged_decode
 from .rwkv import wkv5, wkv6
 
 __all__ = ["causal_dot_product", "causal_linear_attention", "linear_attention", "instances",
            "selected_instance", "causal_dot_product_with", "wkv5", "wkv6", "paged_decode",
-           "flash_attention", "flash_attention_varlen"]
+           "flash_attention", "flash_attention_varlen", "rwkv7", "gated_delta_rule"]

@@ -284,3 +284,38 @@ def flash_attention_loops(q, k, v, causal=False, scale=None):
                 if run_sum > 0:
                     out[b, i, h] = acc / run_sum
     return out
+
+
+def rwkv7(r, w, k, v, a, b, state=None, scale=1.0, dtype=torch.float64):
+    """RWKV-7 in `dtype`, state S[b, h, key, value] as flash-linear-attention keeps it:
+    sa = S^T a; S <- diag(exp(w)) S + b sa^T + k v^T; o = scale S^T r. r, w, k, a, b [B, T, H, K],
+    v [B, T, H, V] -> (o [B, T, H, V], final state [B, H, K, V])."""
+    r, w, k, v, a, b = (x.to(dtype) for x in (r, w, k, v, a, b))
+    B, T, H, K = r.shape
+    S = (torch.zeros(B, H, K, v.shape[-1], dtype=dtype, device=r.device) if state is None
+         else state.to(dtype).clone())
+    out = torch.empty(B, T, H, v.shape[-1], dtype=dtype, device=r.device)
+    for t in range(T):
+        sa = torch.einsum("bhkv,bhk->bhv", S, a[:, t])
+        S = (w[:, t].exp()[..., None] * S + b[:, t][..., None] * sa[:, :, None, :]
+             + k[:, t][..., None] * v[:, t][:, :, None, :])
+        out[:, t] = scale * torch.einsum("bhkv,bhk->bhv", S, r[:, t])
+    return out, S
+
+
+def gated_delta_rule(q, k, v, g, beta, state=None, scale=None, dtype=torch.float64):
+    """Gated DeltaNet in `dtype`, state S[b, h, key, value]: S <- exp(g) S;
+    u = beta (v - S^T k); S <- S + k u^T; o = scale S^T q. q, k [B, T, H, K], v [B, T, H, V],
+    g, beta [B, T, H] -> (o [B, T, H, V], final state [B, H, K, V]). scale defaults to K^-0.5."""
+    q, k, v, g, beta = (x.to(dtype) for x in (q, k, v, g, beta))
+    B, T, H, K = q.shape
+    scale = K ** -0.5 if scale is None else scale
+    S = (torch.zeros(B, H, K, v.shape[-1], dtype=dtype, device=q.device) if state is None
+         else state.to(dtype).clone())
+    out = torch.empty(B, T, H, v.shape[-1], dtype=dtype, device=q.device)
+    for t in range(T):
+        S = g[:, t].exp()[..., None, None] * S
+        u = beta[:, t][..., None] * (v[:, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, t]))
+        S = S + k[:, t][..., None] * u[:, :, None, :]
+        out[:, t] = scale * torch.einsum("bhkv,bhk->bhv", S, q[:, t])
+    return out, S

@@ -13,7 +13,8 @@ surface is generated (templates/op.h.j2, templates/op.cpp.j2), as torchgen does 
   dispatch_axes
              where each spec axis is read from a call: `dtype: q` (q's dtype, one of
              axes.dtype, else a ValueError naming q), `direction: reverse` (a bool argument:
-             false picks the axis' first value, true its second).
+             false picks the axis' first value, true its second), `variant: variant` (an int
+             argument: the index of the value in the family's axis).
 
 Output shapes and dtypes are Python-syntax expressions over the arguments: `q` (q's sizes),
 `[q[0], q[2], v[-1]]` (sizes), `a if cond else b` where cond is a bool argument, `x is None` or
@@ -34,6 +35,8 @@ ARG_TYPES = {  # schema type -> (C++ parameter type, C++ member type of the argu
     "float": ("double", "double"),
     "str": ("const std::string&", "const std::string&"),
 }
+# Names the generated op functions (templates/op/op.cpp.j2) give their locals and extra parameters.
+RESERVED_NAMES = frozenset({"args", "out", "key", "entry", "instance", "names", "role"})
 OUTPUT_DTYPES = {"float32": "at::kFloat", "float16": "at::kHalf", "bfloat16": "at::kBFloat16"}
 _ARG = re.compile(r"^(?P<type>Tensor(?:\([a-z]!?\))?\??|bool|int|float|str)\s+(?P<name>[A-Za-z_]\w*)"
                   r"(?:\s*=\s*(?P<default>\S+))?$")
@@ -143,6 +146,9 @@ def parse_schema(name: str, schema: str) -> tuple[tuple, int]:
         plain = re.sub(r"\(.*\)", "", schema_type)
         if arg.group("name") in seen:
             raise DeclError("op.schema", f"argument {arg.group('name')!r} is declared twice")
+        if arg.group("name") in RESERVED_NAMES:
+            raise DeclError("op.schema", f"argument {arg.group('name')!r}: the generated bindings use that name; "
+                                         f"choose another (reserved: {', '.join(sorted(RESERVED_NAMES))})")
         seen.add(arg.group("name"))
         args.append(Arg(arg.group("name"), plain, schema_type, arg.group("default")))
     returns = match.group(3)
@@ -262,9 +268,11 @@ def check_dispatch_axes(args: tuple, axes: dict, dispatch_axes: dict) -> None:
         if axis == "dtype":
             if arg is None or arg.type != "Tensor":
                 raise DeclError(field, f"expected a (non-optional) tensor argument, got {source!r}")
+        elif arg is not None and arg.type == "int":
+            pass  # the index of the axis value; the op rejects one out of range, naming the values
         else:
             if arg is None or arg.type != "bool":
-                raise DeclError(field, f"expected a bool argument, got {source!r}")
+                raise DeclError(field, f"expected a bool or int argument, got {source!r}")
             if len(axes[axis]) > 2:
                 raise DeclError(field, f"a bool argument selects between two values; axis {axis!r} has "
-                                       f"{len(axes[axis])}")
+                                       f"{len(axes[axis])} (an int argument selects any)")

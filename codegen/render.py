@@ -96,10 +96,30 @@ def dispatch_context(spec: Spec, instances: list[KernelInstance]) -> dict:
             "rules": rules, "axis_names": ", ".join(spec.axes)}
 
 
+def _arg_type(spec: Spec, name: str) -> str:
+    return spec.op.arg(name).type
+
+
+def key_axes_cpp(spec: Spec) -> list[tuple[str, str]]:
+    """(axis, the C++ expression that fills the key's field from the arguments `a`): dtype from
+    a tensor's dtype, a bool argument as 0 or 1, an int argument as the index itself (checked)."""
+    out = []
+    for axis, source in spec.op.dispatch_axes.items():
+        if axis == "dtype":
+            out.append((axis, f'dtype_of("{source}", a.{source})'))
+        elif _arg_type(spec, source) == "bool":
+            out.append((axis, f"a.{source} ? 1 : 0"))
+        else:
+            out.append((axis, f"a.{source}"))
+    return out
+
+
 def op_context(spec: Spec, namespace: str = NAMESPACE) -> dict:
     """What the op's own templates (templates/op/, the family's op_impl.h.j2 and params.cuh.j2) print."""
     fam = family(spec.family)
     return dict(op=spec.op, family=spec.family, namespace=namespace, dtypes=list(fam.axes["dtype"]),
+                key_axes=key_axes_cpp(spec), index_axes=[(source, fam.axes[axis]) for axis, source in
+                                                         spec.op.dispatch_axes.items() if _arg_type(spec, source) == "int"],
                 torch_dtypes={d: TORCH_DTYPES[d] for d in spec.axes["dtype"]},
                 constants=fam.support_constants, exported=fam.exported_constants)
 

@@ -91,60 +91,60 @@ Key make_key(const Args& a, const Outputs& out) {
 }
 
 at::Tensor causal_dot_product_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool reverse) {
-  const Args a{q, k, v, reverse};
+  const Args args{q, k, v, reverse};
   detail::clear_uncovered();
-  check_all(a);
-  Outputs out = allocate(a);
-  if (nothing_to_do(a, out)) return result(out);
-  const Key key = make_key(a, out);
+  check_all(args);
+  Outputs out = allocate(args);
+  if (nothing_to_do(args, out)) return result(out);
+  const Key key = make_key(args, out);
   const Entry* entry = causal_dot_product_select(key);
   if (entry == nullptr) {
     // The typed signal the runtime's JIT reads (take_uncovered), then the error users see.
     detail::record_uncovered("causal_dot_product", causal_dot_product_key_values(key));
-    fail_value(uncovered(a, key));
+    fail_value(uncovered(args, key));
   }
-  run(entry, a, key, out);
+  run(entry, args, key, out);
   return result(out);
 }
 
 at::Tensor causal_dot_product_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool reverse, const std::string& instance) {
-  const Args a{q, k, v, reverse};
-  check_all(a);
+  const Args args{q, k, v, reverse};
+  check_all(args);
   const Entry* entry = causal_dot_product_find(instance.c_str());
   if (entry == nullptr) fail_value("causal_dot_product_with: no instance named " + instance);
-  Outputs out = allocate(a);
-  if (nothing_to_do(a, out)) return result(out);
-  const Key key = make_key(a, out);
+  Outputs out = allocate(args);
+  if (nothing_to_do(args, out)) return result(out);
+  const Key key = make_key(args, out);
   if (!entry->covers(key)) fail_value("causal_dot_product_with: instance " + instance + " does not cover " + describe(key));
-  run(entry, a, key, out);
+  run(entry, args, key, out);
   return result(out);
 }
 
 at::Tensor causal_dot_product_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool reverse) {
-  const Args a{q, k, v, reverse};
-  return result(allocate(a));
+  const Args args{q, k, v, reverse};
+  return result(allocate(args));
 }
 
 at::Tensor causal_dot_product_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool reverse, const std::string&) {
-  const Args a{q, k, v, reverse};
-  return result(allocate(a));
+  const Args args{q, k, v, reverse};
+  return result(allocate(args));
 }
 
 // The instance the dispatch picks for these arguments ('' if none).
 std::string causal_dot_product_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool reverse) {
-  const Args a{q, k, v, reverse};
-  check_all(a);
-  const Outputs out = allocate(a);
-  const Entry* entry = causal_dot_product_select(make_key(a, out));
+  const Args args{q, k, v, reverse};
+  check_all(args);
+  const Outputs out = allocate(args);
+  const Entry* entry = causal_dot_product_select(make_key(args, out));
   return entry ? entry->name : "";
 }
 
 // The dispatch key as numbers: the run-time variables, then each axis' index (codegen/jit.py).
 std::vector<int64_t> causal_dot_product_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool reverse) {
-  const Args a{q, k, v, reverse};
-  check_all(a);
-  const Outputs out = allocate(a);
-  return causal_dot_product_key_values(make_key(a, out));
+  const Args args{q, k, v, reverse};
+  check_all(args);
+  const Outputs out = allocate(args);
+  return causal_dot_product_key_values(make_key(args, out));
 }
 
 // The compiled instances, of one role ("dispatch", "fallback", "bench") or of all ("").

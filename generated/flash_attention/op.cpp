@@ -99,60 +99,60 @@ Key make_key(const Args& a, const Outputs& out) {
 }
 
 std::tuple<at::Tensor, at::Tensor> flash_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap) {
-  const Args a{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
   detail::clear_uncovered();
-  check_all(a);
-  Outputs out = allocate(a);
-  if (nothing_to_do(a, out)) return result(out);
-  const Key key = make_key(a, out);
+  check_all(args);
+  Outputs out = allocate(args);
+  if (nothing_to_do(args, out)) return result(out);
+  const Key key = make_key(args, out);
   const Entry* entry = flash_attention_select(key);
   if (entry == nullptr) {
     // The typed signal the runtime's JIT reads (take_uncovered), then the error users see.
     detail::record_uncovered("flash_attention", flash_attention_key_values(key));
-    fail_value(uncovered(a, key));
+    fail_value(uncovered(args, key));
   }
-  run(entry, a, key, out);
+  run(entry, args, key, out);
   return result(out);
 }
 
 std::tuple<at::Tensor, at::Tensor> flash_attention_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, const std::string& instance) {
-  const Args a{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
-  check_all(a);
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
+  check_all(args);
   const Entry* entry = flash_attention_find(instance.c_str());
   if (entry == nullptr) fail_value("flash_attention_with: no instance named " + instance);
-  Outputs out = allocate(a);
-  if (nothing_to_do(a, out)) return result(out);
-  const Key key = make_key(a, out);
+  Outputs out = allocate(args);
+  if (nothing_to_do(args, out)) return result(out);
+  const Key key = make_key(args, out);
   if (!entry->covers(key)) fail_value("flash_attention_with: instance " + instance + " does not cover " + describe(key));
-  run(entry, a, key, out);
+  run(entry, args, key, out);
   return result(out);
 }
 
 std::tuple<at::Tensor, at::Tensor> flash_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap) {
-  const Args a{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
-  return result(allocate(a));
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
+  return result(allocate(args));
 }
 
 std::tuple<at::Tensor, at::Tensor> flash_attention_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, const std::string&) {
-  const Args a{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
-  return result(allocate(a));
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
+  return result(allocate(args));
 }
 
 // The instance the dispatch picks for these arguments ('' if none).
 std::string flash_attention_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap) {
-  const Args a{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
-  check_all(a);
-  const Outputs out = allocate(a);
-  const Entry* entry = flash_attention_select(make_key(a, out));
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
+  check_all(args);
+  const Outputs out = allocate(args);
+  const Entry* entry = flash_attention_select(make_key(args, out));
   return entry ? entry->name : "";
 }
 
 // The dispatch key as numbers: the run-time variables, then each axis' index (codegen/jit.py).
 std::vector<int64_t> flash_attention_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap) {
-  const Args a{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
-  check_all(a);
-  const Outputs out = allocate(a);
-  return flash_attention_key_values(make_key(a, out));
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
+  check_all(args);
+  const Outputs out = allocate(args);
+  return flash_attention_key_values(make_key(args, out));
 }
 
 // The compiled instances, of one role ("dispatch", "fallback", "bench") or of all ("").

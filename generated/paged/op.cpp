@@ -96,60 +96,60 @@ Key make_key(const Args& a, const Outputs& out) {
 }
 
 at::Tensor paged_decode_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& context_lens, double scale, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
-  const Args a{q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale};
+  const Args args{q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale};
   detail::clear_uncovered();
-  check_all(a);
-  Outputs out = allocate(a);
-  if (nothing_to_do(a, out)) return result(out);
-  const Key key = make_key(a, out);
+  check_all(args);
+  Outputs out = allocate(args);
+  if (nothing_to_do(args, out)) return result(out);
+  const Key key = make_key(args, out);
   const Entry* entry = paged_decode_select(key);
   if (entry == nullptr) {
     // The typed signal the runtime's JIT reads (take_uncovered), then the error users see.
     detail::record_uncovered("paged_decode", paged_decode_key_values(key));
-    fail_value(uncovered(a, key));
+    fail_value(uncovered(args, key));
   }
-  run(entry, a, key, out);
+  run(entry, args, key, out);
   return result(out);
 }
 
 at::Tensor paged_decode_with_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& context_lens, double scale, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale, const std::string& instance) {
-  const Args a{q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale};
-  check_all(a);
+  const Args args{q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale};
+  check_all(args);
   const Entry* entry = paged_decode_find(instance.c_str());
   if (entry == nullptr) fail_value("paged_decode_with: no instance named " + instance);
-  Outputs out = allocate(a);
-  if (nothing_to_do(a, out)) return result(out);
-  const Key key = make_key(a, out);
+  Outputs out = allocate(args);
+  if (nothing_to_do(args, out)) return result(out);
+  const Key key = make_key(args, out);
   if (!entry->covers(key)) fail_value("paged_decode_with: instance " + instance + " does not cover " + describe(key));
-  run(entry, a, key, out);
+  run(entry, args, key, out);
   return result(out);
 }
 
 at::Tensor paged_decode_meta(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& context_lens, double scale, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
-  const Args a{q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale};
-  return result(allocate(a));
+  const Args args{q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale};
+  return result(allocate(args));
 }
 
 at::Tensor paged_decode_with_meta(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& context_lens, double scale, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale, const std::string&) {
-  const Args a{q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale};
-  return result(allocate(a));
+  const Args args{q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale};
+  return result(allocate(args));
 }
 
 // The instance the dispatch picks for these arguments ('' if none).
 std::string paged_decode_select_name(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& context_lens, double scale, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
-  const Args a{q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale};
-  check_all(a);
-  const Outputs out = allocate(a);
-  const Entry* entry = paged_decode_select(make_key(a, out));
+  const Args args{q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale};
+  check_all(args);
+  const Outputs out = allocate(args);
+  const Entry* entry = paged_decode_select(make_key(args, out));
   return entry ? entry->name : "";
 }
 
 // The dispatch key as numbers: the run-time variables, then each axis' index (codegen/jit.py).
 std::vector<int64_t> paged_decode_key(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& context_lens, double scale, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
-  const Args a{q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale};
-  check_all(a);
-  const Outputs out = allocate(a);
-  return paged_decode_key_values(make_key(a, out));
+  const Args args{q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale};
+  check_all(args);
+  const Outputs out = allocate(args);
+  return paged_decode_key_values(make_key(args, out));
 }
 
 // The compiled instances, of one role ("dispatch", "fallback", "bench") or of all ("").

@@ -103,60 +103,60 @@ Key make_key(const Args& a, const Outputs& out) {
 }
 
 std::tuple<at::Tensor, at::Tensor> wkv_scan_cuda(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vo, const at::Tensor& w, const std::optional<at::Tensor>& u, const std::optional<at::Tensor>& state, bool reverse, bool keys_output, bool return_state, bool float_out, const std::optional<at::Tensor>& checkpoints) {
-  const Args a{q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints};
+  const Args args{q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints};
   detail::clear_uncovered();
-  check_all(a);
-  Outputs out = allocate(a);
-  if (nothing_to_do(a, out)) return result(out);
-  const Key key = make_key(a, out);
+  check_all(args);
+  Outputs out = allocate(args);
+  if (nothing_to_do(args, out)) return result(out);
+  const Key key = make_key(args, out);
   const Entry* entry = wkv_scan_select(key);
   if (entry == nullptr) {
     // The typed signal the runtime's JIT reads (take_uncovered), then the error users see.
     detail::record_uncovered("wkv_scan", wkv_scan_key_values(key));
-    fail_value(uncovered(a, key));
+    fail_value(uncovered(args, key));
   }
-  run(entry, a, key, out);
+  run(entry, args, key, out);
   return result(out);
 }
 
 std::tuple<at::Tensor, at::Tensor> wkv_scan_with_cuda(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vo, const at::Tensor& w, const std::optional<at::Tensor>& u, const std::optional<at::Tensor>& state, bool reverse, bool keys_output, bool return_state, bool float_out, const std::optional<at::Tensor>& checkpoints, const std::string& instance) {
-  const Args a{q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints};
-  check_all(a);
+  const Args args{q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints};
+  check_all(args);
   const Entry* entry = wkv_scan_find(instance.c_str());
   if (entry == nullptr) fail_value("wkv_scan_with: no instance named " + instance);
-  Outputs out = allocate(a);
-  if (nothing_to_do(a, out)) return result(out);
-  const Key key = make_key(a, out);
+  Outputs out = allocate(args);
+  if (nothing_to_do(args, out)) return result(out);
+  const Key key = make_key(args, out);
   if (!entry->covers(key)) fail_value("wkv_scan_with: instance " + instance + " does not cover " + describe(key));
-  run(entry, a, key, out);
+  run(entry, args, key, out);
   return result(out);
 }
 
 std::tuple<at::Tensor, at::Tensor> wkv_scan_meta(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vo, const at::Tensor& w, const std::optional<at::Tensor>& u, const std::optional<at::Tensor>& state, bool reverse, bool keys_output, bool return_state, bool float_out, const std::optional<at::Tensor>& checkpoints) {
-  const Args a{q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints};
-  return result(allocate(a));
+  const Args args{q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints};
+  return result(allocate(args));
 }
 
 std::tuple<at::Tensor, at::Tensor> wkv_scan_with_meta(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vo, const at::Tensor& w, const std::optional<at::Tensor>& u, const std::optional<at::Tensor>& state, bool reverse, bool keys_output, bool return_state, bool float_out, const std::optional<at::Tensor>& checkpoints, const std::string&) {
-  const Args a{q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints};
-  return result(allocate(a));
+  const Args args{q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints};
+  return result(allocate(args));
 }
 
 // The instance the dispatch picks for these arguments ('' if none).
 std::string wkv_scan_select_name(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vo, const at::Tensor& w, const std::optional<at::Tensor>& u, const std::optional<at::Tensor>& state, bool reverse, bool keys_output, bool return_state, bool float_out, const std::optional<at::Tensor>& checkpoints) {
-  const Args a{q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints};
-  check_all(a);
-  const Outputs out = allocate(a);
-  const Entry* entry = wkv_scan_select(make_key(a, out));
+  const Args args{q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints};
+  check_all(args);
+  const Outputs out = allocate(args);
+  const Entry* entry = wkv_scan_select(make_key(args, out));
   return entry ? entry->name : "";
 }
 
 // The dispatch key as numbers: the run-time variables, then each axis' index (codegen/jit.py).
 std::vector<int64_t> wkv_scan_key(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vo, const at::Tensor& w, const std::optional<at::Tensor>& u, const std::optional<at::Tensor>& state, bool reverse, bool keys_output, bool return_state, bool float_out, const std::optional<at::Tensor>& checkpoints) {
-  const Args a{q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints};
-  check_all(a);
-  const Outputs out = allocate(a);
-  return wkv_scan_key_values(make_key(a, out));
+  const Args args{q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints};
+  check_all(args);
+  const Outputs out = allocate(args);
+  return wkv_scan_key_values(make_key(args, out));
 }
 
 // The compiled instances, of one role ("dispatch", "fallback", "bench") or of all ("").

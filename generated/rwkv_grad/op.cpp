@@ -105,60 +105,60 @@ Key make_key(const Args& a, const Outputs& out) {
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv_grad_rkwu_cuda(const at::Tensor& r, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& u, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, bool want_d_state0) {
-  const Args a{r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0};
+  const Args args{r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0};
   detail::clear_uncovered();
-  check_all(a);
-  Outputs out = allocate(a);
-  if (nothing_to_do(a, out)) return result(out);
-  const Key key = make_key(a, out);
+  check_all(args);
+  Outputs out = allocate(args);
+  if (nothing_to_do(args, out)) return result(out);
+  const Key key = make_key(args, out);
   const Entry* entry = wkv_grad_rkwu_select(key);
   if (entry == nullptr) {
     // The typed signal the runtime's JIT reads (take_uncovered), then the error users see.
     detail::record_uncovered("wkv_grad_rkwu", wkv_grad_rkwu_key_values(key));
-    fail_value(uncovered(a, key));
+    fail_value(uncovered(args, key));
   }
-  run(entry, a, key, out);
+  run(entry, args, key, out);
   return result(out);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv_grad_rkwu_with_cuda(const at::Tensor& r, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& u, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, bool want_d_state0, const std::string& instance) {
-  const Args a{r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0};
-  check_all(a);
+  const Args args{r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0};
+  check_all(args);
   const Entry* entry = wkv_grad_rkwu_find(instance.c_str());
   if (entry == nullptr) fail_value("wkv_grad_rkwu_with: no instance named " + instance);
-  Outputs out = allocate(a);
-  if (nothing_to_do(a, out)) return result(out);
-  const Key key = make_key(a, out);
+  Outputs out = allocate(args);
+  if (nothing_to_do(args, out)) return result(out);
+  const Key key = make_key(args, out);
   if (!entry->covers(key)) fail_value("wkv_grad_rkwu_with: instance " + instance + " does not cover " + describe(key));
-  run(entry, a, key, out);
+  run(entry, args, key, out);
   return result(out);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv_grad_rkwu_meta(const at::Tensor& r, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& u, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, bool want_d_state0) {
-  const Args a{r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0};
-  return result(allocate(a));
+  const Args args{r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0};
+  return result(allocate(args));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv_grad_rkwu_with_meta(const at::Tensor& r, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& u, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, bool want_d_state0, const std::string&) {
-  const Args a{r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0};
-  return result(allocate(a));
+  const Args args{r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0};
+  return result(allocate(args));
 }
 
 // The instance the dispatch picks for these arguments ('' if none).
 std::string wkv_grad_rkwu_select_name(const at::Tensor& r, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& u, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, bool want_d_state0) {
-  const Args a{r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0};
-  check_all(a);
-  const Outputs out = allocate(a);
-  const Entry* entry = wkv_grad_rkwu_select(make_key(a, out));
+  const Args args{r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0};
+  check_all(args);
+  const Outputs out = allocate(args);
+  const Entry* entry = wkv_grad_rkwu_select(make_key(args, out));
   return entry ? entry->name : "";
 }
 
 // The dispatch key as numbers: the run-time variables, then each axis' index (codegen/jit.py).
 std::vector<int64_t> wkv_grad_rkwu_key(const at::Tensor& r, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& u, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, bool want_d_state0) {
-  const Args a{r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0};
-  check_all(a);
-  const Outputs out = allocate(a);
-  return wkv_grad_rkwu_key_values(make_key(a, out));
+  const Args args{r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0};
+  check_all(args);
+  const Outputs out = allocate(args);
+  return wkv_grad_rkwu_key_values(make_key(args, out));
 }
 
 // The compiled instances, of one role ("dispatch", "fallback", "bench") or of all ("").

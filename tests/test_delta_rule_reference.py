@@ -1,0 +1,79 @@
+"""The delta-rule references (attngen.reference.rwkv7, gated_delta_rule) against the papers'
+value-major matrix forms, written independently here, and the runtime's input checks that need
+no GPU."""
+import pytest
+import torch
+
+import attngen
+from attngen import reference
+
+
+def _rwkv7_inputs(B=2, T=9, H=3, K=5, V=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r, k = (torch.randn(B, T, H, K, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(B, T, H, V, generator=g, dtype=torch.float64)
+    w = -torch.rand(B, T, H, K, generator=g, dtype=torch.float64) * 2
+    kk = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=g, dtype=torch.float64), dim=-1)
+    a, b = -kk, kk * torch.rand(B, T, H, K, generator=g, dtype=torch.float64)
+    return r, w, k, v, a, b
+
+
+def test_rwkv7_reference_is_the_value_major_recurrence():
+    """S'_t = S'_{t-1} diag(exp(w_t)) + (S'_{t-1} a_t) b_t^T + v_t k_t^T, y_t = S'_t r_t (S' = S^T)."""
+    r, w, k, v, a, b = _rwkv7_inputs()
+    state = torch.randn(2, 3, 5, 4, dtype=torch.float64)
+    out, final = reference.rwkv7(r, w, k, v, a, b, state=state, scale=0.7)
+    for bi in range(2):
+        for h in range(3):
+            S = state[bi, h].T.clone()                         # [V, K]
+            for t in range(9):
+                S = (S @ torch.diag(w[bi, t, h].exp()) + torch.outer(S @ a[bi, t, h], b[bi, t, h])
+                     + torch.outer(v[bi, t, h], k[bi, t, h]))
+                torch.testing.assert_close(out[bi, t, h], 0.7 * S @ r[bi, t, h])
+            torch.testing.assert_close(final[bi, h], S.T)
+
+
+def test_gated_delta_reference_is_the_value_major_recurrence():
+    """S'_t = alpha_t S'_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T, o_t = scale S'_t q_t."""
+    gen = torch.Generator().manual_seed(1)
+    B, T, H, K, V = 2, 8, 2, 6, 3
+    q = torch.randn(B, T, H, K, generator=gen, dtype=torch.float64)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
+    g = -torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    beta = torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    out, final = reference.gated_delta_rule(q, k, v, g, beta)
+    eye = torch.eye(K, dtype=torch.float64)
+    for bi in range(B):
+        for h in range(H):
+            S = torch.zeros(V, K, dtype=torch.float64)
+            for t in range(T):
+                kt, bt = k[bi, t, h], beta[bi, t, h]
+                S = g[bi, t, h].exp() * S @ (eye - bt * torch.outer(kt, kt)) + bt * torch.outer(v[bi, t, h], kt)
+                torch.testing.assert_close(out[bi, t, h], K ** -0.5 * S @ q[bi, t, h])
+            torch.testing.assert_close(final[bi, h], S.T)
+
+
+def test_gated_delta_is_rwkv7_with_tied_vectors():
+    """One family: gated delta is rwkv7 with w = g on every key, a = k, b = -alpha beta k, and
+    v scaled by beta (the kernels share the column update)."""
+    gen = torch.Generator().manual_seed(2)
+    B, T, H, K, V = 1, 6, 2, 4, 5
+    q, k = (torch.randn(B, T, H, K, generator=gen, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
+    g, beta = -torch.rand(B, T, H, generator=gen, dtype=torch.float64), torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    want, _ = reference.gated_delta_rule(q, k, v, g, beta, scale=1.0)
+    alpha = g.exp()[..., None]
+    got, _ = reference.rwkv7(q, g[..., None].expand(B, T, H, K), k, v * beta[..., None], k,
+                             -alpha * beta[..., None] * k)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("fn", ["rwkv7", "gated_delta_rule"])
+def test_cpu_tensors_are_rejected_before_the_extension_is_needed(fn):
+    r, w, k, v, a, b = (x.float() for x in _rwkv7_inputs())
+    with pytest.raises(ValueError, match="must be a CUDA tensor, got device cpu"):
+        if fn == "rwkv7":
+            attngen.rwkv7(r, w, k, v, a, b)
+        else:
+            attngen.gated_delta_rule(r, k, v, w[..., 0], a[..., 0])
