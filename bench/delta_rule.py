@@ -1,0 +1,136 @@
+"""The delta-rule forward (RWKV-7, Gated DeltaNet) beside flash-linear-attention 0.6's chunk and
+fused_recurrent kernels, bf16, state in and out fp32, on the shapes of the delta-rule issue.
+Each peer's output is compared with ours on the same inputs (rel err, reported). Writes
+delta_rule.json and delta_rule.md under --out.
+
+  python -m bench.delta_rule [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import attngen  # noqa: E402
+from bench import run_meta  # noqa: E402
+from bench.causal_linear import do_bench, geomean  # noqa: E402
+
+# (variant, B, T, H, K): K = V. Decode-like and training shapes of issue 31.
+SHAPES = [("rwkv7", 8, 4096, 64, 64), ("rwkv7", 1, 54, 32, 64),
+          ("gated_delta", 8, 4096, 16, 128), ("gated_delta", 4, 8192, 32, 128)]
+
+
+def make_inputs(variant, B, T, H, K, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
+    state = rand(B, H, K, K) * 0.1
+    if variant == "rwkv7":
+        kk = torch.nn.functional.normalize(rand(B, T, H, K), dim=-1)
+        w = -torch.exp(rand(B, T, H, K) - 2)
+        iclr = torch.rand(B, T, H, K, device="cuda", generator=g)
+        xs = (rand(B, T, H, K), w, rand(B, T, H, K) / K ** 0.5, rand(B, T, H, K), -kk, kk * iclr)
+        return [x.to(dtype) for x in xs] + [state]
+    k = torch.nn.functional.normalize(rand(B, T, H, K), dim=-1)
+    gate = -torch.exp(rand(B, T, H) - 3)
+    beta = torch.rand(B, T, H, device="cuda", generator=g)
+    return [rand(B, T, H, K).to(dtype), k.to(dtype), rand(B, T, H, K).to(dtype), gate, beta, state]
+
+
+def impl_fn(name, variant):
+    """inputs -> (o, final state)."""
+    if name == "attngen":
+        if variant == "rwkv7":
+            return lambda r, w, k, v, a, b, s: attngen.rwkv7(r, w, k, v, a, b, state=s)
+        return lambda q, k, v, g, beta, s: attngen.gated_delta_rule(q, k, v, g, beta, state=s)
+    if variant == "rwkv7":
+        from fla.ops.rwkv7 import chunk_rwkv7, fused_recurrent_rwkv7
+        f = chunk_rwkv7 if name == "fla_chunk" else fused_recurrent_rwkv7
+        return lambda r, w, k, v, a, b, s: f(r, w, k, v, a, b, scale=1.0, initial_state=s, output_final_state=True)
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    f = chunk_gated_delta_rule if name == "fla_chunk" else fused_recurrent_gated_delta_rule
+    return lambda q, k, v, g, beta, s: f(q, k, v, g=g, beta=beta.to(q.dtype), initial_state=s, output_final_state=True)
+
+
+def have_fla() -> str | None:
+    try:
+        import fla.ops.gated_delta_rule  # noqa: F401
+        import fla.ops.rwkv7  # noqa: F401
+        return None
+    except Exception as exc:  # noqa: BLE001 - the peer is optional; say why it is missing
+        return f"{type(exc).__name__}: {exc}"
+
+
+def run() -> tuple[list, str | None]:
+    missing = have_fla()
+    names = ["attngen"] + ([] if missing else ["fla_chunk", "fla_fused_recurrent"])
+    rows = []
+    for variant, B, T, H, K in SHAPES:
+        inputs = make_inputs(variant, B, T, H, K, torch.bfloat16)
+        row = {"variant": variant, "shape": [B, T, H, K], "ms": {}, "rel_err_vs_attngen": {}}
+        ours = None
+        for name in names:
+            fn = impl_fn(name, variant)
+            try:
+                out = fn(*inputs)[0].float()
+                row["ms"][name] = do_bench(lambda: fn(*inputs))
+            except Exception as exc:  # noqa: BLE001 - a peer failing on a shape is recorded
+                row["ms"][name] = None
+                row.setdefault("errors", {})[name] = str(exc).splitlines()[0][:200]
+                continue
+            if name == "attngen":
+                ours = out
+            elif ours is not None:
+                row["rel_err_vs_attngen"][name] = ((out - ours).norm() / ours.norm()).item()
+        rows.append(row)
+        print(variant, row["shape"], row["ms"], row["rel_err_vs_attngen"], flush=True)
+    return rows, missing
+
+
+def markdown(rows, missing, meta) -> str:
+    lines = [f"# Delta-rule forward, bf16 ({meta['device']}, torch {meta['torch']}, commit {meta['commit']})", "",
+             "Forward with state in and out; ms = triton.testing.do_bench median. Peers: flash-linear-attention 0.6 "
+             "(chunk = WY/UT chunked Triton kernel, fused_recurrent = its step-by-step kernel).", ""]
+    if missing:
+        lines += [f"fla not importable: {missing}", ""]
+    lines += ["| variant | B, T, H, K=V | attngen ms | fla chunk ms | fla recurrent ms | vs chunk | vs recurrent | rel err (chunk, rec) |",
+              "|---|---|---|---|---|---|---|---|"]
+    ratios = []
+    for row in rows:
+        ms = row["ms"]
+        mine = ms.get("attngen")
+        def ratio(peer):
+            return f"{ms[peer] / mine:.2f}x" if mine and ms.get(peer) else "-"
+        if mine and ms.get("fla_chunk"):
+            ratios.append(ms["fla_chunk"] / mine)
+        err = row["rel_err_vs_attngen"]
+        fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        lines.append(f"| {row['variant']} | {', '.join(map(str, row['shape']))} | {fmt(mine)} | {fmt(ms.get('fla_chunk'))} | "
+                     f"{fmt(ms.get('fla_fused_recurrent'))} | {ratio('fla_chunk')} | {ratio('fla_fused_recurrent')} | "
+                     f"{err.get('fla_chunk', float('nan')):.1e}, {err.get('fla_fused_recurrent', float('nan')):.1e} |")
+    if ratios:
+        lines += ["", f"Geometric mean over fla chunk: {geomean(ratios):.2f}x"]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "h100"))
+    args = parser.parse_args()
+    started = time.time()
+    rows, missing = run()
+    meta = run_meta(started)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "delta_rule.json").write_text(json.dumps({"meta": meta, "fla_missing": missing, "rows": rows}, indent=1) + "\n")
+    (out / "delta_rule.md").write_text(markdown(rows, missing, meta))
+    print((out / "delta_rule.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
