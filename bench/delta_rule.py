@@ -18,6 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import attngen  # noqa: E402
+from attngen import delta_rule  # noqa: E402
 from bench import run_meta  # noqa: E402
 from bench.causal_linear import do_bench, geomean  # noqa: E402
 
@@ -66,6 +67,20 @@ def have_fla() -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
+def time_candidates(variant, K, inputs) -> dict:
+    """Every bf16 instance of this variant and key bucket, shipped or bench-role (`python -m
+    codegen build --bench`), forced on the shape: what the kinds' grids are chosen from."""
+    if variant == "rwkv7":
+        r, w, k, v, a, b, s = inputs
+        args = (r, k, v, w, a, b, s, delta_rule.RWKV7, 1.0, True)
+    else:
+        q, k, v, g, beta, s = inputs
+        args = (q, k, v, g, beta, None, s, delta_rule.GATED_DELTA, K ** -0.5, True)
+    names = [n for n in delta_rule.OP.instances() + delta_rule.OP.bench_instances()
+             if n.startswith(f"delta_rule_{variant}_") and f"_k{K}_" in n and n.endswith("_bf16_sm90a")]
+    return {n: do_bench(lambda: delta_rule.delta_rule_with(n, *args)) for n in sorted(names)}
+
+
 def run() -> tuple[list, str | None]:
     missing = have_fla()
     names = ["attngen"] + ([] if missing else ["fla_chunk", "fla_fused_recurrent"])
@@ -87,6 +102,7 @@ def run() -> tuple[list, str | None]:
                 ours = out
             elif ours is not None:
                 row["rel_err_vs_attngen"][name] = ((out - ours).norm() / ours.norm()).item()
+        row["forced_ms"] = time_candidates(variant, K, inputs)
         rows.append(row)
         print(variant, row["shape"], row["ms"], row["rel_err_vs_attngen"], flush=True)
     return rows, missing
@@ -115,6 +131,12 @@ def markdown(rows, missing, meta) -> str:
                      f"{err.get('fla_chunk', float('nan')):.1e}, {err.get('fla_fused_recurrent', float('nan')):.1e} |")
     if ratios:
         lines += ["", f"Geometric mean over fla chunk: {geomean(ratios):.2f}x"]
+    lines += ["", "Every bf16 instance of the shape's key bucket, forced (ms; the shipped kinds and the bench-role "
+              "`candidates` kind):", ""]
+    for row in rows:
+        best = sorted(row.get("forced_ms", {}).items(), key=lambda kv: kv[1])
+        lines.append(f"- {row['variant']} {', '.join(map(str, row['shape']))}: " +
+                     ", ".join(f"{n.split('_', 3)[3].rsplit('_bf16', 1)[0]} {ms:.3f}" for n, ms in best[:6]))
     return "\n".join(lines) + "\n"
 
 

@@ -46,7 +46,8 @@ def _lower_recurrent(inst: KernelInstance, arch: Arch) -> KernelInstance:
     threads = cols * tph
     if threads % 32 or 32 % tph:
         raise Rejected("cols", f"cols={cols} x tph={tph} = {threads} threads must be whole warps")
-    stage_floats = variant["vectors"] * k + variant["scalars"]
+    # The scalars padded to a float4, so every staged step (and its key vectors) stays 16-byte aligned.
+    stage_floats = variant["vectors"] * k + -(-variant["scalars"] // 4) * 4
     smem = chunk * (stage_floats + cols) * 4
     # Shared memory: staging writes by consecutive threads; key vectors read as float4, a
     # column's lanes at consecutive 16-byte words and the warp's other columns at the same ones

@@ -2,7 +2,7 @@
 // or templates/delta_rule/recurrent.cu.j2 and run `make gen`.
 // Instance delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_bf16_sm90a
 //   kind recurrent: one CTA per (b, h) and 64 value columns, each column's K state entries in the registers of tph threads; the key-side vectors of chunk steps staged in shared memory as floats
-//   64 threads, 12416 bytes of shared memory, 64 state entries per thread
+//   64 threads, 12544 bytes of shared memory, 64 state entries per thread
 //   bank conflicts (ways, from the bank pass): key_fill 1, value_fill 1, key_read 1, value_read 1, scalar_read 1
 // The recurrence is in params.cuh, the variant's step in variants.cuh.
 #include "../common/device.cuh"
@@ -20,9 +20,10 @@ constexpr int COLS = 64;       // value columns per CTA
 constexpr int LANES = 1;       // threads per column
 constexpr int CHUNK = 16;     // steps staged per barrier
 constexpr int GROUPS = 16;   // float4 groups of state per thread
-constexpr int STAGE = 130;  // floats per staged step: the key vectors, then the scalars
+constexpr int STAGE = 132;  // floats per staged step: the key vectors, then the scalars
 constexpr int THREADS = COLS * LANES;
-static_assert(STAGE == Variant::VECTORS * KB + Variant::SCALARS, "the lowering and the variant agree");
+static_assert(STAGE >= Variant::VECTORS * KB + Variant::SCALARS && STAGE % 4 == 0,
+              "a staged step holds the variant's vectors and scalars, 16-byte aligned (float4 reads)");
 static_assert(4 * GROUPS * LANES == KB, "a column's lanes hold its KB entries");
 
 __global__ void __launch_bounds__(THREADS) recurrent_kernel(const Params p) {
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(THREADS) recurrent_kernel(const Params p) {
 size_t workspace_delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_bf16_sm90a(const Params&) { return 0; }
 
 cudaError_t launch_delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_bf16_sm90a(const Params& p, cudaStream_t stream) {
-  constexpr size_t smem = 12416;
+  constexpr size_t smem = 12544;
   const dim3 grid(static_cast<unsigned>(p.B * p.H), static_cast<unsigned>((p.V + COLS - 1) / COLS));
   if (smem > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(recurrent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

@@ -22,7 +22,8 @@ constexpr int CHUNK = 16;     // steps staged per barrier
 constexpr int GROUPS = 8;   // float4 groups of state per thread
 constexpr int STAGE = 640;  // floats per staged step: the key vectors, then the scalars
 constexpr int THREADS = COLS * LANES;
-static_assert(STAGE == Variant::VECTORS * KB + Variant::SCALARS, "the lowering and the variant agree");
+static_assert(STAGE >= Variant::VECTORS * KB + Variant::SCALARS && STAGE % 4 == 0,
+              "a staged step holds the variant's vectors and scalars, 16-byte aligned (float4 reads)");
 static_assert(4 * GROUPS * LANES == KB, "a column's lanes hold its KB entries");
 
 __global__ void __launch_bounds__(THREADS) recurrent_kernel(const Params p) {

@@ -4,7 +4,8 @@
 // A column's K entries are spread over its LANES threads, each holding GROUPS float4 groups:
 // group g of lane l holds keys 4 (g LANES + l) .. + 3, so the lanes of a column read
 // consecutive 16-byte words of a staged key vector. A staged step is a row of floats: the
-// variant's VECTORS key vectors of KB floats each (zero past K), then its SCALARS.
+// variant's VECTORS key vectors of KB floats each (zero past K), then its SCALARS (the row
+// padded to a float4).
 #pragma once
 #include "../common/device.cuh"
 #include "params.cuh"
