@@ -14,78 +14,78 @@
 namespace attngen {
 namespace delta_rule {
 
-cudaError_t launch_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_fp32_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_fp32_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_fp32_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_fp32_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_fp32_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_fp32_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_fp32_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_fp32_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_fp32_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_fp32_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_fp32_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_fp32_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a(const Params&);
 
 namespace {
 
@@ -127,42 +127,42 @@ bool covers_34(const Key& key) { return (key.K <= 64); }
 bool covers_35(const Key& key) { return (key.K <= 128); }
 
 const Entry kEntries[] = {
-    {"delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_fp32_sm90a, covers_0, workspace_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_fp32_sm90a},
-    {"delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_fp32_sm90a, covers_1, workspace_delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_fp32_sm90a},
-    {"delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_fp32_sm90a, covers_2, workspace_delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_fp32_sm90a},
-    {"delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_fp32_sm90a, covers_3, workspace_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_fp32_sm90a},
-    {"delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_fp32_sm90a, covers_4, workspace_delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_fp32_sm90a},
-    {"delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_fp32_sm90a, covers_5, workspace_delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_fp32_sm90a},
-    {"delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_fp16_sm90a, covers_6, workspace_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_fp16_sm90a},
-    {"delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_fp16_sm90a, covers_7, workspace_delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_fp16_sm90a},
-    {"delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_fp16_sm90a, covers_8, workspace_delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_fp16_sm90a},
-    {"delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_fp16_sm90a, covers_9, workspace_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_fp16_sm90a},
-    {"delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_fp16_sm90a, covers_10, workspace_delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_fp16_sm90a},
-    {"delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_fp16_sm90a, covers_11, workspace_delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_fp16_sm90a},
-    {"delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_bf16_sm90a, covers_12, workspace_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_bf16_sm90a},
-    {"delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_bf16_sm90a, covers_13, workspace_delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_bf16_sm90a},
-    {"delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_bf16_sm90a, covers_14, workspace_delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_bf16_sm90a},
-    {"delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_bf16_sm90a, covers_15, workspace_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_bf16_sm90a},
-    {"delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_bf16_sm90a, covers_16, workspace_delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_bf16_sm90a},
-    {"delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_bf16_sm90a, covers_17, workspace_delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_bf16_sm90a},
-    {"delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_fp32_sm90a, covers_18, workspace_delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_fp32_sm90a},
-    {"delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_fp32_sm90a, covers_19, workspace_delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_fp32_sm90a},
-    {"delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_fp32_sm90a, covers_20, workspace_delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_fp32_sm90a},
-    {"delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_fp32_sm90a, covers_21, workspace_delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_fp32_sm90a},
-    {"delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_fp32_sm90a, covers_22, workspace_delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_fp32_sm90a},
-    {"delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_fp32_sm90a, covers_23, workspace_delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_fp32_sm90a},
-    {"delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_fp16_sm90a, covers_24, workspace_delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_fp16_sm90a},
-    {"delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_fp16_sm90a, covers_25, workspace_delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_fp16_sm90a},
-    {"delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_fp16_sm90a, covers_26, workspace_delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_fp16_sm90a},
-    {"delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_fp16_sm90a, covers_27, workspace_delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_fp16_sm90a},
-    {"delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_fp16_sm90a, covers_28, workspace_delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_fp16_sm90a},
-    {"delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_fp16_sm90a, covers_29, workspace_delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_fp16_sm90a},
-    {"delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_bf16_sm90a, covers_30, workspace_delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_bf16_sm90a},
-    {"delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_bf16_sm90a, covers_31, workspace_delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_bf16_sm90a},
-    {"delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_bf16_sm90a, covers_32, workspace_delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_bf16_sm90a},
-    {"delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_bf16_sm90a, covers_33, workspace_delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_bf16_sm90a},
-    {"delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_bf16_sm90a, covers_34, workspace_delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_bf16_sm90a},
-    {"delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_bf16_sm90a, covers_35, workspace_delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_bf16_sm90a},
+    {"delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a, covers_0, workspace_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a},
+    {"delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a, covers_1, workspace_delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a},
+    {"delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a, covers_2, workspace_delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a},
+    {"delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a, covers_3, workspace_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a},
+    {"delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a, covers_4, workspace_delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a},
+    {"delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a, covers_5, workspace_delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a},
+    {"delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a, covers_6, workspace_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a},
+    {"delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a, covers_7, workspace_delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a},
+    {"delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a, covers_8, workspace_delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a},
+    {"delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a, covers_9, workspace_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a},
+    {"delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a, covers_10, workspace_delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a},
+    {"delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a, covers_11, workspace_delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a},
+    {"delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a, covers_12, workspace_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a},
+    {"delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a, covers_13, workspace_delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a},
+    {"delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a, covers_14, workspace_delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a},
+    {"delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a, covers_15, workspace_delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a},
+    {"delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a, covers_16, workspace_delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a},
+    {"delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a, covers_17, workspace_delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a},
+    {"delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp32_sm90a, covers_18, workspace_delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp32_sm90a},
+    {"delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp32_sm90a, covers_19, workspace_delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp32_sm90a},
+    {"delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp32_sm90a, covers_20, workspace_delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp32_sm90a},
+    {"delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp32_sm90a, covers_21, workspace_delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp32_sm90a},
+    {"delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp32_sm90a, covers_22, workspace_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp32_sm90a},
+    {"delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp32_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp32_sm90a, covers_23, workspace_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp32_sm90a},
+    {"delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp16_sm90a, covers_24, workspace_delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp16_sm90a},
+    {"delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp16_sm90a, covers_25, workspace_delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp16_sm90a},
+    {"delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp16_sm90a, covers_26, workspace_delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp16_sm90a},
+    {"delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp16_sm90a, covers_27, workspace_delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp16_sm90a},
+    {"delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp16_sm90a, covers_28, workspace_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp16_sm90a},
+    {"delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp16_sm90a, covers_29, workspace_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp16_sm90a},
+    {"delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_bf16_sm90a, covers_30, workspace_delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_bf16_sm90a},
+    {"delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_bf16_sm90a, covers_31, workspace_delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_bf16_sm90a},
+    {"delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_bf16_sm90a, covers_32, workspace_delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_bf16_sm90a},
+    {"delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_bf16_sm90a, covers_33, workspace_delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_bf16_sm90a},
+    {"delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm90a, covers_34, workspace_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm90a},
+    {"delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a, covers_35, workspace_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a},
 };
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
@@ -219,70 +219,70 @@ const Entry* jit_select(const Key& key) {
 }
 
 const Entry* delta_rule_select(const Key& key) {
-  // specs/delta_rule.yaml:90: when BH * V < 64 * sm_count -> narrow
+  // specs/delta_rule.yaml:96: when BH * V < 64 * sm_count -> narrow
   if (((key.BH * key.V) < (64 * key.sm_count))) {
     if (key.dtype == DType::kFP32 && key.variant == 0) {
-      if (kEntries[18].covers(key)) return &kEntries[18];  // delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_fp32_sm90a
-      if (kEntries[19].covers(key)) return &kEntries[19];  // delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_fp32_sm90a
-      if (kEntries[20].covers(key)) return &kEntries[20];  // delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_fp32_sm90a
+      if (kEntries[18].covers(key)) return &kEntries[18];  // delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp32_sm90a
+      if (kEntries[19].covers(key)) return &kEntries[19];  // delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp32_sm90a
+      if (kEntries[20].covers(key)) return &kEntries[20];  // delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.variant == 1) {
-      if (kEntries[21].covers(key)) return &kEntries[21];  // delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_fp32_sm90a
-      if (kEntries[22].covers(key)) return &kEntries[22];  // delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_fp32_sm90a
-      if (kEntries[23].covers(key)) return &kEntries[23];  // delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_fp32_sm90a
+      if (kEntries[21].covers(key)) return &kEntries[21];  // delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp32_sm90a
+      if (kEntries[22].covers(key)) return &kEntries[22];  // delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp32_sm90a
+      if (kEntries[23].covers(key)) return &kEntries[23];  // delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.variant == 0) {
-      if (kEntries[24].covers(key)) return &kEntries[24];  // delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_fp16_sm90a
-      if (kEntries[25].covers(key)) return &kEntries[25];  // delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_fp16_sm90a
-      if (kEntries[26].covers(key)) return &kEntries[26];  // delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_fp16_sm90a
+      if (kEntries[24].covers(key)) return &kEntries[24];  // delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp16_sm90a
+      if (kEntries[25].covers(key)) return &kEntries[25];  // delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp16_sm90a
+      if (kEntries[26].covers(key)) return &kEntries[26];  // delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.variant == 1) {
-      if (kEntries[27].covers(key)) return &kEntries[27];  // delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_fp16_sm90a
-      if (kEntries[28].covers(key)) return &kEntries[28];  // delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_fp16_sm90a
-      if (kEntries[29].covers(key)) return &kEntries[29];  // delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_fp16_sm90a
+      if (kEntries[27].covers(key)) return &kEntries[27];  // delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp16_sm90a
+      if (kEntries[28].covers(key)) return &kEntries[28];  // delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp16_sm90a
+      if (kEntries[29].covers(key)) return &kEntries[29];  // delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.variant == 0) {
-      if (kEntries[30].covers(key)) return &kEntries[30];  // delta_rule_rwkv7_narrow_k32_cols32_tph1_chunk16_bf16_sm90a
-      if (kEntries[31].covers(key)) return &kEntries[31];  // delta_rule_rwkv7_narrow_k64_cols32_tph2_chunk16_bf16_sm90a
-      if (kEntries[32].covers(key)) return &kEntries[32];  // delta_rule_rwkv7_narrow_k128_cols32_tph4_chunk16_bf16_sm90a
+      if (kEntries[30].covers(key)) return &kEntries[30];  // delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_bf16_sm90a
+      if (kEntries[31].covers(key)) return &kEntries[31];  // delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_bf16_sm90a
+      if (kEntries[32].covers(key)) return &kEntries[32];  // delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.variant == 1) {
-      if (kEntries[33].covers(key)) return &kEntries[33];  // delta_rule_gated_delta_narrow_k32_cols32_tph1_chunk16_bf16_sm90a
-      if (kEntries[34].covers(key)) return &kEntries[34];  // delta_rule_gated_delta_narrow_k64_cols32_tph2_chunk16_bf16_sm90a
-      if (kEntries[35].covers(key)) return &kEntries[35];  // delta_rule_gated_delta_narrow_k128_cols32_tph4_chunk16_bf16_sm90a
+      if (kEntries[33].covers(key)) return &kEntries[33];  // delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_bf16_sm90a
+      if (kEntries[34].covers(key)) return &kEntries[34];  // delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm90a
+      if (kEntries[35].covers(key)) return &kEntries[35];  // delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a
     }
   }
-  // specs/delta_rule.yaml:92: when True -> recurrent
+  // specs/delta_rule.yaml:98: when True -> recurrent
   if (true) {
     if (key.dtype == DType::kFP32 && key.variant == 0) {
-      if (kEntries[0].covers(key)) return &kEntries[0];  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_fp32_sm90a
-      if (kEntries[1].covers(key)) return &kEntries[1];  // delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_fp32_sm90a
-      if (kEntries[2].covers(key)) return &kEntries[2];  // delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_fp32_sm90a
+      if (kEntries[0].covers(key)) return &kEntries[0];  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a
+      if (kEntries[1].covers(key)) return &kEntries[1];  // delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a
+      if (kEntries[2].covers(key)) return &kEntries[2];  // delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.variant == 1) {
-      if (kEntries[3].covers(key)) return &kEntries[3];  // delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_fp32_sm90a
-      if (kEntries[4].covers(key)) return &kEntries[4];  // delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_fp32_sm90a
-      if (kEntries[5].covers(key)) return &kEntries[5];  // delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_fp32_sm90a
+      if (kEntries[3].covers(key)) return &kEntries[3];  // delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a
+      if (kEntries[4].covers(key)) return &kEntries[4];  // delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a
+      if (kEntries[5].covers(key)) return &kEntries[5];  // delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.variant == 0) {
-      if (kEntries[6].covers(key)) return &kEntries[6];  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_fp16_sm90a
-      if (kEntries[7].covers(key)) return &kEntries[7];  // delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_fp16_sm90a
-      if (kEntries[8].covers(key)) return &kEntries[8];  // delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_fp16_sm90a
+      if (kEntries[6].covers(key)) return &kEntries[6];  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a
+      if (kEntries[7].covers(key)) return &kEntries[7];  // delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a
+      if (kEntries[8].covers(key)) return &kEntries[8];  // delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.variant == 1) {
-      if (kEntries[9].covers(key)) return &kEntries[9];  // delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_fp16_sm90a
-      if (kEntries[10].covers(key)) return &kEntries[10];  // delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_fp16_sm90a
-      if (kEntries[11].covers(key)) return &kEntries[11];  // delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_fp16_sm90a
+      if (kEntries[9].covers(key)) return &kEntries[9];  // delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a
+      if (kEntries[10].covers(key)) return &kEntries[10];  // delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a
+      if (kEntries[11].covers(key)) return &kEntries[11];  // delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.variant == 0) {
-      if (kEntries[12].covers(key)) return &kEntries[12];  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk16_bf16_sm90a
-      if (kEntries[13].covers(key)) return &kEntries[13];  // delta_rule_rwkv7_recurrent_k64_cols64_tph1_chunk16_bf16_sm90a
-      if (kEntries[14].covers(key)) return &kEntries[14];  // delta_rule_rwkv7_recurrent_k128_cols64_tph2_chunk16_bf16_sm90a
+      if (kEntries[12].covers(key)) return &kEntries[12];  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a
+      if (kEntries[13].covers(key)) return &kEntries[13];  // delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a
+      if (kEntries[14].covers(key)) return &kEntries[14];  // delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.variant == 1) {
-      if (kEntries[15].covers(key)) return &kEntries[15];  // delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk16_bf16_sm90a
-      if (kEntries[16].covers(key)) return &kEntries[16];  // delta_rule_gated_delta_recurrent_k64_cols64_tph1_chunk16_bf16_sm90a
-      if (kEntries[17].covers(key)) return &kEntries[17];  // delta_rule_gated_delta_recurrent_k128_cols64_tph2_chunk16_bf16_sm90a
+      if (kEntries[15].covers(key)) return &kEntries[15];  // delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a
+      if (kEntries[16].covers(key)) return &kEntries[16];  // delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a
+      if (kEntries[17].covers(key)) return &kEntries[17];  // delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a
     }
   }
   return jit_select(key);

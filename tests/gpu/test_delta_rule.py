@@ -97,7 +97,7 @@ def test_every_instance():
                 if not err <= tol:
                     failures.append(f"{name} T={T} K={K} V={V} {regime} {what}: rel err {err:.2e}")
             checked += 1
-    assert checked >= 3 * 42 and not failures, "\n".join(failures[:20])
+    assert checked == 3 * len(family_manifest("delta_rule")) >= 3 * 36 and not failures, "\n".join(failures[:20])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -166,8 +166,8 @@ def test_bad_inputs_name_the_argument():
         attngen.rwkv7(r, w, k, v, a, b, state=torch.zeros(1, 2, 64, 32, device="cuda"))
     with pytest.raises(ValueError, match=r"g \(argument w\) must be \[B, T, H\] \(gated_delta: log alpha\)"):
         attngen.gated_delta_rule(r, k, v, w, w[..., 0])
-    with pytest.raises(ValueError, match=r"K=512"):
-        attngen.gated_delta_rule(*gated_inputs(1, 4, 1, 512, 64, torch.float32)[:5])
+    with pytest.raises(ValueError, match=r"K=4096"):   # 1024+ state floats a thread: no instance can hold them
+        attngen.gated_delta_rule(*gated_inputs(1, 4, 1, 4096, 64, torch.float32)[:5])
 
 
 def test_a_gradient_request_raises():
