@@ -81,11 +81,13 @@ def time_candidates(variant, K, inputs) -> dict:
     return {n: do_bench(lambda: delta_rule.delta_rule_with(n, *args)) for n in sorted(names)}
 
 
-def run() -> tuple[list, str | None]:
+def run(only: str | None = None) -> tuple[list, str | None]:
     missing = have_fla()
     names = ["attngen"] + ([] if missing else ["fla_chunk", "fla_fused_recurrent"])
     rows = []
     for variant, B, T, H, K in SHAPES:
+        if only and variant != only:
+            continue
         inputs = make_inputs(variant, B, T, H, K, torch.bfloat16)
         row = {"variant": variant, "shape": [B, T, H, K], "ms": {}, "rel_err_vs_attngen": {}}
         ours = None
@@ -143,15 +145,17 @@ def markdown(rows, missing, meta) -> str:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "h100"))
+    parser.add_argument("--only", choices=["rwkv7", "gated_delta"], help="one variant's shapes")
     args = parser.parse_args()
     started = time.time()
-    rows, missing = run()
+    rows, missing = run(args.only)
     meta = run_meta(started)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "delta_rule.json").write_text(json.dumps({"meta": meta, "fla_missing": missing, "rows": rows}, indent=1) + "\n")
-    (out / "delta_rule.md").write_text(markdown(rows, missing, meta))
-    print((out / "delta_rule.md").read_text())
+    name = f"delta_rule{'_' + args.only if args.only else ''}"
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "fla_missing": missing, "rows": rows}, indent=1) + "\n")
+    (out / f"{name}.md").write_text(markdown(rows, missing, meta))
+    print((out / f"{name}.md").read_text())
 
 
 if __name__ == "__main__":
