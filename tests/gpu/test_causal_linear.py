@@ -7,15 +7,9 @@ import torch
 import attngen
 from attngen import reference
 
+from .conftest import DTYPES, TOL, rel_err
+
 pytestmark = pytest.mark.gpu
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    assert torch.isfinite(out).all(), "output has NaN/Inf (unwritten elements keep the poison)"
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def poison_allocator(shape, dtype):

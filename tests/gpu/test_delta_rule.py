@@ -7,33 +7,9 @@ import torch
 import attngen
 from attngen import delta_rule, reference
 
-from .conftest import family_manifest
+from .conftest import DTYPES, TOL, family_manifest, log_decays, poison, rel_err
 
 pytestmark = pytest.mark.gpu
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    assert torch.isfinite(out).all(), "output has NaN/Inf (unwritten elements keep the poison)"
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def poison(numel):
-    """Hand the caching allocator NaN-filled blocks, so unwritten outputs show up as NaN."""
-    for dtype in (torch.float32, torch.bfloat16):
-        torch.full((numel,), float("nan"), dtype=dtype, device="cuda")
-
-
-def log_decays(shape, regime, g):
-    """'near1' (decay ~ 0.9999), 'near0' (decay ~ 1e-6), 'mixed' (0.15 .. 0.993)."""
-    x = torch.rand(shape, device="cuda", generator=g)
-    if regime == "near1":
-        return -1e-4 * (0.5 + x)
-    if regime == "near0":
-        return -12.0 - 4.0 * x
-    return -torch.exp(4.0 * x - 5.0)
 
 
 def strided(x):

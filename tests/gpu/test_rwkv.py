@@ -6,39 +6,17 @@ import torch
 import attngen
 from attngen import reference, rwkv
 
+from .conftest import DTYPES, TOL, log_decays, poison, rel_err
+
 pytestmark = pytest.mark.gpu
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 MODES = [(False, False), (False, True), (True, False), (True, True)]  # (reverse, keys_output)
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    assert torch.isfinite(out).all(), "output has NaN/Inf (unwritten elements keep the poison)"
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def poison(numel):
-    """Hand the caching allocator NaN-filled blocks, so unwritten outputs show up as NaN."""
-    for dtype in (torch.float32, torch.bfloat16):
-        torch.full((numel,), float("nan"), dtype=dtype, device="cuda")
-
-
-def decays(shape, regime, g):
-    """Log decays: 'near1' (w ~ -1e-4: decay ~ 0.9999), 'near0' (w ~ -12: decay ~ 6e-6), 'mixed'."""
-    x = torch.rand(shape, device="cuda", generator=g)
-    if regime == "near1":
-        return -1e-4 * (0.5 + x)
-    if regime == "near0":
-        return -12.0 - 4.0 * x
-    return -torch.exp(4.0 * x - 5.0)  # decays from 0.9933 to 0.15
 
 
 def wkv_inputs(B, T, H, N, dtype, regime="mixed", seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     r, k, v = (torch.randn(B, T, H, N, device="cuda", generator=g) for _ in range(3))
     k = k / N ** 0.5
-    w = decays((B, T, H, N), regime, g)
+    w = log_decays((B, T, H, N), regime, g)
     u = torch.randn(H, N, device="cuda", generator=g) / N ** 0.5
     s0 = torch.randn(B, H, N, N, device="cuda", generator=g) / N ** 0.5
     return [x.to(dtype) for x in (r, k, v, w, u)] + [s0]
