@@ -1,6 +1,6 @@
 """Small launches of one instance per kernel kind and direction, for compute-sanitizer
 (memcheck, racecheck): `compute-sanitizer --tool racecheck python3 tests/gpu/sanitize_small.py [FAMILY ...]`
-(families: causal_linear, rwkv, paged, flash_attention; default all)."""
+(families: causal_linear, rwkv, paged, flash_attention, delta_rule; default all)."""
 import sys
 from pathlib import Path
 
@@ -11,7 +11,7 @@ import attngen  # noqa: E402
 from attngen import reference  # noqa: E402
 
 
-WANT = set(sys.argv[1:]) or {"causal_linear", "rwkv", "paged", "flash_attention"}
+WANT = set(sys.argv[1:]) or {"causal_linear", "rwkv", "paged", "flash_attention", "delta_rule"}
 seen = set()
 
 
@@ -111,8 +111,35 @@ def flash_attention():
         fa.flash_attention_varlen(q[0], q[1, :, :2], q[1, :, 2:], cu, cu, 65, 65, causal=True, instance=name)
 
 
+def delta_rule_family():
+    # every delta-rule instance (both variants, every kind and dtype) on a short sequence that
+    # ends mid-chunk, K below the bucket, V not a multiple of the CTA's columns, state in and out.
+    from attngen import delta_rule  # noqa: E402
+
+    for name in delta_rule.instances():
+        seen.add(name)
+        dtype = torch.float32 if "_fp32_" in name else torch.bfloat16 if "_bf16_" in name else torch.float16
+        kb = int(name.split("_k")[1].split("_")[0])
+        B, T, H, K, V = 1, 37, 2, kb - 4, 40
+        q, k = (torch.randn(B, T, H, K, device="cuda").to(dtype) / K ** 0.5 for _ in range(2))
+        v = torch.randn(B, T, H, V, device="cuda").to(dtype)
+        state = torch.randn(B, H, K, V, device="cuda") * 0.1
+        if "_rwkv7_" in name:
+            w, a, b = (-torch.rand(B, T, H, K, device="cuda").to(dtype), -k, k * 0.5)
+            args = (q, k, v, w, a, b, state, delta_rule.RWKV7, 1.0, True)
+            ref, _ = reference.rwkv7(q, w, k, v, a, b, state=state)
+        else:
+            g, beta = -torch.rand(B, T, H, device="cuda"), torch.rand(B, T, H, device="cuda")
+            args = (q, k, v, g, beta, None, state, delta_rule.GATED_DELTA, 0.5, True)
+            ref, _ = reference.gated_delta_rule(q, k, v, g, beta, state=state, scale=0.5)
+        out, _ = delta_rule.delta_rule_with(name, *args)
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        print(f"{name}: rel err {err:.2e}")
+        assert err < 2e-2, (name, err)
+
+
 for family, run in (("causal_linear", causal_linear), ("rwkv", rwkv_family), ("paged", paged_family),
-                    ("flash_attention", flash_attention)):
+                    ("flash_attention", flash_attention), ("delta_rule", delta_rule_family)):
     if family in WANT:
         run()
 torch.cuda.synchronize()
