@@ -10,6 +10,11 @@ surface is generated (templates/op.h.j2, templates/op.cpp.j2), as torchgen does 
              fake implementation torch.compile traces with.
   key        the run-time dispatch variables (each with what it means), which the family's
              `fill_key` computes and the spec's `when:` / `covers:` read.
+  args       (optional) the tensor arguments' declared layouts: `q: "[B, H, L, E]"` or
+             `{shape: "[B, H, K, V]", dtype: like|float32, any_strides: bool}`. The op checks
+             each (a CUDA tensor on the first one's device, its rank, q's dtype or float32, the
+             dims that share a name with an earlier tensor, a contiguous last dim) before the
+             family's own check(), with messages that name the argument.
   dispatch_axes
              where each spec axis is read from a call: `dtype: q` (q's dtype, one of
              axes.dtype, else a ValueError naming q), `direction: reverse` (a bool argument:
@@ -87,6 +92,22 @@ class Output:
 
 
 @dataclass(frozen=True)
+class TensorCheck:
+    """A tensor argument's declared layout (op.args): its dims by name (a name shared with an
+    earlier dim must agree with it), its dtype (`like`: the dtype axis' source tensor, or
+    float32), whether any strides are taken (else the last dim must be contiguous)."""
+    name: str
+    dims: tuple           # dim names, outermost first
+    dtype: str            # "like" or "float32"
+    any_strides: bool
+    optional: bool
+
+    @property
+    def layout(self) -> str:
+        return "[" + ", ".join(self.dims) + "]"
+
+
+@dataclass(frozen=True)
 class OpDecl:
     name: str
     schema: str
@@ -96,6 +117,7 @@ class OpDecl:
     outputs: tuple        # Output, one per returned tensor
     key: dict             # run-time variable -> what it is
     dispatch_axes: dict   # axis -> the argument it is read from
+    checks: tuple = ()    # TensorCheck, in declaration order (op.args)
 
     @property
     def tensor_args(self) -> tuple:
@@ -276,3 +298,59 @@ def check_dispatch_axes(args: tuple, axes: dict, dispatch_axes: dict) -> None:
             if len(axes[axis]) > 2:
                 raise DeclError(field, f"a bool argument selects between two values; axis {axis!r} has "
                                        f"{len(axes[axis])} (an int argument selects any)")
+
+
+_DIMS = re.compile(r"^\[\s*([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)\s*\]$")
+
+
+def tensor_checks(args: tuple, declared: dict) -> tuple:
+    """op.args: {name: "[B, T, H, K]" or {shape: ..., dtype: like|float32, any_strides: bool}} ->
+    TensorChecks; DeclError names the field."""
+    by_name = {a.name: a for a in args}
+    out = []
+    for name, body in declared.items():
+        field = f"op.args.{name}"
+        arg = by_name.get(name)
+        if arg is None or not arg.is_tensor:
+            raise DeclError(field, f"{name!r} is not a tensor argument of the schema")
+        if isinstance(body, str):
+            body = {"shape": body}
+        if not isinstance(body, dict) or "shape" not in body or set(body) - {"shape", "dtype", "any_strides"}:
+            raise DeclError(field, "expected \"[D0, D1, ...]\" or {shape: \"[...]\", dtype: like|float32, any_strides: bool}")
+        match = _DIMS.match(str(body["shape"]).strip())
+        if not match:
+            raise DeclError(field, f"shape {body['shape']!r}: expected dim names in brackets, as \"[B, T, H, K]\"")
+        dtype = body.get("dtype", "like")
+        if dtype not in ("like", "float32"):
+            raise DeclError(field, f"dtype {dtype!r}: expected like (the dtype axis' tensor) or float32")
+        any_strides = body.get("any_strides", False)
+        if not isinstance(any_strides, bool):
+            raise DeclError(field, f"any_strides: expected true or false, got {any_strides!r}")
+        dims = tuple(d.strip() for d in match.group(1).split(","))
+        out.append(TensorCheck(name, dims, dtype, any_strides, arg.optional))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class DimAgreement:
+    """Dims of `name` that an earlier declared tensor `ref` binds: (index here, index there)."""
+    ref: str
+    pairs: tuple
+    names: tuple
+
+
+def agreements(checks: tuple) -> dict:
+    """name -> [DimAgreement]: each dim name is bound by the first tensor that declares it (an
+    optional tensor binds nothing: it may be absent)."""
+    bound, out = {}, {}
+    for check in checks:
+        by_ref = {}
+        for i, dim in enumerate(check.dims):
+            if dim in bound and bound[dim][0] != check.name:
+                ref, j = bound[dim]
+                by_ref.setdefault(ref, []).append((i, j, dim))
+            elif dim not in bound and not check.optional:
+                bound[dim] = (check.name, i)
+        out[check.name] = [DimAgreement(ref, tuple((i, j) for i, j, _ in items), tuple(d for *_, d in items))
+                           for ref, items in by_ref.items()]
+    return out

@@ -19,6 +19,7 @@ from .families import family
 from .instance import KernelInstance
 from .spec import Spec
 from . import ninja
+from . import op as op_decl
 from .passes import banks
 
 NAMESPACE = "attngen"
@@ -114,11 +115,44 @@ def key_axes_cpp(spec: Spec) -> list[tuple[str, str]]:
     return out
 
 
+def declared_checks_cpp(spec: Spec) -> list[str]:
+    """The C++ statements of op.cpp's check_declared, from op.args (codegen/op.py TensorCheck):
+    per tensor, its device (CUDA, with the first declared tensor), rank, dtype, the dims it shares
+    with earlier tensors, and a contiguous last dim. An optional tensor is checked when given."""
+    checks, op = spec.op.checks, spec.op
+    if not checks:
+        return []
+    agree = op_decl.agreements(checks)
+    like = op.dispatch_axes["dtype"]
+    first = checks[0].name
+    lines = [f'const std::string op = "{op.name}";']
+    for check in checks:
+        t = f"(*a.{check.name})" if check.optional else f"a.{check.name}"
+        body = [f'detail::declared_device(op, "{check.name}", {t}, "{first}", '
+                f'{"nullptr" if check.name == first else "&a." + first});',
+                f'detail::declared_rank(op, "{check.name}", {t}, {len(check.dims)}, "{check.layout}");']
+        if check.dtype == "float32":
+            body.append(f'detail::declared_float32(op, "{check.name}", {t}, "{check.layout}");')
+        elif check.name != like:
+            body.append(f'detail::declared_dtype_like(op, "{check.name}", {t}, "{like}", a.{like});')
+        for ag in agree[check.name]:
+            pairs = ", ".join(f"{{{i}, {j}}}" for i, j in ag.pairs)
+            body.append(f'detail::declared_agree(op, "{check.name}", {t}, "{ag.ref}", a.{ag.ref}, {{{pairs}}}, '
+                        f'"{", ".join(ag.names)}");')
+        if not check.any_strides:
+            body.append(f'detail::declared_last_contiguous(op, "{check.name}", {t});')
+        if check.optional:
+            lines += [f"if (a.{check.name}) {{"] + ["  " + b for b in body] + ["}"]
+        else:
+            lines += body
+    return lines
+
+
 def op_context(spec: Spec, namespace: str = NAMESPACE) -> dict:
     """What the op's own templates (templates/op/, the family's op_impl.h.j2 and params.cuh.j2) print."""
     fam = family(spec.family)
     return dict(op=spec.op, family=spec.family, namespace=namespace, dtypes=list(fam.axes["dtype"]),
-                key_axes=key_axes_cpp(spec), index_axes=[(source, fam.axes[axis]) for axis, source in
+                key_axes=key_axes_cpp(spec), declared_checks=declared_checks_cpp(spec), index_axes=[(source, fam.axes[axis]) for axis, source in
                                                          spec.op.dispatch_axes.items() if _arg_type(spec, source) == "int"],
                 torch_dtypes={d: TORCH_DTYPES[d] for d in spec.axes["dtype"]},
                 constants=fam.support_constants, exported=fam.exported_constants)

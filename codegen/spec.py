@@ -18,7 +18,7 @@ TOP_KEYS = {"family", "arch", "op", "axes", "kernels", "dispatch", "tune"}
 REQUIRED_TOP_KEYS = TOP_KEYS - {"tune"}
 TUNE_KEYS = {"dtypes", "buckets", "kernels"}
 BUCKET_KEYS = {"name", "when", "shape"}
-OP_KEYS = {"name", "schema", "doc", "outputs", "key", "dispatch_axes"}
+OP_KEYS = {"name", "schema", "doc", "outputs", "key", "dispatch_axes", "args"}
 KERNEL_KEYS = {"template", "doc", "role", "grid", "where", "covers", "prefer"}
 # A kind's role: dispatched by the rules (the default); `fallback`, which an instance built on
 # first use for the call goes before (codegen/jit.py); `bench`, never dispatched and built only
@@ -155,13 +155,13 @@ def load_spec(path: str | Path, templates_dir: str | Path) -> Spec:
 def _load_op(ctx: _Ctx, doc: LocDict, fam) -> op_decl.OpDecl:
     """The op declaration (codegen/op.py): the schema, the outputs, the dispatch key."""
     op = ctx.mapping(doc["op"], doc.line_of("op"), "op")
-    ctx.keys(op, OP_KEYS, OP_KEYS - {"doc"}, "op")
+    ctx.keys(op, OP_KEYS, OP_KEYS - {"doc", "args"}, "op")
     name = ctx.string(op, "name", "op.name")
     schema = ctx.string(op, "schema", "op.schema")
     if not name.isidentifier():
         ctx.fail(op.line_of("name"), "op.name", f"expected an identifier, got {name!r}")
     lines = {"op.schema": op.line_of("schema"), "op.outputs": op.line_of("outputs"),
-             "op.dispatch_axes": op.line_of("dispatch_axes"), "op.key": op.line_of("key")}
+             "op.dispatch_axes": op.line_of("dispatch_axes"), "op.key": op.line_of("key"), "op.args": op.line_of("args")}
     try:
         args, returns = op_decl.parse_schema(name, schema)
         outputs_node = ctx.mapping(op["outputs"], op.line_of("outputs"), "op.outputs")
@@ -184,10 +184,16 @@ def _load_op(ctx: _Ctx, doc: LocDict, fam) -> op_decl.OpDecl:
         axes_node = ctx.mapping(op["dispatch_axes"], op.line_of("dispatch_axes"), "op.dispatch_axes")
         dispatch_axes = {str(axis): str(source) for axis, source in axes_node.items()}
         op_decl.check_dispatch_axes(args, fam.axes, dispatch_axes)
+        checks = ()
+        if "args" in op:
+            declared = ctx.mapping(op["args"], op.line_of("args"), "op.args")
+            lines.update({f"op.args.{name}": declared.line_of(name) for name in declared})
+            checks = op_decl.tensor_checks(args, {str(k): (dict(v) if isinstance(v, dict) else v)
+                                                  for k, v in declared.items()})
     except op_decl.DeclError as exc:
         ctx.fail(_decl_line(lines, exc.field), exc.field, str(exc))
     return op_decl.OpDecl(name, schema, " ".join(str(op.get("doc", "")).split()), args, returns, tuple(outputs),
-                          dict(key), dispatch_axes)
+                          dict(key), dispatch_axes, checks)
 
 
 def _decl_line(lines: dict, field: str) -> int:

@@ -1262,7 +1262,7 @@ const Entry* causal_dot_product_select(const Key& key) {
       if (kEntries[188].covers(key)) return &kEntries[188];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
     }
   }
-  // specs/causal_linear.yaml:181: when True -> chunked
+  // specs/causal_linear.yaml:185: when True -> chunked
   if (true) {
     if (key.dtype == DType::kFP16 && key.direction == 0) {
       if (kEntries[162].covers(key)) return &kEntries[162];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
@@ -1353,7 +1353,7 @@ const Entry* causal_dot_product_select(const Key& key) {
       if (kEntries[225].covers(key)) return &kEntries[225];  // causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
     }
   }
-  // specs/causal_linear.yaml:183: when BH >= sm_count // 2 -> lmha
+  // specs/causal_linear.yaml:187: when BH >= sm_count // 2 -> lmha
   if ((key.BH >= (key.sm_count / 2))) {
     if (key.dtype == DType::kFP32 && key.direction == 0) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
@@ -1426,7 +1426,7 @@ const Entry* causal_dot_product_select(const Key& key) {
       if (kEntries[53].covers(key)) return &kEntries[53];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
     }
   }
-  // specs/causal_linear.yaml:185: when L >= 1024 -> split_time
+  // specs/causal_linear.yaml:189: when L >= 1024 -> split_time
   if ((key.L >= 1024)) {
     if (key.dtype == DType::kFP32 && key.direction == 0) {
       if (kEntries[108].covers(key)) return &kEntries[108];  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
@@ -1501,7 +1501,7 @@ const Entry* causal_dot_product_select(const Key& key) {
       if (kEntries[161].covers(key)) return &kEntries[161];  // causal_linear_rev_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
     }
   }
-  // specs/causal_linear.yaml:187: when True -> low_occupancy
+  // specs/causal_linear.yaml:191: when True -> low_occupancy
   if (true) {
     if (key.dtype == DType::kFP32 && key.direction == 0) {
       if (kEntries[54].covers(key)) return &kEntries[54];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
@@ -1574,7 +1574,7 @@ const Entry* causal_dot_product_select(const Key& key) {
   }
   // A fallback kind: an instance built on first use for the call goes before it.
   if (const Entry* built = jit_select(key)) return built;
-  // specs/causal_linear.yaml:189: when True -> generic
+  // specs/causal_linear.yaml:193: when True -> generic
   if (true) {
     if (key.dtype == DType::kFP32 && key.direction == 0) {
       if (kEntries[226].covers(key)) return &kEntries[226];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a

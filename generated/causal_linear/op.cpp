@@ -77,7 +77,26 @@ namespace attngen {
 namespace causal_linear {
 namespace {
 
+// The checks the declaration says (op.args, codegen/op.py), before the family's own.
+void check_declared(const Args& a) {
+  const std::string op = "causal_dot_product";
+  detail::declared_device(op, "q", a.q, "q", nullptr);
+  detail::declared_rank(op, "q", a.q, 4, "[B, H, L, E]");
+  detail::declared_last_contiguous(op, "q", a.q);
+  detail::declared_device(op, "k", a.k, "q", &a.q);
+  detail::declared_rank(op, "k", a.k, 4, "[B, H, L, E]");
+  detail::declared_dtype_like(op, "k", a.k, "q", a.q);
+  detail::declared_agree(op, "k", a.k, "q", a.q, {{0, 0}, {1, 1}, {2, 2}, {3, 3}}, "B, H, L, E");
+  detail::declared_last_contiguous(op, "k", a.k);
+  detail::declared_device(op, "v", a.v, "q", &a.q);
+  detail::declared_rank(op, "v", a.v, 4, "[B, H, L, M]");
+  detail::declared_dtype_like(op, "v", a.v, "q", a.q);
+  detail::declared_agree(op, "v", a.v, "q", a.q, {{0, 0}, {1, 1}, {2, 2}}, "B, H, L");
+  detail::declared_last_contiguous(op, "v", a.v);
+}
+
 void check_all(const Args& a) {
+  check_declared(a);
   check(a);
   dtype_of("q", a.q);
 }

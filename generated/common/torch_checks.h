@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,6 +85,46 @@ inline int64_t sm_count(int device, const char* op) {
     fail_runtime(std::string(op) + ": cannot read the multiprocessor count: " + cudaGetErrorString(err));
   }
   return count;
+}
+
+// The checks an op's declaration (op.args) generates (op.cpp's check_declared); `op` prefixes
+// every message. Meta tensors pass the device check: the Meta kernel runs the same checks.
+inline void declared_device(const std::string& op, const char* name, const at::Tensor& t, const char* ref_name,
+                            const at::Tensor* ref) {
+  if (!t.is_cuda() && !t.is_meta()) fail_value(op + ": " + name + " must be a CUDA tensor, got device " + device_str(t));
+  if (ref != nullptr && t.device() != ref->device()) {
+    fail_value(op + ": " + name + " is on " + device_str(t) + " but " + ref_name + " is on " + device_str(*ref));
+  }
+}
+
+inline void declared_rank(const std::string& op, const char* name, const at::Tensor& t, int64_t rank, const char* layout) {
+  if (t.dim() != rank) fail_value(op + ": " + name + " must be " + str(rank) + "-D " + layout + ", got shape " + str(t.sizes()));
+}
+
+inline void declared_dtype_like(const std::string& op, const char* name, const at::Tensor& t, const char* ref_name,
+                                const at::Tensor& ref) {
+  if (t.scalar_type() != ref.scalar_type()) fail_value(op + ": " + name + " has dtype " + str(t) + " but " + ref_name + " has " + str(ref));
+}
+
+inline void declared_float32(const std::string& op, const char* name, const at::Tensor& t, const char* layout) {
+  if (t.scalar_type() != at::kFloat) fail_value(op + ": " + name + " must be a float32 " + layout + ", got " + str(t));
+}
+
+// Dims of t that agree with dims of ref: (index in t, index in ref) pairs; `dims` names them.
+inline void declared_agree(const std::string& op, const char* name, const at::Tensor& t, const char* ref_name,
+                           const at::Tensor& ref, std::initializer_list<std::pair<int, int>> pairs, const char* dims) {
+  for (const auto& [i, j] : pairs) {
+    if (t.size(i) != ref.size(j)) {
+      fail_value(op + ": " + name + " has shape " + str(t.sizes()) + " but " + ref_name + " has " + str(ref.sizes()) +
+                 "; " + dims + " must agree");
+    }
+  }
+}
+
+inline void declared_last_contiguous(const std::string& op, const char* name, const at::Tensor& t) {
+  if (t.dim() > 0 && t.size(-1) > 1 && t.stride(-1) != 1) {
+    fail_value(op + ": " + name + " must have a contiguous last dim (stride 1), got strides " + str(t.strides()));
+  }
 }
 
 }  // namespace detail

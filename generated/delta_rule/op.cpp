@@ -85,10 +85,36 @@ namespace attngen {
 namespace delta_rule {
 namespace {
 
+// The checks the declaration says (op.args, codegen/op.py), before the family's own.
+void check_declared(const Args& a) {
+  const std::string op = "delta_rule";
+  detail::declared_device(op, "q", a.q, "q", nullptr);
+  detail::declared_rank(op, "q", a.q, 4, "[B, T, H, K]");
+  detail::declared_last_contiguous(op, "q", a.q);
+  detail::declared_device(op, "k", a.k, "q", &a.q);
+  detail::declared_rank(op, "k", a.k, 4, "[B, T, H, K]");
+  detail::declared_dtype_like(op, "k", a.k, "q", a.q);
+  detail::declared_agree(op, "k", a.k, "q", a.q, {{0, 0}, {1, 1}, {2, 2}, {3, 3}}, "B, T, H, K");
+  detail::declared_last_contiguous(op, "k", a.k);
+  detail::declared_device(op, "v", a.v, "q", &a.q);
+  detail::declared_rank(op, "v", a.v, 4, "[B, T, H, V]");
+  detail::declared_dtype_like(op, "v", a.v, "q", a.q);
+  detail::declared_agree(op, "v", a.v, "q", a.q, {{0, 0}, {1, 1}, {2, 2}}, "B, T, H");
+  detail::declared_last_contiguous(op, "v", a.v);
+  if (a.state) {
+    detail::declared_device(op, "state", (*a.state), "q", &a.q);
+    detail::declared_rank(op, "state", (*a.state), 4, "[B, H, K, V]");
+    detail::declared_float32(op, "state", (*a.state), "[B, H, K, V]");
+    detail::declared_agree(op, "state", (*a.state), "q", a.q, {{0, 0}, {1, 2}, {2, 3}}, "B, H, K");
+    detail::declared_agree(op, "state", (*a.state), "v", a.v, {{3, 3}}, "V");
+  }
+}
+
 void check_all(const Args& a) {
   if (a.variant < 0 || a.variant >= 2) {
     fail_value("delta_rule: variant must be in [0, 2) (0: rwkv7, 1: gated_delta), got " + str(a.variant));
   }
+  check_declared(a);
   check(a);
   dtype_of("q", a.q);
 }

@@ -134,11 +134,11 @@ def test_bad_inputs_name_the_argument():
         delta_rule.OP(r, k, v, w, a, None, None, delta_rule.RWKV7, 1.0, True)
     with pytest.raises(ValueError, match=r"variant must be in \[0, 2\) \(0: rwkv7, 1: gated_delta\), got 5"):
         delta_rule.OP(r, k, v, w, a, b, None, 5, 1.0, True)
-    with pytest.raises(ValueError, match=r"k has dtype Half; expected BFloat16"):
+    with pytest.raises(ValueError, match=r"delta_rule: k has dtype Half but q has BFloat16"):
         attngen.rwkv7(r, w, k.half(), v, a, b)
-    with pytest.raises(ValueError, match=r"v must be \[B, T, H, V\] = \[1, 8, 2, 64\], got shape \[1, 7, 2, 64\]"):
+    with pytest.raises(ValueError, match=r"delta_rule: v has shape \[1, 7, 2, 64\] but q has \[1, 8, 2, 64\]; B, T, H must agree"):
         attngen.rwkv7(r, w, k, v[:, :7], a, b)
-    with pytest.raises(ValueError, match=r"state must be a float32 \[B, H, K, V\] = \[1, 2, 64, 64\]"):
+    with pytest.raises(ValueError, match=r"delta_rule: state has shape \[1, 2, 64, 32\] but v has \[1, 8, 2, 64\]; V must agree"):
         attngen.rwkv7(r, w, k, v, a, b, state=torch.zeros(1, 2, 64, 32, device="cuda"))
     with pytest.raises(ValueError, match=r"g \(argument w\) must be \[B, T, H\] \(gated_delta: log alpha\)"):
         attngen.gated_delta_rule(r, k, v, w, w[..., 0])

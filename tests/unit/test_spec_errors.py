@@ -266,3 +266,29 @@ def test_grad_rkwu_knobs_are_grid_axes_checked_where_they_are_set(tmp_path):
     assert err.field == "fixed" and "unknown" in err.message
 
 
+
+
+@pytest.mark.parametrize("old,new,field,message", [
+    ('    k: "[B, H, L, E]"', '    kk: "[B, H, L, E]"', "op.args.kk", "is not a tensor argument of the schema"),
+    ('    k: "[B, H, L, E]"', '    reverse: "[B]"', "op.args.reverse", "is not a tensor argument of the schema"),
+    ('    v: "[B, H, L, M]"', '    v: "B, H, L, M"', "op.args.v", "expected dim names in brackets"),
+    ('    v: "[B, H, L, M]"', '    v: {shape: "[B, H, L, M]", dtype: int8}', "op.args.v", "expected like"),
+])
+def test_declared_tensor_checks_name_the_argument(tmp_path, old, new, field, message):
+    text = SPEC.replace(old, new, 1)
+    err = error_for(tmp_path, text)
+    assert err.field == field and message in err.message
+    assert err.line == line_of(text, new.strip())
+
+
+def test_declared_checks_generate_the_agreeing_dims():
+    """op.args of the real specs: a dim name shared with an earlier tensor is checked against
+    it, an optional tensor binds nothing, float32 and any_strides are carried over."""
+    from codegen import render
+    spec = next(s for s in pipeline.load() if s.family == "delta_rule")
+    lines = render.declared_checks_cpp(spec)
+    assert 'detail::declared_agree(op, "v", a.v, "q", a.q, {{0, 0}, {1, 1}, {2, 2}}, "B, T, H");' in lines
+    assert '  detail::declared_agree(op, "state", (*a.state), "v", a.v, {{3, 3}}, "V");' in lines
+    assert '  detail::declared_float32(op, "state", (*a.state), "[B, H, K, V]");' in lines
+    assert not any("last_contiguous" in line and "state" in line for line in lines)
+    assert render.declared_checks_cpp(next(s for s in pipeline.load() if s.family == "paged")) == []
