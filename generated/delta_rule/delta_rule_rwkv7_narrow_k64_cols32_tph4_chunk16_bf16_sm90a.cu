@@ -57,17 +57,11 @@ __global__ void __launch_bounds__(THREADS) recurrent_kernel(const Params p) {
     __syncthreads();  // the previous chunk's reads are done
     for (int i = tid; i < CHUNK * KB; i += THREADS) {
       const int step = i / KB, j = i % KB;
-      float elems[Variant::VECTORS] = {};
-      if (step < steps && j < p.K) Variant::key_elements<T>(p, b, t0 + step, h, j, elems);
-#pragma unroll
-      for (int x = 0; x < Variant::VECTORS; ++x) keys[step * STAGE + x * KB + j] = elems[x];  // smem: key_fill
+      Variant::stage_keys<T, KB>(p, b, t0 + step, h, j, step < steps && j < p.K, keys + step * STAGE);
     }
     if constexpr (Variant::SCALARS > 0) {
       for (int step = tid; step < steps; step += THREADS) {
-        float scalars[Variant::SCALARS > 0 ? Variant::SCALARS : 1];
-        Variant::scalars(p, b, t0 + step, h, scalars);
-#pragma unroll
-        for (int x = 0; x < Variant::SCALARS; ++x) keys[step * STAGE + Variant::VECTORS * KB + x] = scalars[x];  // smem: key_fill
+        Variant::scalars(p, b, t0 + step, h, keys + step * STAGE + Variant::VECTORS * KB);
       }
     }
     for (int i = tid; i < CHUNK * COLS; i += THREADS) {

@@ -34,22 +34,24 @@ struct Rwkv7 {
   static constexpr int SCALARS = 0;
   enum { kQ, kDecay, kKey, kA, kB };
 
-  // Element j of each key vector of step t of (b, h), as floats.
-  template <typename T>
-  __device__ static void key_elements(const Params& p, int64_t b, int64_t t, int64_t h, int64_t j, float (&out)[VECTORS]) {
+  // Element j of each key vector of step t of (b, h) into the staged row, as floats (zero
+  // where the step or the key is past the end).
+  template <typename T, int KB>
+  __device__ __forceinline__ static void stage_keys(const Params& p, int64_t b, int64_t t, int64_t h, int j, bool valid,
+                                                    float* row) {
     const T* q = static_cast<const T*>(p.q);
     const T* k = static_cast<const T*>(p.k);
     const T* w = static_cast<const T*>(p.w);
     const T* a = static_cast<const T*>(p.a);
     const T* bb = static_cast<const T*>(p.b);
-    out[kQ] = to_float(q[b * p.q_sb + t * p.q_st + h * p.q_sh + j]);
-    out[kDecay] = expf(to_float(w[b * p.w_sb + t * p.w_st + h * p.w_sh + j]));
-    out[kKey] = to_float(k[b * p.k_sb + t * p.k_st + h * p.k_sh + j]);
-    out[kA] = to_float(a[b * p.a_sb + t * p.a_st + h * p.a_sh + j]);
-    out[kB] = to_float(bb[b * p.b_sb + t * p.b_st + h * p.b_sh + j]);
+    row[kQ * KB + j] = valid ? to_float(q[b * p.q_sb + t * p.q_st + h * p.q_sh + j]) : 0.f;  // smem: key_fill
+    row[kDecay * KB + j] = valid ? expf(to_float(w[b * p.w_sb + t * p.w_st + h * p.w_sh + j])) : 0.f;  // smem: key_fill
+    row[kKey * KB + j] = valid ? to_float(k[b * p.k_sb + t * p.k_st + h * p.k_sh + j]) : 0.f;  // smem: key_fill
+    row[kA * KB + j] = valid ? to_float(a[b * p.a_sb + t * p.a_st + h * p.a_sh + j]) : 0.f;  // smem: key_fill
+    row[kB * KB + j] = valid ? to_float(bb[b * p.b_sb + t * p.b_st + h * p.b_sh + j]) : 0.f;  // smem: key_fill
   }
 
-  __device__ static void scalars(const Params&, int64_t, int64_t, int64_t, float*) {}
+  __device__ __forceinline__ static void scalars(const Params&, int64_t, int64_t, int64_t, float*) {}
 
   // One step of one column: updates the lane's entries s, returns sum_k q[k] S[k] over the column.
   template <int KB, int LANES, int GROUPS>
@@ -82,20 +84,21 @@ struct GatedDelta {
   static constexpr int SCALARS = 2;  // alpha, beta
   enum { kQ, kKey };
 
-  template <typename T>
-  __device__ static void key_elements(const Params& p, int64_t b, int64_t t, int64_t h, int64_t j, float (&out)[VECTORS]) {
+  template <typename T, int KB>
+  __device__ __forceinline__ static void stage_keys(const Params& p, int64_t b, int64_t t, int64_t h, int j, bool valid,
+                                                    float* row) {
     const T* q = static_cast<const T*>(p.q);
     const T* k = static_cast<const T*>(p.k);
-    out[kQ] = to_float(q[b * p.q_sb + t * p.q_st + h * p.q_sh + j]);
-    out[kKey] = to_float(k[b * p.k_sb + t * p.k_st + h * p.k_sh + j]);
+    row[kQ * KB + j] = valid ? to_float(q[b * p.q_sb + t * p.q_st + h * p.q_sh + j]) : 0.f;  // smem: key_fill
+    row[kKey * KB + j] = valid ? to_float(k[b * p.k_sb + t * p.k_st + h * p.k_sh + j]) : 0.f;  // smem: key_fill
   }
 
-  // alpha = exp(g) and beta of step t (float32 [B, T, H]).
-  __device__ static void scalars(const Params& p, int64_t b, int64_t t, int64_t h, float* out) {
+  // alpha = exp(g) and beta of step t (float32 [B, T, H]), written to the staged row.
+  __device__ __forceinline__ static void scalars(const Params& p, int64_t b, int64_t t, int64_t h, float* out) {
     const float* g = static_cast<const float*>(p.w);
     const float* beta = static_cast<const float*>(p.a);
-    out[0] = expf(g[b * p.w_sb + t * p.w_st + h * p.w_sh]);
-    out[1] = beta[b * p.a_sb + t * p.a_st + h * p.a_sh];
+    out[0] = expf(g[b * p.w_sb + t * p.w_st + h * p.w_sh]);  // smem: key_fill
+    out[1] = beta[b * p.a_sb + t * p.a_st + h * p.a_sh];      // smem: key_fill
   }
 
   template <int KB, int LANES, int GROUPS>
