@@ -26,7 +26,8 @@ static_assert(STAGE >= Variant::VECTORS * KB + Variant::SCALARS && STAGE % 4 == 
               "a staged step holds the variant's vectors and scalars, 16-byte aligned (float4 reads)");
 static_assert(4 * GROUPS * LANES == KB, "a column's lanes hold its KB entries");
 
-__global__ void __launch_bounds__(THREADS) recurrent_kernel(const Params p) {
+// minBlocks 1: without it ptxas held some instances to 80 registers and spilled (16-bit gated_delta narrow k32).
+__global__ void __launch_bounds__(THREADS, 1) recurrent_kernel(const Params p) {
   extern __shared__ __align__(16) float smem[];
   float* keys = smem;                    // smem buffer: keys    [CHUNK][STAGE]
   float* values = smem + CHUNK * STAGE;  // smem buffer: values  [CHUNK][COLS]

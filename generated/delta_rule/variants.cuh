@@ -44,11 +44,18 @@ struct Rwkv7 {
     const T* w = static_cast<const T*>(p.w);
     const T* a = static_cast<const T*>(p.a);
     const T* bb = static_cast<const T*>(p.b);
-    row[kQ * KB + j] = valid ? to_float(q[b * p.q_sb + t * p.q_st + h * p.q_sh + j]) : 0.f;  // smem: key_fill
-    row[kDecay * KB + j] = valid ? expf(to_float(w[b * p.w_sb + t * p.w_st + h * p.w_sh + j])) : 0.f;  // smem: key_fill
-    row[kKey * KB + j] = valid ? to_float(k[b * p.k_sb + t * p.k_st + h * p.k_sh + j]) : 0.f;  // smem: key_fill
-    row[kA * KB + j] = valid ? to_float(a[b * p.a_sb + t * p.a_st + h * p.a_sh + j]) : 0.f;  // smem: key_fill
-    row[kB * KB + j] = valid ? to_float(bb[b * p.b_sb + t * p.b_st + h * p.b_sh + j]) : 0.f;  // smem: key_fill
+    // All five loads first: a store to shared memory between them would have to wait for each
+    // (the compiler cannot tell the generic pointers apart), serializing their latencies.
+    float x[VECTORS] = {0.f, 1.f, 0.f, 0.f, 0.f};
+    if (valid) {
+      x[kQ] = to_float(q[b * p.q_sb + t * p.q_st + h * p.q_sh + j]);
+      x[kDecay] = expf(to_float(w[b * p.w_sb + t * p.w_st + h * p.w_sh + j]));
+      x[kKey] = to_float(k[b * p.k_sb + t * p.k_st + h * p.k_sh + j]);
+      x[kA] = to_float(a[b * p.a_sb + t * p.a_st + h * p.a_sh + j]);
+      x[kB] = to_float(bb[b * p.b_sb + t * p.b_st + h * p.b_sh + j]);
+    }
+#pragma unroll
+    for (int i = 0; i < VECTORS; ++i) row[i * KB + j] = x[i];  // smem: key_fill
   }
 
   __device__ __forceinline__ static void scalars(const Params&, int64_t, int64_t, int64_t, float*) {}
@@ -89,8 +96,10 @@ struct GatedDelta {
                                                     float* row) {
     const T* q = static_cast<const T*>(p.q);
     const T* k = static_cast<const T*>(p.k);
-    row[kQ * KB + j] = valid ? to_float(q[b * p.q_sb + t * p.q_st + h * p.q_sh + j]) : 0.f;  // smem: key_fill
-    row[kKey * KB + j] = valid ? to_float(k[b * p.k_sb + t * p.k_st + h * p.k_sh + j]) : 0.f;  // smem: key_fill
+    const float xq = valid ? to_float(q[b * p.q_sb + t * p.q_st + h * p.q_sh + j]) : 0.f;
+    const float xk = valid ? to_float(k[b * p.k_sb + t * p.k_st + h * p.k_sh + j]) : 0.f;
+    row[kQ * KB + j] = xq;   // smem: key_fill
+    row[kKey * KB + j] = xk;  // smem: key_fill
   }
 
   // alpha = exp(g) and beta of step t (float32 [B, T, H]), written to the staged row.
