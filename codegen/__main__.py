@@ -17,6 +17,7 @@ import fnmatch
 import json
 import sys
 
+from . import expand as expand_stage
 from . import pipeline
 from .errors import SpecError
 
@@ -36,6 +37,9 @@ def _cmd_gen(args) -> int:
         print(f"  wrote generated/{rel}")
     for rel in result["removed"]:
         print(f"  removed generated/{rel}")
+    for spec, _ in lowered:
+        for warning in expand_stage.unused_grid_values(spec):
+            print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 

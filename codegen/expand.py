@@ -58,3 +58,20 @@ def expand(spec: Spec) -> list[KernelInstance]:
                             "the grid and its where: constraints leave no instance")
         instances += got
     return instances
+
+
+def unused_grid_values(spec: Spec) -> list[str]:
+    """Grid values that no instance of their kind keeps after `where:` (a value added to a grid
+    that a constraint then filters out entirely would otherwise vanish in silence), as
+    `file:line: field: message` warnings."""
+    warnings = []
+    for kind in spec.kernels.values():
+        got = expand_kind(spec, kind)
+        for param, values in kind.grid.items():
+            used = {inst.p[param] for inst in got}
+            for value in values:
+                if value not in used:
+                    line = kind.param_lines.get(param, kind.line)
+                    warnings.append(f"{spec.file}:{line}: kernels.{kind.name}.grid.{param}: value {value!r} leaves no "
+                                    f"instance after the kind's where: constraints")
+    return warnings

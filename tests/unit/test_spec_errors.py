@@ -292,3 +292,21 @@ def test_declared_checks_generate_the_agreeing_dims():
     assert '  detail::declared_float32(op, "state", (*a.state), "[B, H, K, V]");' in lines
     assert not any("last_contiguous" in line and "state" in line for line in lines)
     assert render.declared_checks_cpp(next(s for s in pipeline.load() if s.family == "paged")) == []
+
+
+def test_a_grid_value_that_where_filters_out_is_warned_about(tmp_path):
+    """README's worked example of adding a variant once added values that `where:` removed
+    without a word; now generation warns, naming file:line and the value."""
+    from codegen import expand
+    text = SPEC.replace("      tph: [4, 8, 16]           # threads per column group", "      tph: [4, 8, 16, 32]       # threads per column group", 1)
+    assert text != SPEC
+    spec, = pipeline.load([write(tmp_path, text)])
+    warnings = expand.unused_grid_values(spec)
+    line = line_of(text, "tph: [4, 8, 16, 32]")
+    assert warnings == [f"{spec.file}:{line}: kernels.lmha.grid.tph: value 32 leaves no instance after the kind's "
+                        f"where: constraints"]
+
+
+def test_the_real_specs_keep_every_grid_value():
+    from codegen import expand
+    assert [w for spec in pipeline.load() for w in expand.unused_grid_values(spec)] == []
