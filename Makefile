@@ -33,6 +33,7 @@ build: gen
 
 test:
 	$(PYTHON) -m pytest -q tests
+	@echo "(the gpu tier, tests marked gpu, is deselected here: run 'make gpu-test' on a machine with a GPU and the built extension)"
 
 gpu-test:
 	$(PYTHON) -m pytest -q -m gpu tests

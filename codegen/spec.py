@@ -12,6 +12,7 @@ from . import op as op_decl
 from .arch import ARCHES
 from .errors import SpecError
 from .families import family as family_plugin
+from .families import names as family_names
 from .yamlloc import LocDict, LocList, load_located
 
 TOP_KEYS = {"family", "arch", "op", "axes", "kernels", "dispatch", "tune"}
@@ -121,7 +122,7 @@ def _kind(value) -> str:
     if isinstance(value, LocDict):
         return "a mapping"
     if isinstance(value, LocList):
-        return "a list"
+        return "a list" if value else "an empty list"
     return f"{type(value).__name__} {value!r}"
 
 
@@ -139,7 +140,7 @@ def load_spec(path: str | Path, templates_dir: str | Path) -> Spec:
     family = ctx.string(doc, "family", "family")
     fam = family_plugin(family)
     if fam is None:
-        ctx.fail(doc.line_of("family"), "family", f"unknown family {family!r}")
+        ctx.fail(doc.line_of("family"), "family", f"unknown family {family!r}; expected one of {family_names()}")
     arch = ctx.string(doc, "arch", "arch")
     if arch not in ARCHES:
         ctx.fail(doc.line_of("arch"), "arch", f"unknown arch {arch!r}; expected one of {sorted(ARCHES)}")

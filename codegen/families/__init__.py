@@ -4,6 +4,7 @@ only through this interface; nothing outside a family's module tests one of its 
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -58,6 +59,11 @@ class Family:
     def smem_bytes_at_runtime(self, inst: KernelInstance) -> str:
         at_runtime = self.lowering(inst).smem_at_runtime
         return at_runtime(inst) if at_runtime else str(inst.d["smem_bytes"])
+
+
+def names() -> list[str]:
+    """The families that have a plug-in (codegen/families/<name>.py)."""
+    return sorted(p.stem for p in Path(__file__).parent.glob("*.py") if p.stem != "__init__")
 
 
 def family(name: str) -> Family | None:

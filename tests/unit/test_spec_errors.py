@@ -310,3 +310,16 @@ def test_a_grid_value_that_where_filters_out_is_warned_about(tmp_path):
 def test_the_real_specs_keep_every_grid_value():
     from codegen import expand
     assert [w for spec in pipeline.load() for w in expand.unused_grid_values(spec)] == []
+
+
+def test_unknown_family_lists_the_known_ones(tmp_path):
+    text = SPEC.replace("family: causal_linear", "family: causal_linaer", 1)
+    err = error_for(tmp_path, text)
+    assert err.field == "family" and "unknown family 'causal_linaer'; expected one of [" in err.message
+    assert "'delta_rule'" in err.message and "'paged'" in err.message
+
+
+def test_an_empty_grid_list_says_empty(tmp_path):
+    text = SPEC.replace("      tph: [4, 8, 16]           # threads per column group", "      tph: []           # threads per column group", 1)
+    err = error_for(tmp_path, text)
+    assert err.field == "kernels.lmha.grid.tph" and "got an empty list" in err.message
