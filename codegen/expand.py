@@ -40,11 +40,12 @@ def _where_holds(spec: Spec, kind: KernelKind, params: dict, axes: dict) -> bool
         if any(env.get(n) == "auto" for n in cond.names()):
             raise SpecError(spec.file, kind.line, f"kernels.{kind.name}.where[{i}]",
                             "a where: condition cannot use a parameter set to 'auto'")
+        line = kind.where_lines[i] if i < len(kind.where_lines) else kind.line
         try:
             if not cond.evaluate(env):
                 return False
         except ExprError as exc:
-            raise SpecError(spec.file, kind.line, f"kernels.{kind.name}.where[{i}]", str(exc)) from None
+            raise SpecError(spec.file, line, f"kernels.{kind.name}.where[{i}]", f"{exc} (at {params})") from None
     return True
 
 

@@ -19,6 +19,9 @@ class ExprError(ValueError):
     pass
 
 
+INT_LIMIT = 2**63 - 1
+
+
 @dataclass(frozen=True)
 class Expr:
     """A parsed expression and the names it may use."""
@@ -85,9 +88,14 @@ def _eval(node: ast.AST, env: dict):
     if isinstance(node, ast.BinOp):
         a, b = _eval(node.left, env), _eval(node.right, env)
         op = type(node.op)
+        if not all(isinstance(x, int) for x in (a, b)):
+            raise ExprError(f"arithmetic takes integers, got {type(a).__name__} and {type(b).__name__}")
         if op in (ast.FloorDiv, ast.Mod) and b == 0:
             raise ExprError("division by zero")
-        return _PY_BINOPS[op](a, b)
+        out = _PY_BINOPS[op](a, b)
+        if abs(out) > INT_LIMIT:  # C++ evaluates the same text in 64 bits
+            raise ExprError(f"{a} {_BINOPS[op]} {b} leaves the 64-bit range")
+        return out
     if isinstance(node, ast.Compare):
         left = _eval(node.left, env)
         for op, comp in zip(node.ops, node.comparators):

@@ -40,6 +40,7 @@ class KernelKind:
     prefer: tuple         # params to sort ascending by: the smallest covering bucket wins
     line: int
     param_lines: dict     # param -> line of its grid entry, for errors found by the passes
+    where_lines: tuple = ()  # line of each where: expression
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,8 @@ def _load_kernels(ctx: _Ctx, doc: LocDict, fam, op, axes: dict, templates_dir: P
         if role not in ROLES:
             ctx.fail(body.line_of("role"), f"{field}.role", f"expected one of {list(ROLES)}, got {_kind(role)}")
         out[name] = KernelKind(name, template, str(body.get("doc", "")), role, grid, where_exprs, covers,
-                               tuple(prefer), kernels.line_of(name), param_lines)
+                               tuple(prefer), kernels.line_of(name), param_lines,
+                               tuple(where.line_of(i) for i in range(len(where))))
     return out
 
 

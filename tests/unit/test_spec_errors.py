@@ -323,3 +323,16 @@ def test_an_empty_grid_list_says_empty(tmp_path):
     text = SPEC.replace("      tph: [4, 8, 16]           # threads per column group", "      tph: []           # threads per column group", 1)
     err = error_for(tmp_path, text)
     assert err.field == "kernels.lmha.grid.tph" and "got an empty list" in err.message
+
+
+@pytest.mark.parametrize("where,message", [
+    ('"e // (tph - tph) == 8"', "division by zero"),
+    ('"((1,) * 100000000000000) != ()"', "arithmetic takes integers"),
+    ('"e * 4611686018427387904 * 4 > 0"', "leaves the 64-bit range"),
+])
+def test_a_where_that_cannot_be_evaluated_names_its_own_line(tmp_path, where, message):
+    text = SPEC.replace('      - "e // tph == 8"           # 8 x 4', f'      - {where}           # 8 x 4', 1)
+    assert text != SPEC
+    err = error_for(tmp_path, text)
+    assert err.field.startswith("kernels.lmha.where[") and message in err.message
+    assert err.line == line_of(text, where)
