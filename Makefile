@@ -22,7 +22,9 @@ help:
 	@echo "clean      remove build/"
 
 setup:
-	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==2.13.0
+	@$(PYTHON) -c "import torch; print('setup: torch', torch.__version__, 'is installed')" 2>/dev/null \
+	  || { echo "setup: installing torch 2.13.0 (no torch found)"; $(PYTHON) -m pip install -q torch==2.13.0; }
+	@echo "setup: installing what requirements.txt lists: $$(grep -o '^[a-z0-9-]*' requirements.txt | tr '\n' ' ')"
 	$(PYTHON) -m pip install -q -r requirements.txt
 
 gen:
