@@ -46,17 +46,7 @@ void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
   p.v_sb = v.stride(0), p.v_sh = v.stride(1), p.v_sl = v.stride(2);
   p.o_sb = o.stride(0), p.o_sh = o.stride(1), p.o_sl = o.stride(2);
   p.sm_count = sm_count(q.device().index());
-  const c10::cuda::CUDAGuard guard(q.device());
-  // Scratch from torch's caching allocator: stream-ordered, so CUDA graphs capture it too.
-  at::Tensor workspace;
-  if (const size_t bytes = entry->workspace(p)) {
-    workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
-    p.workspace = workspace.data_ptr();
-  }
-  const cudaError_t err = entry->launch(p, c10::cuda::getCurrentCUDAStream());
-  if (err != cudaSuccess) {
-    fail_runtime(std::string("causal_dot_product: launch of ") + entry->name + " failed: " + cudaGetErrorString(err));
-  }
+  launch(entry, p, q);
 }
 
 std::string describe(const Key& key) {

@@ -97,10 +97,7 @@ size_t workspace_delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a(c
 cudaError_t launch_delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a(const Params& p, cudaStream_t stream) {
   constexpr size_t smem = 49152;
   const dim3 grid(static_cast<unsigned>(p.B * p.H), static_cast<unsigned>((p.V + COLS - 1) / COLS));
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(recurrent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = allow_dynamic_smem(recurrent_kernel, smem); err != cudaSuccess) return err;
   recurrent_kernel<<<grid, THREADS, smem, stream>>>(p);
   return cudaGetLastError();
 }

@@ -74,11 +74,27 @@ DType dtype_of(const char* name, const at::Tensor& t) {
   }
 }
 
+// Launch `entry` with `p` on the current stream of `like`'s device, with the scratch it asks
+// for (Entry::workspace) from torch's caching allocator: stream-ordered, so CUDA graphs
+// capture it too. Every family's run() ends here once its Params are filled.
+void launch(const Entry* entry, Params& p, const at::Tensor& like) {
+  const c10::cuda::CUDAGuard guard(like.device());
+  at::Tensor workspace;
+  if (const size_t bytes = entry->workspace(p)) {
+    workspace = at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+  }
+  const cudaError_t err = entry->launch(p, c10::cuda::getCurrentCUDAStream());
+  if (err != cudaSuccess) {
+    fail_runtime(std::string("delta_rule: launch of ") + entry->name + " failed: " + cudaGetErrorString(err));
+  }
+}
+
 }  // namespace
 }  // namespace delta_rule
 }  // namespace attngen
 
-// The family's part: check, fill_key, nothing_to_do, run, uncovered, describe.
+// The family's part: check, fill_key, nothing_to_do, run (its Params, then launch()), uncovered, describe.
 #include "op_impl.h"
 
 namespace attngen {

@@ -90,11 +90,7 @@ void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
     p.s_sb = s.stride(0), p.s_sh = s.stride(1), p.s_sk = s.stride(2), p.s_sv = s.stride(3);
   }
   p.sm_count = sm_count(q.device().index());
-  const c10::cuda::CUDAGuard guard(q.device());
-  const cudaError_t err = entry->launch(p, c10::cuda::getCurrentCUDAStream());
-  if (err != cudaSuccess) {
-    fail_runtime(std::string("delta_rule: launch of ") + entry->name + " failed: " + cudaGetErrorString(err));
-  }
+  launch(entry, p, q);
 }
 
 std::string describe(const Key& key) { return "K=" + str(key.K) + ", V=" + str(key.V); }

@@ -130,9 +130,7 @@ void run(const Entry* entry, const Args& a, const Key& key, Outputs& outputs) {
   p.lse_sb = packed(a) ? 0 : lse.stride(0), p.lse_sh = packed(a) ? lse.stride(0) : lse.stride(1);
   p.sm_count = key.sm_count;
   if (key.Lq == 0) return;
-  const c10::cuda::CUDAGuard guard(q.device());
-  const cudaError_t err = entry->launch(p, c10::cuda::getCurrentCUDAStream());
-  if (err != cudaSuccess) fail_runtime(std::string("flash_attention: launch of ") + entry->name + " failed: " + cudaGetErrorString(err));
+  launch(entry, p, q);
 }
 
 std::vector<int64_t> built_head_sizes(DType dtype) {

@@ -42,6 +42,7 @@ struct Params {
   int64_t o_sb, o_sl, o_sh;
   int64_t lse_sb, lse_sh;        // the row stride of lse is 1
   int64_t sm_count;
+  void* workspace;        // unused (Entry::workspace is 0); op.cpp's launch() sets it for every family
 };
 
 }  // namespace flash_attention

@@ -156,15 +156,7 @@ void run(const Entry* entry, const Args& a, const Key&, Outputs& outputs) {
   p.bt_ss = a.block_table.stride(0);
   p.out_ss = out.stride(0), p.out_sq = out.stride(1), p.out_sh = out.stride(2);  // contiguous (split.cuh)
   p.sm_count = detail::sm_count(q.device().index(), "paged_decode");
-  const size_t workspace_bytes = entry->workspace(p);
-  at::Tensor workspace;
-  if (workspace_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, q.options().dtype(at::kByte));
-    p.workspace = workspace.data_ptr();
-  }
-  const c10::cuda::CUDAGuard guard(q.device());
-  const cudaError_t err = entry->launch(p, c10::cuda::getCurrentCUDAStream());
-  if (err != cudaSuccess) fail_runtime(std::string("paged_decode: launch of ") + entry->name + " failed: " + cudaGetErrorString(err));
+  launch(entry, p, q);
 }
 
 std::string describe(const Key& key) {

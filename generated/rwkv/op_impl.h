@@ -127,11 +127,7 @@ void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
   p.ckpt = checkpoints ? checkpoints->data_ptr<float>() : nullptr;
   p.y_float = y.scalar_type() == at::kFloat;
   p.sm_count = sm_count(q.device().index());
-  const c10::cuda::CUDAGuard guard(q.device());
-  const cudaError_t err = entry->launch(p, c10::cuda::getCurrentCUDAStream());
-  if (err != cudaSuccess) {
-    fail_runtime(std::string("wkv_scan: launch of ") + entry->name + " failed: " + cudaGetErrorString(err));
-  }
+  launch(entry, p, q);
 }
 
 std::string describe(const Key& key) { return "N=" + str(key.N) + ", vector alignment " + str(key.align); }

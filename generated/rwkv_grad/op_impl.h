@@ -62,9 +62,7 @@ void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
   p.d_s0 = a.want_d_state0 ? out.d_state0.data_ptr<float>() : nullptr;
   p.B = B, p.T = T, p.H = H, p.N = N;
   p.sb = T * H * N, p.st = H * N, p.sh = N;  // contiguous (a size-1 dim's stride may read otherwise)
-  const c10::cuda::CUDAGuard guard(r.device());
-  const cudaError_t err = entry->launch(p, c10::cuda::getCurrentCUDAStream());
-  if (err != cudaSuccess) fail_runtime(std::string("wkv_grad_rkwu: launch of ") + entry->name + " failed: " + cudaGetErrorString(err));
+  launch(entry, p, r);
 }
 
 std::string describe(const Key& key) { return "N=" + str(key.N); }
