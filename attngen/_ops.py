@@ -59,6 +59,10 @@ class Op:
         """The shipped extension's instances of this op, of one role ('dispatch', 'fallback') or all."""
         return list(getattr(self._namespace(), f"{self.name}_instances")(role))
 
+    def axis_index(self, axis: str, value: str) -> int:
+        """The number an int argument passes to select `value` of `axis` (the family's axis order)."""
+        return list(getattr(self._namespace(), f"{self.name}_axis_values")(axis)).index(value)
+
     def bench_instances(self) -> list[str]:
         """The benchmark extension's instances of this op ([] where it is not built)."""
         if not _ext.load_bench():

@@ -20,7 +20,11 @@ from ._checks import check_tensor
 from ._ops import Op
 
 OP = Op("delta_rule")
-RWKV7, GATED_DELTA = 0, 1   # the op's `variant` argument: specs/delta_rule.yaml axes.variant, in order
+
+
+def variant(name: str) -> int:
+    """The op's `variant` argument for `name` (the spec's axis order, read from the extension)."""
+    return OP.axis_index("variant", name)
 
 
 def _no_backward(ctx, grad_o, grad_state):
@@ -32,15 +36,17 @@ def _no_context(ctx, inputs, output) -> None:
     pass
 
 
-def _run(op_name: str, tensors: dict, *args):
+def _run(op_name: str, tensors: dict, variant_name: str, *args):
     """Every tensor on a CUDA device (what needs no extension to say), then the op, whose
-    generated checks name anything else."""
+    generated checks name anything else. The op's arguments are q, k, v, w, a, b, state, then
+    the variant's number, then `args`."""
     first = next(iter(tensors.values()))
     for name, t in tensors.items():
         if t is not None:
             check_tensor(op_name, name, t, first if t is not first else None)
     OP.register_autograd(_no_backward, _no_context)
-    return OP(*args)
+    q, k, v, w, a, b, state = tensors.values()
+    return OP(q, k, v, w, a, b, state, variant(variant_name), *args)
 
 
 def rwkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
@@ -53,8 +59,8 @@ def rwkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a:
     them, a = -kk and b = kk * iclr. state: [B, H, K, V] float32 (default zeros). Any strides
     with a contiguous last dim.
     """
-    o, s = _run("rwkv7", {"r": r, "w": w, "k": k, "v": v, "a": a, "b": b, "state": state},
-                r, k, v, w, a, b, state, RWKV7, float(scale), bool(return_state))
+    o, s = _run("rwkv7", {"r": r, "k": k, "v": v, "w": w, "a": a, "b": b, "state": state}, "rwkv7",
+                float(scale), bool(return_state))
     return o, (s if return_state else None)
 
 
@@ -72,8 +78,8 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     g = g.float() if isinstance(g, torch.Tensor) else g
     beta = beta.float() if isinstance(beta, torch.Tensor) else beta
-    o, s = _run("gated_delta_rule", {"q": q, "k": k, "v": v, "g": g, "beta": beta, "state": state},
-                q, k, v, g, beta, None, state, GATED_DELTA, float(scale), bool(return_state))
+    o, s = _run("gated_delta_rule", {"q": q, "k": k, "v": v, "g": g, "beta": beta, "b": None, "state": state},
+                "gated_delta", float(scale), bool(return_state))
     return o, (s if return_state else None)
 
 

@@ -148,11 +148,25 @@ def declared_checks_cpp(spec: Spec) -> list[str]:
     return lines
 
 
+def _camel(text: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in text.split("_"))
+
+
+def axis_constants_cpp(spec: Spec) -> list[tuple[str, int]]:
+    """(C++ name, index) of each value of an axis read from an int argument (kVariantRwkv7 = 0):
+    what the family's C++ compares that argument with, in the family's axis order."""
+    fam = family(spec.family)
+    return [(f"k{_camel(axis)}{_camel(value)}", i) for axis, source in spec.op.dispatch_axes.items()
+            if axis != "dtype" and _arg_type(spec, source) == "int" for i, value in enumerate(fam.axes[axis])]
+
+
 def op_context(spec: Spec, namespace: str = NAMESPACE) -> dict:
     """What the op's own templates (templates/op/, the family's op_impl.h.j2 and params.cuh.j2) print."""
     fam = family(spec.family)
     return dict(op=spec.op, family=spec.family, namespace=namespace, dtypes=list(fam.axes["dtype"]),
-                key_axes=key_axes_cpp(spec), declared_checks=declared_checks_cpp(spec), index_axes=[(source, fam.axes[axis]) for axis, source in
+                key_axes=key_axes_cpp(spec), declared_checks=declared_checks_cpp(spec),
+                axis_values={axis: list(values) for axis, values in fam.axes.items()},
+                axis_constants=axis_constants_cpp(spec), index_axes=[(source, fam.axes[axis]) for axis, source in
                                                          spec.op.dispatch_axes.items() if _arg_type(spec, source) == "int"],
                 torch_dtypes={d: TORCH_DTYPES[d] for d in spec.axes["dtype"]},
                 constants=fam.support_constants, exported=fam.exported_constants)

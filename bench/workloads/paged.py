@@ -7,8 +7,7 @@ winner of 64 x 4096 (3 stages, 1.02x the default there) read 2.13 TB/s against t
 from __future__ import annotations
 
 from attngen import reference as ref
-
-BLOCK = 16   # codegen/families/paged.py TUNE_BLOCK: the dispatch variables assume it
+from codegen.families.paged import TUNE_BLOCK as BLOCK   # the page size the tuning plan's key assumes
 
 
 def check_shape(shape: dict) -> dict:

@@ -192,6 +192,13 @@ std::vector<std::string> causal_dot_product_instances(const std::string& role) {
   return names;
 }
 
+// The values of an axis, in the order its key field (and an int argument selecting it) counts them.
+std::vector<std::string> causal_dot_product_axis_values(const std::string& axis) {
+  if (axis == "dtype") return {"fp32", "fp16", "bf16"};
+  if (axis == "direction") return {"fwd", "rev"};
+  fail_value("causal_dot_product_axis_values: no axis " + axis + "; the axes are dtype, direction");
+}
+
 }  // namespace
 }  // namespace causal_linear
 }  // namespace attngen
@@ -202,6 +209,7 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
   m.def("causal_dot_product_select(Tensor q, Tensor k, Tensor v, bool reverse=False) -> str", &attngen::causal_linear::causal_dot_product_select_name);
   m.def("causal_dot_product_key(Tensor q, Tensor k, Tensor v, bool reverse=False) -> int[]", &attngen::causal_linear::causal_dot_product_key);
   m.def("causal_dot_product_instances(str role=\"\") -> str[]", &attngen::causal_linear::causal_dot_product_instances);
+  m.def("causal_dot_product_axis_values(str axis) -> str[]", &attngen::causal_linear::causal_dot_product_axis_values);
 }
 
 TORCH_LIBRARY_IMPL(attngen, CUDA, m) {

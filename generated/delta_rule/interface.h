@@ -17,6 +17,10 @@ namespace delta_rule {
 // The family's dtype axis (codegen/families/delta_rule.py AXES); its index is the key's dtype.
 enum class DType : int { kFP32 = 0, kFP16 = 1, kBF16 = 2 };
 
+// The values of the axes an int argument selects, as that argument's numbers.
+constexpr int64_t kVariantRwkv7 = 0;
+constexpr int64_t kVariantGatedDelta = 1;
+
 // What dispatch looks at: the op's run-time variables (op.key), then its axes (op.dispatch_axes).
 struct Key {
   int64_t K;  // key head size (q, k last dim; the state's rows)

@@ -210,6 +210,13 @@ std::vector<std::string> delta_rule_instances(const std::string& role) {
   return names;
 }
 
+// The values of an axis, in the order its key field (and an int argument selecting it) counts them.
+std::vector<std::string> delta_rule_axis_values(const std::string& axis) {
+  if (axis == "dtype") return {"fp32", "fp16", "bf16"};
+  if (axis == "variant") return {"rwkv7", "gated_delta"};
+  fail_value("delta_rule_axis_values: no axis " + axis + "; the axes are dtype, variant");
+}
+
 }  // namespace
 }  // namespace delta_rule
 }  // namespace attngen
@@ -220,6 +227,7 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
   m.def("delta_rule_select(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True) -> str", &attngen::delta_rule::delta_rule_select_name);
   m.def("delta_rule_key(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True) -> int[]", &attngen::delta_rule::delta_rule_key);
   m.def("delta_rule_instances(str role=\"\") -> str[]", &attngen::delta_rule::delta_rule_instances);
+  m.def("delta_rule_axis_values(str axis) -> str[]", &attngen::delta_rule::delta_rule_axis_values);
 }
 
 TORCH_LIBRARY_IMPL(attngen, CUDA, m) {

@@ -8,8 +8,6 @@ namespace attngen {
 namespace delta_rule {
 namespace {
 
-constexpr int64_t kRwkv7 = 0, kGatedDelta = 1;  // the variant axis, in specs/delta_rule.yaml order
-
 void check_tensor(const std::string& what, const at::Tensor& t, const at::Tensor& q, at::ScalarType dtype,
                   at::IntArrayRef shape, const char* layout) {
   if (!t.is_cuda()) fail_value(what + " must be a CUDA tensor, got device " + device_str(t));
@@ -28,7 +26,7 @@ void check(const Args& a) {
   const std::string op = "delta_rule: ";
   const at::Tensor& q = a.q;
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2);
-  if (a.variant == kRwkv7) {
+  if (a.variant == kVariantRwkv7) {
     check_tensor(op + "w", a.w, q, q.scalar_type(), q.sizes(), "[B, T, H, K] (rwkv7: log decay)");
     check_tensor(op + "a", a.a, q, q.scalar_type(), q.sizes(), "[B, T, H, K] (rwkv7)");
     if (!a.b) fail_value(op + "b is required by rwkv7 ([B, T, H, K])");

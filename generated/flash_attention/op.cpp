@@ -186,6 +186,12 @@ std::vector<std::string> flash_attention_instances(const std::string& role) {
   return names;
 }
 
+// The values of an axis, in the order its key field (and an int argument selecting it) counts them.
+std::vector<std::string> flash_attention_axis_values(const std::string& axis) {
+  if (axis == "dtype") return {"fp16", "bf16"};
+  fail_value("flash_attention_axis_values: no axis " + axis + "; the axes are dtype");
+}
+
 }  // namespace
 }  // namespace flash_attention
 }  // namespace attngen
@@ -196,6 +202,7 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
   m.def("flash_attention_select(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap) -> str", &attngen::flash_attention::flash_attention_select_name);
   m.def("flash_attention_key(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap) -> int[]", &attngen::flash_attention::flash_attention_key);
   m.def("flash_attention_instances(str role=\"\") -> str[]", &attngen::flash_attention::flash_attention_instances);
+  m.def("flash_attention_axis_values(str axis) -> str[]", &attngen::flash_attention::flash_attention_axis_values);
 }
 
 TORCH_LIBRARY_IMPL(attngen, CUDA, m) {

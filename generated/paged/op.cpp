@@ -183,6 +183,12 @@ std::vector<std::string> paged_decode_instances(const std::string& role) {
   return names;
 }
 
+// The values of an axis, in the order its key field (and an int argument selecting it) counts them.
+std::vector<std::string> paged_decode_axis_values(const std::string& axis) {
+  if (axis == "dtype") return {"fp32", "fp16", "bf16"};
+  fail_value("paged_decode_axis_values: no axis " + axis + "; the axes are dtype");
+}
+
 }  // namespace
 }  // namespace paged
 }  // namespace attngen
@@ -193,6 +199,7 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
   m.def("paged_decode_select(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor context_lens, float scale, Tensor? alibi_slopes=None, float soft_cap=0.0, Tensor? k_scale=None, Tensor? v_scale=None) -> str", &attngen::paged::paged_decode_select_name);
   m.def("paged_decode_key(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor context_lens, float scale, Tensor? alibi_slopes=None, float soft_cap=0.0, Tensor? k_scale=None, Tensor? v_scale=None) -> int[]", &attngen::paged::paged_decode_key);
   m.def("paged_decode_instances(str role=\"\") -> str[]", &attngen::paged::paged_decode_instances);
+  m.def("paged_decode_axis_values(str axis) -> str[]", &attngen::paged::paged_decode_axis_values);
 }
 
 TORCH_LIBRARY_IMPL(attngen, CUDA, m) {

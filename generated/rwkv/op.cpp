@@ -190,6 +190,14 @@ std::vector<std::string> wkv_scan_instances(const std::string& role) {
   return names;
 }
 
+// The values of an axis, in the order its key field (and an int argument selecting it) counts them.
+std::vector<std::string> wkv_scan_axis_values(const std::string& axis) {
+  if (axis == "dtype") return {"fp32", "fp16", "bf16"};
+  if (axis == "direction") return {"fwd", "rev"};
+  if (axis == "keys") return {"contracted", "output"};
+  fail_value("wkv_scan_axis_values: no axis " + axis + "; the axes are dtype, direction, keys");
+}
+
 }  // namespace
 }  // namespace rwkv
 }  // namespace attngen
@@ -200,6 +208,7 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
   m.def("wkv_scan_select(Tensor q, Tensor kc, Tensor vo, Tensor w, Tensor? u=None, Tensor? state=None, bool reverse=False, bool keys_output=False, bool return_state=True, bool float_out=False, Tensor? checkpoints=None) -> str", &attngen::rwkv::wkv_scan_select_name);
   m.def("wkv_scan_key(Tensor q, Tensor kc, Tensor vo, Tensor w, Tensor? u=None, Tensor? state=None, bool reverse=False, bool keys_output=False, bool return_state=True, bool float_out=False, Tensor? checkpoints=None) -> int[]", &attngen::rwkv::wkv_scan_key);
   m.def("wkv_scan_instances(str role=\"\") -> str[]", &attngen::rwkv::wkv_scan_instances);
+  m.def("wkv_scan_axis_values(str axis) -> str[]", &attngen::rwkv::wkv_scan_axis_values);
   m.def("wkv_checkpoint_every() -> int", &attngen::rwkv::wkv_checkpoint_every);
 }
 

@@ -192,6 +192,12 @@ std::vector<std::string> wkv_grad_rkwu_instances(const std::string& role) {
   return names;
 }
 
+// The values of an axis, in the order its key field (and an int argument selecting it) counts them.
+std::vector<std::string> wkv_grad_rkwu_axis_values(const std::string& axis) {
+  if (axis == "dtype") return {"fp32", "fp16", "bf16"};
+  fail_value("wkv_grad_rkwu_axis_values: no axis " + axis + "; the axes are dtype");
+}
+
 }  // namespace
 }  // namespace rwkv_grad
 }  // namespace attngen
@@ -202,6 +208,7 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
   m.def("wkv_grad_rkwu_select(Tensor r, Tensor k, Tensor v, Tensor w, Tensor u, Tensor d_o, Tensor checkpoints, Tensor? d_state, bool want_d_state0) -> str", &attngen::rwkv_grad::wkv_grad_rkwu_select_name);
   m.def("wkv_grad_rkwu_key(Tensor r, Tensor k, Tensor v, Tensor w, Tensor u, Tensor d_o, Tensor checkpoints, Tensor? d_state, bool want_d_state0) -> int[]", &attngen::rwkv_grad::wkv_grad_rkwu_key);
   m.def("wkv_grad_rkwu_instances(str role=\"\") -> str[]", &attngen::rwkv_grad::wkv_grad_rkwu_instances);
+  m.def("wkv_grad_rkwu_axis_values(str axis) -> str[]", &attngen::rwkv_grad::wkv_grad_rkwu_axis_values);
   m.def("wkv_grad_checkpoint_every() -> int", &attngen::rwkv_grad::wkv_grad_checkpoint_every);
 }
 

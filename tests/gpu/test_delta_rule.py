@@ -42,9 +42,9 @@ def op_args(variant, inputs, state, scale, return_state=True):
     """The op's arguments (specs/delta_rule.yaml schema) for one variant's inputs."""
     if variant == "rwkv7":
         r, w, k, v, a, b = inputs
-        return (r, k, v, w, a, b, state, delta_rule.RWKV7, scale, return_state)
+        return (r, k, v, w, a, b, state, delta_rule.variant("rwkv7"), scale, return_state)
     q, k, v, gate, beta = inputs
-    return (q, k, v, gate, beta, None, state, delta_rule.GATED_DELTA, scale, return_state)
+    return (q, k, v, gate, beta, None, state, delta_rule.variant("gated_delta"), scale, return_state)
 
 
 def expected(variant, inputs, state, scale):
@@ -131,7 +131,7 @@ def test_empty_sequences_return_the_initial_state():
 def test_bad_inputs_name_the_argument():
     r, w, k, v, a, b = rwkv7_inputs(1, 8, 2, 64, 64, torch.bfloat16)
     with pytest.raises(ValueError, match=r"delta_rule: b is required by rwkv7"):
-        delta_rule.OP(r, k, v, w, a, None, None, delta_rule.RWKV7, 1.0, True)
+        delta_rule.OP(r, k, v, w, a, None, None, delta_rule.variant("rwkv7"), 1.0, True)
     with pytest.raises(ValueError, match=r"variant must be in \[0, 2\) \(0: rwkv7, 1: gated_delta\), got 5"):
         delta_rule.OP(r, k, v, w, a, b, None, 5, 1.0, True)
     with pytest.raises(ValueError, match=r"delta_rule: k has dtype Half but q has BFloat16"):
