@@ -1,5 +1,5 @@
 """The delta-rule recurrences, RWKV-7 and Gated DeltaNet: the generated `delta_rule` kernels
-(specs/delta_rule.yaml) as a torch custom op, forward only for now.
+(specs/delta_rule.yaml) as a differentiable torch custom op.
 
 Both keep a decayed fp32 state S[key, value] per (batch, head), [B, H, K, V] as
 flash-linear-attention's `fused_recurrent_rwkv7` / `fused_recurrent_gated_delta_rule` take and
@@ -9,9 +9,16 @@ return it, and correct it by a rank-one term each step:
 (o_t reads the state after step t's update). In the value-major orientation of the RWKV-7 and
 Gated DeltaNet papers, S' = S^T: S'_t = S'_{t-1} diag(w_t) + (S'_{t-1} a_t) b_t^T + v_t k_t^T and
 S'_t = alpha_t S'_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T.
+
+With a gradient wanted, the forward also saves the state every `checkpoint_every()` steps; the
+backward (specs/delta_rule_grad.yaml) rebuilds the states in between and walks time in reverse.
+It is written for RWKV-7; Gated DeltaNet is RWKV-7 with tied vectors (w = g on every key, a = k,
+b = -alpha beta k, v scaled by beta), so its gradients are RWKV-7's mapped back through the ties
+(`_gated_delta_backward`), with the tied vectors made in fp32.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -20,6 +27,8 @@ from ._checks import check_tensor
 from ._ops import Op
 
 OP = Op("delta_rule")
+GRAD = Op("delta_rule_grad")
+_registered = False
 
 
 def variant(name: str) -> int:
@@ -27,26 +36,109 @@ def variant(name: str) -> int:
     return OP.axis_index("variant", name)
 
 
-def _no_backward(ctx, grad_o, grad_state):
-    raise NotImplementedError("delta_rule: the backward pass is not implemented yet (forward only); "
-                              "call it under torch.no_grad() or detach the inputs")
+@functools.cache
+def checkpoint_every() -> int:
+    """Steps between the forward's state checkpoints, as the extension was built with them."""
+    OP.packet()
+    return int(torch.ops.attngen.delta_rule_checkpoint_every())
 
 
-def _no_context(ctx, inputs, output) -> None:
-    pass
+def checkpoint_shape(B: int, T: int, H: int, K: int, V: int) -> tuple:
+    """The forward's state checkpoints: [B, H, ceil(T / every), K, V] float32."""
+    every = checkpoint_every()
+    return (B, H, (T + every - 1) // every, K, V)
 
 
-def _run(op_name: str, tensors: dict, variant_name: str, *args):
+def _register() -> None:
+    """attngen::delta_rule_train: the forward that saves its checkpoints, with its fake
+    implementation and its autograd formula (once per process)."""
+    global _registered
+    if _registered:
+        return
+    OP.packet()
+
+    @torch.library.custom_op("attngen::delta_rule_train", mutates_args=())
+    def train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, a: torch.Tensor,
+                 b: Optional[torch.Tensor], state: Optional[torch.Tensor], variant: int,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, T, H, K = q.shape
+        checkpoints = q.new_empty(checkpoint_shape(B, T, H, K, v.shape[-1]), dtype=torch.float32)
+        o, final = OP(q, k, v, w, a, b, state, variant, scale, True, checkpoints)
+        return o, final, checkpoints
+
+    @train_op.register_fake
+    def _fake(q, k, v, w, a, b, state, variant, scale):
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        return (v.new_empty((B, T, H, V)), q.new_empty((B, H, K, V), dtype=torch.float32),
+                q.new_empty(checkpoint_shape(B, T, H, K, V), dtype=torch.float32))
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, w, a, b, state, variant_, scale = inputs
+        ctx.variant, ctx.scale, ctx.has_state = variant_, scale, state is not None
+        ctx.save_for_backward(q, k, v, w, a, b, output[2])
+
+    train_op.register_autograd(_backward, setup_context=setup_context)
+    _registered = True
+
+
+def _backward(ctx, d_o, d_state, _d_checkpoints):
+    q, k, v, w, a, b, checkpoints = ctx.saved_tensors
+    d_o = torch.zeros_like(v) if d_o is None else d_o.contiguous()
+    d_state = None if d_state is None else d_state.float().contiguous()
+    if ctx.variant == variant("rwkv7"):
+        dq, dw, dk, da, db, dv, ds0 = GRAD(q, k, v, w, a, b, d_o.to(q.dtype), checkpoints, d_state, ctx.scale,
+                                           ctx.has_state)
+        grads = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dw.to(w.dtype), da.to(a.dtype), db.to(b.dtype)
+    else:
+        grads = _gated_delta_backward(q, k, v, w, a, d_o, checkpoints, d_state, ctx.scale, ctx.has_state, GRAD)
+        grads, ds0 = grads[:-1], grads[-1]
+    return (*grads, ds0 if ctx.has_state else None, None, None)
+
+
+def gated_delta_as_rwkv7(q, k, v, g, beta):
+    """Gated DeltaNet's step as RWKV-7's on tied vectors, in fp32: (q, k, v', w, a, b) with
+    w = g on every key, a = k, b = -exp(g) beta k, v' = beta v."""
+    qf, kf = q.float(), k.float()
+    alpha = g.exp()
+    w = g[..., None].expand(kf.shape).contiguous()
+    b = -(alpha * beta)[..., None] * kf
+    return qf, kf, beta[..., None] * v.float(), w, kf, b
+
+
+def _gated_delta_backward(q, k, v, g, beta, d_o, checkpoints, d_state, scale, want_d_state0, grad_rwkv7):
+    """Gated DeltaNet's gradients (dq, dk, dv, dg, dbeta, d_state0) from RWKV-7's on the tied
+    vectors (`grad_rwkv7`: the delta_rule_grad op's signature, or a float64 reference's):
+    w = g on every key gives dg = sum_k dw (plus b's term); a = k and b = -alpha beta k add
+    da - alpha beta db to dk; v' = beta v gives dv = beta dv' and dbeta = v . dv' (plus b's)."""
+    qf, kf, vb, w, a, b = gated_delta_as_rwkv7(q, k, v, g, beta)
+    dq, dw, dk, da, db, dvb, ds0 = grad_rwkv7(qf, kf, vb, w, a, b, d_o.float(), checkpoints, d_state, scale,
+                                              want_d_state0)
+    alpha = g.exp()
+    k_db = (kf * db).sum(-1)
+    dk = dk + da - (alpha * beta)[..., None] * db
+    dg = dw.sum(-1) - alpha * beta * k_db
+    dbeta = (v.float() * dvb).sum(-1) - alpha * k_db
+    dv = beta[..., None] * dvb
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), dbeta.to(beta.dtype), ds0
+
+
+def _run(op_name: str, tensors: dict, variant_name: str, scale: float, return_state: bool):
     """Every tensor on a CUDA device (what needs no extension to say), then the op, whose
-    generated checks name anything else. The op's arguments are q, k, v, w, a, b, state, then
-    the variant's number, then `args`."""
+    generated checks name anything else: through attngen::delta_rule_train (which saves the
+    checkpoints) where a gradient is wanted, straight to the op otherwise."""
     first = next(iter(tensors.values()))
     for name, t in tensors.items():
         if t is not None:
             check_tensor(op_name, name, t, first if t is not first else None)
-    OP.register_autograd(_no_backward, _no_context)
     q, k, v, w, a, b, state = tensors.values()
-    return OP(q, k, v, w, a, b, state, variant(variant_name), *args)
+    number = variant(variant_name)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors.values()):
+        _register()
+        o, s, _ = torch.ops.attngen.delta_rule_train(q, k, v, w, a, b, state, number, scale)
+        return o, (s if return_state else None)
+    o, s = OP(q, k, v, w, a, b, state, number, scale, return_state)
+    return o, (s if return_state else None)
 
 
 def rwkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
@@ -57,11 +149,11 @@ def rwkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a:
     r, w, k, a, b: [B, T, H, K]; v: [B, T, H, V]; all of one dtype (fp32, fp16 or bf16; the
     state and the arithmetic are fp32). w is the log of the decay (w <= 0); as RWKV-LM passes
     them, a = -kk and b = kk * iclr. state: [B, H, K, V] float32 (default zeros). Any strides
-    with a contiguous last dim.
+    with a contiguous last dim. Differentiable in every input and the initial state, and
+    through the returned state.
     """
-    o, s = _run("rwkv7", {"r": r, "k": k, "v": v, "w": w, "a": a, "b": b, "state": state}, "rwkv7",
+    return _run("rwkv7", {"r": r, "k": k, "v": v, "w": w, "a": a, "b": b, "state": state}, "rwkv7",
                 float(scale), bool(return_state))
-    return o, (s if return_state else None)
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -72,15 +164,15 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     q, k: [B, T, H, K]; v: [B, T, H, V] (K and V may differ); one dtype (fp32, fp16, bf16).
     g (log alpha, <= 0) and beta: [B, T, H], taken as float32. scale defaults to K^-0.5.
     use_qk_l2norm normalises q and k over K first (done by torch before the kernel, in fp32).
+    Differentiable in every input and the initial state, and through the returned state.
     """
     if use_qk_l2norm:
         q, k = (torch.nn.functional.normalize(x.float(), dim=-1).to(x.dtype) for x in (q, k))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     g = g.float() if isinstance(g, torch.Tensor) else g
     beta = beta.float() if isinstance(beta, torch.Tensor) else beta
-    o, s = _run("gated_delta_rule", {"q": q, "k": k, "v": v, "g": g, "beta": beta, "b": None, "state": state},
+    return _run("gated_delta_rule", {"q": q, "k": k, "v": v, "g": g, "beta": beta, "b": None, "state": state},
                 "gated_delta", float(scale), bool(return_state))
-    return o, (s if return_state else None)
 
 
 def instances() -> list[str]:

@@ -319,3 +319,17 @@ def gated_delta_rule(q, k, v, g, beta, state=None, scale=None, dtype=torch.float
         S = S + k[:, t][..., None] * u[:, :, None, :]
         out[:, t] = scale * torch.einsum("bhkv,bhk->bhv", S, q[:, t])
     return out, S
+
+
+def rwkv7_grad(q, k, v, w, a, b, d_o, checkpoints, d_state=None, scale=1.0, want_d_state0=False):
+    """The delta_rule_grad op in float64, by autograd through `rwkv7`: RWKV-7's gradients
+    (dq, dw, dk, da, db, dv, d_state0) for output gradient d_o and final-state gradient d_state,
+    from the initial state the forward's first checkpoint holds."""
+    inputs = [x.detach().to(torch.float64).requires_grad_() for x in (q, k, v, w, a, b, checkpoints[:, :, 0])]
+    q_, k_, v_, w_, a_, b_, s0 = inputs
+    o, final = rwkv7(q_, w_, k_, v_, a_, b_, state=s0, scale=scale)
+    loss = (o * d_o.to(torch.float64)).sum()
+    if d_state is not None:
+        loss = loss + (final * d_state.to(torch.float64)).sum()
+    dq, dk, dv, dw, da, db, ds0 = torch.autograd.grad(loss, inputs, allow_unused=True)
+    return dq, dw, dk, da, db, dv, (ds0 if want_d_state0 else s0.new_empty(0))

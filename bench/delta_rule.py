@@ -1,7 +1,8 @@
-"""The delta-rule forward (RWKV-7, Gated DeltaNet) beside flash-linear-attention 0.6's chunk and
-fused_recurrent kernels, bf16, state in and out fp32, on the shapes of the delta-rule issue.
-Each peer's output is compared with ours on the same inputs (rel err, reported). Writes
-delta_rule.json and delta_rule.md under --out.
+"""The delta-rule forward and forward+backward (RWKV-7, Gated DeltaNet) beside
+flash-linear-attention 0.6's chunk and fused_recurrent kernels, bf16, state in and out fp32, on
+the shapes of the delta-rule issue. Each peer's output (and first input's gradient) is compared
+with ours on the same inputs (rel err, reported). Writes delta_rule.json and delta_rule.md under
+--out.
 
   python -m bench.delta_rule [--out DIR]
 """
@@ -81,6 +82,25 @@ def time_candidates(variant, K, inputs) -> dict:
     return {n: do_bench(lambda: delta_rule.delta_rule_with(n, *args)) for n in sorted(names)}
 
 
+def time_training(fn, inputs) -> tuple[float, torch.Tensor]:
+    """Forward and backward (every input and the initial state differentiable; gradients of o
+    and of the final state given): (ms, the first input's gradient as float)."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    o, s = fn(*leaves)
+    d_o = torch.randn(o.shape, device="cuda", generator=g).to(o.dtype)
+    d_s = torch.randn(s.shape, device="cuda", generator=g)
+
+    def step():
+        out, final = fn(*leaves)
+        torch.autograd.backward([out, final], [d_o, d_s])
+    for x in leaves:
+        x.grad = None
+    step()
+    grad = leaves[0].grad.float().clone()
+    return do_bench(step), grad
+
+
 def run(only: str | None = None) -> tuple[list, str | None]:
     missing = have_fla()
     names = ["attngen"] + ([] if missing else ["fla_chunk", "fla_fused_recurrent"])
@@ -104,9 +124,23 @@ def run(only: str | None = None) -> tuple[list, str | None]:
                 ours = out
             elif ours is not None:
                 row["rel_err_vs_attngen"][name] = ((out - ours).norm() / ours.norm()).item()
+        row["train_ms"], row["grad_rel_err_vs_attngen"] = {}, {}
+        ours = None
+        for name in names:
+            try:
+                row["train_ms"][name], grad = time_training(impl_fn(name, variant), inputs)
+            except Exception as exc:  # noqa: BLE001 - a peer without a backward is recorded
+                row["train_ms"][name] = None
+                row.setdefault("train_errors", {})[name] = str(exc).splitlines()[0][:200]
+                continue
+            if name == "attngen":
+                ours = grad
+            elif ours is not None:
+                row["grad_rel_err_vs_attngen"][name] = ((grad - ours).norm() / ours.norm()).item()
         row["forced_ms"] = time_candidates(variant, K, inputs)
         rows.append(row)
-        print(variant, row["shape"], row["ms"], row["rel_err_vs_attngen"], flush=True)
+        print(variant, row["shape"], row["ms"], row["rel_err_vs_attngen"], row["train_ms"],
+              row["grad_rel_err_vs_attngen"], flush=True)
     return rows, missing
 
 
@@ -133,6 +167,21 @@ def markdown(rows, missing, meta) -> str:
                      f"{err.get('fla_chunk', float('nan')):.1e}, {err.get('fla_fused_recurrent', float('nan')):.1e} |")
     if ratios:
         lines += ["", f"Geometric mean over fla chunk: {geomean(ratios):.2f}x"]
+    lines += ["", "Forward + backward (every input and the initial state differentiable, o's and the final state's "
+              "gradients given; rel err of the first input's gradient against ours):", "",
+              "| variant | B, T, H, K=V | attngen ms | fla chunk ms | fla recurrent ms | vs chunk | vs recurrent | "
+              "grad rel err (chunk, rec) |", "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ms, err = row.get("train_ms", {}), row.get("grad_rel_err_vs_attngen", {})
+        mine = ms.get("attngen")
+        fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        vs = lambda peer: f"{ms[peer] / mine:.2f}x" if mine and ms.get(peer) else "-"  # noqa: E731
+        lines.append(f"| {row['variant']} | {', '.join(map(str, row['shape']))} | {fmt(mine)} | {fmt(ms.get('fla_chunk'))} | "
+                     f"{fmt(ms.get('fla_fused_recurrent'))} | {vs('fla_chunk')} | {vs('fla_fused_recurrent')} | "
+                     f"{err.get('fla_chunk', float('nan')):.1e}, {err.get('fla_fused_recurrent', float('nan')):.1e} |")
+    for row in rows:
+        for name, why in row.get("train_errors", {}).items():
+            lines.append(f"- {row['variant']} {', '.join(map(str, row['shape']))}: {name} backward failed: {why}")
     lines += ["", "Every bf16 instance of the shape's key bucket, forced (ms; the shipped kinds and the bench-role "
               "`candidates` kind):", ""]
     for row in rows:

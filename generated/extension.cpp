@@ -21,6 +21,10 @@ namespace delta_rule {
 struct Entry;
 bool delta_rule_register_jit(const Entry* entry);
 }  // namespace delta_rule
+namespace delta_rule_grad {
+struct Entry;
+bool delta_rule_grad_register_jit(const Entry* entry);
+}  // namespace delta_rule_grad
 namespace flash_attention {
 struct Entry;
 bool flash_attention_register_jit(const Entry* entry);
@@ -50,6 +54,8 @@ void register_jit(const std::string& op, int64_t entry_function) {
     added = attngen::causal_linear::causal_dot_product_register_jit(static_cast<const attngen::causal_linear::Entry*>(entry));
   } else if (op == "delta_rule") {
     added = attngen::delta_rule::delta_rule_register_jit(static_cast<const attngen::delta_rule::Entry*>(entry));
+  } else if (op == "delta_rule_grad") {
+    added = attngen::delta_rule_grad::delta_rule_grad_register_jit(static_cast<const attngen::delta_rule_grad::Entry*>(entry));
   } else if (op == "flash_attention") {
     added = attngen::flash_attention::flash_attention_register_jit(static_cast<const attngen::flash_attention::Entry*>(entry));
   } else if (op == "paged_decode") {

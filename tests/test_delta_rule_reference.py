@@ -77,3 +77,75 @@ def test_cpu_tensors_are_rejected_before_the_extension_is_needed(fn):
             attngen.rwkv7(r, w, k, v, a, b)
         else:
             attngen.gated_delta_rule(r, k, v, w[..., 0], a[..., 0])
+
+
+def _adjoint_walk(r, w, k, v, a, b, state, d_o, d_state, scale):
+    """The backward kernel's algorithm (specs/delta_rule_grad.yaml) in float64, one value column
+    at a time: the states rebuilt forward, then the adjoint G carried back step by step."""
+    B, T, H, K = r.shape
+    V = v.shape[-1]
+    grads = {n: torch.zeros(B, T, H, K, dtype=torch.float64) for n in ("dq", "dw", "dk", "da", "db")}
+    dv, ds0 = torch.zeros(B, T, H, V, dtype=torch.float64), torch.zeros(B, H, K, V, dtype=torch.float64)
+    for bi in range(B):
+        for h in range(H):
+            for c in range(V):
+                s, states = state[bi, h, :, c].clone(), []
+                for t in range(T):
+                    states.append(s)
+                    sa = a[bi, t, h] @ s
+                    s = w[bi, t, h].exp() * s + b[bi, t, h] * sa + k[bi, t, h] * v[bi, t, h, c]
+                G = d_state[bi, h, :, c].clone()
+                for t in reversed(range(T)):
+                    s, decay = states[t], w[bi, t, h].exp()
+                    sa, sdo = a[bi, t, h] @ s, scale * d_o[bi, t, h, c]
+                    s_next = decay * s + b[bi, t, h] * sa + k[bi, t, h] * v[bi, t, h, c]
+                    G = G + sdo * r[bi, t, h]
+                    dsa = b[bi, t, h] @ G
+                    dv[bi, t, h, c] = k[bi, t, h] @ G
+                    grads["dq"][bi, t, h] += sdo * s_next
+                    grads["dw"][bi, t, h] += G * s * decay
+                    grads["dk"][bi, t, h] += v[bi, t, h, c] * G
+                    grads["da"][bi, t, h] += dsa * s
+                    grads["db"][bi, t, h] += sa * G
+                    G = decay * G + dsa * a[bi, t, h]
+                ds0[bi, h, :, c] = G
+    return grads["dq"], grads["dw"], grads["dk"], grads["da"], grads["db"], dv, ds0
+
+
+def test_the_backward_kernels_adjoint_walk_is_autograd_of_rwkv7():
+    """The recurrence the delta_rule_grad kernel walks (per column, in reverse, from rebuilt
+    states) gives autograd's gradients of the float64 reference, the initial state's included."""
+    r, w, k, v, a, b = _rwkv7_inputs(B=1, T=7, H=2, K=4, V=3, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    state = torch.randn(1, 2, 4, 3, generator=gen, dtype=torch.float64)
+    d_o, d_state = torch.randn(v.shape, generator=gen, dtype=torch.float64), torch.randn(state.shape, generator=gen,
+                                                                                        dtype=torch.float64)
+    got = _adjoint_walk(r, w, k, v, a, b, state, d_o, d_state, 0.6)
+    want = reference.rwkv7_grad(r, k, v, w, a, b, d_o, state[:, :, None], d_state, 0.6, want_d_state0=True)
+    for name, x, y in zip(("dq", "dw", "dk", "da", "db", "dv", "d_state0"), got, want):
+        torch.testing.assert_close(x, y, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_gated_delta_gradients_are_rwkv7s_through_the_ties():
+    """attngen.delta_rule maps RWKV-7's gradients on the tied vectors back to Gated DeltaNet's
+    inputs (the path its backward takes): the same as autograd through the float64 reference."""
+    from attngen.delta_rule import _gated_delta_backward
+    gen = torch.Generator().manual_seed(5)
+    B, T, H, K, V = 2, 6, 2, 4, 3
+    q, k = (torch.randn(B, T, H, K, generator=gen, dtype=torch.float64) for _ in range(2))
+    k = torch.nn.functional.normalize(k, dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
+    g = -torch.rand(B, T, H, generator=gen, dtype=torch.float64) * 3
+    beta = torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    state = torch.randn(B, H, K, V, generator=gen, dtype=torch.float64)
+    d_o, d_state = torch.randn(v.shape, generator=gen, dtype=torch.float64), torch.randn(state.shape, generator=gen,
+                                                                                        dtype=torch.float64)
+    inputs = [x.clone().requires_grad_() for x in (q, k, v, g, beta, state)]
+    o, final = reference.gated_delta_rule(*inputs[:5], state=inputs[5], scale=0.8)
+    want = torch.autograd.grad((o * d_o).sum() + (final * d_state).sum(), inputs)
+
+    def grad_rwkv7(*args):  # fp32 ties made by the mapping, back to float64 for the reference
+        return reference.rwkv7_grad(*(x.double() if isinstance(x, torch.Tensor) else x for x in args))
+    got = _gated_delta_backward(q, k, v, g, beta, d_o, state[:, :, None], d_state, 0.8, True, grad_rwkv7)
+    for name, x, y in zip(("dq", "dk", "dv", "dg", "dbeta", "d_state0"), got, want):
+        torch.testing.assert_close(x.double(), y, rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")

@@ -15,6 +15,13 @@ from ..passes import Rejected, banks
 from . import Family, Lowering, TunePlan
 
 RECURRENT = "delta_rule/recurrent.cu.j2"
+# With a gradient wanted, the forward saves its state every CHECKPOINT_EVERY steps: K*V fp32 per
+# (b, h) per window, a third of what bf16 r, w, k, v, a, b of the window take at K = V = 64 (as
+# flash-linear-attention's chunk kernels keep a state per 64 steps). The backward
+# (specs/delta_rule_grad.yaml) rebuilds the states inside a window from it.
+CHECKPOINT_EVERY = 64
+CHECKPOINT_CONSTANTS = {"checkpoint_every": CHECKPOINT_EVERY,
+                        "checkpoint_every_why": "codegen/families/delta_rule.py CHECKPOINT_EVERY says why"}
 
 # Per variant: the C++ step struct of templates/delta_rule/recurrent.cu.j2, the key-side
 # vectors staged per step (K floats each) and the per-step scalars.
@@ -39,6 +46,8 @@ def _lower_recurrent(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("tph", f"tph={tph} must be a power of two <= 32 (a column's lanes reduce by warp shuffles)")
     if k % (4 * tph):
         raise Rejected("tph", f"k={k} is not a multiple of 4 * tph = {4 * tph} (each lane holds float4 groups)")
+    if CHECKPOINT_EVERY % chunk:
+        raise Rejected("chunk", f"chunk={chunk} must divide the checkpoint interval {CHECKPOINT_EVERY}")
     ept = k // tph
     regs = ept + REG_OVERHEAD
     if regs > MAX_REGS:
@@ -78,4 +87,6 @@ FAMILY = Family(
                    "delta_rule/op_impl.h.j2": "delta_rule/op_impl.h"},
     tune=TunePlan(("B", "H", "T", "K", "V"), _tune_runtime, axes={"variant": "rwkv7"}),
     jit_params={"K": "k"},
+    support_constants=CHECKPOINT_CONSTANTS,
+    exported_constants={"delta_rule_checkpoint_every": "kCheckpointEvery"},
 )

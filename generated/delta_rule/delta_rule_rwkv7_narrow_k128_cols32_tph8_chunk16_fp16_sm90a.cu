@@ -25,6 +25,7 @@ constexpr int THREADS = COLS * LANES;
 static_assert(STAGE >= Variant::VECTORS * KB + Variant::SCALARS && STAGE % 4 == 0,
               "a staged step holds the variant's vectors and scalars, 16-byte aligned (float4 reads)");
 static_assert(4 * GROUPS * LANES == KB, "a column's lanes hold its KB entries");
+static_assert(kCheckpointEvery % CHUNK == 0, "a checkpoint falls on a chunk's first step");
 
 // minBlocks 1: without it ptxas held some instances to 80 registers and spilled (16-bit gated_delta narrow k32).
 __global__ void __launch_bounds__(THREADS, 1) recurrent_kernel(const Params p) {
@@ -55,6 +56,11 @@ __global__ void __launch_bounds__(THREADS, 1) recurrent_kernel(const Params p) {
   const T* v = static_cast<const T*>(p.v);
   for (int64_t t0 = 0; t0 < p.T; t0 += CHUNK) {
     const int steps = p.T - t0 < CHUNK ? static_cast<int>(p.T - t0) : CHUNK;
+    if (p.checkpoints && t0 % kCheckpointEvery == 0 && live) {
+      float* ckpt = p.checkpoints + ((b * p.H + h) * ((p.T + kCheckpointEvery - 1) / kCheckpointEvery) +
+                                     t0 / kCheckpointEvery) * p.K * p.V;
+      store_column<GROUPS, LANES>(ckpt, s, lane, col, p.K, p.V);
+    }
     __syncthreads();  // the previous chunk's reads are done
     for (int i = tid; i < CHUNK * KB; i += THREADS) {
       const int step = i / KB, j = i % KB;
@@ -78,16 +84,7 @@ __global__ void __launch_bounds__(THREADS, 1) recurrent_kernel(const Params p) {
     }
   }
 
-  if (p.state_out && live) {
-#pragma unroll
-    for (int g = 0; g < GROUPS; ++g) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t key = 4 * (g * LANES + lane) + i;
-        if (key < p.K) p.state_out[((b * p.H + h) * p.K + key) * p.V + col] = s[4 * g + i];
-      }
-    }
-  }
+  if (p.state_out && live) store_column<GROUPS, LANES>(p.state_out + (b * p.H + h) * p.K * p.V, s, lane, col, p.K, p.V);
 }
 
 }  // namespace

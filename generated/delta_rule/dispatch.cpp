@@ -219,7 +219,7 @@ const Entry* jit_select(const Key& key) {
 }
 
 const Entry* delta_rule_select(const Key& key) {
-  // specs/delta_rule.yaml:101: when BH * V < 64 * sm_count -> narrow
+  // specs/delta_rule.yaml:102: when BH * V < 64 * sm_count -> narrow
   if (((key.BH * key.V) < (64 * key.sm_count))) {
     if (key.dtype == DType::kFP32 && key.variant == 0) {
       if (kEntries[18].covers(key)) return &kEntries[18];  // delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp32_sm90a
@@ -252,7 +252,7 @@ const Entry* delta_rule_select(const Key& key) {
       if (kEntries[35].covers(key)) return &kEntries[35];  // delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a
     }
   }
-  // specs/delta_rule.yaml:103: when True -> recurrent
+  // specs/delta_rule.yaml:104: when True -> recurrent
   if (true) {
     if (key.dtype == DType::kFP32 && key.variant == 0) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a

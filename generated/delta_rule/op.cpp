@@ -43,6 +43,7 @@ struct Args {
   int64_t variant;
   double scale;
   bool return_state;
+  const std::optional<at::Tensor>& checkpoints;
 };
 
 // The outputs (op.outputs).
@@ -73,6 +74,8 @@ DType dtype_of(const char* name, const at::Tensor& t) {
                  ", which is not supported; expected one of fp32, fp16, bf16");
   }
 }
+
+int64_t delta_rule_checkpoint_every() { return kCheckpointEvery; }
 
 // Launch `entry` with `p` on the current stream of `like`'s device, with the scratch it asks
 // for (Entry::workspace) from torch's caching allocator: stream-ordered, so CUDA graphs
@@ -143,8 +146,8 @@ Key make_key(const Args& a, const Outputs& out) {
   return key;
 }
 
-std::tuple<at::Tensor, at::Tensor> delta_rule_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state};
+std::tuple<at::Tensor, at::Tensor> delta_rule_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints};
   detail::clear_uncovered();
   check_all(args);
   Outputs out = allocate(args);
@@ -160,8 +163,8 @@ std::tuple<at::Tensor, at::Tensor> delta_rule_cuda(const at::Tensor& q, const at
   return result(out);
 }
 
-std::tuple<at::Tensor, at::Tensor> delta_rule_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::string& instance) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state};
+std::tuple<at::Tensor, at::Tensor> delta_rule_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, const std::string& instance) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints};
   check_all(args);
   const Entry* entry = delta_rule_find(instance.c_str());
   if (entry == nullptr) fail_value("delta_rule_with: no instance named " + instance);
@@ -173,19 +176,19 @@ std::tuple<at::Tensor, at::Tensor> delta_rule_with_cuda(const at::Tensor& q, con
   return result(out);
 }
 
-std::tuple<at::Tensor, at::Tensor> delta_rule_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state};
+std::tuple<at::Tensor, at::Tensor> delta_rule_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints};
   return result(allocate(args));
 }
 
-std::tuple<at::Tensor, at::Tensor> delta_rule_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::string&) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state};
+std::tuple<at::Tensor, at::Tensor> delta_rule_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, const std::string&) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints};
   return result(allocate(args));
 }
 
 // The instance the dispatch picks for these arguments ('' if none).
-std::string delta_rule_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state};
+std::string delta_rule_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints};
   check_all(args);
   const Outputs out = allocate(args);
   const Entry* entry = delta_rule_select(make_key(args, out));
@@ -193,8 +196,8 @@ std::string delta_rule_select_name(const at::Tensor& q, const at::Tensor& k, con
 }
 
 // The dispatch key as numbers: the run-time variables, then each axis' index (codegen/jit.py).
-std::vector<int64_t> delta_rule_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state};
+std::vector<int64_t> delta_rule_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints};
   check_all(args);
   const Outputs out = allocate(args);
   return delta_rule_key_values(make_key(args, out));
@@ -222,12 +225,13 @@ std::vector<std::string> delta_rule_axis_values(const std::string& axis) {
 }  // namespace attngen
 
 TORCH_LIBRARY_FRAGMENT(attngen, m) {
-  m.def("delta_rule(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True) -> (Tensor, Tensor)");
-  m.def("delta_rule_with(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b, Tensor? state, int variant, float scale, bool return_state, str instance) -> (Tensor, Tensor)");
-  m.def("delta_rule_select(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True) -> str", &attngen::delta_rule::delta_rule_select_name);
-  m.def("delta_rule_key(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True) -> int[]", &attngen::delta_rule::delta_rule_key);
+  m.def("delta_rule(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True, Tensor(a!)? checkpoints=None) -> (Tensor, Tensor)");
+  m.def("delta_rule_with(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b, Tensor? state, int variant, float scale, bool return_state, Tensor(a!)? checkpoints, str instance) -> (Tensor, Tensor)");
+  m.def("delta_rule_select(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True, Tensor? checkpoints=None) -> str", &attngen::delta_rule::delta_rule_select_name);
+  m.def("delta_rule_key(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True, Tensor? checkpoints=None) -> int[]", &attngen::delta_rule::delta_rule_key);
   m.def("delta_rule_instances(str role=\"\") -> str[]", &attngen::delta_rule::delta_rule_instances);
   m.def("delta_rule_axis_values(str axis) -> str[]", &attngen::delta_rule::delta_rule_axis_values);
+  m.def("delta_rule_checkpoint_every() -> int", &attngen::delta_rule::delta_rule_checkpoint_every);
 }
 
 TORCH_LIBRARY_IMPL(attngen, CUDA, m) {

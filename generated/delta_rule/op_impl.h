@@ -36,6 +36,14 @@ void check(const Args& a) {
     check_tensor(op + "beta (argument a)", a.a, q, at::kFloat, {B, T, H}, "[B, T, H] (gated_delta)");
     if (a.b) fail_value(op + "b must be None for gated_delta");
   }
+  if (a.checkpoints) {
+    const at::Tensor& c = *a.checkpoints;
+    const std::vector<int64_t> want{B, H, (T + kCheckpointEvery - 1) / kCheckpointEvery, q.size(3), a.v.size(3)};
+    if (c.scalar_type() != at::kFloat || !c.is_contiguous() || c.sizes() != at::IntArrayRef(want) || c.device() != q.device()) {
+      fail_value(op + "checkpoints must be a contiguous float32 [B, H, ceil(T / " + str(kCheckpointEvery) + "), K, V] = " +
+                 str(at::IntArrayRef(want)) + " on q's device, got " + str(c) + " " + str(c.sizes()));
+    }
+  }
 }
 
 int64_t sm_count(int device) { return detail::sm_count(device, "delta_rule"); }
@@ -74,6 +82,7 @@ void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
   p.o = o.data_ptr();
   p.state_in = a.state ? a.state->data_ptr<float>() : nullptr;
   p.state_out = a.return_state ? out.state_out.data_ptr<float>() : nullptr;
+  p.checkpoints = a.checkpoints ? a.checkpoints->data_ptr<float>() : nullptr;
   p.B = q.size(0), p.T = q.size(1), p.H = q.size(2), p.K = q.size(3), p.V = v.size(3);
   p.scale = static_cast<float>(a.scale);
   set_strides(q, p.q_sb, p.q_st, p.q_sh);

@@ -13,6 +13,9 @@
 namespace attngen {
 namespace delta_rule {
 
+// Steps between the state checkpoints a forward saves for the backward (codegen/families/delta_rule.py CHECKPOINT_EVERY says why).
+constexpr int kCheckpointEvery = 64;
+
 struct Params {
   const void* q;            // [B, T, H, K]   (rwkv7: r)
   const void* k;            // [B, T, H, K]
@@ -23,6 +26,8 @@ struct Params {
   void* o;                  // [B, T, H, V], the input dtype
   const float* state_in;    // S at the start, or null: zeros
   float* state_out;         // S at the end, or null: not written
+  float* checkpoints;       // S before steps 0, E, 2E, ... (E = kCheckpointEvery), [B, H, ceil(T / E), K, V]
+                            // contiguous, or null: not saved
   int64_t B, T, H, K, V;
   float scale;
   // Strides in elements of the batch, time and head dims; the feature dim is contiguous.

@@ -26,6 +26,20 @@ __device__ __forceinline__ float4 key_group(const float* vec, int g, int lane) {
   return *reinterpret_cast<const float4*>(vec + 4 * (g * LANES + lane));  // smem: key_read
 }
 
+// The lane's entries of column `col` into a contiguous [K, V] state `out` (keys past K skipped).
+template <int GROUPS, int LANES>
+__device__ __forceinline__ void store_column(float* out, const float (&s)[GROUPS * 4], int lane, int64_t col, int64_t K,
+                                             int64_t V) {
+#pragma unroll
+  for (int g = 0; g < GROUPS; ++g) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t key = 4 * (g * LANES + lane) + i;
+      if (key < K) out[key * V + col] = s[4 * g + i];
+    }
+  }
+}
+
 __device__ __forceinline__ float dot4(float4 x, const float* s) { return x.x * s[0] + x.y * s[1] + x.z * s[2] + x.w * s[3]; }
 
 // RWKV-7: sa = S a; S <- S diag(exp(w)) + sa b^T (per column: S[k] <- exp(w[k]) S[k] + b[k] sa + k[k] v).

@@ -136,6 +136,23 @@ def delta_rule_family():
         err = ((out.double() - ref).norm() / ref.norm()).item()
         print(f"{name}: rel err {err:.2e}")
         assert err < 2e-2, (name, err)
+    # every backward instance: two checkpoint windows (the second short), V over two CTAs
+    for name in delta_rule.GRAD.instances():
+        seen.add(name)
+        dtype = torch.float32 if "_fp32_" in name else torch.bfloat16 if "_bf16_" in name else torch.float16
+        kb = int(name.split("_k")[1].split("_")[0])
+        B, T, H, K, V = 1, 70, 2, kb - 4, 40
+        r, k, w = (torch.randn(B, T, H, K, device="cuda").to(dtype) / K ** 0.5 for _ in range(3))
+        w = -w.abs()
+        v, d_o = (torch.randn(B, T, H, V, device="cuda").to(dtype) for _ in range(2))
+        state = torch.randn(B, H, K, V, device="cuda") * 0.1
+        ckpt = torch.empty(delta_rule.checkpoint_shape(B, T, H, K, V), device="cuda")
+        delta_rule.OP(r, k, v, w, -k, k * 0.5, state, delta_rule.variant("rwkv7"), 1.0, True, ckpt)
+        got = delta_rule.GRAD.forced(name, r, k, v, w, -k, k * 0.5, d_o, ckpt, state, 1.0, True)
+        want = reference.rwkv7_grad(r, k, v, w, -k, k * 0.5, d_o, ckpt, state, 1.0, True)
+        err = max(((x.double() - y).norm() / y.norm()).item() for x, y in zip(got, want))
+        print(f"{name}: worst rel err {err:.2e}")
+        assert err < 1e-4, (name, err)
 
 
 for family, run in (("causal_linear", causal_linear), ("rwkv", rwkv_family), ("paged", paged_family),

@@ -146,15 +146,133 @@ def test_bad_inputs_name_the_argument():
         attngen.gated_delta_rule(*gated_inputs(1, 4, 1, 4096, 64, torch.float32)[:5])
 
 
-def test_a_gradient_request_raises():
-    r, w, k, v, a, b = rwkv7_inputs(1, 8, 2, 64, 64, torch.float32)
-    r.requires_grad_()
-    o, _ = attngen.rwkv7(r, w, k, v, a, b)
-    with pytest.raises(NotImplementedError, match="backward pass is not implemented"):
-        o.sum().backward()
+def checkpoints_of(variant, inputs, state, scale):
+    """The forward's checkpoints for these inputs (through the dispatch)."""
+    q, v = inputs[0], inputs[3] if variant == "rwkv7" else inputs[2]
+    B, T, H, K = q.shape
+    ckpt = torch.full(delta_rule.checkpoint_shape(B, T, H, K, v.shape[-1]), float("nan"), device="cuda")
+    delta_rule.OP(*op_args(variant, inputs, state, scale), ckpt)
+    return ckpt
+
+
+GRAD_NAMES = ("dq", "dw", "dk", "da", "db", "dv", "d_state0")
+
+
+def test_every_grad_instance():
+    """Each delta_rule_grad instance forced against autograd of the float64 reference: K at its
+    bucket and below, V over several CTAs (their key-side terms added), T across windows and
+    sub-windows, decays near 1 and near 0, the final state's gradient in and the initial
+    state's out. Its outputs are fp32 whatever the input dtype."""
+    failures, worst, checked = [], {}, 0
+    for name, row in sorted(family_manifest("delta_rule_grad").items()):
+        dtype, kb = DTYPES[row["dtype"]], row["params"]["k"]
+        for T, K, V, regime in ((1, kb, kb, "mixed"), (67, kb - 4, 33, "near1"), (130, kb, 2 * kb + 8, "near0")):
+            inputs = rwkv7_inputs(2, T, 3, K, V, dtype, regime, seed=T + K)
+            state = torch.randn(2, 3, K, V, device="cuda") * 0.1
+            ckpt = checkpoints_of("rwkv7", inputs, state, 0.5)
+            r, w, k, v, a, b = inputs
+            d_o = torch.randn(v.shape, device="cuda").to(dtype)
+            d_state = torch.randn(state.shape, device="cuda")
+            want = reference.rwkv7_grad(r, k, v, w, a, b, d_o, ckpt, d_state, 0.5, True)
+            poison(6 * 2 * T * 3 * max(K, V) + 2 * 3 * K * V)
+            got = delta_rule.GRAD.forced(name, r, k, v, w, a, b, d_o, ckpt, d_state, 0.5, True)
+            for what, x, y in zip(GRAD_NAMES, got, want):
+                err = rel_err(x, y)
+                worst[what] = max(worst.get(what, 0.0), err)
+                if not err <= 1e-5:
+                    failures.append(f"{name} T={T} K={K} V={V} {regime} {what}: rel err {err:.2e}")
+            checked += 1
+    print("worst relative errors:", {k: f"{v:.1e}" for k, v in worst.items()})
+    assert checked == 3 * len(family_manifest("delta_rule_grad")) >= 3 * 9 and not failures, "\n".join(failures[:20])
+
+
+def loss_grads(fn, inputs, state, d_o, d_state):
+    """Gradients of (o * d_o).sum() + (final * d_state).sum() in every input and the state."""
+    leaves = [x.detach().clone().requires_grad_() for x in (*inputs, state)]
+    o, final = fn(*leaves[:-1], state=leaves[-1])
+    torch.autograd.backward([o, final], [d_o.to(o.dtype), d_state])
+    return [x.grad for x in leaves]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("variant", ["rwkv7", "gated_delta"])
+@pytest.mark.parametrize("T,K,V", [(1, 64, 64), (7, 64, 64), (63, 128, 64), (65, 64, 128), (200, 128, 128)])
+def test_backward_through_the_op(dtype, variant, T, K, V):
+    """attngen.rwkv7 / gated_delta_rule differentiated by torch against float64 autograd of the
+    reference on the same inputs: every input's gradient and the initial state's, with the
+    final state in the loss; strided inputs; gradients in the inputs' dtypes."""
+    B, H = 2, 3
+    make, fn, ref = ((rwkv7_inputs, attngen.rwkv7, reference.rwkv7) if variant == "rwkv7" else
+                     (gated_inputs, attngen.gated_delta_rule, reference.gated_delta_rule))
+    inputs = [strided(x) if x.dim() == 4 else x for x in make(B, T, H, K, V, dtype, seed=T + K)]
+    state = torch.randn(B, H, K, V, device="cuda") * 0.1
+    d_o = torch.randn(B, T, H, V, device="cuda").to(dtype)
+    d_state = torch.randn(B, H, K, V, device="cuda")
+    scale = 0.5
+    got = loss_grads(lambda *x, state: fn(*x, state=state, scale=scale), inputs, state, d_o, d_state)
+    want = loss_grads(lambda *x, state: ref(*x, state=state, scale=scale), [x.double() for x in inputs],
+                      state.double(), d_o.double(), d_state.double())
+    names = ("r", "w", "k", "v", "a", "b") if variant == "rwkv7" else ("q", "k", "v", "g", "beta")
+    for name, x, y, leaf in zip((*names, "state"), got, want, (*inputs, state)):
+        assert x.dtype == leaf.dtype and x.shape == leaf.shape, name
+        tol = max(TOL[leaf.dtype], 1e-5) if leaf.dtype != torch.float32 else 2e-5
+        assert rel_err(x, y) <= tol, f"d{name}: rel err {rel_err(x, y):.2e}"
+
+
+def test_long_sequence_backward_bf16():
+    """RWKV-7 over 4097 steps (65 checkpoint windows, the last one step long), bf16."""
+    inputs = rwkv7_inputs(1, 4097, 2, 64, 64, torch.bfloat16, "near1", seed=9)
+    state = torch.randn(1, 2, 64, 64, device="cuda") * 0.1
+    d_o = torch.randn(1, 4097, 2, 64, device="cuda").to(torch.bfloat16)
+    d_state = torch.randn(1, 2, 64, 64, device="cuda")
+    got = loss_grads(attngen.rwkv7, inputs, state, d_o, d_state)
+    want = loss_grads(reference.rwkv7, [x.double() for x in inputs], state.double(), d_o.double(), d_state.double())
+    for name, x, y in zip(("r", "w", "k", "v", "a", "b", "state"), got, want):
+        assert rel_err(x, y) <= 1e-2, f"d{name}: rel err {rel_err(x, y):.2e}"
+
+
+def test_chunked_training_hands_the_state_and_its_gradient_over():
+    """Two calls with the state handed over, differentiated through the handover, give the
+    gradients of one call."""
+    q, k, v, gate, beta = (x.requires_grad_() for x in gated_inputs(1, 150, 2, 64, 64, torch.float32, seed=4))
+    o, _ = attngen.gated_delta_rule(q, k, v, gate, beta)
+    whole = torch.autograd.grad(o.square().sum(), (q, k, v, gate, beta))
+    o1, s1 = attngen.gated_delta_rule(q[:, :70], k[:, :70], v[:, :70], gate[:, :70], beta[:, :70])
+    o2, _ = attngen.gated_delta_rule(q[:, 70:], k[:, 70:], v[:, 70:], gate[:, 70:], beta[:, 70:], state=s1)
+    split = torch.autograd.grad(o1.square().sum() + o2.square().sum(), (q, k, v, gate, beta))
+    for name, x, y in zip(("q", "k", "v", "g", "beta"), split, whole):
+        assert rel_err(x, y) <= 1e-5, name
+
+
+def test_backward_inputs_the_grad_op_refuses_are_named():
+    r, w, k, v, a, b = rwkv7_inputs(1, 8, 2, 64, 64, torch.bfloat16)
+    ckpt = torch.zeros(delta_rule.checkpoint_shape(1, 8, 2, 64, 64), device="cuda")
+    with pytest.raises(ValueError, match=r"delta_rule_grad: checkpoints must be a contiguous float32 "
+                                         r"\[B, H, ceil\(T / 64\), K, V\] = \[1, 2, 1, 64, 64\]"):
+        delta_rule.GRAD(r, k, v, w, a, b, v, ckpt.transpose(3, 4), None, 1.0, False)
+    with pytest.raises(ValueError, match=r"delta_rule_grad: q, k, v, w, a, b, d_o must share q's dtype BFloat16"):
+        delta_rule.GRAD(r, k, v, w, a, b, v.float(), ckpt, None, 1.0, False)
 
 
 def test_torch_compile_fullgraph():
     q, k, v, gate, beta = gated_inputs(2, 33, 3, 64, 64, torch.bfloat16)
     fn = torch.compile(lambda *x: attngen.gated_delta_rule(*x)[0] * 2, fullgraph=True)
     torch.testing.assert_close(fn(q, k, v, gate, beta), attngen.gated_delta_rule(q, k, v, gate, beta)[0] * 2)
+
+
+def test_torch_compile_fullgraph_training_step():
+    """Forward and loss compiled in one graph (its backward through AOTAutograd) give eager's
+    gradients."""
+    inputs = rwkv7_inputs(2, 70, 3, 64, 64, torch.float32, seed=6)
+
+    def loss(*x):
+        o, s = attngen.rwkv7(*x)
+        return o.square().sum() + s.sum()
+    compiled = torch.compile(loss, fullgraph=True)
+    grads = []
+    for fn in (compiled, loss):
+        leaves = [x.detach().clone().requires_grad_() for x in inputs]
+        fn(*leaves).backward()
+        grads.append([x.grad for x in leaves])
+    for name, x, y in zip("rwkvab", *grads):
+        assert rel_err(x, y) <= 1e-6, name
