@@ -37,7 +37,7 @@ want linear_tests && step linear_tests python3 -m pytest -q -m gpu tests/gpu/tes
 want rwkv_tests && step rwkv_tests python3 -m pytest -q -m gpu tests/gpu/test_rwkv.py -p no:cacheprovider
 want paged_tests && step paged_tests python3 -m pytest -q -m gpu tests/gpu/test_paged.py -p no:cacheprovider
 want jit_tests && step jit_tests python3 -m pytest -q -m gpu tests/gpu/test_jit.py -p no:cacheprovider -s
-want delta_tests && step delta_tests python3 -m pytest -q -m gpu tests/gpu/test_delta_rule.py -p no:cacheprovider
+want delta_tests && step delta_tests python3 -m pytest -q -m gpu tests/gpu/test_delta_rule.py -p no:cacheprovider -s
 want flash_tests && step flash_tests python3 -m pytest -q -m gpu tests/gpu/test_flash_attention.py -p no:cacheprovider -s
 want bench && step bench python3 -m bench.causal_linear ${BENCH_ARGS:-} --out "$OUT/r"
 want rwkv_bench && step rwkv_bench python3 -m bench.rwkv ${BENCH_ARGS:-} --out "$OUT/r"
