@@ -13,6 +13,18 @@ import torch
 from . import _ext, _jit
 
 BENCH_NAMESPACE = "attngen_bench"   # the benchmark extension's ops (bench-role kinds; _ext.load_bench)
+_AXIS_VALUES: dict = {}
+
+
+@torch.compiler.assume_constant_result
+def _axis_values(op: str, axis: str) -> tuple:
+    """The values of `axis` in the order `op`'s int argument numbers them, read from the extension
+    once. A constant to torch.compile, which cannot trace an op that returns strings (fullgraph
+    failed on `variant("rwkv7")` before)."""
+    if (op, axis) not in _AXIS_VALUES:
+        _ext.load()
+        _AXIS_VALUES[op, axis] = tuple(getattr(torch.ops.attngen, f"{op}_axis_values")(axis))
+    return _AXIS_VALUES[op, axis]
 
 
 class Op:
@@ -61,7 +73,7 @@ class Op:
 
     def axis_index(self, axis: str, value: str) -> int:
         """The number an int argument passes to select `value` of `axis` (the family's axis order)."""
-        return list(getattr(self._namespace(), f"{self.name}_axis_values")(axis)).index(value)
+        return _axis_values(self.name, axis).index(value)
 
     def bench_instances(self) -> list[str]:
         """The benchmark extension's instances of this op ([] where it is not built)."""

@@ -18,7 +18,6 @@ b = -alpha beta k, v scaled by beta), so its gradients are RWKV-7's mapped back 
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -36,50 +35,59 @@ def variant(name: str) -> int:
     return OP.axis_index("variant", name)
 
 
-@functools.cache
+_CHECKPOINT_EVERY: list = []
+
+
+@torch.compiler.assume_constant_result
 def checkpoint_every() -> int:
-    """Steps between the forward's state checkpoints, as the extension was built with them."""
-    OP.packet()
-    return int(torch.ops.attngen.delta_rule_checkpoint_every())
+    """Steps between the forward's state checkpoints, as the extension was built with them (a
+    constant to torch.compile)."""
+    if not _CHECKPOINT_EVERY:
+        OP.packet()
+        _CHECKPOINT_EVERY.append(int(torch.ops.attngen.delta_rule_checkpoint_every()))
+    return _CHECKPOINT_EVERY[0]
 
 
-def checkpoint_shape(B: int, T: int, H: int, K: int, V: int) -> tuple:
+def checkpoint_shape(B: int, T: int, H: int, K: int, V: int, every: int | None = None) -> tuple:
     """The forward's state checkpoints: [B, H, ceil(T / every), K, V] float32."""
-    every = checkpoint_every()
+    every = checkpoint_every() if every is None else every
     return (B, H, (T + every - 1) // every, K, V)
 
 
-def _register() -> None:
+@torch.compiler.assume_constant_result
+def _register() -> bool:
     """attngen::delta_rule_train: the forward that saves its checkpoints, with its fake
-    implementation and its autograd formula (once per process)."""
+    implementation and its autograd formula (once per process; run at trace time under
+    torch.compile, which cannot trace a registration)."""
     global _registered
     if _registered:
-        return
+        return True
     OP.packet()
 
     @torch.library.custom_op("attngen::delta_rule_train", mutates_args=())
     def train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, a: torch.Tensor,
-                 b: Optional[torch.Tensor], state: Optional[torch.Tensor], variant: int,
-                 scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 b: Optional[torch.Tensor], state: Optional[torch.Tensor], variant: int, scale: float,
+                 every: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, H, K = q.shape
-        checkpoints = q.new_empty(checkpoint_shape(B, T, H, K, v.shape[-1]), dtype=torch.float32)
+        checkpoints = q.new_empty(checkpoint_shape(B, T, H, K, v.shape[-1], every), dtype=torch.float32)
         o, final = OP(q, k, v, w, a, b, state, variant, scale, True, checkpoints)
         return o, final, checkpoints
 
     @train_op.register_fake
-    def _fake(q, k, v, w, a, b, state, variant, scale):
+    def _fake(q, k, v, w, a, b, state, variant, scale, every):
         B, T, H, K = q.shape
         V = v.shape[-1]
         return (v.new_empty((B, T, H, V)), q.new_empty((B, H, K, V), dtype=torch.float32),
-                q.new_empty(checkpoint_shape(B, T, H, K, V), dtype=torch.float32))
+                q.new_empty(checkpoint_shape(B, T, H, K, V, every), dtype=torch.float32))
 
     def setup_context(ctx, inputs, output):
-        q, k, v, w, a, b, state, variant_, scale = inputs
+        q, k, v, w, a, b, state, variant_, scale, _every = inputs
         ctx.variant, ctx.scale, ctx.has_state = variant_, scale, state is not None
         ctx.save_for_backward(q, k, v, w, a, b, output[2])
 
     train_op.register_autograd(_backward, setup_context=setup_context)
     _registered = True
+    return True
 
 
 def _backward(ctx, d_o, d_state, _d_checkpoints):
@@ -91,9 +99,10 @@ def _backward(ctx, d_o, d_state, _d_checkpoints):
                                            ctx.has_state)
         grads = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dw.to(w.dtype), da.to(a.dtype), db.to(b.dtype)
     else:
-        grads = _gated_delta_backward(q, k, v, w, a, d_o, checkpoints, d_state, ctx.scale, ctx.has_state, GRAD)
-        grads, ds0 = grads[:-1], grads[-1]
-    return (*grads, ds0 if ctx.has_state else None, None, None)
+        *grads, ds0 = _gated_delta_backward(q, k, v, w, a, d_o, checkpoints, d_state, ctx.scale, ctx.has_state,
+                                            GRAD)
+        grads.append(None)  # b: unused by gated_delta
+    return (*grads, ds0 if ctx.has_state else None, None, None, None)
 
 
 def gated_delta_as_rwkv7(q, k, v, g, beta):
@@ -135,7 +144,7 @@ def _run(op_name: str, tensors: dict, variant_name: str, scale: float, return_st
     number = variant(variant_name)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors.values()):
         _register()
-        o, s, _ = torch.ops.attngen.delta_rule_train(q, k, v, w, a, b, state, number, scale)
+        o, s, _ = torch.ops.attngen.delta_rule_train(q, k, v, w, a, b, state, number, scale, checkpoint_every())
         return o, (s if return_state else None)
     o, s = OP(q, k, v, w, a, b, state, number, scale, return_state)
     return o, (s if return_state else None)

@@ -126,11 +126,11 @@ def delta_rule_family():
         state = torch.randn(B, H, K, V, device="cuda") * 0.1
         if "_rwkv7_" in name:
             w, a, b = (-torch.rand(B, T, H, K, device="cuda").to(dtype), -k, k * 0.5)
-            args = (q, k, v, w, a, b, state, delta_rule.variant("rwkv7"), 1.0, True)
+            args = (q, k, v, w, a, b, state, delta_rule.variant("rwkv7"), 1.0, True, None)
             ref, _ = reference.rwkv7(q, w, k, v, a, b, state=state)
         else:
             g, beta = -torch.rand(B, T, H, device="cuda"), torch.rand(B, T, H, device="cuda")
-            args = (q, k, v, g, beta, None, state, delta_rule.variant("gated_delta"), 0.5, True)
+            args = (q, k, v, g, beta, None, state, delta_rule.variant("gated_delta"), 0.5, True, None)
             ref, _ = reference.gated_delta_rule(q, k, v, g, beta, state=state, scale=0.5)
         out, _ = delta_rule.delta_rule_with(name, *args)
         err = ((out.double() - ref).norm() / ref.norm()).item()

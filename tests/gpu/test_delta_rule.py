@@ -38,13 +38,13 @@ def gated_inputs(B, T, H, K, V, dtype, regime="mixed", seed=0):
     return [q.to(dtype), k.to(dtype), v.to(dtype), gate, beta]
 
 
-def op_args(variant, inputs, state, scale, return_state=True):
+def op_args(variant, inputs, state, scale, return_state=True, checkpoints=None):
     """The op's arguments (specs/delta_rule.yaml schema) for one variant's inputs."""
     if variant == "rwkv7":
         r, w, k, v, a, b = inputs
-        return (r, k, v, w, a, b, state, delta_rule.variant("rwkv7"), scale, return_state)
+        return (r, k, v, w, a, b, state, delta_rule.variant("rwkv7"), scale, return_state, checkpoints)
     q, k, v, gate, beta = inputs
-    return (q, k, v, gate, beta, None, state, delta_rule.variant("gated_delta"), scale, return_state)
+    return (q, k, v, gate, beta, None, state, delta_rule.variant("gated_delta"), scale, return_state, checkpoints)
 
 
 def expected(variant, inputs, state, scale):
@@ -131,9 +131,9 @@ def test_empty_sequences_return_the_initial_state():
 def test_bad_inputs_name_the_argument():
     r, w, k, v, a, b = rwkv7_inputs(1, 8, 2, 64, 64, torch.bfloat16)
     with pytest.raises(ValueError, match=r"delta_rule: b is required by rwkv7"):
-        delta_rule.OP(r, k, v, w, a, None, None, delta_rule.variant("rwkv7"), 1.0, True)
+        delta_rule.OP(r, k, v, w, a, None, None, delta_rule.variant("rwkv7"), 1.0, True, None)
     with pytest.raises(ValueError, match=r"variant must be in \[0, 2\) \(0: rwkv7, 1: gated_delta\), got 5"):
-        delta_rule.OP(r, k, v, w, a, b, None, 5, 1.0, True)
+        delta_rule.OP(r, k, v, w, a, b, None, 5, 1.0, True, None)
     with pytest.raises(ValueError, match=r"delta_rule: k has dtype Half but q has BFloat16"):
         attngen.rwkv7(r, w, k.half(), v, a, b)
     with pytest.raises(ValueError, match=r"delta_rule: v has shape \[1, 7, 2, 64\] but q has \[1, 8, 2, 64\]; B, T, H must agree"):
@@ -151,7 +151,7 @@ def checkpoints_of(variant, inputs, state, scale):
     q, v = inputs[0], inputs[3] if variant == "rwkv7" else inputs[2]
     B, T, H, K = q.shape
     ckpt = torch.full(delta_rule.checkpoint_shape(B, T, H, K, v.shape[-1]), float("nan"), device="cuda")
-    delta_rule.OP(*op_args(variant, inputs, state, scale), ckpt)
+    delta_rule.OP(*op_args(variant, inputs, state, scale, checkpoints=ckpt))
     return ckpt
 
 
@@ -247,9 +247,12 @@ def test_chunked_training_hands_the_state_and_its_gradient_over():
 def test_backward_inputs_the_grad_op_refuses_are_named():
     r, w, k, v, a, b = rwkv7_inputs(1, 8, 2, 64, 64, torch.bfloat16)
     ckpt = torch.zeros(delta_rule.checkpoint_shape(1, 8, 2, 64, 64), device="cuda")
+    swapped = torch.zeros(2, 1, 1, 64, 64, device="cuda").transpose(0, 1)  # the right shape, not contiguous
     with pytest.raises(ValueError, match=r"delta_rule_grad: checkpoints must be a contiguous float32 "
                                          r"\[B, H, ceil\(T / 64\), K, V\] = \[1, 2, 1, 64, 64\]"):
-        delta_rule.GRAD(r, k, v, w, a, b, v, ckpt.transpose(3, 4), None, 1.0, False)
+        delta_rule.GRAD(r, k, v, w, a, b, v, swapped, None, 1.0, False)
+    with pytest.raises(ValueError, match=r"delta_rule_grad: checkpoints must be a contiguous float32 "):
+        delta_rule.GRAD(r, k, v, w, a, b, v, ckpt[:, :, :, :, :32], None, 1.0, False)
     with pytest.raises(ValueError, match=r"delta_rule_grad: q, k, v, w, a, b, d_o must share q's dtype BFloat16"):
         delta_rule.GRAD(r, k, v, w, a, b, v.float(), ckpt, None, 1.0, False)
 
