@@ -245,11 +245,11 @@ def test_chunked_training_hands_the_state_and_its_gradient_over():
 
 
 def test_backward_inputs_the_grad_op_refuses_are_named():
-    r, w, k, v, a, b = rwkv7_inputs(1, 8, 2, 64, 64, torch.bfloat16)
-    ckpt = torch.zeros(delta_rule.checkpoint_shape(1, 8, 2, 64, 64), device="cuda")
-    swapped = torch.zeros(2, 1, 1, 64, 64, device="cuda").transpose(0, 1)  # the right shape, not contiguous
+    r, w, k, v, a, b = rwkv7_inputs(1, 100, 2, 64, 64, torch.bfloat16)
+    ckpt = torch.zeros(delta_rule.checkpoint_shape(1, 100, 2, 64, 64), device="cuda")
+    swapped = torch.zeros(1, 2, 2, 64, 64, device="cuda").transpose(1, 2)  # the right shape, not contiguous
     with pytest.raises(ValueError, match=r"delta_rule_grad: checkpoints must be a contiguous float32 "
-                                         r"\[B, H, ceil\(T / 64\), K, V\] = \[1, 2, 1, 64, 64\]"):
+                                         r"\[B, H, ceil\(T / 64\), K, V\] = \[1, 2, 2, 64, 64\]"):
         delta_rule.GRAD(r, k, v, w, a, b, v, swapped, None, 1.0, False)
     with pytest.raises(ValueError, match=r"delta_rule_grad: checkpoints must be a contiguous float32 "):
         delta_rule.GRAD(r, k, v, w, a, b, v, ckpt[:, :, :, :, :32], None, 1.0, False)
