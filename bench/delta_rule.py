@@ -82,6 +82,29 @@ def time_candidates(variant, K, inputs) -> dict:
     return {n: do_bench(lambda: delta_rule.delta_rule_with(n, *args)) for n in sorted(names)}
 
 
+def time_grad_candidates(variant, K, inputs) -> dict:
+    """Every backward instance of the key bucket in the dtype the variant's backward runs (bf16
+    for RWKV-7; fp32 for Gated DeltaNet, whose backward takes its tied vectors in fp32), shipped
+    or bench-role, forced on the shape with the forward's checkpoints."""
+    g = torch.Generator(device="cuda").manual_seed(8)
+    if variant == "rwkv7":
+        r, w, k, v, a, b, s = inputs
+        scale, dtype = 1.0, "bf16"
+    else:
+        q, k, v, gate, beta, s = inputs
+        r, k, v, w, a, b = delta_rule.gated_delta_as_rwkv7(q, k, v, gate, beta)
+        scale, dtype = K ** -0.5, "fp32"
+    B, T, H, _ = r.shape
+    ckpt = torch.empty(delta_rule.checkpoint_shape(B, T, H, K, v.shape[-1]), device="cuda")
+    delta_rule.OP(r, k, v, w, a, b, s, delta_rule.variant("rwkv7"), scale, True, ckpt)
+    d_o = torch.randn(v.shape, device="cuda", generator=g).to(v.dtype)
+    d_s = torch.randn(s.shape, device="cuda", generator=g)
+    args = (r, k, v, w, a, b, d_o, ckpt, d_s, scale, True)
+    names = [n for n in delta_rule.GRAD.instances() + delta_rule.GRAD.bench_instances()
+             if f"_k{K}_" in n and n.endswith(f"_{dtype}_sm90a")]
+    return {n: do_bench(lambda: delta_rule.GRAD.forced(n, *args)) for n in sorted(names)}
+
+
 def time_training(fn, inputs) -> tuple[float, torch.Tensor]:
     """Forward and backward (every input and the initial state differentiable; gradients of o
     and of the final state given): (ms, the first input's gradient as float)."""
@@ -138,6 +161,7 @@ def run(only: str | None = None) -> tuple[list, str | None]:
             elif ours is not None:
                 row["grad_rel_err_vs_attngen"][name] = ((grad - ours).norm() / ours.norm()).item()
         row["forced_ms"] = time_candidates(variant, K, inputs)
+        row["grad_forced_ms"] = time_grad_candidates(variant, K, inputs)
         rows.append(row)
         print(variant, row["shape"], row["ms"], row["rel_err_vs_attngen"], row["train_ms"],
               row["grad_rel_err_vs_attngen"], flush=True)
@@ -188,6 +212,12 @@ def markdown(rows, missing, meta) -> str:
         best = sorted(row.get("forced_ms", {}).items(), key=lambda kv: kv[1])
         lines.append(f"- {row['variant']} {', '.join(map(str, row['shape']))}: " +
                      ", ".join(f"{n.split('_', 3)[3].rsplit('_bf16', 1)[0]} {ms:.3f}" for n, ms in best[:6]))
+    lines += ["", "Every backward instance of the shape's key bucket, forced on the forward's checkpoints (ms; RWKV-7 in "
+              "bf16, Gated DeltaNet's tied vectors in fp32; the shipped kind and the bench-role `candidates`):", ""]
+    for row in rows:
+        best = sorted(row.get("grad_forced_ms", {}).items(), key=lambda kv: kv[1])
+        lines.append(f"- {row['variant']} {', '.join(map(str, row['shape']))}: " +
+                     ", ".join(f"{n.split('_', 3)[3].rsplit('_', 2)[0]} {ms:.3f}" for n, ms in best[:8]))
     return "\n".join(lines) + "\n"
 
 

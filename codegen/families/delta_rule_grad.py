@@ -34,9 +34,14 @@ def _lower_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("tph", f"k={k} is not a multiple of 4 * tph = {4 * tph} (each lane holds float4 groups)")
     ept = k // tph
     warp_cols = 32 // tph
-    if ept % warp_cols:
-        raise Rejected("tph", f"k / tph = {ept} entries per lane do not split over the warp's {warp_cols} columns "
-                              f"(the reduce-scatter): k must be a multiple of 32")
+    groups = ept // 4
+    # The reduce-scatter halves a lane's entries per column bit down to one float4 group
+    # (templates/delta_rule_grad/recurrent_grad.cu.j2, reduce_scatter), then sums the rest.
+    halvings = min(warp_cols.bit_length() - 1, groups.bit_length() - 1)
+    repeats = warp_cols.bit_length() - 1 - halvings
+    if not _is_pow2(groups):
+        raise Rejected("tph", f"k / tph = {ept} entries per lane: the float4 groups ({groups}) must be a power of two "
+                              f"(the reduce-scatter halves them)")
     regs = 3 * ept + REG_OVERHEAD
     if regs > MAX_REGS:
         raise Rejected("tph", f"about {regs} registers per thread (3 x {ept} floats) exceed {MAX_REGS}")
@@ -54,11 +59,14 @@ def _lower_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     # at consecutive words, the warp's other columns at the same ones (a broadcast); a thread's
     # own float4 of a state; the reduce-scatter's survivors of lane (c, l) at the keys of entries
     # c * share .. of lane l.
-    share = ept // warp_cols
+    kept = ept >> halvings
 
-    def partial_write(lane, _pad):
-        e, l = (lane // tph) * share, lane % tph
-        return 4 * (4 * ((e // 4) * tph + l) + e % 4)
+    def partial_write(lane, _pad):  # a writing lane's first kept entry (Lane::key)
+        c, l = lane // tph, lane % tph
+        if c % (1 << repeats):
+            return None
+        gmask = (c >> repeats) * (groups >> halvings)
+        return 4 * (4 * (gmask * tph + l))
     accesses = [
         banks.contiguous("key_fill", 4, ("keys",)), banks.contiguous("value_fill", 4, ("values",)),
         banks.Access("key_read", 16, lambda lane, _pad: (lane % tph) * 16, ("keys",)),
@@ -69,7 +77,7 @@ def _lower_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     ]
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "ept": ept, "groups": ept // 4,
-        "log_warp_cols": warp_cols.bit_length() - 1, "bank": banks.model(accesses),
+        "log_warp_cols": warp_cols.bit_length() - 1, "halvings": halvings, "kept": kept, "bank": banks.model(accesses),
         "threads_param": "tph", "smem_param": "sub",
     })
 

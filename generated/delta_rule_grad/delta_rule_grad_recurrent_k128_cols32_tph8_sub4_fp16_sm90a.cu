@@ -4,9 +4,9 @@
 //   kind recurrent: one CTA per (b, h) and 32 value columns, each column's K state entries and adjoint in the registers of k / 16 threads; the states of `sub` steps in shared memory
 //   256 threads, 158720 bytes of shared memory, 16 state entries per thread
 //   bank conflicts (ways, from the bank pass): key_fill 1, value_fill 1, key_read 1, value_read 1, state_write 1, state_read 1, partial_write 4, partial_read 1
-// The adjoint recurrence is in specs/delta_rule_grad.yaml; the layout of a column's entries over
-// its lanes is the forward's (templates/delta_rule/variants.cuh.j2): entry 4 g + i of lane l is
-// key 4 (g LANES + l) + i.
+// The adjoint recurrence is in specs/delta_rule_grad.yaml; a column's entries are spread over its
+// lanes as in the forward (templates/delta_rule/variants.cuh.j2), in a slot order per warp column
+// (struct Lane).
 #include "../common/device.cuh"
 #include "params.cuh"
 
@@ -25,17 +25,32 @@ constexpr int THREADS = COLS * LANES;
 constexpr int WARPS = THREADS / 32;
 constexpr int WARP_COLS = 32 / LANES;             // columns per warp
 constexpr int LOG_WARP_COLS = 2;
-constexpr int SHARE = EPT / WARP_COLS;            // entries a lane keeps after the reduce-scatter
+constexpr int HALVINGS = 2;        // reduce-scatter rounds that halve a lane's entries (down to a float4)
+constexpr int REPEATS = LOG_WARP_COLS - HALVINGS;  // rounds after those: plain sums, 2^REPEATS lanes alike
+constexpr int KEPT = EPT >> HALVINGS;             // entries a lane keeps: the sums of its group(s)
 constexpr int STARTS = kCheckpointEvery / SUB;    // sub-windows per checkpoint window
 enum Vector { kQ, kDecay, kKey, kA, kB, VECTORS };  // the staged key-side vectors, and the gradients' order
 constexpr int STAGE = VECTORS * KB;               // floats per staged step
 static_assert(4 * GROUPS * LANES == KB, "a column's lanes hold its KB entries");
-static_assert(THREADS % 32 == 0 && (1 << LOG_WARP_COLS) == WARP_COLS && SHARE * WARP_COLS == EPT,
-              "whole warps whose columns split a lane's entries evenly");
+static_assert(THREADS % 32 == 0 && (1 << LOG_WARP_COLS) == WARP_COLS && KEPT % 4 == 0 && KEPT >= 4 &&
+                  (REPEATS == 0 || KEPT == 4) && KEPT << HALVINGS == EPT,
+              "whole warps; the halvings end at whole float4 groups");
 static_assert(kCheckpointEvery % SUB == 0, "sub-windows tile a checkpoint window");
 
-__device__ __forceinline__ float4 key_group(const float* vec, int g, int lane) {
-  return *reinterpret_cast<const float4*>(vec + 4 * (g * LANES + lane));  // smem: key_read
+// Where a thread's state entries sit. Its slot j (entries 4 j .. 4 j + 3 of s and G) holds key
+// group j ^ gmask, keys 4 ((j ^ gmask) LANES + lane) .. + 3: the lanes of a column at consecutive
+// 16-byte words of a key vector, as in the forward, but each warp column's groups in its own
+// order, so that the reduce-scatter's halvings keep the low slots on every lane (no selects).
+struct Lane {
+  int lane;   // within the column
+  int gmask;  // (warp column >> REPEATS) * (GROUPS >> HALVINGS)
+  __device__ __forceinline__ int key(int slot_entry) const {
+    return 4 * (((slot_entry / 4) ^ gmask) * LANES + lane) + slot_entry % 4;
+  }
+};
+
+__device__ __forceinline__ float4 key_group(const float* vec, int j, const Lane& at) {
+  return *reinterpret_cast<const float4*>(vec + 4 * ((j ^ at.gmask) * LANES + at.lane));  // smem: key_read
 }
 
 __device__ __forceinline__ float dot4(float4 x, const float* s) { return x.x * s[0] + x.y * s[1] + x.z * s[2] + x.w * s[3]; }
@@ -49,63 +64,56 @@ __device__ __forceinline__ float column_sum(float x) {
   return x;
 }
 
-// c ? a : b as a register select: written as C++, nvcc turned the two selects of a pair into one
-// select of addresses and moved the array to local memory (64 bytes of stack at k = 64).
-__device__ __forceinline__ float pick(bool c, float a, float b) {
-  float r;
-  asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %3, 0;\n\tselp.f32 %0, %1, %2, p;\n\t}"
-      : "=f"(r) : "f"(a), "f"(b), "r"(static_cast<int>(c)));
-  return r;
-}
-
-// x summed over the WARP_COLS columns of the warp (whose lanes of one index hold the same keys):
-// halving rounds (ROUND = 0 .. log2(WARP_COLS) - 1), each lane keeping the half its column's bit
-// picks, so the lane of warp column c ends with the sums of entries c SHARE .. c SHARE + SHARE - 1
-// in x[0 .. SHARE). EPT (1 - 1 / WARP_COLS) shuffles, against EPT log2(WARP_COLS) for a sum of
-// every entry on every lane. A template per round: as one loop nest, nvcc left the inner loop
-// rolled and x in local memory.
+// x summed over the WARP_COLS columns of the warp (whose lanes of one index hold the same key
+// groups, each warp column in its own slot order, Lane::gmask). A halving round exchanges the
+// upper half of the slots with the partner column (c ^ other) and keeps the lower half: by the
+// slot orders, the lower half holds the groups this lane keeps and the upper half those its
+// partner keeps. After HALVINGS rounds a lane keeps KEPT entries; the REPEATS rounds left add
+// them up across the remaining columns. 16 shuffles at 16 entries and 8 columns, against 14
+// shuffles and 28 selects for halvings that pick halves by the column's bit. A template per
+// round: as one loop nest, nvcc left the inner loop rolled and x in local memory.
 template <int ROUND = 0>
-__device__ __forceinline__ void reduce_scatter(float (&x)[EPT], int c) {
-  if constexpr (ROUND < LOG_WARP_COLS) {
-    constexpr int other = (WARP_COLS / 2) >> ROUND;  // the partner's column is c ^ other
+__device__ __forceinline__ void reduce_scatter(float (&x)[EPT]) {
+  if constexpr (ROUND < HALVINGS) {
+    constexpr int other = (WARP_COLS / 2) >> ROUND;
     constexpr int half = (EPT / 2) >> ROUND;
-    const bool upper = c & other;
 #pragma unroll
-    for (int i = 0; i < half; ++i) {
-      const float keep = pick(upper, x[half + i], x[i]);
-      const float send = pick(upper, x[i], x[half + i]);
-      x[i] = keep + __shfl_xor_sync(0xffffffffu, send, other * LANES);
-    }
-    reduce_scatter<ROUND + 1>(x, c);
+    for (int i = 0; i < half; ++i) x[i] += __shfl_xor_sync(0xffffffffu, x[half + i], other * LANES);
+    reduce_scatter<ROUND + 1>(x);
+  } else if constexpr (ROUND < LOG_WARP_COLS) {
+    constexpr int other = (WARP_COLS / 2) >> ROUND;
+#pragma unroll
+    for (int i = 0; i < KEPT; ++i) x[i] += __shfl_xor_sync(0xffffffffu, x[i], other * LANES);
+    reduce_scatter<ROUND + 1>(x);
   }
 }
 
-// One gradient's per-column terms x of a step into the warp's row of it (reduced over the warp's columns).
-__device__ __forceinline__ void to_row(float (&x)[EPT], float* row, int warp_col, int lane) {
-  reduce_scatter(x, warp_col);
+// One gradient's per-column terms x of a step into the warp's row of it (reduced over the warp's
+// columns); of the 2^REPEATS lanes that hold the same sums, the first writes them.
+__device__ __forceinline__ void to_row(float (&x)[EPT], float* row, int warp_col, const Lane& at) {
+  reduce_scatter(x);
+  if (warp_col % (1 << REPEATS) == 0) {
 #pragma unroll
-  for (int i = 0; i < SHARE; ++i) {
-    const int e = warp_col * SHARE + i;
-    row[4 * ((e / 4) * LANES + lane) + e % 4] = x[i];  // smem: partial_write
+    for (int i = 0; i < KEPT; ++i) row[at.key(i)] = x[i];  // smem: partial_write
   }
 }
 
 // The lane's entries of column `col` of a contiguous [K, V] state (zeros past K, for a dead
 // column or without a source).
-__device__ __forceinline__ void load_column(float (&s)[EPT], const float* src, int lane, int64_t col, bool live,
+__device__ __forceinline__ void load_column(float (&s)[EPT], const float* src, const Lane& at, int64_t col, bool live,
                                             int64_t K, int64_t V) {
 #pragma unroll
   for (int e = 0; e < EPT; ++e) {
-    const int64_t key = 4 * ((e / 4) * LANES + lane) + e % 4;
+    const int64_t key = at.key(e);
     s[e] = src && live && key < K ? src[key * V + col] : 0.f;
   }
 }
 
-__device__ __forceinline__ void store_column(float* out, const float (&s)[EPT], int lane, int64_t col, int64_t K,
+__device__ __forceinline__ void store_column(float* out, const float (&s)[EPT], const Lane& at, int64_t col, int64_t K,
                                              int64_t V) {
 #pragma unroll
   for (int e = 0; e < EPT; ++e) {
-    const int64_t key = 4 * ((e / 4) * LANES + lane) + e % 4;
+    const int64_t key = at.key(e);
     if (key < K) out[key * V + col] = s[e];
   }
 }
@@ -145,18 +153,18 @@ __device__ __forceinline__ void stage(const Params& p, int64_t b, int64_t h, int
   }
 }
 
-// The forward's step on the lane's entries (the same arithmetic, so the same bits as the
-// forward's states): returns sa = a . s over the column, s before the update.
-__device__ __forceinline__ float forward_step(float (&s)[EPT], const float* row, float v, int lane) {
+// The forward's step on the lane's entries (the forward's arithmetic per entry; the sums in
+// another order): returns sa = a . s over the column, s before the update.
+__device__ __forceinline__ float forward_step(float (&s)[EPT], const float* row, float v, const Lane& at) {
   float sa = 0.f;
 #pragma unroll
-  for (int g = 0; g < GROUPS; ++g) sa += dot4(key_group(row + kA * KB, g, lane), s + 4 * g);
+  for (int g = 0; g < GROUPS; ++g) sa += dot4(key_group(row + kA * KB, g, at), s + 4 * g);
   sa = column_sum(sa);
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g) {
-    const float4 decay = key_group(row + kDecay * KB, g, lane);
-    const float4 bv = key_group(row + kB * KB, g, lane);
-    const float4 kv = key_group(row + kKey * KB, g, lane);
+    const float4 decay = key_group(row + kDecay * KB, g, at);
+    const float4 bv = key_group(row + kB * KB, g, at);
+    const float4 kv = key_group(row + kKey * KB, g, at);
     float* e = s + 4 * g;
     e[0] = fmaf(e[0], decay.x, fmaf(bv.x, sa, kv.x * v));
     e[1] = fmaf(e[1], decay.y, fmaf(bv.y, sa, kv.y * v));
@@ -170,13 +178,13 @@ __device__ __forceinline__ float forward_step(float (&s)[EPT], const float* row,
 // state) and leaves with S_{t-1}'s; s is S_{t-1}, sa = a . s. The column's dv is returned; the
 // per-column terms of dq, dw, dk, da, db go to the warp's rows (`rows`: [VECTORS][KB]).
 __device__ __forceinline__ float backward_step(float (&G)[EPT], const float (&s)[EPT], const float* row, float v,
-                                               float scaled_do, float sa, float* rows, int warp_col, int lane) {
+                                               float scaled_do, float sa, float* rows, int warp_col, const Lane& at) {
   float dsa = 0.f, dv = 0.f;
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g) {
-    const float4 q4 = key_group(row + kQ * KB, g, lane);
-    const float4 b4 = key_group(row + kB * KB, g, lane);
-    const float4 k4 = key_group(row + kKey * KB, g, lane);
+    const float4 q4 = key_group(row + kQ * KB, g, at);
+    const float4 b4 = key_group(row + kB * KB, g, at);
+    const float4 k4 = key_group(row + kKey * KB, g, at);
     float* e = G + 4 * g;
     e[0] = fmaf(scaled_do, q4.x, e[0]);
     e[1] = fmaf(scaled_do, q4.y, e[1]);
@@ -190,37 +198,37 @@ __device__ __forceinline__ float backward_step(float (&G)[EPT], const float (&s)
   float x[EPT];
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g) {  // dq = scale do S_t, with S_t rebuilt as the forward made it
-    const float4 decay = key_group(row + kDecay * KB, g, lane);
-    const float4 bv = key_group(row + kB * KB, g, lane);
-    const float4 kv = key_group(row + kKey * KB, g, lane);
+    const float4 decay = key_group(row + kDecay * KB, g, at);
+    const float4 bv = key_group(row + kB * KB, g, at);
+    const float4 kv = key_group(row + kKey * KB, g, at);
     x[4 * g + 0] = scaled_do * fmaf(s[4 * g + 0], decay.x, fmaf(bv.x, sa, kv.x * v));
     x[4 * g + 1] = scaled_do * fmaf(s[4 * g + 1], decay.y, fmaf(bv.y, sa, kv.y * v));
     x[4 * g + 2] = scaled_do * fmaf(s[4 * g + 2], decay.z, fmaf(bv.z, sa, kv.z * v));
     x[4 * g + 3] = scaled_do * fmaf(s[4 * g + 3], decay.w, fmaf(bv.w, sa, kv.w * v));
   }
-  to_row(x, rows + kQ * KB, warp_col, lane);
+  to_row(x, rows + kQ * KB, warp_col, at);
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g) {  // dw = G s exp(w) (w is the log decay)
-    const float4 decay = key_group(row + kDecay * KB, g, lane);
+    const float4 decay = key_group(row + kDecay * KB, g, at);
     x[4 * g + 0] = G[4 * g + 0] * s[4 * g + 0] * decay.x;
     x[4 * g + 1] = G[4 * g + 1] * s[4 * g + 1] * decay.y;
     x[4 * g + 2] = G[4 * g + 2] * s[4 * g + 2] * decay.z;
     x[4 * g + 3] = G[4 * g + 3] * s[4 * g + 3] * decay.w;
   }
-  to_row(x, rows + kDecay * KB, warp_col, lane);
+  to_row(x, rows + kDecay * KB, warp_col, at);
 #pragma unroll
   for (int e = 0; e < EPT; ++e) x[e] = v * G[e];  // dk = v G
-  to_row(x, rows + kKey * KB, warp_col, lane);
+  to_row(x, rows + kKey * KB, warp_col, at);
 #pragma unroll
   for (int e = 0; e < EPT; ++e) x[e] = dsa * s[e];  // da = dsa s
-  to_row(x, rows + kA * KB, warp_col, lane);
+  to_row(x, rows + kA * KB, warp_col, at);
 #pragma unroll
   for (int e = 0; e < EPT; ++e) x[e] = sa * G[e];  // db = sa G
-  to_row(x, rows + kB * KB, warp_col, lane);
+  to_row(x, rows + kB * KB, warp_col, at);
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g) {  // G <- exp(w) G + dsa a
-    const float4 decay = key_group(row + kDecay * KB, g, lane);
-    const float4 a4 = key_group(row + kA * KB, g, lane);
+    const float4 decay = key_group(row + kDecay * KB, g, at);
+    const float4 a4 = key_group(row + kA * KB, g, at);
     float* e = G + 4 * g;
     e[0] = fmaf(decay.x, e[0], dsa * a4.x);
     e[1] = fmaf(decay.y, e[1], dsa * a4.y);
@@ -249,7 +257,8 @@ __global__ void __launch_bounds__(THREADS, 1) grad_kernel(const Params p) {
   float* partial = reinterpret_cast<float*>(states + SUB * GROUPS * THREADS);  // smem buffer: partial [SUB][WARPS][VECTORS][KB]
 
   const int tid = threadIdx.x, warp = tid / 32;
-  const int column = tid / LANES, lane = tid % LANES, warp_col = (tid % 32) / LANES;
+  const int column = tid / LANES, warp_col = (tid % 32) / LANES;
+  const Lane at{tid % LANES, (warp_col >> REPEATS) * (GROUPS >> HALVINGS)};
   const int64_t b = blockIdx.x / p.H, h = blockIdx.x % p.H, bh = blockIdx.x;
   const int64_t col0 = static_cast<int64_t>(blockIdx.y) * COLS;
   const int64_t col = col0 + column;
@@ -260,13 +269,13 @@ __global__ void __launch_bounds__(THREADS, 1) grad_kernel(const Params p) {
                    (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * STARTS * GROUPS * THREADS;
 
   float G[EPT];
-  load_column(G, p.d_state ? p.d_state + bh * p.K * p.V : nullptr, lane, col, live, p.K, p.V);
+  load_column(G, p.d_state ? p.d_state + bh * p.K * p.V : nullptr, at, col, live, p.K, p.V);
   float s[EPT];
   for (int64_t win = windows - 1; win >= 0; --win) {
     const int64_t w0 = win * kCheckpointEvery;
     const int len = static_cast<int>(min(static_cast<int64_t>(kCheckpointEvery), p.T - w0));
     const int subs = (len + SUB - 1) / SUB;
-    load_column(s, p.ckpt + (bh * windows + win) * p.K * p.V, lane, col, live, p.K, p.V);
+    load_column(s, p.ckpt + (bh * windows + win) * p.K * p.V, at, col, live, p.K, p.V);
     // Walk 1: the window forward from its checkpoint, saving each sub-window's first state.
     for (int j = 0; j < subs; ++j) {
 #pragma unroll
@@ -275,7 +284,7 @@ __global__ void __launch_bounds__(THREADS, 1) grad_kernel(const Params p) {
       __syncthreads();  // the staging's last readers are done
       stage(p, b, h, col0, w0 + j * SUB, SUB, false, keys, values, grads);
       __syncthreads();
-      for (int l = 0; l < SUB; ++l) forward_step(s, keys + l * STAGE, values[l * COLS + column], lane);  // smem: value_read
+      for (int l = 0; l < SUB; ++l) forward_step(s, keys + l * STAGE, values[l * COLS + column], at);  // smem: value_read
     }
     // Walk 2: the sub-windows last first: the states of one rebuilt into shared memory, then its steps reversed.
     for (int j = subs - 1; j >= 0; --j) {
@@ -295,7 +304,7 @@ __global__ void __launch_bounds__(THREADS, 1) grad_kernel(const Params p) {
         if (l < steps) {
 #pragma unroll
           for (int g = 0; g < GROUPS; ++g) states[(l * GROUPS + g) * THREADS + tid] = as4(s + 4 * g);  // smem: state_write
-          sa[l] = forward_step(s, keys + l * STAGE, values[l * COLS + column], lane);  // smem: value_read
+          sa[l] = forward_step(s, keys + l * STAGE, values[l * COLS + column], at);  // smem: value_read
         }
       }
 #pragma unroll
@@ -309,8 +318,8 @@ __global__ void __launch_bounds__(THREADS, 1) grad_kernel(const Params p) {
           const float v = values[l * COLS + column];                // smem: value_read
           const float scaled_do = grads[l * COLS + column] * p.scale;  // smem: value_read
           float* rows = partial + (l * WARPS + warp) * VECTORS * KB;
-          const float dv = backward_step(G, s, keys + l * STAGE, v, scaled_do, sa[l], rows, warp_col, lane);
-          if (live && lane == 0) p.dv[((b * p.T + t0 + l) * p.H + h) * p.V + col] = dv;
+          const float dv = backward_step(G, s, keys + l * STAGE, v, scaled_do, sa[l], rows, warp_col, at);
+          if (live && at.lane == 0) p.dv[((b * p.T + t0 + l) * p.H + h) * p.V + col] = dv;
         }
       }
       __syncthreads();
@@ -327,7 +336,7 @@ __global__ void __launch_bounds__(THREADS, 1) grad_kernel(const Params p) {
       }
     }
   }
-  if (p.d_s0 && live) store_column(p.d_s0 + bh * p.K * p.V, G, lane, col, p.K, p.V);
+  if (p.d_s0 && live) store_column(p.d_s0 + bh * p.K * p.V, G, at, col, p.K, p.V);
 }
 
 }  // namespace

@@ -111,7 +111,7 @@ const Entry* jit_select(const Key& key) {
 }
 
 const Entry* delta_rule_grad_select(const Key& key) {
-  // specs/delta_rule_grad.yaml:75: when True -> recurrent
+  // specs/delta_rule_grad.yaml:95: when True -> recurrent
   if (true) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // delta_rule_grad_recurrent_k32_cols32_tph2_sub4_fp32_sm90a
