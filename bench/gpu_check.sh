@@ -44,7 +44,7 @@ want rwkv_bench && step rwkv_bench python3 -m bench.rwkv ${BENCH_ARGS:-} --out "
 want linear_sweep && step linear_sweep python3 -m bench.chunked_vs_recurrent --out "$OUT/r"
 want paged_bench && step paged_bench python3 -m bench.paged ${BENCH_ARGS:-} --out "$OUT/r"
 want jit_bench && step jit_bench python3 -m bench.jit_first_use --out "$OUT/r"
-want delta_bench && step delta_bench python3 -m bench.delta_rule --out "$OUT/r"
+want delta_bench && step delta_bench python3 -m bench.delta_rule ${BENCH_ARGS:-} --out "$OUT/r"
 want flash_bench && step flash_bench python3 -m bench.flash_attention ${BENCH_ARGS:-} --out "$OUT/r"
 if want bank_check; then  # the bank model against ncu's per-instruction counts (bench/bank_check.py)
   W="$OUT/r/banks"; mkdir -p "$W"
