@@ -14,24 +14,36 @@
 namespace attngen {
 namespace delta_rule_grad {
 
-cudaError_t launch_delta_rule_grad_recurrent_k32_cols32_tph2_sub4_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_grad_recurrent_k32_cols32_tph2_sub4_fp32_sm90a(const Params&);
-cudaError_t launch_delta_rule_grad_recurrent_k64_cols32_tph4_sub4_fp32_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_grad_recurrent_k64_cols32_tph4_sub4_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp32_sm90a(const Params&);
 cudaError_t launch_delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp32_sm90a(const Params&, cudaStream_t);
 size_t workspace_delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp32_sm90a(const Params&);
-cudaError_t launch_delta_rule_grad_recurrent_k32_cols32_tph2_sub4_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_grad_recurrent_k32_cols32_tph2_sub4_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_grad_recurrent_k64_cols32_tph4_sub4_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_grad_recurrent_k64_cols32_tph4_sub4_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp16_sm90a(const Params&);
 cudaError_t launch_delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_grad_recurrent_k32_cols32_tph2_sub4_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_grad_recurrent_k32_cols32_tph2_sub4_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_grad_recurrent_k64_cols32_tph4_sub4_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_grad_recurrent_k64_cols32_tph4_sub4_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_grad_recurrent_k32_cols64_tph2_sub4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_grad_recurrent_k32_cols64_tph2_sub4_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_grad_recurrent_k64_cols64_tph2_sub4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_grad_recurrent_k64_cols64_tph2_sub4_bf16_sm90a(const Params&);
 cudaError_t launch_delta_rule_grad_recurrent_k128_cols32_tph8_sub4_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_delta_rule_grad_recurrent_k128_cols32_tph8_sub4_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp32_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp32_sm90a(const Params&);
+cudaError_t launch_delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a(const Params&);
 
 namespace {
 
@@ -44,17 +56,29 @@ bool covers_5(const Key& key) { return (key.K <= 128); }
 bool covers_6(const Key& key) { return (key.K <= 32); }
 bool covers_7(const Key& key) { return (key.K <= 64); }
 bool covers_8(const Key& key) { return (key.K <= 128); }
+bool covers_9(const Key& key) { return (key.K <= 32); }
+bool covers_10(const Key& key) { return (key.K <= 64); }
+bool covers_11(const Key& key) { return (key.K <= 32); }
+bool covers_12(const Key& key) { return (key.K <= 64); }
+bool covers_13(const Key& key) { return (key.K <= 32); }
+bool covers_14(const Key& key) { return (key.K <= 64); }
 
 const Entry kEntries[] = {
-    {"delta_rule_grad_recurrent_k32_cols32_tph2_sub4_fp32_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k32_cols32_tph2_sub4_fp32_sm90a, covers_0, workspace_delta_rule_grad_recurrent_k32_cols32_tph2_sub4_fp32_sm90a},
-    {"delta_rule_grad_recurrent_k64_cols32_tph4_sub4_fp32_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k64_cols32_tph4_sub4_fp32_sm90a, covers_1, workspace_delta_rule_grad_recurrent_k64_cols32_tph4_sub4_fp32_sm90a},
+    {"delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp32_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp32_sm90a, covers_0, workspace_delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp32_sm90a},
+    {"delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp32_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp32_sm90a, covers_1, workspace_delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp32_sm90a},
     {"delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp32_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp32_sm90a, covers_2, workspace_delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp32_sm90a},
-    {"delta_rule_grad_recurrent_k32_cols32_tph2_sub4_fp16_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k32_cols32_tph2_sub4_fp16_sm90a, covers_3, workspace_delta_rule_grad_recurrent_k32_cols32_tph2_sub4_fp16_sm90a},
-    {"delta_rule_grad_recurrent_k64_cols32_tph4_sub4_fp16_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k64_cols32_tph4_sub4_fp16_sm90a, covers_4, workspace_delta_rule_grad_recurrent_k64_cols32_tph4_sub4_fp16_sm90a},
+    {"delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp16_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp16_sm90a, covers_3, workspace_delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp16_sm90a},
+    {"delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp16_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp16_sm90a, covers_4, workspace_delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp16_sm90a},
     {"delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp16_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp16_sm90a, covers_5, workspace_delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp16_sm90a},
-    {"delta_rule_grad_recurrent_k32_cols32_tph2_sub4_bf16_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k32_cols32_tph2_sub4_bf16_sm90a, covers_6, workspace_delta_rule_grad_recurrent_k32_cols32_tph2_sub4_bf16_sm90a},
-    {"delta_rule_grad_recurrent_k64_cols32_tph4_sub4_bf16_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k64_cols32_tph4_sub4_bf16_sm90a, covers_7, workspace_delta_rule_grad_recurrent_k64_cols32_tph4_sub4_bf16_sm90a},
+    {"delta_rule_grad_recurrent_k32_cols64_tph2_sub4_bf16_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k32_cols64_tph2_sub4_bf16_sm90a, covers_6, workspace_delta_rule_grad_recurrent_k32_cols64_tph2_sub4_bf16_sm90a},
+    {"delta_rule_grad_recurrent_k64_cols64_tph2_sub4_bf16_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k64_cols64_tph2_sub4_bf16_sm90a, covers_7, workspace_delta_rule_grad_recurrent_k64_cols64_tph2_sub4_bf16_sm90a},
     {"delta_rule_grad_recurrent_k128_cols32_tph8_sub4_bf16_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k128_cols32_tph8_sub4_bf16_sm90a, covers_8, workspace_delta_rule_grad_recurrent_k128_cols32_tph8_sub4_bf16_sm90a},
+    {"delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp32_sm90a", "dispatch", launch_delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp32_sm90a, covers_9, workspace_delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp32_sm90a},
+    {"delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp32_sm90a", "dispatch", launch_delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp32_sm90a, covers_10, workspace_delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp32_sm90a},
+    {"delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp16_sm90a", "dispatch", launch_delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp16_sm90a, covers_11, workspace_delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp16_sm90a},
+    {"delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp16_sm90a", "dispatch", launch_delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp16_sm90a, covers_12, workspace_delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp16_sm90a},
+    {"delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a", "dispatch", launch_delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a, covers_13, workspace_delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a},
+    {"delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a", "dispatch", launch_delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a, covers_14, workspace_delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a},
 };
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
@@ -111,21 +135,36 @@ const Entry* jit_select(const Key& key) {
 }
 
 const Entry* delta_rule_grad_select(const Key& key) {
-  // specs/delta_rule_grad.yaml:95: when True -> recurrent
+  // specs/delta_rule_grad.yaml:117: when BH * V < 64 * sm_count -> narrow
+  if (((key.BH * key.V) < (64 * key.sm_count))) {
+    if (key.dtype == DType::kFP32) {
+      if (kEntries[9].covers(key)) return &kEntries[9];  // delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp32_sm90a
+      if (kEntries[10].covers(key)) return &kEntries[10];  // delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp32_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[11].covers(key)) return &kEntries[11];  // delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp16_sm90a
+      if (kEntries[12].covers(key)) return &kEntries[12];  // delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp16_sm90a
+    }
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[13].covers(key)) return &kEntries[13];  // delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a
+      if (kEntries[14].covers(key)) return &kEntries[14];  // delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a
+    }
+  }
+  // specs/delta_rule_grad.yaml:119: when True -> recurrent
   if (true) {
     if (key.dtype == DType::kFP32) {
-      if (kEntries[0].covers(key)) return &kEntries[0];  // delta_rule_grad_recurrent_k32_cols32_tph2_sub4_fp32_sm90a
-      if (kEntries[1].covers(key)) return &kEntries[1];  // delta_rule_grad_recurrent_k64_cols32_tph4_sub4_fp32_sm90a
+      if (kEntries[0].covers(key)) return &kEntries[0];  // delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp32_sm90a
+      if (kEntries[1].covers(key)) return &kEntries[1];  // delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp32_sm90a
       if (kEntries[2].covers(key)) return &kEntries[2];  // delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp32_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[3].covers(key)) return &kEntries[3];  // delta_rule_grad_recurrent_k32_cols32_tph2_sub4_fp16_sm90a
-      if (kEntries[4].covers(key)) return &kEntries[4];  // delta_rule_grad_recurrent_k64_cols32_tph4_sub4_fp16_sm90a
+      if (kEntries[3].covers(key)) return &kEntries[3];  // delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp16_sm90a
+      if (kEntries[4].covers(key)) return &kEntries[4];  // delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp16_sm90a
       if (kEntries[5].covers(key)) return &kEntries[5];  // delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[6].covers(key)) return &kEntries[6];  // delta_rule_grad_recurrent_k32_cols32_tph2_sub4_bf16_sm90a
-      if (kEntries[7].covers(key)) return &kEntries[7];  // delta_rule_grad_recurrent_k64_cols32_tph4_sub4_bf16_sm90a
+      if (kEntries[6].covers(key)) return &kEntries[6];  // delta_rule_grad_recurrent_k32_cols64_tph2_sub4_bf16_sm90a
+      if (kEntries[7].covers(key)) return &kEntries[7];  // delta_rule_grad_recurrent_k64_cols64_tph2_sub4_bf16_sm90a
       if (kEntries[8].covers(key)) return &kEntries[8];  // delta_rule_grad_recurrent_k128_cols32_tph8_sub4_bf16_sm90a
     }
   }

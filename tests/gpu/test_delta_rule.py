@@ -121,6 +121,14 @@ def test_dispatch_spreads_few_heads_over_narrow_ctas():
     assert "_narrow_k64_" in pick(small) and "_recurrent_k64_" in pick(large)
 
 
+def test_backward_dispatch_spreads_few_heads_over_narrow_ctas():
+    def pick(B, H):
+        r, w, k, v, a, b = rwkv7_inputs(B, 16, H, 64, 64, torch.bfloat16)
+        ckpt = torch.zeros(delta_rule.checkpoint_shape(B, 16, H, 64, 64), device="cuda")
+        return delta_rule.GRAD.select(r, k, v, w, a, b, v, ckpt, None, 1.0, False)
+    assert "_narrow_k64_" in pick(1, 4) and "_recurrent_k64_" in pick(8, 64)
+
+
 def test_empty_sequences_return_the_initial_state():
     inputs = rwkv7_inputs(2, 0, 3, 64, 64, torch.bfloat16)
     state = torch.randn(2, 3, 64, 64, device="cuda")
