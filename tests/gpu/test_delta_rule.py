@@ -262,7 +262,7 @@ def test_backward_inputs_the_grad_op_refuses_are_named():
     with pytest.raises(ValueError, match=r"delta_rule_grad: checkpoints has shape \[1, 2, 2, 64, 32\] but v has "
                                          r"\[1, 100, 2, 64\]; V must agree"):
         delta_rule.GRAD(r, k, v, w, a, b, v, ckpt[:, :, :, :, :32], None, 1.0, False)
-    with pytest.raises(ValueError, match=r"delta_rule_grad: q, k, v, w, a, b, d_o must share q's dtype BFloat16"):
+    with pytest.raises(ValueError, match=r"delta_rule_grad: d_o has dtype Float but q has BFloat16"):
         delta_rule.GRAD(r, k, v, w, a, b, v.float(), ckpt, None, 1.0, False)
 
 
