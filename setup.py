@@ -1,13 +1,14 @@
-"""`pip install --no-build-isolation .`: generate, build with ninja, install the package with its
-extension. The metadata is in pyproject.toml; this file only adds the build step.
+"""`pip install .`: the package with its generator, specs and templates, built in seconds; no
+kernel is compiled unless asked. The metadata is in pyproject.toml; this file adds the steps.
 
-The build runs in the source tree (`python -m codegen build`, the same as `make build`: ninja
-under a file lock, one progress line per kernel), against the torch already installed, which is
-why build isolation must be off: an isolated build would compile against another torch. The
-linked library (build/lib/attngen_ext.so) is copied into the installed package, where
-attngen/_ext.py looks for it first. Without a CUDA build of torch the kernels are compiled to
-cubins, nothing is linked, and the package installs without an extension (every op then says
-so); ATTNGEN_SKIP_BUILD=1 skips the build altogether.
+What an install holds (under site-packages/attngen/): the runtime, the generator as
+`attngen._codegen` (the checkout's codegen/, no top-level `codegen` in site-packages), and
+specs/, templates/, tuned/, which that generator reads (its root is the attngen folder).
+
+ATTNGEN_PREBUILD=1 builds every kernel ahead of time in the source tree (`python -m codegen
+gen` and `build`, the same as `make build`: ninja under a file lock) against the torch already
+installed, so it needs `--no-build-isolation` and a CUDA build of torch; the linked library
+(build/lib/attngen_ext.so) goes into the package and the wheel gets a platform tag.
 """
 import os
 import shutil
@@ -15,40 +16,49 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 LIBRARY = "attngen_ext.so"
+PREBUILD = os.environ.get("ATTNGEN_PREBUILD") == "1"
+GENERATOR_DATA = ("specs", "templates", "tuned")  # what attngen._codegen reads beside itself
 
 
-class BuildWithKernels(build_py):
+def _say(message: str) -> None:
+    print(f"attngen: {message}", file=sys.stderr, flush=True)
+
+
+class BuildPackage(build_py):
     def run(self):
         super().run()
-        skip = os.environ.get("ATTNGEN_SKIP_BUILD") == "1"
-        if skip:
-            print("attngen: ATTNGEN_SKIP_BUILD=1, installing without building the kernels", flush=True)
-        else:
-            for stage in ("gen", "build"):
-                print(f"attngen: python -m codegen {stage}", flush=True)
-                subprocess.run([sys.executable, "-m", "codegen", stage], cwd=ROOT, check=True)
-        # What `python -m attngen.info` reads: the manifest the build compiled and the tuned tables.
-        record = Path(self.build_lib) / "attngen" / "_build"
-        (record / "generated").mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / "generated" / "manifest.json", record / "generated" / "manifest.json")
-        for table in (ROOT / "tuned").glob("*/*.yaml"):
-            (record / table.parent.relative_to(ROOT)).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(table, record / table.relative_to(ROOT))
-        if skip:
+        package = Path(self.build_lib) / "attngen"
+        for folder in GENERATOR_DATA:
+            shutil.copytree(ROOT / folder, package / folder, dirs_exist_ok=True)
+        if not PREBUILD:
+            _say("kernels not built (ATTNGEN_PREBUILD=1 with --no-build-isolation on a machine with a CUDA "
+                 "torch builds them ahead of time; `python -m attngen.info` says what an install can run)")
             return
+        for stage in ("gen", "build"):
+            _say(f"python -m codegen {stage}")
+            subprocess.run([sys.executable, "-m", "codegen", stage], cwd=ROOT, check=True)
+        # What `python -m attngen.info` reads: the manifest the build compiled.
+        record = package / "_build" / "generated"
+        record.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / "generated" / "manifest.json", record / "manifest.json")
         built = ROOT / "build" / "lib" / LIBRARY
-        if built.is_file():
-            target = Path(self.build_lib) / "attngen" / LIBRARY
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(built, target)
-            print(f"attngen: packaged {built} as attngen/{LIBRARY}", flush=True)
-        else:
-            print(f"attngen: no {LIBRARY} was linked (see the build's message); installing without it", flush=True)
+        if not built.is_file():
+            raise SystemExit(f"attngen: ATTNGEN_PREBUILD=1, but no {LIBRARY} was linked (the build said why: "
+                             f"without a CUDA torch it compiles cubins only)")
+        shutil.copy2(built, package / LIBRARY)
+        _say(f"packaged {built} as attngen/{LIBRARY}")
 
 
-setup(cmdclass={"build_py": BuildWithKernels})
+class PackageDistribution(Distribution):
+    def has_ext_modules(self):
+        return PREBUILD  # a prebuilt wheel holds a linked library: a platform tag, not py3-none-any
+
+
+# setuptools' staging under build/setuptools/: build/lib/ is where ninja links the extension.
+setup(cmdclass={"build_py": BuildPackage}, distclass=PackageDistribution,
+      options={"build": {"build_base": "build/setuptools"}})

@@ -1,4 +1,5 @@
 """attngen: attention kernels generated from declarative specs (see README.md)."""
+from ._version import __version__
 from .causal_linear import (causal_dot_product, causal_linear_attention, linear_attention,
                             instances, selected_instance, causal_dot_product_with)
 from .delta_rule import gated_delta_rule, rwkv7
@@ -6,6 +7,6 @@ from .flash_attention import flash_attention, flash_attention_varlen
 from .paged import paged_decode
 from .rwkv import wkv5, wkv6
 
-__all__ = ["causal_dot_product", "causal_linear_attention", "linear_attention", "instances",
+__all__ = ["__version__", "causal_dot_product", "causal_linear_attention", "linear_attention", "instances",
            "selected_instance", "causal_dot_product_with", "wkv5", "wkv6", "paged_decode",
            "flash_attention", "flash_attention_varlen", "rwkv7", "gated_delta_rule"]

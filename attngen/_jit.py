@@ -75,18 +75,43 @@ def _take_uncovered() -> tuple[str, list]:
     return torch.ops.attngen.take_uncovered()
 
 
-GENERATOR_MISSING = ("building an instance on first use needs the generator: the attngen source tree (codegen/, "
-                     "templates/, specs/) on the Python path")
+GENERATOR_MISSING = ("building an instance on first use needs the generator and its specs and templates: "
+                     "an installed attngen (attngen/_codegen, specs/, templates/) or the source tree on the Python path")
 
 
 def _generator():
-    """codegen.jit, or None where only the installed package is at hand."""
+    """codegen.jit: the installed copy's (attngen._codegen, reading the specs and templates
+    installed beside it) or the checkout's (codegen/); None where neither is at hand."""
     try:
-        from codegen import jit, pipeline
-    except ImportError:
-        return None
-    # codegen is installed with the package, but the specs and templates live in the source tree
+        from ._codegen import jit, pipeline
+    except ModuleNotFoundError:
+        try:
+            from codegen import jit, pipeline
+        except ImportError:
+            return None
     return jit if pipeline.SPECS_DIR.is_dir() and pipeline.TEMPLATES_DIR.is_dir() else None
+
+
+def cannot_build() -> list[str]:
+    """Why an uncovered shape could not be built on first use here ([] where it can): the
+    instances are compiled by nvcc into the cache and added to the built extension's dispatch."""
+    reasons = []
+    if not enabled():
+        reasons.append("ATTNGEN_JIT=0")
+    jit = _generator()
+    if jit is None:
+        reasons.append(GENERATOR_MISSING)
+    else:
+        try:
+            jit.nvcc_path()
+        except RuntimeError as exc:
+            reasons.append(str(exc).removeprefix("attngen: "))
+    if torch.version.cuda is None:
+        reasons.append(f"torch {torch.__version__} has no CUDA")
+    if not _ext.available():
+        reasons.append(f"the extension {_ext.library_path()} is not built (first-use instances join its dispatch): "
+                       "`make build` in the checkout, or ATTNGEN_PREBUILD=1 pip install --no-build-isolation .")
+    return reasons
 
 
 def ensure(op: str, key_values) -> Path:

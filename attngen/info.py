@@ -13,12 +13,18 @@ from pathlib import Path
 import torch
 import yaml
 
-from . import _ext
+from . import __version__, _ext
 
-# A checkout (generated/, tuned/ beside the package) or an installed package, whose `pip install`
-# put copies of the manifest and the tuned tables under attngen/_build/ (setup.py).
-PACKAGED_ROOT = Path(__file__).resolve().parent / "_build"
-ROOT = PACKAGED_ROOT if (PACKAGED_ROOT / "generated" / "manifest.json").is_file() else _ext.ROOT
+# A checkout (generated/, tuned/ beside the package) or an installed package: its tuned tables
+# installed in attngen/tuned/, and where ATTNGEN_PREBUILD=1 built it, the manifest the build
+# compiled in attngen/_build/generated/ (setup.py).
+PACKAGE = Path(__file__).resolve().parent
+INSTALLED = (PACKAGE / "specs").is_dir()
+ROOT = PACKAGE if INSTALLED else _ext.ROOT
+
+
+def _manifest_path(root: Path) -> Path:
+    return root / "_build" / "generated" / "manifest.json" if INSTALLED else root / "generated" / "manifest.json"
 
 
 def _tuned_tables(root: Path) -> list[dict]:
@@ -33,7 +39,8 @@ def _tuned_tables(root: Path) -> list[dict]:
 
 def summary(root: Path = ROOT) -> dict:
     """The build's contents as a dict (what `main` prints)."""
-    manifest = json.loads((root / "generated" / "manifest.json").read_text())
+    manifest_path = _manifest_path(root)
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else []
     families: dict[str, dict] = defaultdict(lambda: {"instances": 0, "kinds": Counter(), "dtypes": set()})
     arches = set()
     for row in manifest:
@@ -50,6 +57,7 @@ def summary(root: Path = ROOT) -> dict:
         "torch": torch.__version__, "torch_cuda": torch.version.cuda,
         "extension": {"path": str(lib), "built": lib.is_file()},
         "tuned_tables": _tuned_tables(root),
+        "installed": INSTALLED, "generator": str(root),
         "jit_cache": _jit_cache(),
     }
 
@@ -59,12 +67,17 @@ def _jit_cache() -> dict:
     from . import _jit
     root = _jit.cache_root()
     names = sorted(json.loads(p.read_text())["name"] for p in root.rglob("instance.json") if (p.parent / "lib.so").is_file())
-    return {"enabled": _jit.enabled(), "cache": str(root), "instances": names}
+    return {"enabled": _jit.enabled(), "cannot_build": _jit.cannot_build(), "cache": str(root), "instances": names}
 
 
 def format_summary(info: dict) -> str:
-    lines = [f"attngen: {sum(f['instances'] for f in info['families'].values())} instances for "
-             f"{', '.join(info['arches'])}; torch {info['torch']} (CUDA {info['torch_cuda'] or 'none'})"]
+    where = "installed" if info["installed"] else "checkout"
+    if info["families"]:
+        built = f"{sum(f['instances'] for f in info['families'].values())} instances for {', '.join(info['arches'])}"
+    else:
+        built = "no kernels built"
+    lines = [f"attngen {__version__} ({where}, {info['generator']}): {built}; torch {info['torch']} "
+             f"(CUDA {info['torch_cuda'] or 'none'})"]
     ext = info["extension"]
     lines.append(f"extension: {ext['path']} ({'built' if ext['built'] else 'not built: make build'})")
     for name, fam in info["families"].items():
@@ -76,8 +89,12 @@ def format_summary(info: dict) -> str:
     if not info["tuned_tables"]:
         lines.append("tuned: none (the specs' default dispatch rules apply)")
     jit = info["jit_cache"]
-    state = "on" if jit["enabled"] else "off (ATTNGEN_JIT=0: an uncovered shape raises ValueError)"
-    lines.append(f"built on first use: {state}; cache {jit['cache']}: {len(jit['instances'])} instance(s)")
+    if jit["cannot_build"]:
+        state = "not possible here: " + "; ".join(jit["cannot_build"])
+    else:
+        state = "on"
+    lines.append(f"built on first use: {state}")
+    lines.append(f"first-use cache {jit['cache']}: {len(jit['instances'])} instance(s)")
     lines.extend(f"  {name}" for name in jit["instances"])
     return "\n".join(lines)
 

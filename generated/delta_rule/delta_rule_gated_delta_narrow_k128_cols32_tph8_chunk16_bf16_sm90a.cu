@@ -52,15 +52,16 @@ __global__ void __launch_bounds__(THREADS, 1) recurrent_kernel(const Params p) {
     }
   }
 
+  // With a gradient wanted: the state before every kCheckpointEvery-th step, into window 0 here
+  // and window w at the end of the chunk before it (where its temporaries are dead: written at
+  // a chunk's start, the k = 128, 512-thread instances spilled 16 bytes).
+  const int64_t windows = (p.T + kCheckpointEvery - 1) / kCheckpointEvery;
+  if (p.checkpoints && live) store_column<GROUPS, LANES>(p.checkpoints + (b * p.H + h) * windows * p.K * p.V, s, lane, col, p.K, p.V);
+
   T* o = static_cast<T*>(p.o);
   const T* v = static_cast<const T*>(p.v);
   for (int64_t t0 = 0; t0 < p.T; t0 += CHUNK) {
     const int steps = p.T - t0 < CHUNK ? static_cast<int>(p.T - t0) : CHUNK;
-    if (p.checkpoints && t0 % kCheckpointEvery == 0 && live) {
-      float* ckpt = p.checkpoints + ((b * p.H + h) * ((p.T + kCheckpointEvery - 1) / kCheckpointEvery) +
-                                     t0 / kCheckpointEvery) * p.K * p.V;
-      store_column<GROUPS, LANES>(ckpt, s, lane, col, p.K, p.V);
-    }
     __syncthreads();  // the previous chunk's reads are done
     for (int i = tid; i < CHUNK * KB; i += THREADS) {
       const int step = i / KB, j = i % KB;
@@ -81,6 +82,10 @@ __global__ void __launch_bounds__(THREADS, 1) recurrent_kernel(const Params p) {
       const float value = values[step * COLS + column];  // smem: value_read
       const float y = Variant::step<KB, LANES, GROUPS>(s, keys + step * STAGE, value, lane);
       if (live && lane == 0) o[b * p.o_sb + (t0 + step) * p.o_st + h * p.o_sh + col] = from_float<T>(y * p.scale);
+    }
+    if (p.checkpoints && live && (t0 + CHUNK) % kCheckpointEvery == 0 && t0 + CHUNK < p.T) {
+      const int64_t window = (b * p.H + h) * windows + (t0 + CHUNK) / kCheckpointEvery;
+      store_column<GROUPS, LANES>(p.checkpoints + window * p.K * p.V, s, lane, col, p.K, p.V);
     }
   }
 

@@ -1,7 +1,7 @@
 """Unit tier: `python -m attngen.info` reports what the manifest holds, without a GPU."""
 import json
 
-from attngen import info
+from attngen import _jit, info
 from tests.conftest import ROOT
 
 
@@ -19,7 +19,18 @@ def test_format_names_every_family_and_the_tuned_table():
     text = info.format_summary(info.summary(ROOT))
     for family in ("causal_linear", "rwkv", "rwkv_grad", "paged", "flash_attention"):
         assert f"  {family}: " in text
-    assert "tuned/sm_90a/causal_linear.yaml" in text and "built on first use: on; cache " in text
+    assert "tuned/sm_90a/causal_linear.yaml" in text
+    reasons = _jit.cannot_build()  # on this machine: none, or e.g. a torch without CUDA
+    assert f"built on first use: {'not possible here: ' + '; '.join(reasons) if reasons else 'on'}\n" in text
+
+
+def test_first_use_says_why_it_cannot_build(monkeypatch):
+    monkeypatch.setenv("ATTNGEN_JIT", "0")
+    monkeypatch.setenv("ATTNGEN_LIB", "/nonexistent/attngen_ext.so")
+    monkeypatch.setattr(_jit, "_generator", lambda: None)
+    reasons = _jit.cannot_build()
+    assert reasons[0] == "ATTNGEN_JIT=0" and reasons[1] == _jit.GENERATOR_MISSING
+    assert "the extension /nonexistent/attngen_ext.so is not built" in reasons[-1]
 
 
 def test_the_jit_cache_lists_finished_builds_only(tmp_path, monkeypatch):
@@ -32,5 +43,6 @@ def test_the_jit_cache_lists_finished_builds_only(tmp_path, monkeypatch):
     (done / "lib.so").write_bytes(b"")
     monkeypatch.setenv("ATTNGEN_JIT", "0")
     text = info.format_summary(info.summary(ROOT))
-    assert f"built on first use: off (ATTNGEN_JIT=0" in text and f"cache {tmp_path}: 1 instance(s)" in text
+    assert "built on first use: not possible here: ATTNGEN_JIT=0" in text
+    assert f"first-use cache {tmp_path}: 1 instance(s)" in text
     assert "  paged_x_d48" in text and "paged_x_d40" not in text
