@@ -16,7 +16,7 @@ help:
 	@echo "gpu-check  on the GPU machine: build, gpu tests, sanitizers, quick bench; logs under \$$OUT"
 	@echo "bench      side-by-side benchmarks, results under bench/results/<gpu>/"
 	@echo "tune       autotune SPEC's grids on the GPU (SPEC=specs/x.yaml), write tuned/<arch>/, then make gen"
-	@echo "report     static resource report of the built cubins (registers, spills, occupancy, bank ways) and the roofline of the committed benchmarks (no GPU)"
+	@echo "report     static resource report of the built cubins (registers, spills, occupancy, bank ways) and the roofline of the committed benchmarks, into build/report/ (REFRESH=1: the committed bench/results/h100/; no GPU)"
 	@echo "list       instances a build would contain (FILTER=glob)"
 	@echo "info       what this build holds: families, instances, arch, torch, tuned tables (python -m attngen.info)"
 	@echo "clean      remove build/"
@@ -49,8 +49,10 @@ bench:
 tune:
 	$(PYTHON) -m codegen tune $(or $(SPEC),specs/causal_linear.yaml) $(if $(JOBS),-j $(JOBS))
 
+# build/report/ unless REFRESH=1, which rewrites the committed copy in bench/results/h100/.
+REPORT_DIR = $(if $(REFRESH),bench/results/h100,build/report)
 report:
-	$(PYTHON) -m codegen report && $(PYTHON) -m bench.roofline
+	$(PYTHON) -m codegen report --out $(REPORT_DIR) && $(PYTHON) -m bench.roofline --out $(REPORT_DIR)
 
 list:
 	@$(PYTHON) -m codegen list --filter '$(FILTER)' $(SPEC)

@@ -4,7 +4,8 @@ written once) and its FLOPs, both from the shape; the two floors they give at th
 bandwidth and the arithmetic rate of the unit that does the work; and the achieved fraction of
 the binding (larger) floor.
 
-  python -m bench.roofline [--results DIR]     writes DIR/roofline.md and .png (run by `make report`)
+  python -m bench.roofline [--results DIR] [--out DIR]   writes OUT/roofline.md and .png (run by `make report`;
+                                                         OUT defaults to build/report)
 
 Limits: the copy bandwidth and the bf16 matmul rate measured in the benchmark runs that the
 results record (paged.json, flash_attention.json), and the fp32 CUDA-core rate of
@@ -152,13 +153,16 @@ def draw(rows: list, limits: dict, path: Path) -> Path:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", default=str(ROOT / "bench" / "results" / "h100"))
+    ap.add_argument("--results", default=str(ROOT / "bench" / "results" / "h100"), help="the benchmark records read")
+    ap.add_argument("--out", default=str(ROOT / "build" / "report"),
+                    help="where roofline.md and .png go (the committed copy: --out bench/results/h100)")
     args = ap.parse_args()
-    results = Path(args.results)
-    rows, limits = build(results)
-    (results / "roofline.md").write_text(markdown(rows, limits))
-    draw(rows, limits, results / "roofline.png")
-    print(f"wrote {results / 'roofline.md'} and roofline.png")
+    rows, limits = build(Path(args.results))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "roofline.md").write_text(markdown(rows, limits))
+    draw(rows, limits, out / "roofline.png")
+    print(f"wrote {out / 'roofline.md'} and roofline.png")
 
 
 if __name__ == "__main__":

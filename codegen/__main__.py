@@ -6,7 +6,7 @@
                                                 render, dispatch)
   python -m codegen build [--target T] [-j N]   ninja build (extension, or cubins without CUDA torch)
   python -m codegen tune  SPEC [--out DIR]      autotune SPEC's grids on the GPU -> tuned/<arch>/
-  python -m codegen report [--out DIR]          static resource report of the built cubins (no GPU)
+  python -m codegen report [--out DIR]          static resource report of the built cubins (no GPU; build/report)
 
 A bad spec exits with status 2 and a message naming file:line and the field.
 """
@@ -111,7 +111,7 @@ def _cmd_report(args) -> int:
     from pathlib import Path
 
     from .report import write
-    path = write(pipeline.ROOT, Path(args.out) if args.out else pipeline.ROOT / "bench" / "results" / "h100")
+    path = write(pipeline.ROOT, Path(args.out) if args.out else pipeline.ROOT / "build" / "report")
     print(f"wrote {path} and {path.with_suffix('.png').name}")
     return 0
 
@@ -145,7 +145,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="report directory (default bench/results/<gpu>)")
     p.set_defaults(func=_cmd_tune)
     p = sub.add_parser("report")
-    p.add_argument("--out", default=None, help="directory of report.md/.json (default bench/results/h100)")
+    p.add_argument("--out", default=None, help="directory of report.md/.json (default build/report; the committed "
+                                               "copy is bench/results/h100, `make report REFRESH=1`)")
     p.set_defaults(func=_cmd_report)
     args = parser.parse_args(argv)
     try:
