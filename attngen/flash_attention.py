@@ -32,62 +32,65 @@ def _register() -> None:
     OP.register_autograd(_no_backward, lambda ctx, inputs, output: None)
 
 
-def _fail(msg: str):
-    raise ValueError(f"flash_attention: {msg}")
+PADDED, VARLEN = "flash_attention", "flash_attention_varlen"  # the entry points' names, which errors start with
 
 
-def _check_tensor(name: str, t, q: Optional[torch.Tensor]) -> None:
-    check_tensor("flash_attention", name, t, q)
+def _fail(msg: str, op: str = PADDED):
+    raise ValueError(f"{op}: {msg}")
 
 
-def _check_qkv(q, k, v, rank: int, layout: str) -> None:
+def _check_tensor(name: str, t, q: Optional[torch.Tensor], op: str = PADDED) -> None:
+    check_tensor(op, name, t, q)
+
+
+def _check_qkv(q, k, v, rank: int, layout: str, op: str = PADDED) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t, q if name != "q" else None)
+        _check_tensor(name, t, q if name != "q" else None, op)
         if t.dtype not in SUPPORTED_DTYPES:
-            _fail(f"{name} has dtype {t.dtype}; supported: float16, bfloat16 (fp32 softmax and accumulation "
+            _fail(op=op, msg=f"{name} has dtype {t.dtype}; supported: float16, bfloat16 (fp32 softmax and accumulation "
                   f"inside; fp32 inputs are not supported by the tensor-core kernels)")
         if t.dtype != q.dtype:
-            _fail(f"{name} has dtype {t.dtype} but q has {q.dtype}")
+            _fail(op=op, msg=f"{name} has dtype {t.dtype} but q has {q.dtype}")
         if t.dim() != rank:
-            _fail(f"{name} must be {rank}-D {layout}, got shape {tuple(t.shape)}")
+            _fail(op=op, msg=f"{name} must be {rank}-D {layout}, got shape {tuple(t.shape)}")
         if t.shape[-1] > 1 and t.stride(-1) != 1:
-            _fail(f"{name} must have a contiguous last dim (stride 1), got strides {t.stride()}")
+            _fail(op=op, msg=f"{name} must have a contiguous last dim (stride 1), got strides {t.stride()}")
     if k.shape[-1] != q.shape[-1]:
-        _fail(f"k has head size {k.shape[-1]} but q has D={q.shape[-1]}")
+        _fail(op=op, msg=f"k has head size {k.shape[-1]} but q has D={q.shape[-1]}")
     if k.shape != v.shape:
-        _fail(f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}")
+        _fail(op=op, msg=f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}")
     Hq, Hkv = q.shape[-2], k.shape[-2]
     if Hkv < 1 or Hq % Hkv:
-        _fail(f"Hq={Hq} is not a multiple of Hkv={Hkv} (q {tuple(q.shape)}, k {tuple(k.shape)})")
+        _fail(op=op, msg=f"Hq={Hq} is not a multiple of Hkv={Hkv} (q {tuple(q.shape)}, k {tuple(k.shape)})")
 
 
-def _window(causal: bool, window) -> tuple[int, int]:
+def _window(causal: bool, window, op: str = PADDED) -> tuple[int, int]:
     """(left, right) with -1 for an unbounded side; causal caps right at 0."""
     if window is None:
         left, right = -1, -1
     else:
         if not isinstance(window, (tuple, list)) or len(window) != 2:
-            _fail(f"window must be a (left, right) pair of ints (-1: unbounded), got {window!r}")
+            _fail(op=op, msg=f"window must be a (left, right) pair of ints (-1: unbounded), got {window!r}")
         left, right = (int(w) for w in window)
         if left < -1 or right < -1:
-            _fail(f"window sizes must be >= 0, or -1 for unbounded, got {window!r}")
+            _fail(op=op, msg=f"window sizes must be >= 0, or -1 for unbounded, got {window!r}")
     if causal:
         right = 0 if right < 0 else min(right, 0)
     return left, right
 
 
-def _extras(q, alibi_slopes, soft_cap, scale):
+def _extras(q, alibi_slopes, soft_cap, scale, op: str = PADDED):
     Hq, D = q.shape[-2], q.shape[-1]
     scale = D ** -0.5 if scale is None else float(scale)
     if not (math.isfinite(scale) and scale > 0):
-        _fail(f"scale must be finite and > 0, got {scale}")
+        _fail(op=op, msg=f"scale must be finite and > 0, got {scale}")
     soft_cap = 0.0 if soft_cap is None else float(soft_cap)
     if not (math.isfinite(soft_cap) and soft_cap >= 0):
-        _fail(f"soft_cap must be a finite number >= 0 (0 or None: no cap), got {soft_cap}")
+        _fail(op=op, msg=f"soft_cap must be a finite number >= 0 (0 or None: no cap), got {soft_cap}")
     if alibi_slopes is not None:
-        _check_tensor("alibi_slopes", alibi_slopes, q)
+        _check_tensor("alibi_slopes", alibi_slopes, q, op)
         if alibi_slopes.shape != (Hq,) or not alibi_slopes.is_floating_point():
-            _fail(f"alibi_slopes must be a float [Hq={Hq}], got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
+            _fail(op=op, msg=f"alibi_slopes must be a float [Hq={Hq}], got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
         alibi_slopes = alibi_slopes.to(torch.float32).contiguous()
     return scale, alibi_slopes, soft_cap
 
@@ -109,16 +112,16 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_
                                      ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
         host = cu.tolist()
         if host[0] != 0:
-            _fail(f"{name}[0] = {host[0]}; it must be 0")
+            _fail(op=VARLEN, msg=f"{name}[0] = {host[0]}; it must be 0")
         lengths = [b - a for a, b in zip(host, host[1:])]
         bad = [i for i, n in enumerate(lengths) if n < 0]
         if bad:
-            _fail(f"{name} decreases at index {bad[0] + 1} ({host[bad[0]]} -> {host[bad[0] + 1]})")
+            _fail(op=VARLEN, msg=f"{name} decreases at index {bad[0] + 1} ({host[bad[0]]} -> {host[bad[0] + 1]})")
         if host[-1] != total:
-            _fail(f"{name}[-1] = {host[-1]} does not match the {total} packed rows of "
+            _fail(op=VARLEN, msg=f"{name}[-1] = {host[-1]} does not match the {total} packed rows of "
                   f"{'q' if name.endswith('q') else 'k'}")
         if lengths and max(lengths) > longest:
-            _fail(f"{name} holds a sequence of {max(lengths)} rows, longer than max_seqlen "
+            _fail(op=VARLEN, msg=f"{name} holds a sequence of {max(lengths)} rows, longer than max_seqlen "
                   f"{'q' if name.endswith('q') else 'k'} = {longest}")
 
 
@@ -159,22 +162,22 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     [B + 1]) and the matching rows of k, v; lengths 0 and 1 are legal. Returns out [Tq, Hq, D]
     and with return_lse the log-sum-exp [Hq, Tq]. validate=True reads cu_seqlens to check them
     (this synchronizes; pass False inside CUDA graphs)."""
-    _check_qkv(q, k, v, 3, "[tokens, H, D]")
+    _check_qkv(q, k, v, 3, "[tokens, H, D]", VARLEN)
     B = None
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        _check_tensor(name, cu, q)
+        _check_tensor(name, cu, q, VARLEN)
         if cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 1:
-            _fail(f"{name} must be int32 [B + 1], got {cu.dtype} {tuple(cu.shape)}")
+            _fail(op=VARLEN, msg=f"{name} must be int32 [B + 1], got {cu.dtype} {tuple(cu.shape)}")
         if B is not None and cu.shape[0] - 1 != B:
-            _fail(f"cu_seqlens_q holds {B} sequences but cu_seqlens_k holds {cu.shape[0] - 1}")
+            _fail(op=VARLEN, msg=f"cu_seqlens_q holds {B} sequences but cu_seqlens_k holds {cu.shape[0] - 1}")
         B = cu.shape[0] - 1
     for name, value, total in (("max_seqlen_q", max_seqlen_q, q.shape[0]), ("max_seqlen_k", max_seqlen_k, k.shape[0])):
         if not isinstance(value, int) or value < 0 or value > total:
-            _fail(f"{name} must be an int in [0, {total}] (the packed rows), got {value!r}")
+            _fail(op=VARLEN, msg=f"{name} must be an int in [0, {total}] (the packed rows), got {value!r}")
     if validate:
         check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
-    left, right = _window(causal, window)
-    scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale)
+    left, right = _window(causal, window, VARLEN)
+    scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale, VARLEN)
     _register()
     args = (_aligned(q), _aligned(k), _aligned(v), cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
             max_seqlen_q, max_seqlen_k, scale, left, right, alibi_slopes, soft_cap)

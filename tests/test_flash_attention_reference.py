@@ -140,3 +140,25 @@ def test_instance_head_size_reads_the_name():
         "flash_attention_mma_sync_d128_block_m128_block_n64_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a") == 128
     with pytest.raises(ValueError):
         fa.instance_head_size("paged_single_pass_d128_vec8")
+
+
+def test_varlen_errors_name_flash_attention_varlen():
+    """The packed entry point's own name starts its errors, from the tensor checks to the options."""
+    q, k, v = meta(9, 2, 64), meta(7, 2, 64), meta(7, 2, 64)
+    cu = torch.empty(3, dtype=torch.int32, device="meta")
+    for call, message in (
+            (lambda: fa.flash_attention_varlen(q.float(), k, v, cu, cu, 5, 5), "flash_attention_varlen: q has dtype"),
+            (lambda: fa.flash_attention_varlen(q, k, v, cu.long(), cu, 5, 5),
+             "flash_attention_varlen: cu_seqlens_q must be int32"),
+            (lambda: fa.flash_attention_varlen(q, k, v, cu, cu, 5, 5, window=(4,), validate=False),
+             "flash_attention_varlen: window must be a (left, right) pair"),
+            (lambda: fa.flash_attention_varlen(q, k, v, cu, cu, 5, 5, scale=0.0, validate=False),
+             "flash_attention_varlen: scale must be finite")):
+        with pytest.raises(ValueError) as info:
+            call()
+        assert str(info.value).startswith(message), str(info.value)
+    with pytest.raises(ValueError, match=r"^flash_attention_varlen: cu_seqlens_q\[0\] = 1"):
+        fa.check_cu_seqlens(torch.tensor([1, 4, 9], dtype=torch.int32), torch.tensor([0, 3, 7], dtype=torch.int32),
+                            torch.empty(9, 2, 64), torch.empty(7, 2, 64), 5, 4)
+    with pytest.raises(ValueError, match=r"^flash_attention: window"):   # the padded entry point keeps its own
+        fa.flash_attention(meta(1, 4, 2, 64), meta(1, 4, 2, 64), meta(1, 4, 2, 64), window=(4,))
