@@ -83,6 +83,7 @@ FAMILY = Family(
     axes={"dtype": ("fp32", "fp16", "bf16"), "variant": ("rwkv7", "gated_delta")},
     lowerings={RECURRENT: Lowering({"k": "int", "cols": "int", "tph": "int", "chunk": "int"}, _lower_recurrent)},
     support_files={"delta_rule/params.cuh.j2": "delta_rule/params.cuh",
+                   "delta_rule/column.cuh.j2": "delta_rule/column.cuh",
                    "delta_rule/variants.cuh.j2": "delta_rule/variants.cuh",
                    "delta_rule/op_impl.h.j2": "delta_rule/op_impl.h"},
     tune=TunePlan(("B", "H", "T", "K", "V"), _tune_runtime, axes={"variant": "rwkv7"}),

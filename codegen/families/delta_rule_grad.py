@@ -87,6 +87,7 @@ FAMILY = Family(
     axes={"dtype": ("fp32", "fp16", "bf16")},
     lowerings={GRAD: Lowering({"k": "int", "cols": "int", "tph": "int", "sub": "int"}, _lower_grad)},
     support_files={"delta_rule_grad/params.cuh.j2": "delta_rule_grad/params.cuh",
+                   "delta_rule/column.cuh.j2": "delta_rule_grad/column.cuh",   # the forward's, in this namespace
                    "delta_rule_grad/op_impl.h.j2": "delta_rule_grad/op_impl.h"},
     tune=TunePlan(("B", "H", "T", "K", "V"), None),
     jit_params={"K": "k"},

@@ -87,6 +87,12 @@ inline int64_t sm_count(int device, const char* op) {
   return count;
 }
 
+// The batch, time and head strides (elements) of a [B, T, H, ...] tensor, as the Params of the
+// families that take strided inputs keep them.
+inline void strides_bth(const at::Tensor& t, int64_t& sb, int64_t& st, int64_t& sh) {
+  sb = t.stride(0), st = t.stride(1), sh = t.stride(2);
+}
+
 // The checks an op's declaration (op.args) generates (op.cpp's check_declared); `op` prefixes
 // every message. Meta tensors pass the device check: the Meta kernel runs the same checks.
 inline void declared_device(const std::string& op, const char* name, const at::Tensor& t, const char* ref_name,

@@ -66,10 +66,6 @@ bool nothing_to_do(const Args& a, Outputs& out) {
   return true;
 }
 
-void set_strides(const at::Tensor& t, int64_t& sb, int64_t& st, int64_t& sh) {
-  sb = t.stride(0), st = t.stride(1), sh = t.stride(2);
-}
-
 void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
   const at::Tensor &q = a.q, &k = a.k, &v = a.v, &o = out.o;
   Params p{};
@@ -85,13 +81,13 @@ void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
   p.checkpoints = a.checkpoints ? a.checkpoints->data_ptr<float>() : nullptr;
   p.B = q.size(0), p.T = q.size(1), p.H = q.size(2), p.K = q.size(3), p.V = v.size(3);
   p.scale = static_cast<float>(a.scale);
-  set_strides(q, p.q_sb, p.q_st, p.q_sh);
-  set_strides(k, p.k_sb, p.k_st, p.k_sh);
-  set_strides(v, p.v_sb, p.v_st, p.v_sh);
-  set_strides(a.w, p.w_sb, p.w_st, p.w_sh);
-  set_strides(a.a, p.a_sb, p.a_st, p.a_sh);
-  if (a.b) set_strides(*a.b, p.b_sb, p.b_st, p.b_sh);
-  set_strides(o, p.o_sb, p.o_st, p.o_sh);
+  detail::strides_bth(q, p.q_sb, p.q_st, p.q_sh);
+  detail::strides_bth(k, p.k_sb, p.k_st, p.k_sh);
+  detail::strides_bth(v, p.v_sb, p.v_st, p.v_sh);
+  detail::strides_bth(a.w, p.w_sb, p.w_st, p.w_sh);
+  detail::strides_bth(a.a, p.a_sb, p.a_st, p.a_sh);
+  if (a.b) detail::strides_bth(*a.b, p.b_sb, p.b_st, p.b_sh);
+  detail::strides_bth(o, p.o_sb, p.o_st, p.o_sh);
   if (a.state) {
     const at::Tensor& s = *a.state;
     p.s_sb = s.stride(0), p.s_sh = s.stride(1), p.s_sk = s.stride(2), p.s_sv = s.stride(3);

@@ -8,18 +8,11 @@
 // padded to a float4).
 #pragma once
 #include "../common/device.cuh"
+#include "column.cuh"
 #include "params.cuh"
 
 namespace attngen {
 namespace delta_rule {
-
-// Sum over the LANES consecutive lanes of a column (every lane gets it).
-template <int LANES>
-__device__ __forceinline__ float column_sum(float x) {
-#pragma unroll
-  for (int m = 1; m < LANES; m <<= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
-  return x;
-}
 
 template <int KB, int LANES>
 __device__ __forceinline__ float4 key_group(const float* vec, int g, int lane) {
@@ -40,34 +33,18 @@ __device__ __forceinline__ void store_column(float* out, const float (&s)[GROUPS
   }
 }
 
-__device__ __forceinline__ float dot4(float4 x, const float* s) { return x.x * s[0] + x.y * s[1] + x.z * s[2] + x.w * s[3]; }
-
 // RWKV-7: sa = S a; S <- S diag(exp(w)) + sa b^T (per column: S[k] <- exp(w[k]) S[k] + b[k] sa + k[k] v).
 struct Rwkv7 {
-  static constexpr int VECTORS = 5;  // q, exp(w), k, a, b
+  static constexpr int VECTORS = kRwkv7Vectors;  // q, exp(w), k, a, b (column.cuh)
   static constexpr int SCALARS = 0;
-  enum { kQ, kDecay, kKey, kA, kB };
 
   // Element j of each key vector of step t of (b, h) into the staged row, as floats (zero
   // where the step or the key is past the end).
   template <typename T, int KB>
   __device__ __forceinline__ static void stage_keys(const Params& p, int64_t b, int64_t t, int64_t h, int j, bool valid,
                                                     float* row) {
-    const T* q = static_cast<const T*>(p.q);
-    const T* k = static_cast<const T*>(p.k);
-    const T* w = static_cast<const T*>(p.w);
-    const T* a = static_cast<const T*>(p.a);
-    const T* bb = static_cast<const T*>(p.b);
-    // All five loads first: a store to shared memory between them would have to wait for each
-    // (the compiler cannot tell the generic pointers apart), serializing their latencies.
     float x[VECTORS] = {0.f, 1.f, 0.f, 0.f, 0.f};
-    if (valid) {
-      x[kQ] = to_float(q[b * p.q_sb + t * p.q_st + h * p.q_sh + j]);
-      x[kDecay] = expf(to_float(w[b * p.w_sb + t * p.w_st + h * p.w_sh + j]));
-      x[kKey] = to_float(k[b * p.k_sb + t * p.k_st + h * p.k_sh + j]);
-      x[kA] = to_float(a[b * p.a_sb + t * p.a_st + h * p.a_sh + j]);
-      x[kB] = to_float(bb[b * p.b_sb + t * p.b_st + h * p.b_sh + j]);
-    }
+    if (valid) load_rwkv7_keys<T>(p, b, t, h, j, x);
 #pragma unroll
     for (int i = 0; i < VECTORS; ++i) row[i * KB + j] = x[i];  // smem: key_fill
   }

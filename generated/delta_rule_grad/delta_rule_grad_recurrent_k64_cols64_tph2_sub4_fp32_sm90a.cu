@@ -8,6 +8,7 @@
 // lanes as in the forward (templates/delta_rule/variants.cuh.j2), in a slot order per warp column
 // (struct Lane).
 #include "../common/device.cuh"
+#include "column.cuh"
 #include "params.cuh"
 
 namespace attngen {
@@ -29,7 +30,7 @@ constexpr int HALVINGS = 3;        // reduce-scatter rounds that halve a lane's 
 constexpr int REPEATS = LOG_WARP_COLS - HALVINGS;  // rounds after those: plain sums, 2^REPEATS lanes alike
 constexpr int KEPT = EPT >> HALVINGS;             // entries a lane keeps: the sums of its group(s)
 constexpr int STARTS = kCheckpointEvery / SUB;    // sub-windows per checkpoint window
-enum Vector { kQ, kDecay, kKey, kA, kB, VECTORS };  // the staged key-side vectors, and the gradients' order
+constexpr int VECTORS = kRwkv7Vectors;           // the staged key-side vectors (column.cuh), and the gradients' order
 constexpr int STAGE = VECTORS * KB;               // floats per staged step
 static_assert(4 * GROUPS * LANES == KB, "a column's lanes hold its KB entries");
 static_assert(THREADS % 32 == 0 && (1 << LOG_WARP_COLS) == WARP_COLS && KEPT % 4 == 0 && KEPT >= 4 &&
@@ -53,16 +54,7 @@ __device__ __forceinline__ float4 key_group(const float* vec, int j, const Lane&
   return *reinterpret_cast<const float4*>(vec + 4 * ((j ^ at.gmask) * LANES + at.lane));  // smem: key_read
 }
 
-__device__ __forceinline__ float dot4(float4 x, const float* s) { return x.x * s[0] + x.y * s[1] + x.z * s[2] + x.w * s[3]; }
-
 __device__ __forceinline__ float4 as4(const float* s) { return make_float4(s[0], s[1], s[2], s[3]); }
-
-// Sum over the LANES consecutive lanes of a column (every lane gets it).
-__device__ __forceinline__ float column_sum(float x) {
-#pragma unroll
-  for (int m = 1; m < LANES; m <<= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
-  return x;
-}
 
 // x summed over the WARP_COLS columns of the warp (whose lanes of one index hold the same key
 // groups, each warp column in its own slot order, Lane::gmask). A halving round exchanges the
@@ -122,23 +114,10 @@ __device__ __forceinline__ void store_column(float* out, const float (&s)[EPT], 
 // the end, decay 1), and the CTA's columns of v and (with_do) of do.
 __device__ __forceinline__ void stage(const Params& p, int64_t b, int64_t h, int64_t col0, int64_t t0, int steps,
                                       bool with_do, float* keys, float* values, float* grads) {
-  const T* q = static_cast<const T*>(p.q);
-  const T* k = static_cast<const T*>(p.k);
-  const T* w = static_cast<const T*>(p.w);
-  const T* a = static_cast<const T*>(p.a);
-  const T* bb = static_cast<const T*>(p.b);
   for (int i = threadIdx.x; i < SUB * KB; i += THREADS) {
     const int step = i / KB, j = i % KB;
-    const int64_t t = t0 + step;
-    // All loads first, then the stores (see the forward's stage_keys).
     float x[VECTORS] = {0.f, 1.f, 0.f, 0.f, 0.f};
-    if (step < steps && j < p.K) {
-      x[kQ] = to_float(q[b * p.q_sb + t * p.q_st + h * p.q_sh + j]);
-      x[kDecay] = expf(to_float(w[b * p.w_sb + t * p.w_st + h * p.w_sh + j]));
-      x[kKey] = to_float(k[b * p.k_sb + t * p.k_st + h * p.k_sh + j]);
-      x[kA] = to_float(a[b * p.a_sb + t * p.a_st + h * p.a_sh + j]);
-      x[kB] = to_float(bb[b * p.b_sb + t * p.b_st + h * p.b_sh + j]);
-    }
+    if (step < steps && j < p.K) load_rwkv7_keys<T>(p, b, t0 + step, h, j, x);
 #pragma unroll
     for (int vec = 0; vec < VECTORS; ++vec) keys[step * STAGE + vec * KB + j] = x[vec];  // smem: key_fill
   }
@@ -159,7 +138,7 @@ __device__ __forceinline__ float forward_step(float (&s)[EPT], const float* row,
   float sa = 0.f;
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g) sa += dot4(key_group(row + kA * KB, g, at), s + 4 * g);
-  sa = column_sum(sa);
+  sa = column_sum<LANES>(sa);
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g) {
     const float4 decay = key_group(row + kDecay * KB, g, at);
@@ -193,8 +172,8 @@ __device__ __forceinline__ float backward_step(float (&G)[EPT], const float (&s)
     dsa += dot4(b4, e);
     dv += dot4(k4, e);
   }
-  dsa = column_sum(dsa);
-  dv = column_sum(dv);
+  dsa = column_sum<LANES>(dsa);
+  dv = column_sum<LANES>(dv);
   float x[EPT];
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g) {  // dq = scale do S_t, with S_t rebuilt as the forward made it

@@ -26,14 +26,12 @@ void check(const Args& a) {
   }
 }
 
-int64_t sm_count(int device) { return detail::sm_count(device, "delta_rule_grad"); }
-
 void fill_key(const Args& a, const Outputs&, Key& key) {
   key.K = a.q.size(3);
   key.V = a.v.size(3);
   key.T = a.q.size(1);
   key.BH = a.q.size(0) * a.q.size(2);
-  key.sm_count = sm_count(a.q.device().index());
+  key.sm_count = detail::sm_count(a.q.device().index(), "delta_rule_grad");
 }
 
 // T == 0, B*H == 0, K == 0 or V == 0: every gradient is zero but the initial state's, which is
@@ -48,10 +46,6 @@ bool nothing_to_do(const Args& a, Outputs& out) {
   return true;
 }
 
-void set_strides(const at::Tensor& t, int64_t& sb, int64_t& st, int64_t& sh) {
-  sb = t.stride(0), st = t.stride(1), sh = t.stride(2);
-}
-
 void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
   const at::Tensor& q = a.q;
   Params p{};
@@ -64,14 +58,13 @@ void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
   p.d_s0 = a.want_d_state0 ? out.d_state0.data_ptr<float>() : nullptr;
   p.B = q.size(0), p.T = q.size(1), p.H = q.size(2), p.K = q.size(3), p.V = a.v.size(3);
   p.scale = static_cast<float>(a.scale);
-  set_strides(q, p.q_sb, p.q_st, p.q_sh);
-  set_strides(a.k, p.k_sb, p.k_st, p.k_sh);
-  set_strides(a.v, p.v_sb, p.v_st, p.v_sh);
-  set_strides(a.w, p.w_sb, p.w_st, p.w_sh);
-  set_strides(a.a, p.a_sb, p.a_st, p.a_sh);
-  set_strides(a.b, p.b_sb, p.b_st, p.b_sh);
-  set_strides(a.d_o, p.do_sb, p.do_st, p.do_sh);
-  p.sm_count = sm_count(q.device().index());
+  detail::strides_bth(q, p.q_sb, p.q_st, p.q_sh);
+  detail::strides_bth(a.k, p.k_sb, p.k_st, p.k_sh);
+  detail::strides_bth(a.v, p.v_sb, p.v_st, p.v_sh);
+  detail::strides_bth(a.w, p.w_sb, p.w_st, p.w_sh);
+  detail::strides_bth(a.a, p.a_sb, p.a_st, p.a_sh);
+  detail::strides_bth(a.b, p.b_sb, p.b_st, p.b_sh);
+  detail::strides_bth(a.d_o, p.do_sb, p.do_st, p.do_sh);
   launch(entry, p, q);
 }
 

@@ -40,7 +40,6 @@ struct Params {
   int64_t a_sb, a_st, a_sh;
   int64_t b_sb, b_st, b_sh;
   int64_t do_sb, do_st, do_sh;
-  int64_t sm_count;
   void* workspace;          // the sub-window starts: Entry::workspace bytes, per CTA
 };
 
