@@ -4,8 +4,10 @@ kernels as a torch custom op, in flash-attn's layouts.
 q [B, Lq, Hq, D], k and v [B, Lk, Hkv, D] (or packed [tokens, H, D] with cu_seqlens, as
 flash-attn's varlen API); any strides with a contiguous last dim; fp16 or bf16 with fp32
 softmax and accumulation. Query head h reads kv head h // (Hq // Hkv). Causal masks and
-windows align the last query row with the last key row (flash-attn >= 2.1). Forward only: a
-gradient through the op raises an error (it is never silently wrong).
+windows align the last query row with the last key row (flash-attn >= 2.1). Differentiable in
+q, k and v (and through the returned lse): the backward is the generated
+`flash_attention_grad` op (specs/flash_attention_grad.yaml), which recomputes the weights from
+the saved log-sum-exp.
 """
 from __future__ import annotations
 
@@ -19,17 +21,38 @@ from ._checks import check_tensor
 from ._ops import Op
 
 OP = Op("flash_attention")
+GRAD = Op("flash_attention_grad")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _no_backward(ctx, grad_out, grad_lse):
-    raise NotImplementedError("flash_attention: the backward pass is not implemented yet (forward only); "
-                              "call it under torch.no_grad() or detach q, k and v")
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, left, right, alibi_slopes, soft_cap = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    ctx.options = (max_q, max_k, scale, left, right, soft_cap)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A gradient as the kernels read it: rows with a contiguous last dim, 16-byte aligned."""
+    return _aligned(t if t.stride(-1) == 1 else t.contiguous())
+
+
+def _backward(ctx, d_out, d_lse):
+    """dq, dk, dv from the generated backward (P recomputed from the saved lse); d_lse, where
+    the caller used the returned lse, folds into the row sums (d lse_i / d s_ij = P_ij)."""
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+    max_q, max_k, scale, left, right, soft_cap = ctx.options
+    if d_out is None:
+        d_out = torch.zeros_like(out)
+    d_lse = None if d_lse is None else d_lse.contiguous()
+    dq, dk, dv = GRAD(q, k, v, out, _rows(d_out), lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale,
+                      left, right, alibi_slopes, soft_cap)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 def _register() -> None:
-    """A gradient request raises; the op and its Meta kernel come with the extension."""
-    OP.register_autograd(_no_backward, lambda ctx, inputs, output: None)
+    """The autograd formula; the ops and their Meta kernels come with the extension."""
+    OP.register_autograd(_backward, _setup_context)
 
 
 PADDED, VARLEN = "flash_attention", "flash_attention_varlen"  # the entry points' names, which errors start with

@@ -236,12 +236,27 @@ def flash_attention(q, k, v, causal=False, scale=None, window=None, alibi_slopes
         j = torch.arange(Lk, device=q.device)[None, :]
         s = s - alibi_slopes.to(dtype)[None, :, None, None] * (i - j).abs().to(dtype)
     visible = attention_mask(Lq, Lk, left, right, q.device)
-    s = s.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(s.double(), dim=-1)                                # [B, Hq, Lq]
     seen = visible.any(dim=-1)                                              # rows with a key
+    # Rows that see no key get finite scores before the softmax and zeros after it, so that
+    # autograd through this function gives them zero gradients, not NaN.
+    s = s.masked_fill(~visible, float("-inf")).masked_fill(~seen[:, None], 0.0)
+    lse = torch.logsumexp(s.double(), dim=-1)                                # [B, Hq, Lq]
     p = torch.softmax(s, dim=-1).masked_fill(~seen[:, None], 0.0)
     out = (p @ vh).transpose(1, 2)
     return out, lse.masked_fill(~seen, float("-inf"))
+
+
+def flash_attention_grad(q, k, v, d_out, d_lse=None, dtype=torch.float64, **kwargs):
+    """dq, dk, dv of flash_attention computed by autograd in `dtype` (float64: the reference;
+    the storage dtype: what a plain torch implementation gets), for the loss
+    sum(out * d_out) + sum(lse * d_lse). Returned in `dtype`."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    out, lse = flash_attention(*leaves, dtype=dtype, **kwargs)
+    loss = (out * d_out.to(dtype)).sum()
+    if d_lse is not None:
+        seen = lse > float("-inf")
+        loss = loss + (lse.masked_fill(~seen, 0.0) * d_lse.double()).sum()
+    return torch.autograd.grad(loss, leaves)
 
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dtype=torch.float64, **kwargs):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
 # benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_rwkv_grad / tune_paged a cold and a warm
-# tuning run of the family (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench, delta_tests/delta_bench and flash_tests/flash_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# tuning run of the family (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench, delta_tests/delta_bench, flash_tests/flash_grad_tests/flash_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last.
 set -uo pipefail
@@ -39,6 +39,7 @@ want paged_tests && step paged_tests python3 -m pytest -q -m gpu tests/gpu/test_
 want jit_tests && step jit_tests python3 -m pytest -q -m gpu tests/gpu/test_jit.py -p no:cacheprovider -s
 want delta_tests && step delta_tests python3 -m pytest -q -m gpu tests/gpu/test_delta_rule.py -p no:cacheprovider -s
 want flash_tests && step flash_tests python3 -m pytest -q -m gpu tests/gpu/test_flash_attention.py -p no:cacheprovider -s
+want flash_grad_tests && step flash_grad_tests python3 -m pytest -q -m gpu tests/gpu/test_flash_attention_grad.py -p no:cacheprovider -s
 want bench && step bench python3 -m bench.causal_linear ${BENCH_ARGS:-} --out "$OUT/r"
 want rwkv_bench && step rwkv_bench python3 -m bench.rwkv ${BENCH_ARGS:-} --out "$OUT/r"
 want linear_sweep && step linear_sweep python3 -m bench.chunked_vs_recurrent --out "$OUT/r"
@@ -46,6 +47,7 @@ want paged_bench && step paged_bench python3 -m bench.paged ${BENCH_ARGS:-} --ou
 want jit_bench && step jit_bench python3 -m bench.jit_first_use --out "$OUT/r"
 want delta_bench && step delta_bench python3 -m bench.delta_rule ${BENCH_ARGS:-} --out "$OUT/r"
 want flash_bench && step flash_bench python3 -m bench.flash_attention ${BENCH_ARGS:-} --out "$OUT/r"
+want flash_grad_bench && step flash_grad_bench python3 -m bench.flash_attention_grad --out "$OUT/r"
 if want bank_check; then  # the bank model against ncu's per-instruction counts (bench/bank_check.py)
   W="$OUT/r/banks"; mkdir -p "$W"
   step bank_prepare python3 -m bench.bank_check --prepare --work "$W"
@@ -80,10 +82,10 @@ if want retune; then
   cp tuned/sm_90a/causal_linear.yaml "$OUT/r/tuned_second.yaml"
 fi
 tar -czf "$OUT/all.tgz" -C "$OUT/r" .
-cp "$OUT/r/causal_linear.md" "$OUT/r/chunked_vs_recurrent.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/flash_attention.md" "$OUT/r/bank_check.md" "$OUT/r/jit_first_use.md" "$OUT/" 2>/dev/null
+cp "$OUT/r/causal_linear.md" "$OUT/r/chunked_vs_recurrent.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/flash_attention.md" "$OUT/r/flash_attention_grad.md" "$OUT/r/bank_check.md" "$OUT/r/jit_first_use.md" "$OUT/" 2>/dev/null
 echo
 echo "| step | rc | seconds |"
 echo "|---|---|---|"
 for s in "${status[@]}"; do IFS='|' read -r n rc sec <<< "$s"; echo "| $n | $rc | $sec |"; done
-cat "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/flash_attention.md" "$OUT/r/bank_check.md" 2>/dev/null
+cat "$OUT/r/causal_linear.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/flash_attention.md" "$OUT/r/flash_attention_grad.md" "$OUT/r/bank_check.md" 2>/dev/null
 if [ -f "$OUT/r/retune_check.log" ]; then cat "$OUT/r/retune_check.log"; fi

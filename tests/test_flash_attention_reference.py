@@ -162,3 +162,72 @@ def test_varlen_errors_name_flash_attention_varlen():
                             torch.empty(9, 2, 64), torch.empty(7, 2, 64), 5, 4)
     with pytest.raises(ValueError, match=r"^flash_attention: window"):   # the padded entry point keeps its own
         fa.flash_attention(meta(1, 4, 2, 64), meta(1, 4, 2, 64), meta(1, 4, 2, 64), window=(4,))
+
+
+# ---- the backward -------------------------------------------------------------------------------
+def kernel_formulas(q, k, v, d_out, d_lse=None, causal=False, scale=None, window=None, alibi_slopes=None,
+                    soft_cap=None):
+    """The gradients as flash_attention_grad computes them (its params.cuh), in float64 torch:
+    P from the saved lse, delta = rowsum(dO * O) - d_lse, dS = P (dP - delta) (1 - t^2) scale,
+    dq = dS k, dk = dS^T q and dv = P^T dO summed over the query heads of a group."""
+    B, Lq, Hq, D = q.shape
+    Lk, Hkv = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    scale = D ** -0.5 if scale is None else scale
+    out, lse = reference.flash_attention(q, k, v, causal=causal, scale=scale, window=window,
+                                         alibi_slopes=alibi_slopes, soft_cap=soft_cap)
+    left, right = (-1, -1) if window is None else window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    qh, oh, doh = (t.transpose(1, 2) for t in (q, out, d_out))                    # [B, Hq, Lq, D]
+    kh, vh = (t.transpose(1, 2).repeat_interleave(G, dim=1) for t in (k, v))     # [B, Hq, Lk, D]
+    x = (qh @ kh.transpose(-1, -2)) * scale
+    slope_of_cap = torch.ones_like(x)
+    if soft_cap:
+        t = torch.tanh(x / soft_cap)
+        x, slope_of_cap = soft_cap * t, 1 - t * t
+    if alibi_slopes is not None:
+        i = torch.arange(Lq)[:, None] + (Lk - Lq)
+        x = x - alibi_slopes[None, :, None, None] * (i - torch.arange(Lk)[None, :]).abs()
+    visible = reference.attention_mask(Lq, Lk, left, right)
+    base = torch.where(lse == -math.inf, math.inf, lse)[..., None]              # no key: every weight 0
+    p = torch.where(visible, torch.exp(x - base), 0.0)
+    delta = (doh * oh).sum(-1) - (0 if d_lse is None else d_lse)
+    ds = p * (doh @ vh.transpose(-1, -2) - delta[..., None]) * slope_of_cap * scale
+    dq = ds @ kh
+    dk = (ds.transpose(-1, -2) @ qh).reshape(B, Hkv, G, Lk, D).sum(2)
+    dv = (p.transpose(-1, -2) @ doh).reshape(B, Hkv, G, Lk, D).sum(2)
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
+@pytest.mark.parametrize("Lq,Lk,Hq,Hkv,kwargs", [
+    (5, 5, 2, 2, dict()), (6, 4, 4, 2, dict(causal=True)), (3, 9, 3, 1, dict(window=(2, 1))),
+    (9, 3, 2, 1, dict(causal=True, soft_cap=1.5)), (7, 7, 2, 1, dict(alibi=True, window=(3, -1))),
+    (4, 6, 2, 2, dict(soft_cap=0.7, alibi=True, causal=True, d_lse=True))])
+def test_backward_formulas_match_autograd(Lq, Lk, Hq, Hkv, kwargs):
+    """The kernel's formulas (soft cap's derivative, the d_lse fold, the group sums, rows without
+    keys) against float64 autograd of the reference, which then holds the GPU tier's kernels."""
+    kwargs = dict(kwargs)
+    q, k, v = qkv(2, Lq, Lk, Hq, Hkv, 8, seed=Lq)
+    g = torch.Generator().manual_seed(7)
+    d_out = torch.randn(q.shape, generator=g, dtype=torch.float64)
+    d_lse = torch.randn(2, Hq, Lq, generator=g, dtype=torch.float64) if kwargs.pop("d_lse", False) else None
+    if kwargs.pop("alibi", False):
+        kwargs["alibi_slopes"] = torch.rand(Hq, generator=g, dtype=torch.float64)
+    want = reference.flash_attention_grad(q, k, v, d_out, d_lse, scale=0.6, **kwargs)
+    got = kernel_formulas(q, k, v, d_out, d_lse, scale=0.6, **kwargs)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        assert torch.isfinite(b).all(), f"{name}: the reference's gradient is not finite"
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=name)
+    if kwargs.get("causal") and Lq > Lk:  # rows that see no key: zero gradient
+        assert want[0][:, :Lq - Lk].abs().max() == 0
+
+
+def test_reference_gradient_against_finite_differences():
+    q, k, v = qkv(1, 4, 5, 2, 1, 4, seed=3)
+    slopes = torch.tensor([0.3, 0.1], dtype=torch.float64)
+
+    def f(q, k, v):
+        return reference.flash_attention(q, k, v, causal=True, soft_cap=2.0, alibi_slopes=slopes, window=(2, -1))
+
+    assert torch.autograd.gradcheck(f, [t.requires_grad_() for t in (q, k, v)])

@@ -212,6 +212,7 @@ FAMILY = Family(
     },
     support_files={"flash_attention/params.cuh.j2": "flash_attention/params.cuh",
                    "flash_attention/forward_common.cuh.j2": "flash_attention/forward_common.cuh",
+                   "flash_attention/epilogue.cuh.j2": "flash_attention/epilogue.cuh",
                    "flash_attention/op_impl.h.j2": "flash_attention/op_impl.h"},
     tune=TunePlan(("B", "Hq", "Hkv", "Lq", "Lk", "D"), runtime=None),   # no tuning workload yet
     jit_params={"D": "d"},

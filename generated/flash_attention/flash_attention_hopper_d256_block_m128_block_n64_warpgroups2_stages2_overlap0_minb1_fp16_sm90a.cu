@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "../common/wgmma.cuh"
-#include "forward_common.cuh"
+#include "epilogue.cuh"
 
 namespace attngen {
 namespace flash_attention {

@@ -29,7 +29,7 @@
 #include "../common/pipeline.cuh"
 #include "../common/tma.cuh"
 #include "../common/wgmma.cuh"
-#include "forward_common.cuh"
+#include "epilogue.cuh"
 
 namespace attngen {
 namespace flash_attention {

@@ -9,7 +9,7 @@
 // What is computed is described in params.cuh.
 #include <cstdint>
 
-#include "forward_common.cuh"
+#include "epilogue.cuh"
 
 namespace attngen {
 namespace flash_attention {

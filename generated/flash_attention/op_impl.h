@@ -10,6 +10,9 @@ namespace attngen {
 namespace flash_attention {
 namespace {
 
+// The tensors the kernels move in 16-byte rows.
+std::vector<const at::Tensor*> row_tensors(const Args& a) { return {&a.q, &a.k, &a.v}; }
+
 bool packed(const Args& a) { return a.cu_seqlens_q.has_value(); }
 int64_t rows_dim(const Args& a) { return packed(a) ? 0 : 1; }
 int64_t head_dim(const Args& a) { return packed(a) ? 1 : 2; }
@@ -27,7 +30,8 @@ void check_cu_seqlens(const std::string& name, const at::Tensor& cu, int64_t bat
   }
 }
 
-void check(const Args& a) {
+// What the forward and the backward check alike: q, k, v, the packed layout, the score options.
+void check_attention(const Args& a) {
   const std::string op = "flash_attention: ";
   const at::Tensor& q = a.q;
   const int64_t rank = packed(a) ? 3 : 4;
@@ -80,10 +84,11 @@ void check(const Args& a) {
   if (rows > 2147483647LL / 2) fail_value(op + "sequences of " + str(rows) + " rows exceed the kernels' 32-bit row indices");
 }
 
+// The largest vector width every tensor the kernels move in 16-byte rows (row_tensors) allows.
 int64_t vector_align(const Args& a) {
   const int64_t rank = a.q.dim();
   const int64_t D = a.q.size(rank - 1);
-  return detail::vector_align({&a.q, &a.k, &a.v}, static_cast<int>(rank - 1), {D});
+  return detail::vector_align(row_tensors(a), static_cast<int>(rank - 1), {D});
 }
 
 void fill_key(const Args& a, const Outputs&, Key& key) {
@@ -99,20 +104,17 @@ void fill_key(const Args& a, const Outputs&, Key& key) {
   key.sm_count = detail::sm_count(a.q.device().index(), "flash_attention");
 }
 
-// Empty calls still go through the dispatch (an unsupported head size is refused either way).
-bool nothing_to_do(const Args&, Outputs&) { return false; }
+// The strides of a [B, L, H, D] or packed [tokens, H, D] tensor: batch (0 when packed: each
+// sequence starts at its cu_seqlens row), row, head.
+void strides_of(const Args& a, const at::Tensor& t, int64_t& sb, int64_t& sl, int64_t& sh) {
+  sb = packed(a) ? 0 : t.stride(0), sl = t.stride(rows_dim(a)), sh = t.stride(head_dim(a));
+}
 
-void run(const Entry* entry, const Args& a, const Key& key, Outputs& outputs) {
-  const at::Tensor& q = a.q;
-  const at::Tensor& out = outputs.out;
-  const at::Tensor& lse = outputs.lse;
-  if (q.numel() == 0 || key.B == 0) return;
-  Params p{};
-  p.q = q.data_ptr();
+// The Params fields of the forward's arguments: q, k, v, the sequences, the score options.
+void fill_params(const Args& a, const Key& key, Params& p) {
+  p.q = a.q.data_ptr();
   p.k = a.k.data_ptr();
   p.v = a.v.data_ptr();
-  p.out = out.data_ptr();
-  p.lse = lse.data_ptr<float>();
   p.cu_seqlens_q = packed(a) ? a.cu_seqlens_q->data_ptr<int32_t>() : nullptr;
   p.cu_seqlens_k = packed(a) ? a.cu_seqlens_k->data_ptr<int32_t>() : nullptr;
   p.alibi = a.alibi_slopes ? a.alibi_slopes->data_ptr<float>() : nullptr;
@@ -121,16 +123,10 @@ void run(const Entry* entry, const Args& a, const Key& key, Outputs& outputs) {
   p.soft_cap = static_cast<float>(a.soft_cap);
   p.window_left = static_cast<int>(std::min<int64_t>(a.window_left, 2147483647LL));
   p.window_right = static_cast<int>(std::min<int64_t>(a.window_right, 2147483647LL));
-  const int64_t r = rows_dim(a), hd = head_dim(a);
-  // Packed tensors have no batch axis: each sequence starts at its cu_seqlens row.
-  p.q_sb = packed(a) ? 0 : q.stride(0), p.q_sl = q.stride(r), p.q_sh = q.stride(hd);
-  p.k_sb = packed(a) ? 0 : a.k.stride(0), p.k_sl = a.k.stride(r), p.k_sh = a.k.stride(hd);
-  p.v_sb = packed(a) ? 0 : a.v.stride(0), p.v_sl = a.v.stride(r), p.v_sh = a.v.stride(hd);
-  p.o_sb = packed(a) ? 0 : out.stride(0), p.o_sl = out.stride(r), p.o_sh = out.stride(hd);
-  p.lse_sb = packed(a) ? 0 : lse.stride(0), p.lse_sh = packed(a) ? lse.stride(0) : lse.stride(1);
+  strides_of(a, a.q, p.q_sb, p.q_sl, p.q_sh);
+  strides_of(a, a.k, p.k_sb, p.k_sl, p.k_sh);
+  strides_of(a, a.v, p.v_sb, p.v_sl, p.v_sh);
   p.sm_count = key.sm_count;
-  if (key.Lq == 0) return;
-  launch(entry, p, q);
 }
 
 std::vector<int64_t> built_head_sizes(DType dtype) {
@@ -167,6 +163,25 @@ std::string uncovered(const Args& a, const Key& key) {
   }
   return "flash_attention: no instance covers " + describe(key) + " (dtype " + str(a.q) +
          "); the kernels move 16-byte rows: pointers and row/head strides must be multiples of 8 elements";
+}
+void check(const Args& a) { check_attention(a); }
+
+// Empty calls still go through the dispatch (an unsupported head size is refused either way).
+bool nothing_to_do(const Args&, Outputs&) { return false; }
+
+void run(const Entry* entry, const Args& a, const Key& key, Outputs& outputs) {
+  const at::Tensor& q = a.q;
+  const at::Tensor& out = outputs.out;
+  const at::Tensor& lse = outputs.lse;
+  if (q.numel() == 0 || key.B == 0) return;
+  Params p{};
+  fill_params(a, key, p);
+  p.out = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  strides_of(a, out, p.o_sb, p.o_sl, p.o_sh);
+  p.lse_sb = packed(a) ? 0 : lse.stride(0), p.lse_sh = packed(a) ? lse.stride(0) : lse.stride(1);
+  if (key.Lq == 0) return;
+  launch(entry, p, q);
 }
 
 }  // namespace

@@ -109,6 +109,28 @@ def flash_attention():
         print(f"{name}: rel err {err:.2e}")
         cu = torch.tensor([0, 0, 5, 70], dtype=torch.int32, device="cuda")
         fa.flash_attention_varlen(q[0], q[1, :, :2], q[1, :, 2:], cu, cu, 65, 65, causal=True, instance=name)
+    # every backward instance: the four compile-time variants, GQA, odd lengths, a packed batch
+    # with empty sequences
+    for name in fa.GRAD.instances():
+        seen.add(name)
+        D = fa.instance_head_size(name.replace("flash_attention_grad_", "flash_attention_"))
+        dtype = torch.bfloat16 if "bf16" in name else torch.float16
+        q, k, v = (torch.randn(2, L, H, D, device="cuda").to(dtype) for L, H in ((70, 4), (133, 2), (133, 2)))
+        d_out = torch.randn_like(q)
+        for kwargs in ({"causal": True}, {"window": (40, 3), "alibi_slopes": torch.rand(4, device="cuda")},
+                       {"soft_cap": 2.0}):
+            out, lse = fa.flash_attention(q, k, v, return_lse=True, **kwargs)
+            left, right = kwargs.get("window", (-1, 0 if kwargs.get("causal") else -1))
+            got = fa.GRAD.forced(name, q, k, v, out, d_out, lse, None, None, None, 70, 133, D ** -0.5, left, right,
+                                 kwargs.get("alibi_slopes"), kwargs.get("soft_cap", 0.0))
+            want = reference.flash_attention_grad(q, k, v, d_out, **kwargs)
+            err = max(((x.double() - y).norm() / y.norm()).item() for x, y in zip(got, want))
+            assert err < 2e-2, (name, kwargs, err)
+        print(f"{name}: worst rel err {err:.2e}")
+        cu = torch.tensor([0, 0, 5, 70], dtype=torch.int32, device="cuda")
+        qp, kp, vp, dp = q[0], q[1, :, :2], q[1, :, 2:], d_out[0]
+        out, lse = fa.flash_attention_varlen(qp, kp, vp, cu, cu, 65, 65, causal=True, return_lse=True)
+        fa.GRAD.forced(name, qp, kp, vp, out, dp, lse, None, cu, cu, 65, 65, D ** -0.5, -1, 0, None, 0.0)
 
 
 def delta_rule_family():

@@ -1,0 +1,126 @@
+"""FlashAttention backward: lowering of the softmax attention backward kernels
+(templates/flash_attention_grad/backward.cu.j2, specs/flash_attention_grad.yaml).
+
+`mma_sync` is FlashAttention-2's backward on m16n8k16: a CTA owns `block_n` keys and values of
+one kv head and walks the `block_m`-row query tiles of every query head of its group that see
+them (Q and dO through a `stages`-deep cp.async ring). Its `warps` warps form groups of `dsplit`
+warps; a group owns 16-row m-tiles of the keys, computes S^T = K Q^T and dP^T = V dO^T for
+them, and each warp of the group accumulates D / dsplit columns of dK and dV in registers (at
+large D the group recomputes the scores rather than spill). dS^T goes through shared memory to
+dQ = dS K, which every warp adds for its part of the tile to an fp32 scratch with atomics.
+"""
+from __future__ import annotations
+
+from ..arch import MAX_REGS, Arch
+from ..instance import KernelInstance
+from ..passes import Rejected, banks
+from ..passes.tiles import CHUNK, layout, pitch, plain_layout
+from . import Family, Lowering, TunePlan
+
+BACKWARD = "flash_attention_grad/backward.cu.j2"
+# Registers per thread besides dK, dV, S^T and dP^T: the operand fragments in flight (K, V, Q,
+# dO: 16), addresses, the loop state (ptxas has the last word; the compile tier checks spills).
+REG_OVERHEAD = 64
+
+
+def _dq_warps_over_rows(block_m: int, warps: int, d: int) -> int | None:
+    """How many of the warps split the query tile's rows for dQ (the rest split D): the most
+    that leaves every warp whole 16-row m-tiles and whole 16-column steps of D."""
+    for rows in range(min(warps, block_m // 16), 0, -1):
+        if warps % rows == 0 and (block_m // 16) % rows == 0 and d % (warps // rows) == 0 \
+                and (d // (warps // rows)) % 16 == 0:
+            return rows
+    return None
+
+
+def _tile_accesses(d: int, rows_d, rows_s) -> list:
+    """The warp accesses of the backward's tiles (rows_d: the offsets of the D-wide K, V, Q and
+    dO tiles; rows_s: of the dS^T tile): ldmatrix phases (8 rows at one chunk; plain and
+    transposed reads take the same addresses), the cp.async fill, dS^T's 4-byte fragment
+    writes and transposed reads, the per-row statistics."""
+    chunks = d // 8
+
+    def ldmatrix(lane, _pad):
+        return rows_d((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8) * 2
+
+    def fill(lane, _pad):
+        return rows_d(lane // chunks, lane % chunks * 8) * 2
+
+    def ds_write(lane, _pad):
+        return rows_s(lane // 4, lane % 4 * 2) * 2
+
+    def ds_read(lane, _pad):
+        return rows_s((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8) * 2
+
+    return [banks.Access("ldmatrix", CHUNK, ldmatrix, ("kv_tiles", "q_ring")),
+            banks.Access("ldmatrix_trans", CHUNK, ldmatrix, ("kv_tiles", "q_ring")),
+            banks.Access("cp_async_fill", CHUNK, fill, ("kv_tiles", "q_ring")),
+            banks.Access("ds_write", 4, ds_write, ("ds_tile",)),
+            banks.Access("ds_read", CHUNK, ds_read, ("ds_tile",)),
+            banks.Access("stats_read", 8, lambda lane, _pad: lane % 4 * 8, ("stats",)),
+            banks.contiguous("stats_write", 4, ("stats",))]
+
+
+def _lower_backward(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    p = inst.p
+    d, block_n, block_m, warps, dsplit, stages, swizzle, minb = (
+        p[k] for k in ("d", "block_n", "block_m", "warps", "dsplit", "stages", "swizzle", "minb"))
+    if inst.dtype_bytes != 2:
+        raise Rejected("d", f"tensor-core kinds take 16-bit operands, not {inst.a['dtype']}")
+    if d % 16:
+        raise Rejected("d", f"d={d} is not a multiple of 16 (the k-step of m16n8k16)")
+    if warps % dsplit or d % (16 * dsplit):
+        raise Rejected("dsplit", f"dsplit={dsplit}: it must divide warps={warps}, and d={d} into multiples of 16")
+    groups = warps // dsplit
+    if block_n % (16 * groups):
+        raise Rejected("block_n", f"block_n={block_n} does not split into whole 16-row m-tiles over {groups} groups "
+                                  f"of warps")
+    if block_m % 16:
+        raise Rejected("block_m", f"block_m={block_m} is not a multiple of 16 (the k-step of dV and dK)")
+    if swizzle not in (0, 1):
+        raise Rejected("swizzle", f"swizzle={swizzle}: 0 (padded rows) or 1 (XOR swizzle)")
+    if swizzle and d % 64:
+        raise Rejected("swizzle", f"the XOR swizzle permutes chunks within 128-byte lines; d={d} is not a multiple of 64")
+    if stages < 2:
+        raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
+    q_warps_m = _dq_warps_over_rows(block_m, warps, d)
+    if q_warps_m is None:
+        raise Rejected("warps", f"warps={warps} cannot split the dQ tile ({block_m} x {d}) into whole 16 x 16 steps")
+    mt = block_n // (16 * groups)
+    dw = d // dsplit
+    regs = mt * 2 * dw // 2 + mt * block_m + REG_OVERHEAD
+    if regs > MAX_REGS:
+        raise Rejected("block_m", f"about {regs} registers per thread (dK and dV {mt * dw}, S^T and dP^T "
+                                  f"{mt * block_m}) exceed {MAX_REGS}")
+    threads = warps * 32
+    if regs * threads * minb > arch.regs_per_sm:
+        raise Rejected("minb", f"minb={minb} CTAs of {threads} threads at about {regs} registers exceed the "
+                               f"{arch.regs_per_sm} registers of an SM")
+    s_swizzle = int(block_m % 64 == 0)
+    smem = (2 * block_n * pitch(d, swizzle) + stages * 2 * block_m * pitch(d, swizzle)) * 2 \
+        + block_n * pitch(block_m, s_swizzle) * 2 + stages * 2 * block_m * 4
+    if smem > arch.max_smem_per_block:
+        raise Rejected("stages", f"{smem} bytes of shared memory exceed the {arch.max_smem_per_block} of a block")
+    if minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
+        raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {arch.smem_per_sm}")
+    bank = banks.model(_tile_accesses(d, layout(d, swizzle), layout(block_m, s_swizzle)),
+                       unpadded=_tile_accesses(d, plain_layout(d), plain_layout(block_m)))
+    return inst.with_derived({
+        "threads": threads, "smem_bytes": smem, "mt": mt, "groups": groups, "dw": dw, "q_warps_m": q_warps_m,
+        "q_warps_d": warps // q_warps_m, "s_swizzle": s_swizzle, "regs_estimate": regs, "bank": bank,
+        "threads_param": "warps", "smem_param": "stages",
+    })
+
+
+FAMILY = Family(
+    name="flash_attention_grad",
+    axes={"dtype": ("fp16", "bf16")},
+    lowerings={BACKWARD: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warps": "int", "dsplit": "int",
+                                   "stages": "int", "swizzle": "int0", "minb": "int"}, _lower_backward)},
+    support_files={"flash_attention_grad/params.cuh.j2": "flash_attention_grad/params.cuh",
+                   # the forward's shared helpers, rendered into this family's namespace
+                   "flash_attention/forward_common.cuh.j2": "flash_attention_grad/forward_common.cuh",
+                   "flash_attention_grad/op_impl.h.j2": "flash_attention_grad/op_impl.h"},
+    tune=TunePlan(("B", "Hq", "Hkv", "Lq", "Lk", "D"), runtime=None),   # no tuning workload yet
+    jit_params={"D": "d"},
+)
