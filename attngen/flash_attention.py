@@ -123,8 +123,12 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     contiguous copy (a rare layout, e.g. a view starting mid-row)."""
     if t.device.type == "meta" or torch.compiler.is_compiling():  # data pointers do not trace; the op checks
         return t
+    try:
+        pointer = t.data_ptr()
+    except RuntimeError:   # a fake or functional tensor (a traced backward); the op checks when it runs
+        return t
     elems = 16 // t.element_size()
-    ok = t.data_ptr() % 16 == 0 and all(s % elems == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
+    ok = pointer % 16 == 0 and all(s % elems == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
     return t if ok else t.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation
 
 
