@@ -1,7 +1,10 @@
 """FlashAttention backward: lowering of the softmax attention backward kernels
 (templates/flash_attention_grad/backward.cu.j2, specs/flash_attention_grad.yaml).
 
-`mma_sync` is FlashAttention-2's backward on m16n8k16: a CTA owns `block_n` keys and values of
+`hopper` (backward_wgmma.cu.j2) computes the same products on Hopper's warpgroup MMAs: each
+warpgroup owns 64 of the block's keys; S^T, dP^T and dQ read both operands from 128-byte-swizzled
+shared tiles, dV and dK take P^T and dS^T from registers, and dS reaches shared memory through a
+transposing stmatrix. `mma_sync` is FlashAttention-2's backward on m16n8k16: a CTA owns `block_n` keys and values of
 one kv head and walks the `block_m`-row query tiles of every query head of its group that see
 them (Q and dO through a `stages`-deep cp.async ring). Its `warps` warps form groups of `dsplit`
 warps; a group owns 16-row m-tiles of the keys, computes S^T = K Q^T and dP^T = V dO^T for
@@ -11,13 +14,14 @@ dQ = dS K, which every warp adds for its part of the tile to an fp32 scratch wit
 """
 from __future__ import annotations
 
-from ..arch import MAX_REGS, Arch
+from ..arch import MAX_REGS, WGMMA_N, Arch
 from ..instance import KernelInstance
 from ..passes import Rejected, banks
-from ..passes.tiles import CHUNK, layout, pitch, plain_layout
+from ..passes.tiles import CHUNK, atoms_layout, layout, pitch, plain_layout
 from . import Family, Lowering, TunePlan
 
 BACKWARD = "flash_attention_grad/backward.cu.j2"
+BACKWARD_WGMMA = "flash_attention_grad/backward_wgmma.cu.j2"
 # Registers per thread besides dK, dV, S^T and dP^T: the operand fragments in flight (K, V, Q,
 # dO: 16), addresses, the loop state (ptxas has the last word; the compile tier checks spills).
 REG_OVERHEAD = 64
@@ -31,6 +35,12 @@ def _dq_warps_over_rows(block_m: int, warps: int, d: int) -> int | None:
                 and (d // (warps // rows)) % 16 == 0:
             return rows
     return None
+
+
+def _stats_accesses() -> list:
+    """The per-row statistics: a quad's float2 of lse and delta, and their staging by thread."""
+    return [banks.Access("stats_read", 8, lambda lane, _pad: lane % 4 * 8, ("stats",)),
+            banks.contiguous("stats_write", 4, ("stats",))]
 
 
 def _tile_accesses(d: int, rows_d, rows_s) -> list:
@@ -56,9 +66,7 @@ def _tile_accesses(d: int, rows_d, rows_s) -> list:
             banks.Access("ldmatrix_trans", CHUNK, ldmatrix, ("kv_tiles", "q_ring")),
             banks.Access("cp_async_fill", CHUNK, fill, ("kv_tiles", "q_ring")),
             banks.Access("ds_write", 4, ds_write, ("ds_tile",)),
-            banks.Access("ds_read", CHUNK, ds_read, ("ds_tile",)),
-            banks.Access("stats_read", 8, lambda lane, _pad: lane % 4 * 8, ("stats",)),
-            banks.contiguous("stats_write", 4, ("stats",))]
+            banks.Access("ds_read", CHUNK, ds_read, ("ds_tile",))] + _stats_accesses()
 
 
 def _lower_backward(inst: KernelInstance, arch: Arch) -> KernelInstance:
@@ -112,14 +120,81 @@ def _lower_backward(inst: KernelInstance, arch: Arch) -> KernelInstance:
     })
 
 
+WGMMA_REG_OVERHEAD = 40   # addresses and loop state: the wgmma kernel reads no operand fragments
+
+
+def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s) -> list:
+    """The thread accesses of the wgmma kernel's tiles (wgmma reads them itself): the cp.async
+    fill of K, V, Q and dO, the transposing stmatrix of dS (lane 8i + j: row j of matrix i,
+    query row 8 (i / 2) + j, keys from 8 (i % 2)), the per-row statistics."""
+    chunks = d // 8
+
+    def fill(lane, _pad):
+        return offset_d(lane // chunks, lane % chunks * 8) * 2
+
+    def ds_write(lane, _pad):
+        return offset_s((lane >> 4) * 8 + (lane & 7), ((lane >> 3) & 1) * 8) * 2
+
+    return [banks.Access("cp_async_fill", CHUNK, fill, ("kv_tiles", "q_ring")),
+            banks.Access("ds_write", CHUNK, ds_write, ("ds_tile",))] + _stats_accesses()
+
+
+def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    p = inst.p
+    d, block_n, block_m, warpgroups, stages, minb = (
+        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "stages", "minb"))
+    if not arch.name.endswith("a"):
+        raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
+    if inst.dtype_bytes != 2:
+        raise Rejected("d", f"tensor-core kinds take 16-bit operands, not {inst.a['dtype']}")
+    if d % 64 or d not in WGMMA_N:
+        raise Rejected("d", f"d={d}: rows of 128-byte swizzle atoms need a multiple of 64 that wgmma.cuh "
+                            f"instantiates as N ({', '.join(map(str, WGMMA_N))})")
+    if block_n != 64 * warpgroups:
+        raise Rejected("block_n", f"block_n={block_n}: each of the {warpgroups} warpgroups owns 64 keys "
+                                  f"(block_n = {64 * warpgroups})")
+    if block_m % 64 or block_m not in WGMMA_N:
+        raise Rejected("block_m", f"block_m={block_m}: whole 64-row blocks of dQ and a wgmma N of wgmma.cuh "
+                                  f"({', '.join(map(str, WGMMA_N))})")
+    dq_cols = block_m * d // (warpgroups * 64)
+    if block_m * d % (warpgroups * 64) or dq_cols % 64 or dq_cols not in WGMMA_N or (block_m // 64) > warpgroups:
+        raise Rejected("block_m", f"block_m={block_m}: dQ ({block_m} x {d}) does not split into whole 64 x 64 "
+                                  f"blocks over {warpgroups} warpgroups")
+    if stages < 2:
+        raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
+    threads = warpgroups * 128
+    # dK + dV, and S^T + dP^T (their packed A fragments, half as many, take their place)
+    regs = d + block_m + WGMMA_REG_OVERHEAD
+    if regs > MAX_REGS:
+        raise Rejected("block_m", f"about {regs} registers per thread (dK and dV {d}, S^T and dP^T {block_m}) "
+                                  f"exceed {MAX_REGS}")
+    if regs * threads * minb > arch.regs_per_sm:
+        raise Rejected("minb", f"minb={minb} CTAs of {threads} threads at about {regs} registers exceed the "
+                               f"{arch.regs_per_sm} registers of an SM")
+    smem = (2 * block_n * d + stages * 2 * block_m * d + block_m * block_n) * 2 + stages * 2 * block_m * 4 + 1024
+    if smem > arch.max_smem_per_block:
+        raise Rejected("stages", f"{smem} bytes of shared memory exceed the {arch.max_smem_per_block} of a block")
+    if minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
+        raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {arch.smem_per_sm}")
+    bank = banks.model(_wgmma_accesses(d, block_m, block_n, atoms_layout(block_n), atoms_layout(block_m)),
+                       unpadded=_wgmma_accesses(d, block_m, block_n, plain_layout(d), plain_layout(block_n)))
+    return inst.with_derived({
+        "threads": threads, "smem_bytes": smem, "dq_rows": 64, "dq_cols": dq_cols, "regs_estimate": regs,
+        "bank": bank, "threads_param": "warpgroups", "smem_param": "stages",
+    })
+
+
 FAMILY = Family(
     name="flash_attention_grad",
     axes={"dtype": ("fp16", "bf16")},
     lowerings={BACKWARD: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warps": "int", "dsplit": "int",
-                                   "stages": "int", "swizzle": "int0", "minb": "int"}, _lower_backward)},
+                                   "stages": "int", "swizzle": "int0", "minb": "int"}, _lower_backward),
+               BACKWARD_WGMMA: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warpgroups": "int",
+                                         "stages": "int", "minb": "int"}, _lower_wgmma)},
     support_files={"flash_attention_grad/params.cuh.j2": "flash_attention_grad/params.cuh",
                    # the forward's shared helpers, rendered into this family's namespace
                    "flash_attention/forward_common.cuh.j2": "flash_attention_grad/forward_common.cuh",
+                   "flash_attention_grad/backward_common.cuh.j2": "flash_attention_grad/backward_common.cuh",
                    "flash_attention_grad/op_impl.h.j2": "flash_attention_grad/op_impl.h"},
     tune=TunePlan(("B", "Hq", "Hkv", "Lq", "Lk", "D"), runtime=None),   # no tuning workload yet
     jit_params={"D": "d"},

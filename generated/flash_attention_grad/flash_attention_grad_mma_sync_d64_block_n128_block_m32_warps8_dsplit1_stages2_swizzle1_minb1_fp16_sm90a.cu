@@ -16,7 +16,7 @@
 // and finish (the scratch narrowed into dq).
 #include <cstdint>
 
-#include "forward_common.cuh"
+#include "backward_common.cuh"
 
 namespace attngen {
 namespace flash_attention_grad {
@@ -42,7 +42,6 @@ constexpr int MQ = BLOCK_M / 16 / QWM;     //   16-row m-tiles each
 constexpr int DQ = D / (WARPS / QWM);      //   and D / (WARPS / QWM) columns each
 constexpr int DQT = DQ / 8;
 constexpr int KN = BLOCK_N / 16;           // k-steps of dQ = dS K
-constexpr int PREP_ROWS = 16;              // rows per CTA of prepare and finish (4 per warp)
 static_assert(MT * 16 * (WARPS / DSPLIT) == BLOCK_N && DW % 16 == 0 && DQ % 16 == 0 && MQ * 16 * QWM == BLOCK_M,
               "tile shape");
 
@@ -51,152 +50,6 @@ using QTile = mma::Tile<BLOCK_M, D, true>;
 using STile = mma::Tile<BLOCK_N, BLOCK_M, false>;  // dS^T, [key][query]
 constexpr int STAGE_ELEMS = 2 * QTile::ELEMS;  // Q tile, then dO tile
 constexpr int STAT_FLOATS = 2 * BLOCK_M;       // per stage: lse (base 2), then delta
-
-// The scratch: dq accumulators [Hq, q_rows, D], then lse in base-2 units and delta, [Hq, q_rows] each.
-struct Scratch {
-  float* dq;
-  float* lse2;
-  float* delta;
-  __device__ __forceinline__ explicit Scratch(const Params& p)
-      : dq(static_cast<float*>(p.workspace)), lse2(dq + p.Hq * p.q_rows * D), delta(lse2 + p.Hq * p.q_rows) {}
-};
-
-// A sequence's first row in the scratch.
-__device__ __forceinline__ int64_t scratch_row0(const Params& p, int64_t b, const Sequence& seq) {
-  return p.cu_seqlens_q ? seq.q_row0 : b * p.Lq;
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
-
-// Grid: (blocks of PREP_ROWS query rows, query head, batch); a warp per row at a time.
-__global__ void __launch_bounds__(128) prepare_kernel(const Params p) {
-  const int64_t b = blockIdx.z, h = blockIdx.y;
-  const Sequence seq = sequence_of(p, b);
-  const Scratch scratch(p);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row0 = scratch_row0(p, b, seq);
-  for (int r = 0; r < PREP_ROWS / 4; ++r) {
-    const int i = blockIdx.x * PREP_ROWS + warp * (PREP_ROWS / 4) + r;
-    if (i >= seq.lq) break;
-    const T* o = static_cast<const T*>(p.out) + b * p.o_sb + (seq.q_row0 + i) * p.o_sl + h * p.o_sh;
-    const T* d_o = static_cast<const T*>(p.d_out) + b * p.do_sb + (seq.q_row0 + i) * p.do_sl + h * p.do_sh;
-    float sum = 0.f;
-    for (int col = lane * 8; col < D; col += 256) {
-      float x[8], y[8];
-      load_floats<8>(o + col, x);
-      load_floats<8>(d_o + col, y);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) sum = fmaf(x[e], y[e], sum);
-    }
-    sum = warp_sum(sum);
-    const int64_t row = h * p.q_rows + row0 + i;
-    float* dq = scratch.dq + row * D;
-    for (int col = lane * 4; col < D; col += 128) *reinterpret_cast<float4*>(dq + col) = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (lane == 0) {
-      const int64_t at = b * p.lse_sb + h * p.lse_sh + seq.q_row0 + i;
-      const float lse = p.lse[at];
-      scratch.lse2[row] = lse == -INFINITY ? INFINITY : lse * LOG2E;  // no key: every weight exp2(x - inf) = 0
-      scratch.delta[row] = sum - (p.d_lse ? p.d_lse[at] : 0.f);
-    }
-  }
-}
-
-// Same grid: the dq rows from the scratch.
-__global__ void __launch_bounds__(128) finish_kernel(const Params p) {
-  const int64_t b = blockIdx.z, h = blockIdx.y;
-  const Sequence seq = sequence_of(p, b);
-  const Scratch scratch(p);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row0 = scratch_row0(p, b, seq);
-  for (int r = 0; r < PREP_ROWS / 4; ++r) {
-    const int i = blockIdx.x * PREP_ROWS + warp * (PREP_ROWS / 4) + r;
-    if (i >= seq.lq) break;
-    const float* src = scratch.dq + (h * p.q_rows + row0 + i) * D;
-    T* dq = static_cast<T*>(p.dq) + b * p.dq_sb + (seq.q_row0 + i) * p.dq_sl + h * p.dq_sh;
-    for (int col = lane * 8; col < D; col += 256) {
-      float x[8];
-      load_floats<8>(src + col, x);
-      store_floats<8>(dq + col, x);
-    }
-  }
-}
-
-// The keys [n0, n0 + BLOCK_N) of one sequence and the query tiles that see any of them.
-template <bool WINDOW>
-struct KeyBlock {
-  int n0, shift, left, right;
-  int tile0, tiles;     // first query tile and how many
-
-  __device__ __forceinline__ KeyBlock(const Params& p, const Sequence& seq, int n0_) : n0(n0_) {
-    shift = seq.lk - seq.lq;
-    left = WINDOW ? p.window_left : -1;
-    right = WINDOW ? p.window_right : -1;
-    const int n_last = min(n0 + BLOCK_N, seq.lk) - 1;
-    int m_lo = 0, m_hi = seq.lq;  // the rows that see a key of the block
-    if (WINDOW && right >= 0) m_lo = max(0, n0 - shift - right);
-    if (WINDOW && left >= 0) m_hi = min(seq.lq, n_last - shift + left + 1);
-    tile0 = m_lo / BLOCK_M;
-    tiles = m_hi > m_lo ? (m_hi + BLOCK_M - 1) / BLOCK_M - tile0 : 0;
-  }
-
-  // Does the query tile starting at m0 hold a row that must not see some key of the block?
-  // (Rows past the sequence get weight 0 from their lse, +inf.)
-  __device__ __forceinline__ bool partial(int m0, int lk) const {
-    return n0 + BLOCK_N > lk || (WINDOW && right >= 0 && n0 + BLOCK_N - 1 > m0 + shift + right) ||
-           (WINDOW && left >= 0 && n0 < m0 + BLOCK_M - 1 + shift - left);
-  }
-
-  __device__ __forceinline__ bool visible(int i, int j, int lk) const {
-    if (j >= lk) return false;
-    if constexpr (WINDOW) {
-      if (right >= 0 && j > i + shift + right) return false;
-      if (left >= 0 && j < i + shift - left) return false;
-    }
-    return true;
-  }
-};
-
-// The transposed scores s (rows: this warp's keys from row0 of the block; columns: the tile's
-// query rows) and dP^T in, the weights P^T and dS^T (with the scale and the soft cap's
-// derivative) out. lse2 and delta: the tile's rows, from shared memory.
-template <bool WINDOW, bool EXTRAS>
-__device__ __forceinline__ void weights_and_grads(float (&s)[MT][NT][4], float (&dp)[MT][NT][4], const Params& p,
-                                                  const KeyBlock<WINDOW>& kb, int row0, int m0, int lk, bool partial,
-                                                  float slope, const float* lse2, const float* delta, int lane) {
-  const float log2_scale = EXTRAS ? LOG2E : p.scale * LOG2E;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int col = nt * 8 + lane % 4 * 2;
-    const float2 base = *reinterpret_cast<const float2*>(lse2 + col);   // smem: stats_read
-    const float2 dsum = *reinterpret_cast<const float2*>(delta + col);  // smem: stats_read
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = kb.n0 + row0 + mt * 16 + lane / 4 + (e >= 2 ? 8 : 0);
-        const int i = m0 + col + (e & 1);
-        float x = s[mt][nt][e], slope_of_cap = 1.f;
-        if constexpr (EXTRAS) {
-          x *= p.scale;
-          if (p.soft_cap > 0.f) {
-            const float t = tanhf(x / p.soft_cap);
-            x = p.soft_cap * t;
-            slope_of_cap = 1.f - t * t;
-          }
-          x -= slope * fabsf(static_cast<float>(i + kb.shift - j));
-        }
-        const bool seen = !partial || kb.visible(i, j, lk);
-        const float weight = seen ? softmax::fast_exp2(fmaf(x, log2_scale, -((e & 1) ? base.y : base.x))) : 0.f;
-        s[mt][nt][e] = weight;
-        dp[mt][nt][e] = weight * (dp[mt][nt][e] - ((e & 1) ? dsum.y : dsum.x)) * slope_of_cap * p.scale;
-      }
-    }
-  }
-}
 
 // Grid: (key block, kv head, batch). WINDOW: a causal mask or window is set; EXTRAS: a soft cap
 // or ALiBi transforms the scores.
@@ -214,9 +67,9 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   const int n0 = blockIdx.x * BLOCK_N;
   if (n0 >= seq.lk) return;
   const int group = static_cast<int>(p.Hq / p.Hkv);
-  const KeyBlock<WINDOW> kb(p, seq, n0);
+  const KeyBlock<BLOCK_M, BLOCK_N, WINDOW> kb(p, seq, n0);
   const int tiles = kb.tiles, iters = group * tiles;
-  const Scratch scratch(p);
+  const Scratch<D> scratch(p);
   const int64_t srow0 = scratch_row0(p, b, seq);
 
   const T* k = static_cast<const T*>(p.k) + b * p.k_sb + (seq.k_row0 + n0) * p.k_sl + kv_head * p.k_sh;
@@ -315,7 +168,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     }
 
     const float slope = EXTRAS && p.alibi ? p.alibi[h] : 0.f;
-    weights_and_grads<WINDOW, EXTRAS>(s, dp, p, kb, row0, m0, seq.lk, kb.partial(m0, seq.lk), slope, stat,
+    weights_and_grads<MT, NT, EXTRAS>(s, dp, p, kb, row0, m0, seq.lk, kb.partial(m0, seq.lk), slope, stat,
                                       stat + BLOCK_M, lane);
 
     // dV += P^T dO and dK += dS^T Q over this warp's columns: the C fragments, narrowed, are A operands.
@@ -427,34 +280,14 @@ cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
   return launch_kernel(backward_kernel<WINDOW, EXTRAS>, p, grid, THREADS, smem, stream);
 }
 
-cudaError_t launch_backward(const Params& p, cudaStream_t stream) {
-  const bool window = p.window_left >= 0 || p.window_right >= 0;
-  const bool extras = p.soft_cap > 0.f || p.alibi != nullptr;
-  if (window) return extras ? launch_variant<true, true>(p, stream) : launch_variant<true, false>(p, stream);
-  return extras ? launch_variant<false, true>(p, stream) : launch_variant<false, false>(p, stream);
-}
-
 }  // namespace
 
-size_t workspace_flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a(const Params& p) {
-  return static_cast<size_t>(p.Hq) * static_cast<size_t>(p.q_rows) * (D + 2) * sizeof(float);
-}
+size_t workspace_flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a(const Params& p) { return Scratch<D>::bytes(p); }
 
 cudaError_t launch_flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a(const Params& p, cudaStream_t stream) {
-  const dim3 rows_grid(static_cast<unsigned>((p.Lq + PREP_ROWS - 1) / PREP_ROWS), static_cast<unsigned>(p.Hq),
-                       static_cast<unsigned>(p.B));
-  if (p.Lq > 0) {
-    prepare_kernel<<<rows_grid, 128, 0, stream>>>(p);
-    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-  }
-  if (p.Lk > 0) {
-    if (const cudaError_t err = launch_backward(p, stream); err != cudaSuccess) return err;
-  }
-  if (p.Lq > 0) {
-    finish_kernel<<<rows_grid, 128, 0, stream>>>(p);
-    return cudaGetLastError();
-  }
-  return cudaSuccess;
+  static constexpr LaunchKeys variants[2][2] = { {launch_variant<false, false>, launch_variant<false, true>},
+                                                 {launch_variant<true, false>, launch_variant<true, true>} };
+  return launch_passes<T, D>(p, stream, variants);
 }
 
 }  // namespace flash_attention_grad
