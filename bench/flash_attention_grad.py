@@ -2,8 +2,10 @@
 run: backward alone (autograd.grad of a saved forward, retain_graph) and forward+backward, bf16,
 causal and not, on the softmax shapes of ../shared/ANCHORS.md plus GQA (Hq 32 / Hkv 8, D128, N
 8192) and D 96 and 256 rows. TFLOP/s count the backward as 2.5x the forward's 4 B Hq N^2 D
-(half when causal), as FlashAttention reports it. Writes flash_attention_grad.json, .md and
-.png under --out.
+(half when causal), as FlashAttention reports it. Every compiled backward instance of the head
+size (the bench-role kinds too: `codegen build --bench`) is also timed forced, backward alone on
+the saved forward, which is what the spec's choice of kind rests on. Writes
+flash_attention_grad.json, .md and .png under --out.
 
   python -m bench.flash_attention_grad [--out DIR]
 """
@@ -53,10 +55,19 @@ def timings(forward, q, k, v, d_out):
     return backward, both, torch.autograd.grad(out, leaves, d_out)
 
 
+def forced(names, q, k, v, d_out, causal):
+    """Backward alone through each named instance, on the saved out and lse: ms per instance."""
+    out, lse = fa.flash_attention(q, k, v, causal=causal, return_lse=True)
+    N, Nk, D = q.shape[1], k.shape[1], q.shape[-1]
+    args = (q, k, v, out, d_out, lse, None, None, None, N, Nk, D ** -0.5, -1, 0 if causal else -1, None, 0.0)
+    return {n: do_bench(lambda: fa.GRAD.forced(n, *args)) for n in names}
+
+
 def run():
     rows = []
     peak = matmul_tflops()
     print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s", flush=True)
+    names = fa.GRAD.instances() + fa.GRAD.bench_instances()
     for B, Hq, Hkv, N, D in GRAD_SHAPES:
         g = torch.Generator(device="cuda").manual_seed(N + D)
         q, d_out = (torch.randn(B, N, Hq, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
@@ -78,6 +89,8 @@ def run():
                     row["rel_diff_vs_sdpa_flash"] = {
                         name: ((a.float() - b.float()).norm() / b.float().norm()).item()
                         for name, a, b in zip(("dq", "dk", "dv"), mine, theirs)}
+            row["forced"] = forced([n for n in names if fa.instance_head_size(n) == D and n.endswith("_bf16_sm90a")],
+                                   q, k, v, d_out, causal)
             for key in ("attngen", *PEERS):
                 if f"{key}_bwd_ms" in row:
                     row[f"{key}_bwd_tflops"] = row["backward_flop"] / row[f"{key}_bwd_ms"] / 1e9
@@ -115,6 +128,11 @@ def markdown(peak, rows, meta) -> str:
     out += ["", "rel. difference of the gradients, attngen vs SDPA flash (dq / dk / dv): "
             + ", ".join("/".join(f"{x:.1e}" for x in r["rel_diff_vs_sdpa_flash"].values())
                         for r in rows if "rel_diff_vs_sdpa_flash" in r)]
+    out += ["", "## Every backward instance forced, backward alone on the saved forward (TFLOP/s)", ""]
+    for r in rows:
+        cells = ", ".join(f"`{n.replace('flash_attention_grad_', '').replace('_bf16_sm90a', '')}` "
+                          f"{r['backward_flop'] / ms / 1e9:.0f}" for n, ms in sorted(r["forced"].items(), key=lambda x: x[1]))
+        out.append(f"- {r['B']} {r['Hq']}/{r['Hkv']} {r['N']} {r['D']} {'causal' if r['causal'] else 'full'}: {cells}")
     return "\n".join(out) + "\n"
 
 

@@ -4,7 +4,9 @@
 `hopper` (backward_wgmma.cu.j2) computes the same products on Hopper's warpgroup MMAs: each
 warpgroup owns 64 of the block's keys; S^T, dP^T and dQ read both operands from 128-byte-swizzled
 shared tiles, dV and dK take P^T and dS^T from registers, and dS reaches shared memory through a
-transposing stmatrix. `mma_sync` is FlashAttention-2's backward on m16n8k16: a CTA owns `block_n` keys and values of
+transposing stmatrix; dQ = dS K is split over the warpgroups by rows or columns, or
+(`dq_by_keys`) each warpgroup adds the product over its own keys. `mma_sync` is
+FlashAttention-2's backward on m16n8k16: a CTA owns `block_n` keys and values of
 one kv head and walks the `block_m`-row query tiles of every query head of its group that see
 them (Q and dO through a `stages`-deep cp.async ring). Its `warps` warps form groups of `dsplit`
 warps; a group owns 16-row m-tiles of the keys, computes S^T = K Q^T and dP^T = V dO^T for
@@ -141,8 +143,8 @@ def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s) -> l
 
 def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
-    d, block_n, block_m, warpgroups, stages, minb = (
-        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "stages", "minb"))
+    d, block_n, block_m, warpgroups, stages, minb, dq_by_keys = (
+        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "stages", "minb", "dq_by_keys"))
     if not arch.name.endswith("a"):
         raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
     if inst.dtype_bytes != 2:
@@ -156,10 +158,19 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if block_m % 64 or block_m not in WGMMA_N:
         raise Rejected("block_m", f"block_m={block_m}: whole 64-row blocks of dQ and a wgmma N of wgmma.cuh "
                                   f"({', '.join(map(str, WGMMA_N))})")
-    dq_cols = block_m * d // (warpgroups * 64)
-    if block_m * d % (warpgroups * 64) or dq_cols % 64 or dq_cols not in WGMMA_N or (block_m // 64) > warpgroups:
-        raise Rejected("block_m", f"block_m={block_m}: dQ ({block_m} x {d}) does not split into whole 64 x 64 "
-                                  f"blocks over {warpgroups} warpgroups")
+    if dq_by_keys not in (0, 1):
+        raise Rejected("dq_by_keys", f"dq_by_keys={dq_by_keys}: 0 (the warpgroups split dQ's rows or columns) or 1 "
+                                     f"(each adds the product over its own keys)")
+    if dq_by_keys:
+        if block_m != 64:
+            raise Rejected("dq_by_keys", f"dq_by_keys=1 gives each warpgroup the whole {block_m}-row tile: one "
+                                         f"64-row wgmma takes block_m = 64")
+        dq_cols = d
+    else:
+        dq_cols = block_m * d // (warpgroups * 64)
+        if block_m * d % (warpgroups * 64) or dq_cols % 64 or dq_cols not in WGMMA_N or (block_m // 64) > warpgroups:
+            raise Rejected("block_m", f"block_m={block_m}: dQ ({block_m} x {d}) does not split into whole 64 x 64 "
+                                      f"blocks over {warpgroups} warpgroups (dq_by_keys=1 splits the keys)")
     if stages < 2:
         raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
     threads = warpgroups * 128
@@ -190,7 +201,7 @@ FAMILY = Family(
     lowerings={BACKWARD: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warps": "int", "dsplit": "int",
                                    "stages": "int", "swizzle": "int0", "minb": "int"}, _lower_backward),
                BACKWARD_WGMMA: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warpgroups": "int",
-                                         "stages": "int", "minb": "int"}, _lower_wgmma)},
+                                         "dq_by_keys": "int0", "stages": "int", "minb": "int"}, _lower_wgmma)},
     support_files={"flash_attention_grad/params.cuh.j2": "flash_attention_grad/params.cuh",
                    # the forward's shared helpers, rendered into this family's namespace
                    "flash_attention/forward_common.cuh.j2": "flash_attention_grad/forward_common.cuh",

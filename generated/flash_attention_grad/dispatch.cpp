@@ -30,10 +30,14 @@ cudaError_t launch_flash_attention_grad_mma_sync_d128_block_n128_block_m32_warps
 size_t workspace_flash_attention_grad_mma_sync_d128_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_stages2_minb1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_stages2_minb1_fp16_sm90a(const Params&);
-cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_stages2_minb1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_stages2_minb1_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_stages2_minb1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_stages2_minb1_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_minb1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_minb1_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_stages2_minb1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_stages2_minb1_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_minb1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_minb1_bf16_sm90a(const Params&);
 
 namespace {
 
@@ -45,8 +49,10 @@ bool covers_4(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0))
 bool covers_5(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0)); }
 bool covers_6(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 bool covers_7(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
-bool covers_8(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_8(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
 bool covers_9(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_10(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_11(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 
 const Entry kEntries[] = {
     {"flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a, covers_0, workspace_flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a},
@@ -57,8 +63,10 @@ const Entry kEntries[] = {
     {"flash_attention_grad_mma_sync_d96_block_n64_block_m32_warps4_dsplit1_stages2_swizzle0_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_mma_sync_d96_block_n64_block_m32_warps4_dsplit1_stages2_swizzle0_minb1_bf16_sm90a, covers_5, workspace_flash_attention_grad_mma_sync_d96_block_n64_block_m32_warps4_dsplit1_stages2_swizzle0_minb1_bf16_sm90a},
     {"flash_attention_grad_mma_sync_d128_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_mma_sync_d128_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_bf16_sm90a, covers_6, workspace_flash_attention_grad_mma_sync_d128_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_bf16_sm90a},
     {"flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_bf16_sm90a, covers_7, workspace_flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_bf16_sm90a},
-    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_stages2_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_stages2_minb1_fp16_sm90a, covers_8, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_stages2_minb1_fp16_sm90a},
-    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_stages2_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_stages2_minb1_bf16_sm90a, covers_9, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_stages2_minb1_bf16_sm90a},
+    {"flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_stages2_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_stages2_minb1_fp16_sm90a, covers_8, workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_stages2_minb1_fp16_sm90a},
+    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_minb1_fp16_sm90a, covers_9, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_minb1_fp16_sm90a},
+    {"flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_stages2_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_stages2_minb1_bf16_sm90a, covers_10, workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_stages2_minb1_bf16_sm90a},
+    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_minb1_bf16_sm90a, covers_11, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_minb1_bf16_sm90a},
 };
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
@@ -115,16 +123,18 @@ const Entry* jit_select(const Key& key) {
 }
 
 const Entry* flash_attention_grad_select(const Key& key) {
-  // specs/flash_attention_grad.yaml:81: when True -> hopper
+  // specs/flash_attention_grad.yaml:107: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
-      if (kEntries[8].covers(key)) return &kEntries[8];  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_stages2_minb1_fp16_sm90a
+      if (kEntries[8].covers(key)) return &kEntries[8];  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_stages2_minb1_fp16_sm90a
+      if (kEntries[9].covers(key)) return &kEntries[9];  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_minb1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[9].covers(key)) return &kEntries[9];  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_stages2_minb1_bf16_sm90a
+      if (kEntries[10].covers(key)) return &kEntries[10];  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_stages2_minb1_bf16_sm90a
+      if (kEntries[11].covers(key)) return &kEntries[11];  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention_grad.yaml:83: when True -> mma_sync
+  // specs/flash_attention_grad.yaml:109: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return &kEntries[0];  // flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a
