@@ -56,11 +56,18 @@ def timings(forward, q, k, v, d_out):
 
 
 def forced(names, q, k, v, d_out, causal):
-    """Backward alone through each named instance, on the saved out and lse: ms per instance."""
+    """Backward alone through each named instance, on the saved out and lse: ms per instance, and
+    the largest relative difference of its gradients from the dispatched instance's."""
     out, lse = fa.flash_attention(q, k, v, causal=causal, return_lse=True)
     N, Nk, D = q.shape[1], k.shape[1], q.shape[-1]
     args = (q, k, v, out, d_out, lse, None, None, None, N, Nk, D ** -0.5, -1, 0 if causal else -1, None, 0.0)
-    return {n: do_bench(lambda: fa.GRAD.forced(n, *args)) for n in names}
+    want = fa.GRAD(*args)
+    times, diffs = {}, {}
+    for n in names:
+        got = fa.GRAD.forced(n, *args)
+        diffs[n] = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, want))
+        times[n] = do_bench(lambda: fa.GRAD.forced(n, *args))
+    return times, diffs
 
 
 def run():
@@ -89,8 +96,8 @@ def run():
                     row["rel_diff_vs_sdpa_flash"] = {
                         name: ((a.float() - b.float()).norm() / b.float().norm()).item()
                         for name, a, b in zip(("dq", "dk", "dv"), mine, theirs)}
-            row["forced"] = forced([n for n in names if fa.instance_head_size(n) == D and n.endswith("_bf16_sm90a")],
-                                   q, k, v, d_out, causal)
+            row["forced"], row["forced_rel_diff"] = forced(
+                [n for n in names if fa.instance_head_size(n) == D and n.endswith("_bf16_sm90a")], q, k, v, d_out, causal)
             for key in ("attngen", *PEERS):
                 if f"{key}_bwd_ms" in row:
                     row[f"{key}_bwd_tflops"] = row["backward_flop"] / row[f"{key}_bwd_ms"] / 1e9
@@ -128,10 +135,12 @@ def markdown(peak, rows, meta) -> str:
     out += ["", "rel. difference of the gradients, attngen vs SDPA flash (dq / dk / dv): "
             + ", ".join("/".join(f"{x:.1e}" for x in r["rel_diff_vs_sdpa_flash"].values())
                         for r in rows if "rel_diff_vs_sdpa_flash" in r)]
-    out += ["", "## Every backward instance forced, backward alone on the saved forward (TFLOP/s)", ""]
+    out += ["", "## Every backward instance forced, backward alone on the saved forward (TFLOP/s; the largest "
+            "relative difference of its dq, dk, dv from the dispatched instance's)", ""]
     for r in rows:
         cells = ", ".join(f"`{n.replace('flash_attention_grad_', '').replace('_bf16_sm90a', '')}` "
-                          f"{r['backward_flop'] / ms / 1e9:.0f}" for n, ms in sorted(r["forced"].items(), key=lambda x: x[1]))
+                          f"{r['backward_flop'] / ms / 1e9:.0f} (diff {r['forced_rel_diff'][n]:.0e})"
+                          for n, ms in sorted(r["forced"].items(), key=lambda x: x[1]))
         out.append(f"- {r['B']} {r['Hq']}/{r['Hkv']} {r['N']} {r['D']} {'causal' if r['causal'] else 'full'}: {cells}")
     return "\n".join(out) + "\n"
 

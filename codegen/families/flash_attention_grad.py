@@ -143,8 +143,8 @@ def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s) -> l
 
 def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
-    d, block_n, block_m, warpgroups, stages, minb, dq_by_keys = (
-        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "stages", "minb", "dq_by_keys"))
+    d, block_n, block_m, warpgroups, stages, minb, dq_by_keys, overlap = (
+        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "stages", "minb", "dq_by_keys", "overlap"))
     if not arch.name.endswith("a"):
         raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
     if inst.dtype_bytes != 2:
@@ -171,8 +171,11 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         if block_m * d % (warpgroups * 64) or dq_cols % 64 or dq_cols not in WGMMA_N or (block_m // 64) > warpgroups:
             raise Rejected("block_m", f"block_m={block_m}: dQ ({block_m} x {d}) does not split into whole 64 x 64 "
                                       f"blocks over {warpgroups} warpgroups (dq_by_keys=1 splits the keys)")
-    if stages < 2:
-        raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
+    if overlap not in (0, 1):
+        raise Rejected("overlap", f"overlap={overlap}: 0 or 1 (the next tile's scores during this tile's dQ atomics)")
+    if stages < 2 + overlap:
+        raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least {2 + overlap}"
+                                 f"{' when the next tile is read during this one' if overlap else ''}")
     threads = warpgroups * 128
     # dK + dV, and S^T + dP^T (their packed A fragments, half as many, take their place)
     regs = d + block_m + WGMMA_REG_OVERHEAD
@@ -182,7 +185,8 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if regs * threads * minb > arch.regs_per_sm:
         raise Rejected("minb", f"minb={minb} CTAs of {threads} threads at about {regs} registers exceed the "
                                f"{arch.regs_per_sm} registers of an SM")
-    smem = (2 * block_n * d + stages * 2 * block_m * d + block_m * block_n) * 2 + stages * 2 * block_m * 4 + 1024
+    smem = (2 * block_n * d + stages * 2 * block_m * d + (1 + overlap) * block_m * block_n) * 2 \
+        + stages * 2 * block_m * 4 + 1024
     if smem > arch.max_smem_per_block:
         raise Rejected("stages", f"{smem} bytes of shared memory exceed the {arch.max_smem_per_block} of a block")
     if minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
@@ -201,7 +205,8 @@ FAMILY = Family(
     lowerings={BACKWARD: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warps": "int", "dsplit": "int",
                                    "stages": "int", "swizzle": "int0", "minb": "int"}, _lower_backward),
                BACKWARD_WGMMA: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warpgroups": "int",
-                                         "dq_by_keys": "int0", "stages": "int", "minb": "int"}, _lower_wgmma)},
+                                         "dq_by_keys": "int0", "stages": "int", "overlap": "int0", "minb": "int"},
+                                        _lower_wgmma)},
     support_files={"flash_attention_grad/params.cuh.j2": "flash_attention_grad/params.cuh",
                    # the forward's shared helpers, rendered into this family's namespace
                    "flash_attention/forward_common.cuh.j2": "flash_attention_grad/forward_common.cuh",
