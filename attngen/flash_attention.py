@@ -26,10 +26,10 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, left, right, alibi_slopes, soft_cap = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, left, right, alibi_slopes, soft_cap, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
-    ctx.options = (max_q, max_k, scale, left, right, soft_cap)
+    ctx.options = (max_q, max_k, scale, left, right, soft_cap, deterministic)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -41,13 +41,13 @@ def _backward(ctx, d_out, d_lse):
     """dq, dk, dv from the generated backward (P recomputed from the saved lse); d_lse, where
     the caller used the returned lse, folds into the row sums (d lse_i / d s_ij = P_ij)."""
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
-    max_q, max_k, scale, left, right, soft_cap = ctx.options
+    max_q, max_k, scale, left, right, soft_cap, deterministic = ctx.options
     if d_out is None:
         d_out = torch.zeros_like(out)
     d_lse = None if d_lse is None else d_lse.contiguous()
     dq, dk, dv = GRAD(q, k, v, out, _rows(d_out), lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale,
-                      left, right, alibi_slopes, soft_cap)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+                      left, right, alibi_slopes, soft_cap, deterministic)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 def _register() -> None:
@@ -155,7 +155,7 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                     scale: Optional[float] = None, window: Optional[Sequence[int]] = None,
                     alibi_slopes: Optional[torch.Tensor] = None, soft_cap: Optional[float] = None,
-                    return_lse: bool = False, *, instance: Optional[str] = None):
+                    return_lse: bool = False, *, deterministic: bool = False, instance: Optional[str] = None):
     """Softmax attention, out = softmax(scale * q k^T + mask) v, per (batch, query head).
 
     q [B, Lq, Hq, D]; k, v [B, Lk, Hkv, D] with Hq a multiple of Hkv; fp16 or bf16. causal
@@ -164,8 +164,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     (-1: unbounded side); alibi_slopes [Hq] subtracts slope * |i + Lk - Lq - j|; soft_cap
     applies cap * tanh(s / cap) before ALiBi. scale defaults to D ** -0.5. Returns out
     [B, Lq, Hq, D] in q's dtype, and with return_lse the natural-log log-sum-exp
-    [B, Hq, Lq] fp32 (-inf for a row that sees no key; its output is zeros). `instance`
-    forces a compiled instance by name (benchmarks, tests)."""
+    [B, Hq, Lq] fp32 (-inf for a row that sees no key; its output is zeros). Differentiable in
+    q, k, v (and through lse); deterministic=True makes the backward add dq's parts in a fixed
+    order, so gradients are bit-identical from run to run (at a cost: bench/flash_attention_grad.py).
+    `instance` forces a compiled forward instance by name (benchmarks, tests)."""
     _check_qkv(q, k, v, 4, "[B, L, H, D]")
     if k.shape[0] != q.shape[0]:
         _fail(f"k has batch {k.shape[0]} but q has {q.shape[0]}")
@@ -173,7 +175,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale)
     _register()
     args = (_aligned(q), _aligned(k), _aligned(v), None, None, q.shape[1], k.shape[1], scale, left, right,
-            alibi_slopes, soft_cap)
+            alibi_slopes, soft_cap, bool(deterministic))
     out, lse = _call(args, instance)
     return (out, lse) if return_lse else out
 
@@ -183,12 +185,12 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            causal: bool = False, scale: Optional[float] = None,
                            window: Optional[Sequence[int]] = None, alibi_slopes: Optional[torch.Tensor] = None,
                            soft_cap: Optional[float] = None, return_lse: bool = False, *,
-                           validate: bool = True, instance: Optional[str] = None):
+                           validate: bool = True, deterministic: bool = False, instance: Optional[str] = None):
     """flash_attention over packed sequences (flash-attn's varlen API): q [Tq, Hq, D], k, v
     [Tk, Hkv, D]; sequence b holds rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q (int32
     [B + 1]) and the matching rows of k, v; lengths 0 and 1 are legal. Returns out [Tq, Hq, D]
     and with return_lse the log-sum-exp [Hq, Tq]. validate=True reads cu_seqlens to check them
-    (this synchronizes; pass False inside CUDA graphs)."""
+    (this synchronizes; pass False inside CUDA graphs). deterministic as flash_attention's."""
     _check_qkv(q, k, v, 3, "[tokens, H, D]", VARLEN)
     B = None
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
@@ -207,7 +209,7 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale, VARLEN)
     _register()
     args = (_aligned(q), _aligned(k), _aligned(v), cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
-            max_seqlen_q, max_seqlen_k, scale, left, right, alibi_slopes, soft_cap)
+            max_seqlen_q, max_seqlen_k, scale, left, right, alibi_slopes, soft_cap, bool(deterministic))
     out, lse = _call(args, instance)
     return (out, lse) if return_lse else out
 

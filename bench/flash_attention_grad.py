@@ -60,7 +60,7 @@ def forced(names, q, k, v, d_out, causal):
     the largest relative difference of its gradients from the dispatched instance's."""
     out, lse = fa.flash_attention(q, k, v, causal=causal, return_lse=True)
     N, Nk, D = q.shape[1], k.shape[1], q.shape[-1]
-    args = (q, k, v, out, d_out, lse, None, None, None, N, Nk, D ** -0.5, -1, 0 if causal else -1, None, 0.0)
+    args = (q, k, v, out, d_out, lse, None, None, None, N, Nk, D ** -0.5, -1, 0 if causal else -1, None, 0.0, False)
     want = fa.GRAD(*args)
     times, diffs = {}, {}
     for n in names:
@@ -85,6 +85,8 @@ def run():
                    "backward_flop": BACKWARD_FACTOR * fwd, "flop": (1 + BACKWARD_FACTOR) * fwd}
             row["attngen_bwd_ms"], row["attngen_fwdbwd_ms"], mine = timings(
                 lambda a, b, c: fa.flash_attention(a, b, c, causal=causal), q, k, v, d_out)
+            row["attngen_deterministic_bwd_ms"], _, _ = timings(
+                lambda a, b, c: fa.flash_attention(a, b, c, causal=causal, deterministic=True), q, k, v, d_out)
             for peer, backend in PEERS.items():
                 try:
                     row[f"{peer}_bwd_ms"], row[f"{peer}_fwdbwd_ms"], theirs = timings(
@@ -115,8 +117,8 @@ def markdown(peak, rows, meta) -> str:
            f"bf16 matmul 8192^3 in this run: **{peak:.0f} TFLOP/s**. Backward TFLOP/s = 2.5 x 4 B Hq N^2 D / time "
            "(half when causal), forward+backward 3.5 x; median of triton do_bench; every column from this run.", "",
            "| B Hq/Hkv N D | causal | bwd attngen | bwd SDPA flash | bwd SDPA cuDNN | vs flash | vs cuDNN "
-           "| fwd+bwd attngen | flash | cuDNN |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| fwd+bwd attngen | flash | cuDNN | deterministic bwd / default |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         vs = lambda peer: (f"{r['attngen_bwd_tflops'] / r[peer + '_bwd_tflops']:.2f}x"  # noqa: E731
                            if peer + "_bwd_tflops" in r else "-")
@@ -124,11 +126,14 @@ def markdown(peak, rows, meta) -> str:
                    f"**{f(r['attngen_bwd_tflops'])}** | {f(r.get('sdpa_flash_bwd_tflops'))} | "
                    f"{f(r.get('sdpa_cudnn_bwd_tflops'))} | {vs('sdpa_flash')} | {vs('sdpa_cudnn')} | "
                    f"{f(r['attngen_fwdbwd_tflops'])} | {f(r.get('sdpa_flash_fwdbwd_tflops'))} | "
-                   f"{f(r.get('sdpa_cudnn_fwdbwd_tflops'))} |")
+                   f"{f(r.get('sdpa_cudnn_fwdbwd_tflops'))} | "
+                   f"{r['attngen_deterministic_bwd_ms'] / r['attngen_bwd_ms']:.2f}x |")
     ratio = lambda peer: geomean([r["attngen_bwd_tflops"] / r[peer + "_bwd_tflops"]  # noqa: E731
                                   for r in rows if peer + "_bwd_tflops" in r])
     out += ["", f"Backward alone, geometric mean over the cases each peer ran: {ratio('sdpa_flash'):.2f}x SDPA flash, "
-            f"{ratio('sdpa_cudnn'):.2f}x SDPA cuDNN."]
+            f"{ratio('sdpa_cudnn'):.2f}x SDPA cuDNN. deterministic=True costs "
+            f"{geomean([r['attngen_deterministic_bwd_ms'] / r['attngen_bwd_ms'] for r in rows]):.2f}x the default's "
+            "backward time (geometric mean)."]
     errors = sorted({r[k] for r in rows for k in r if k.endswith("_error")})
     if errors:
         out += ["", "Peers that refused a shape: " + "; ".join(errors)]

@@ -13,16 +13,26 @@
 namespace attngen {
 namespace flash_attention_grad {
 
-// The scratch: dq accumulators [Hq, q_rows, D], then lse in base-2 units and delta, [Hq, q_rows] each.
-template <int D>
+// The scratch: dq accumulators [Hq, q_rows, D], then lse in base-2 units and delta, [Hq, q_rows]
+// each; when deterministic, one turn counter per (query head, sequence, BLOCK_M-row query tile).
+template <int D, int BLOCK_M>
 struct Scratch {
   float* dq;
   float* lse2;
   float* delta;
-  __device__ __forceinline__ explicit Scratch(const Params& p)
-      : dq(static_cast<float*>(p.workspace)), lse2(dq + p.Hq * p.q_rows * D), delta(lse2 + p.Hq * p.q_rows) {}
+  int* turns;
+  __host__ __device__ __forceinline__ explicit Scratch(const Params& p)
+      : dq(static_cast<float*>(p.workspace)), lse2(dq + p.Hq * p.q_rows * D), delta(lse2 + p.Hq * p.q_rows),
+        turns(reinterpret_cast<int*>(delta + p.Hq * p.q_rows)) {}
+  static int64_t query_tiles(const Params& p) { return (p.Lq + BLOCK_M - 1) / BLOCK_M; }
+  static size_t turn_count(const Params& p) { return p.deterministic ? p.Hq * p.B * query_tiles(p) : 0; }
   static size_t bytes(const Params& p) {
-    return static_cast<size_t>(p.Hq) * static_cast<size_t>(p.q_rows) * (D + 2) * sizeof(float);
+    return static_cast<size_t>(p.Hq) * static_cast<size_t>(p.q_rows) * (D + 2) * sizeof(float) +
+           turn_count(p) * sizeof(int);
+  }
+  // The counter of query head h's tile starting at row m0 of sequence b.
+  __device__ __forceinline__ int* turn(const Params& p, int64_t h, int64_t b, int m0) const {
+    return turns + (h * p.B + b) * ((p.Lq + BLOCK_M - 1) / BLOCK_M) + m0 / BLOCK_M;
   }
 };
 
@@ -44,7 +54,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(128) prepare_kernel(const Params p) {
   const int64_t b = blockIdx.z, h = blockIdx.y;
   const Sequence seq = sequence_of(p, b);
-  const Scratch<D> scratch(p);
+  const Scratch<D, 1> scratch(p);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row0 = scratch_row0(p, b, seq);
   for (int r = 0; r < PREP_ROWS / 4; ++r) {
@@ -78,7 +88,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(128) finish_kernel(const Params p) {
   const int64_t b = blockIdx.z, h = blockIdx.y;
   const Sequence seq = sequence_of(p, b);
-  const Scratch<D> scratch(p);
+  const Scratch<D, 1> scratch(p);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row0 = scratch_row0(p, b, seq);
   for (int r = 0; r < PREP_ROWS / 4; ++r) {
@@ -167,15 +177,76 @@ __device__ __forceinline__ void weights_and_grads(float (&s)[MT][NT][4], float (
   }
 }
 
+// Where a key-block CTA works: its block of keys and its kv head. Deterministic runs launch the
+// kv heads fastest, so that a block's predecessor (the block before it, whose dq additions come
+// first) started a wave earlier and is rarely waited for.
+struct KeyCoords {
+  int x;            // key block
+  int64_t kv_head;
+  __device__ __forceinline__ explicit KeyCoords(const Params& p)
+      : x(p.deterministic ? blockIdx.y : blockIdx.x), kv_head(p.deterministic ? blockIdx.x : blockIdx.y) {}
+};
+
+template <int BLOCK_N>
+dim3 key_grid(const Params& p) {
+  const unsigned blocks = static_cast<unsigned>((p.Lk + BLOCK_N - 1) / BLOCK_N), heads = static_cast<unsigned>(p.Hkv);
+  return p.deterministic ? dim3(heads, blocks, static_cast<unsigned>(p.B)) : dim3(blocks, heads, static_cast<unsigned>(p.B));
+}
+
+// Deterministic dQ: the additions to a query tile's rows come in key-block order, `adders` per
+// key block (adder a of block x has turn (x - first) * adders + a, where `first` is the first
+// block any row of the tile sees). An adder's leading thread waits for its turn (acquire); after
+// its atomics its threads meet, and the leader publishes them and passes the turn (release).
+// Blocks only wait for earlier blocks of their head, launched before them.
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+template <int BLOCK_N>
+__device__ __forceinline__ int first_key_block(const Params& p, const Sequence& seq, int m0, bool window) {
+  const int left = window ? p.window_left : -1;
+  return left >= 0 ? max(0, m0 + (seq.lk - seq.lq) - left) / BLOCK_N : 0;
+}
+
+// The meeting of one adder's threads: the whole CTA, or a named barrier of `threads`.
+__device__ __forceinline__ void adder_sync(int barrier, int threads) {
+  if (threads == static_cast<int>(blockDim.x)) {
+    __syncthreads();
+  } else {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(barrier), "r"(threads) : "memory");
+  }
+}
+
+__device__ __forceinline__ void wait_turn(const int* counter, int turn, int barrier, int threads) {
+  if (threadIdx.x % threads == 0) {
+    while (load_acquire(counter) != turn) __nanosleep(64);
+  }
+  adder_sync(barrier, threads);
+}
+
+__device__ __forceinline__ void pass_turn(int* counter, int barrier, int threads) {
+  adder_sync(barrier, threads);
+  if (threadIdx.x % threads == 0) {
+    __threadfence();
+    atomicAdd(counter, 1);
+  }
+}
+
 // A key-block kernel's launch for one compile-time variant: [WINDOW][EXTRAS].
 using LaunchKeys = cudaError_t (*)(const Params&, cudaStream_t);
 
 // The three kernels of a backward on `stream`: prepare, the instance's key-block kernel
 // (the variant of the call; skipped without keys), finish.
-template <typename T, int D>
+template <typename T, int D, int BLOCK_M>
 cudaError_t launch_passes(const Params& p, cudaStream_t stream, const LaunchKeys (&variants)[2][2]) {
   const dim3 rows_grid(static_cast<unsigned>((p.Lq + PREP_ROWS - 1) / PREP_ROWS), static_cast<unsigned>(p.Hq),
                        static_cast<unsigned>(p.B));
+  if (const size_t turns = Scratch<D, BLOCK_M>::turn_count(p)) {
+    const cudaError_t err = cudaMemsetAsync(Scratch<D, BLOCK_M>(p).turns, 0, turns * sizeof(int), stream);
+    if (err != cudaSuccess) return err;
+  }
   if (p.Lq > 0) {
     prepare_kernel<T, D><<<rows_grid, 128, 0, stream>>>(p);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;

@@ -47,6 +47,8 @@ constexpr bool DQ_BY_KEYS = false;
 constexpr int DQ_ROWS = 64;     // dQ per warpgroup: 64 query rows...
 constexpr int DQ_COLS = 64;     // ...and these many columns...
 constexpr int DQ_KSTEPS = DQ_BY_KEYS ? 4 : KN;  // ...over this many 16-key steps
+constexpr int ADDERS = DQ_BY_KEYS ? WARPGROUPS : 1;  // who adds to a tile's dq, each in turn when deterministic
+constexpr int ADDER_THREADS = THREADS / ADDERS;
 static_assert(LOOKAHEAD >= 1, "the ring holds the tiles in use and those in flight");
 static_assert(BLOCK_N == 64 * WARPGROUPS && DQ_ROWS == 64 && DQ_COLS % 64 == 0 &&
               BLOCK_M * D == (DQ_BY_KEYS ? 1 : WARPGROUPS) * DQ_ROWS * DQ_COLS, "tile shape");
@@ -84,14 +86,15 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   T* ds_tile = ring + STAGES * STAGE_ELEMS;  // smem buffer: ds_tile
   float* stats = reinterpret_cast<float*>(ds_tile + DS_BUFFERS * STile::ELEMS);  // smem buffer: stats
 
-  const int64_t b = blockIdx.z, kv_head = blockIdx.y;
+  const KeyCoords at(p);
+  const int64_t b = blockIdx.z, kv_head = at.kv_head;
   const Sequence seq = sequence_of(p, b);
-  const int n0 = blockIdx.x * BLOCK_N;
+  const int n0 = at.x * BLOCK_N;
   if (n0 >= seq.lk) return;
   const int group = static_cast<int>(p.Hq / p.Hkv);
   const KeyBlock<BLOCK_M, BLOCK_N, WINDOW> kb(p, seq, n0);
   const int tiles = kb.tiles, iters = group * tiles;
-  const Scratch<D> scratch(p);
+  const Scratch<D, BLOCK_M> scratch(p);
   const int64_t srow0 = scratch_row0(p, b, seq);
 
   const T* k = static_cast<const T*>(p.k) + b * p.k_sb + (seq.k_row0 + n0) * p.k_sl + kv_head * p.k_sh;
@@ -132,6 +135,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   const int dq_row0 = DQ_BY_KEYS || BLOCK_M == 64 ? 0 : wg * 64;
   const int dq_col0 = !DQ_BY_KEYS && BLOCK_M == 64 ? wg * DQ_COLS : 0;
   const int dq_kstep0 = DQ_BY_KEYS ? wg * 4 : 0;
+  const int adder_barrier = DQ_BY_KEYS ? 1 + wg : 0;  // the named barrier of this warpgroup, or the CTA's
   // stmatrix: lane 8i + j stores row j of matrix i, transposed: query row 8 (i / 2) + j, keys 8 (i % 2) ...
   const int ds_lane_row = (lane >> 4) * 8 + (lane & 7), ds_lane_col = row0 + ((lane >> 3) & 1) * 8;
 
@@ -264,6 +268,12 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       wgmma::wait<0>();
     }
     wgmma::hold(dq);
+    // Deterministic: the CTA (or with DQ_BY_KEYS each warpgroup, the first before the second) adds in key-block order.
+    int* turn = p.deterministic ? scratch.turn(p, h, b, m0) : nullptr;
+    if (turn) {
+      const int first = first_key_block<BLOCK_N>(p, seq, m0, WINDOW);
+      wait_turn(turn, (at.x - first) * ADDERS + (DQ_BY_KEYS ? wg : 0), adder_barrier, ADDER_THREADS);
+    }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int i = m0 + dq_row0 + (warp % 4) * 16 + lane / 4 + hh * 8;
@@ -272,6 +282,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
 #pragma unroll
       for (int j = 0; j < DQ_COLS / 8; ++j) atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[0][j][2 * hh], dq[0][j][2 * hh + 1]));
     }
+    if (turn) pass_turn(turn, adder_barrier, ADDER_THREADS);
   }
   cp_async_wait<0>();  // with no tile to visit, K and V were never waited for
   wgmma::hold(dk);
@@ -298,19 +309,17 @@ cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
   constexpr size_t smem = 149504;
   static_assert(smem == 2 * KVTile::BYTES + STAGES * 2 * QTile::BYTES + DS_BUFFERS * STile::BYTES + STAGES * STAT_FLOATS * 4 + 1024,
                 "lowering and template agree on shared memory");
-  const dim3 grid(static_cast<unsigned>((p.Lk + BLOCK_N - 1) / BLOCK_N), static_cast<unsigned>(p.Hkv),
-                  static_cast<unsigned>(p.B));
-  return launch_kernel(backward_kernel<WINDOW, EXTRAS>, p, grid, THREADS, smem, stream);
+  return launch_kernel(backward_kernel<WINDOW, EXTRAS>, p, key_grid<BLOCK_N>(p), THREADS, smem, stream);
 }
 
 }  // namespace
 
-size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_overlap0_minb1_bf16_sm90a(const Params& p) { return Scratch<D>::bytes(p); }
+size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_overlap0_minb1_bf16_sm90a(const Params& p) { return Scratch<D, BLOCK_M>::bytes(p); }
 
 cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_overlap0_minb1_bf16_sm90a(const Params& p, cudaStream_t stream) {
   static constexpr LaunchKeys variants[2][2] = { {launch_variant<false, false>, launch_variant<false, true>},
                                                  {launch_variant<true, false>, launch_variant<true, true>} };
-  return launch_passes<T, D>(p, stream, variants);
+  return launch_passes<T, D, BLOCK_M>(p, stream, variants);
 }
 
 }  // namespace flash_attention_grad

@@ -62,14 +62,15 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   T* ds_tile = ring + STAGES * STAGE_ELEMS;  // smem buffer: ds_tile
   float* stats = reinterpret_cast<float*>(ds_tile + STile::ELEMS);  // smem buffer: stats
 
-  const int64_t b = blockIdx.z, kv_head = blockIdx.y;
+  const KeyCoords at(p);
+  const int64_t b = blockIdx.z, kv_head = at.kv_head;
   const Sequence seq = sequence_of(p, b);
-  const int n0 = blockIdx.x * BLOCK_N;
+  const int n0 = at.x * BLOCK_N;
   if (n0 >= seq.lk) return;
   const int group = static_cast<int>(p.Hq / p.Hkv);
   const KeyBlock<BLOCK_M, BLOCK_N, WINDOW> kb(p, seq, n0);
   const int tiles = kb.tiles, iters = group * tiles;
-  const Scratch<D> scratch(p);
+  const Scratch<D, BLOCK_M> scratch(p);
   const int64_t srow0 = scratch_row0(p, b, seq);
 
   const T* k = static_cast<const T*>(p.k) + b * p.k_sb + (seq.k_row0 + n0) * p.k_sl + kv_head * p.k_sh;
@@ -237,6 +238,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         }
       }
     }
+    int* turn = p.deterministic ? scratch.turn(p, h, b, m0) : nullptr;  // the CTA adds in key-block order
+    if (turn) wait_turn(turn, at.x - first_key_block<BLOCK_N>(p, seq, m0, WINDOW), 0, THREADS);
 #pragma unroll
     for (int mq = 0; mq < MQ; ++mq) {
 #pragma unroll
@@ -248,6 +251,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         for (int j = 0; j < DQT; ++j) atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[mq][j][2 * hh], dq[mq][j][2 * hh + 1]));
       }
     }
+    if (turn) pass_turn(turn, 0, THREADS);
   }
   cp_async_wait<0>();  // with no tile to visit, K and V were never waited for
 
@@ -275,19 +279,17 @@ cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
   constexpr size_t smem = 58880;
   static_assert(smem == 2 * KVTile::BYTES + STAGES * 2 * QTile::BYTES + STile::BYTES + STAGES * STAT_FLOATS * 4,
                 "lowering and template agree on shared memory");
-  const dim3 grid(static_cast<unsigned>((p.Lk + BLOCK_N - 1) / BLOCK_N), static_cast<unsigned>(p.Hkv),
-                  static_cast<unsigned>(p.B));
-  return launch_kernel(backward_kernel<WINDOW, EXTRAS>, p, grid, THREADS, smem, stream);
+  return launch_kernel(backward_kernel<WINDOW, EXTRAS>, p, key_grid<BLOCK_N>(p), THREADS, smem, stream);
 }
 
 }  // namespace
 
-size_t workspace_flash_attention_grad_mma_sync_d96_block_n64_block_m32_warps4_dsplit1_stages2_swizzle0_minb1_bf16_sm90a(const Params& p) { return Scratch<D>::bytes(p); }
+size_t workspace_flash_attention_grad_mma_sync_d96_block_n64_block_m32_warps4_dsplit1_stages2_swizzle0_minb1_bf16_sm90a(const Params& p) { return Scratch<D, BLOCK_M>::bytes(p); }
 
 cudaError_t launch_flash_attention_grad_mma_sync_d96_block_n64_block_m32_warps4_dsplit1_stages2_swizzle0_minb1_bf16_sm90a(const Params& p, cudaStream_t stream) {
   static constexpr LaunchKeys variants[2][2] = { {launch_variant<false, false>, launch_variant<false, true>},
                                                  {launch_variant<true, false>, launch_variant<true, true>} };
-  return launch_passes<T, D>(p, stream, variants);
+  return launch_passes<T, D, BLOCK_M>(p, stream, variants);
 }
 
 }  // namespace flash_attention_grad

@@ -49,6 +49,7 @@ struct Args {
   int64_t window_right;
   const std::optional<at::Tensor>& alibi_slopes;
   double soft_cap;
+  bool deterministic;
 };
 
 // The outputs (op.outputs).
@@ -125,8 +126,8 @@ Key make_key(const Args& a, const Outputs& out) {
   return key;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_grad_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, const at::Tensor& d_out, const at::Tensor& lse, const std::optional<at::Tensor>& d_lse, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap) {
-  const Args args{q, k, v, o, d_out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_grad_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, const at::Tensor& d_out, const at::Tensor& lse, const std::optional<at::Tensor>& d_lse, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic) {
+  const Args args{q, k, v, o, d_out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic};
   detail::clear_uncovered();
   check_all(args);
   Outputs out = allocate(args);
@@ -142,8 +143,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_grad_cuda(const a
   return result(out);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_grad_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, const at::Tensor& d_out, const at::Tensor& lse, const std::optional<at::Tensor>& d_lse, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, const std::string& instance) {
-  const Args args{q, k, v, o, d_out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_grad_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, const at::Tensor& d_out, const at::Tensor& lse, const std::optional<at::Tensor>& d_lse, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::string& instance) {
+  const Args args{q, k, v, o, d_out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic};
   check_all(args);
   const Entry* entry = flash_attention_grad_find(instance.c_str());
   if (entry == nullptr) fail_value("flash_attention_grad_with: no instance named " + instance);
@@ -155,19 +156,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_grad_with_cuda(co
   return result(out);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_grad_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, const at::Tensor& d_out, const at::Tensor& lse, const std::optional<at::Tensor>& d_lse, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap) {
-  const Args args{q, k, v, o, d_out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_grad_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, const at::Tensor& d_out, const at::Tensor& lse, const std::optional<at::Tensor>& d_lse, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic) {
+  const Args args{q, k, v, o, d_out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic};
   return result(allocate(args));
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_grad_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, const at::Tensor& d_out, const at::Tensor& lse, const std::optional<at::Tensor>& d_lse, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, const std::string&) {
-  const Args args{q, k, v, o, d_out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_grad_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, const at::Tensor& d_out, const at::Tensor& lse, const std::optional<at::Tensor>& d_lse, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::string&) {
+  const Args args{q, k, v, o, d_out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic};
   return result(allocate(args));
 }
 
 // The instance the dispatch picks for these arguments ('' if none).
-std::string flash_attention_grad_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, const at::Tensor& d_out, const at::Tensor& lse, const std::optional<at::Tensor>& d_lse, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap) {
-  const Args args{q, k, v, o, d_out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
+std::string flash_attention_grad_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, const at::Tensor& d_out, const at::Tensor& lse, const std::optional<at::Tensor>& d_lse, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic) {
+  const Args args{q, k, v, o, d_out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic};
   check_all(args);
   const Outputs out = allocate(args);
   const Entry* entry = flash_attention_grad_select(make_key(args, out));
@@ -175,8 +176,8 @@ std::string flash_attention_grad_select_name(const at::Tensor& q, const at::Tens
 }
 
 // The dispatch key as numbers: the run-time variables, then each axis' index (codegen/jit.py).
-std::vector<int64_t> flash_attention_grad_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, const at::Tensor& d_out, const at::Tensor& lse, const std::optional<at::Tensor>& d_lse, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap) {
-  const Args args{q, k, v, o, d_out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap};
+std::vector<int64_t> flash_attention_grad_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, const at::Tensor& d_out, const at::Tensor& lse, const std::optional<at::Tensor>& d_lse, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic) {
+  const Args args{q, k, v, o, d_out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic};
   check_all(args);
   const Outputs out = allocate(args);
   return flash_attention_grad_key_values(make_key(args, out));
@@ -203,10 +204,10 @@ std::vector<std::string> flash_attention_grad_axis_values(const std::string& axi
 }  // namespace attngen
 
 TORCH_LIBRARY_FRAGMENT(attngen, m) {
-  m.def("flash_attention_grad(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_out, Tensor lse, Tensor? d_lse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap) -> (Tensor, Tensor, Tensor)");
-  m.def("flash_attention_grad_with(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_out, Tensor lse, Tensor? d_lse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, str instance) -> (Tensor, Tensor, Tensor)");
-  m.def("flash_attention_grad_select(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_out, Tensor lse, Tensor? d_lse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap) -> str", &attngen::flash_attention_grad::flash_attention_grad_select_name);
-  m.def("flash_attention_grad_key(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_out, Tensor lse, Tensor? d_lse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap) -> int[]", &attngen::flash_attention_grad::flash_attention_grad_key);
+  m.def("flash_attention_grad(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_out, Tensor lse, Tensor? d_lse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic=False) -> (Tensor, Tensor, Tensor)");
+  m.def("flash_attention_grad_with(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_out, Tensor lse, Tensor? d_lse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic, str instance) -> (Tensor, Tensor, Tensor)");
+  m.def("flash_attention_grad_select(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_out, Tensor lse, Tensor? d_lse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic=False) -> str", &attngen::flash_attention_grad::flash_attention_grad_select_name);
+  m.def("flash_attention_grad_key(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_out, Tensor lse, Tensor? d_lse, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic=False) -> int[]", &attngen::flash_attention_grad::flash_attention_grad_key);
   m.def("flash_attention_grad_instances(str role=\"\") -> str[]", &attngen::flash_attention_grad::flash_attention_grad_instances);
   m.def("flash_attention_grad_axis_values(str axis) -> str[]", &attngen::flash_attention_grad::flash_attention_grad_axis_values);
 }

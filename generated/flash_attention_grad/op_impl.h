@@ -216,6 +216,10 @@ void run(const Entry* entry, const Args& a, const Key& key, Outputs& outputs) {
   strides_of(a, outputs.dk, p.dk_sb, p.dk_sl, p.dk_sh);
   strides_of(a, outputs.dv, p.dv_sb, p.dv_sl, p.dv_sh);
   p.q_rows = packed(a) ? a.q.size(0) : key.B * key.Lq;
+  p.deterministic = a.deterministic ? 1 : 0;
+  if (a.deterministic && (key.Lk + 63) / 64 > 65535) {  // key blocks are the grid's y extent then
+    fail_value("flash_attention_grad: deterministic=True takes at most 65535 * 64 key rows, got Lk=" + str(key.Lk));
+  }
   launch(entry, p, a.q);
 }
 

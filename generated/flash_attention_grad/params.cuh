@@ -48,8 +48,10 @@ struct Params {
   int64_t dk_sb, dk_sl, dk_sh;
   int64_t dv_sb, dv_sl, dv_sh;
   int64_t q_rows;                // rows of the scratch per head: B * Lq, or the packed token count
+  int deterministic;             // 1: dq's additions in key-block order (bit-identical from run to run)
   // Scratch (Entry::workspace): per query head and row, the fp32 dq accumulator [Hq, q_rows, D],
-  // then lse in base-2 units (+inf where the row sees no key) and delta, each [Hq, q_rows].
+  // then lse in base-2 units (+inf where the row sees no key) and delta, each [Hq, q_rows], then
+  // (deterministic) the turn counters of backward_common.cuh.
   void* workspace;
 };
 

@@ -110,7 +110,7 @@ def flash_attention():
         cu = torch.tensor([0, 0, 5, 70], dtype=torch.int32, device="cuda")
         fa.flash_attention_varlen(q[0], q[1, :, :2], q[1, :, 2:], cu, cu, 65, 65, causal=True, instance=name)
     # every backward instance: the four compile-time variants, GQA, odd lengths, a packed batch
-    # with empty sequences
+    # with empty sequences, deterministic runs (the windowed one and the packed one)
     for name in fa.GRAD.instances():
         seen.add(name)
         D = fa.instance_head_size(name.replace("flash_attention_grad_", "flash_attention_"))
@@ -122,7 +122,7 @@ def flash_attention():
             out, lse = fa.flash_attention(q, k, v, return_lse=True, **kwargs)
             left, right = kwargs.get("window", (-1, 0 if kwargs.get("causal") else -1))
             got = fa.GRAD.forced(name, q, k, v, out, d_out, lse, None, None, None, 70, 133, D ** -0.5, left, right,
-                                 kwargs.get("alibi_slopes"), kwargs.get("soft_cap", 0.0))
+                                 kwargs.get("alibi_slopes"), kwargs.get("soft_cap", 0.0), "alibi_slopes" in kwargs)
             want = reference.flash_attention_grad(q, k, v, d_out, **kwargs)
             err = max(((x.double() - y).norm() / y.norm()).item() for x, y in zip(got, want))
             assert err < 2e-2, (name, kwargs, err)
@@ -130,7 +130,8 @@ def flash_attention():
         cu = torch.tensor([0, 0, 5, 70], dtype=torch.int32, device="cuda")
         qp, kp, vp, dp = q[0], q[1, :, :2], q[1, :, 2:], d_out[0]
         out, lse = fa.flash_attention_varlen(qp, kp, vp, cu, cu, 65, 65, causal=True, return_lse=True)
-        fa.GRAD.forced(name, qp, kp, vp, out, dp, lse, None, cu, cu, 65, 65, D ** -0.5, -1, 0, None, 0.0)
+        for deterministic in (False, True):
+            fa.GRAD.forced(name, qp, kp, vp, out, dp, lse, None, cu, cu, 65, 65, D ** -0.5, -1, 0, None, 0.0, deterministic)
 
 
 def delta_rule_family():

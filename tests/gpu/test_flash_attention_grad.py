@@ -86,7 +86,7 @@ def test_every_instance(name, row):
         poison(2 * Lq * Hq * D * 2)
         scale = D ** -0.5
         got = fa.GRAD.forced(name, q, k, v, out, d_out, lse, None, None, None, Lq, Lk, scale, -1,
-                             0 if causal else -1, None, 0.0)
+                             0 if causal else -1, None, 0.0, False)
         check_grads(got, q, k, v, d_out, f"{name} causal={causal} Lq={Lq} Lk={Lk}", causal=causal)
 
 
@@ -195,6 +195,37 @@ def test_strided_inputs_and_gradients():
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     fa.flash_attention(*leaves).backward(d_out2)
     check_grads([t.grad for t in leaves], q, k, v, d_out2, "misaligned gradient")
+
+
+@pytest.mark.parametrize("D", HEAD_SIZES)
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"window": (300, 50), "soft_cap": 4.0}],
+                         ids=["full", "causal", "window-softcap"])
+def test_deterministic_gradients_are_bit_identical(D, kwargs):
+    """deterministic=True: dq's additions in key-block order, so two runs give the same bits (many
+    key blocks and a GQA group add to each query row), and within the bound."""
+    q, k, v, d_out = make(2, 1100, 1300, 8, 2, D, torch.bfloat16, seed=D)
+    first = grads_through_the_op(q, k, v, d_out, deterministic=True, **kwargs)
+    for _ in range(2):
+        again = grads_through_the_op(q, k, v, d_out, deterministic=True, **kwargs)
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b), f"{name} differs between two deterministic runs"
+    check_grads(first, q, k, v, d_out, f"deterministic D={D} {kwargs}", **kwargs)
+
+
+def test_deterministic_varlen():
+    lq, lk = [0, 1, 700, 333], [5, 1, 900, 0]
+    cq = torch.tensor([0] + torch.tensor(lq).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0] + torch.tensor(lk).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q, d_out = (torch.randn(sum(lq), 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(sum(lk), 1, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    runs = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        fa.flash_attention_varlen(*leaves, cq, ck, max(lq), max(lk), causal=True, deterministic=True).backward(d_out)
+        runs.append([t.grad for t in leaves])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    assert (runs[0][0][sum(lq[:3]):] == 0).all()  # the last sequence has no keys
 
 
 def test_rows_without_keys_get_zero_gradients():
