@@ -180,11 +180,12 @@ __device__ __forceinline__ void weights_and_grads(float (&s)[MT][NT][4], float (
 // Where a key-block CTA works: its block of keys and its kv head. Deterministic runs launch the
 // kv heads fastest, so that a block's predecessor (the block before it, whose dq additions come
 // first) started a wave earlier and is rarely waited for.
+template <bool DETERMINISTIC>
 struct KeyCoords {
   int x;            // key block
   int64_t kv_head;
-  __device__ __forceinline__ explicit KeyCoords(const Params& p)
-      : x(p.deterministic ? blockIdx.y : blockIdx.x), kv_head(p.deterministic ? blockIdx.x : blockIdx.y) {}
+  __device__ __forceinline__ KeyCoords()
+      : x(DETERMINISTIC ? blockIdx.y : blockIdx.x), kv_head(DETERMINISTIC ? blockIdx.x : blockIdx.y) {}
 };
 
 template <int BLOCK_N>
@@ -234,13 +235,15 @@ __device__ __forceinline__ void pass_turn(int* counter, int barrier, int threads
   }
 }
 
-// A key-block kernel's launch for one compile-time variant: [WINDOW][EXTRAS].
+// A key-block kernel's launch for one compile-time variant: [WINDOW][EXTRAS][DETERMINISTIC]
+// (the turn-taking is compiled only where it runs: as a run-time branch it cost the default
+// backward 12-20% on the H100, commit e0b2b4a).
 using LaunchKeys = cudaError_t (*)(const Params&, cudaStream_t);
 
 // The three kernels of a backward on `stream`: prepare, the instance's key-block kernel
 // (the variant of the call; skipped without keys), finish.
 template <typename T, int D, int BLOCK_M>
-cudaError_t launch_passes(const Params& p, cudaStream_t stream, const LaunchKeys (&variants)[2][2]) {
+cudaError_t launch_passes(const Params& p, cudaStream_t stream, const LaunchKeys (&variants)[2][2][2]) {
   const dim3 rows_grid(static_cast<unsigned>((p.Lq + PREP_ROWS - 1) / PREP_ROWS), static_cast<unsigned>(p.Hq),
                        static_cast<unsigned>(p.B));
   if (const size_t turns = Scratch<D, BLOCK_M>::turn_count(p)) {
@@ -254,7 +257,7 @@ cudaError_t launch_passes(const Params& p, cudaStream_t stream, const LaunchKeys
   if (p.Lk > 0) {
     const bool window = p.window_left >= 0 || p.window_right >= 0;
     const bool extras = p.soft_cap > 0.f || p.alibi != nullptr;
-    if (const cudaError_t err = variants[window][extras](p, stream); err != cudaSuccess) return err;
+    if (const cudaError_t err = variants[window][extras][p.deterministic != 0](p, stream); err != cudaSuccess) return err;
   }
   if (p.Lq > 0) {
     finish_kernel<T, D><<<rows_grid, 128, 0, stream>>>(p);

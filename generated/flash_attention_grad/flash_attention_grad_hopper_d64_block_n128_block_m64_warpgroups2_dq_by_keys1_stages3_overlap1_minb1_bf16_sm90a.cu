@@ -73,9 +73,10 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t 
                : "memory");
 }
 
-// Grid: (key block, kv head, batch). WINDOW: a causal mask or window is set; EXTRAS: a soft cap
-// or ALiBi transforms the scores.
-template <bool WINDOW, bool EXTRAS>
+// Grid: (key block, kv head, batch), (kv head, key block, batch) when DETERMINISTIC (dq's additions
+// in key-block order). WINDOW: a causal mask or window is set; EXTRAS: a soft cap or ALiBi
+// transforms the scores.
+template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Params p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // wgmma descriptors assume 1024-byte aligned atoms: align the base (the launch adds 1 KB).
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   T* ds_tile = ring + STAGES * STAGE_ELEMS;  // smem buffer: ds_tile
   float* stats = reinterpret_cast<float*>(ds_tile + DS_BUFFERS * STile::ELEMS);  // smem buffer: stats
 
-  const KeyCoords at(p);
+  const KeyCoords<DETERMINISTIC> at;
   const int64_t b = blockIdx.z, kv_head = at.kv_head;
   const Sequence seq = sequence_of(p, b);
   const int n0 = at.x * BLOCK_N;
@@ -269,8 +270,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     }
     wgmma::hold(dq);
     // Deterministic: the CTA (or with DQ_BY_KEYS each warpgroup, the first before the second) adds in key-block order.
-    int* turn = p.deterministic ? scratch.turn(p, h, b, m0) : nullptr;
-    if (turn) {
+    int* turn = DETERMINISTIC ? scratch.turn(p, h, b, m0) : nullptr;
+    if constexpr (DETERMINISTIC) {
       const int first = first_key_block<BLOCK_N>(p, seq, m0, WINDOW);
       wait_turn(turn, (at.x - first) * ADDERS + (DQ_BY_KEYS ? wg : 0), adder_barrier, ADDER_THREADS);
     }
@@ -282,7 +283,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
 #pragma unroll
       for (int j = 0; j < DQ_COLS / 8; ++j) atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[0][j][2 * hh], dq[0][j][2 * hh + 1]));
     }
-    if (turn) pass_turn(turn, adder_barrier, ADDER_THREADS);
+    if constexpr (DETERMINISTIC) pass_turn(turn, adder_barrier, ADDER_THREADS);
   }
   cp_async_wait<0>();  // with no tile to visit, K and V were never waited for
   wgmma::hold(dk);
@@ -304,12 +305,12 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   }
 }
 
-template <bool WINDOW, bool EXTRAS>
+template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
 cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
   constexpr size_t smem = 117248;
   static_assert(smem == 2 * KVTile::BYTES + STAGES * 2 * QTile::BYTES + DS_BUFFERS * STile::BYTES + STAGES * STAT_FLOATS * 4 + 1024,
                 "lowering and template agree on shared memory");
-  return launch_kernel(backward_kernel<WINDOW, EXTRAS>, p, key_grid<BLOCK_N>(p), THREADS, smem, stream);
+  return launch_kernel(backward_kernel<WINDOW, EXTRAS, DETERMINISTIC>, p, key_grid<BLOCK_N>(p), THREADS, smem, stream);
 }
 
 }  // namespace
@@ -317,8 +318,11 @@ cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
 size_t workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_stages3_overlap1_minb1_bf16_sm90a(const Params& p) { return Scratch<D, BLOCK_M>::bytes(p); }
 
 cudaError_t launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_stages3_overlap1_minb1_bf16_sm90a(const Params& p, cudaStream_t stream) {
-  static constexpr LaunchKeys variants[2][2] = { {launch_variant<false, false>, launch_variant<false, true>},
-                                                 {launch_variant<true, false>, launch_variant<true, true>} };
+  static constexpr LaunchKeys variants[2][2][2] = {
+      { {launch_variant<false, false, false>, launch_variant<false, false, true>},
+        {launch_variant<false, true, false>, launch_variant<false, true, true>} },
+      { {launch_variant<true, false, false>, launch_variant<true, false, true>},
+        {launch_variant<true, true, false>, launch_variant<true, true, true>} } };
   return launch_passes<T, D, BLOCK_M>(p, stream, variants);
 }
 

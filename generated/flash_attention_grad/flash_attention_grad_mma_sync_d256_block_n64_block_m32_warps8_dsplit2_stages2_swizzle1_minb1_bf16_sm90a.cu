@@ -51,9 +51,10 @@ using STile = mma::Tile<BLOCK_N, BLOCK_M, false>;  // dS^T, [key][query]
 constexpr int STAGE_ELEMS = 2 * QTile::ELEMS;  // Q tile, then dO tile
 constexpr int STAT_FLOATS = 2 * BLOCK_M;       // per stage: lse (base 2), then delta
 
-// Grid: (key block, kv head, batch). WINDOW: a causal mask or window is set; EXTRAS: a soft cap
-// or ALiBi transforms the scores.
-template <bool WINDOW, bool EXTRAS>
+// Grid: (key block, kv head, batch), (kv head, key block, batch) when DETERMINISTIC (dq's additions
+// in key-block order). WINDOW: a causal mask or window is set; EXTRAS: a soft cap or ALiBi
+// transforms the scores.
+template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* k_tile = reinterpret_cast<T*>(smem_raw);  // smem buffer: kv_tiles
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   T* ds_tile = ring + STAGES * STAGE_ELEMS;  // smem buffer: ds_tile
   float* stats = reinterpret_cast<float*>(ds_tile + STile::ELEMS);  // smem buffer: stats
 
-  const KeyCoords at(p);
+  const KeyCoords<DETERMINISTIC> at;
   const int64_t b = blockIdx.z, kv_head = at.kv_head;
   const Sequence seq = sequence_of(p, b);
   const int n0 = at.x * BLOCK_N;
@@ -238,8 +239,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         }
       }
     }
-    int* turn = p.deterministic ? scratch.turn(p, h, b, m0) : nullptr;  // the CTA adds in key-block order
-    if (turn) wait_turn(turn, at.x - first_key_block<BLOCK_N>(p, seq, m0, WINDOW), 0, THREADS);
+    int* turn = DETERMINISTIC ? scratch.turn(p, h, b, m0) : nullptr;  // the CTA adds in key-block order
+    if constexpr (DETERMINISTIC) wait_turn(turn, at.x - first_key_block<BLOCK_N>(p, seq, m0, WINDOW), 0, THREADS);
 #pragma unroll
     for (int mq = 0; mq < MQ; ++mq) {
 #pragma unroll
@@ -251,7 +252,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         for (int j = 0; j < DQT; ++j) atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[mq][j][2 * hh], dq[mq][j][2 * hh + 1]));
       }
     }
-    if (turn) pass_turn(turn, 0, THREADS);
+    if constexpr (DETERMINISTIC) pass_turn(turn, 0, THREADS);
   }
   cp_async_wait<0>();  // with no tile to visit, K and V were never waited for
 
@@ -274,12 +275,12 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   }
 }
 
-template <bool WINDOW, bool EXTRAS>
+template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
 cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
   constexpr size_t smem = 136704;
   static_assert(smem == 2 * KVTile::BYTES + STAGES * 2 * QTile::BYTES + STile::BYTES + STAGES * STAT_FLOATS * 4,
                 "lowering and template agree on shared memory");
-  return launch_kernel(backward_kernel<WINDOW, EXTRAS>, p, key_grid<BLOCK_N>(p), THREADS, smem, stream);
+  return launch_kernel(backward_kernel<WINDOW, EXTRAS, DETERMINISTIC>, p, key_grid<BLOCK_N>(p), THREADS, smem, stream);
 }
 
 }  // namespace
@@ -287,8 +288,11 @@ cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
 size_t workspace_flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_bf16_sm90a(const Params& p) { return Scratch<D, BLOCK_M>::bytes(p); }
 
 cudaError_t launch_flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_bf16_sm90a(const Params& p, cudaStream_t stream) {
-  static constexpr LaunchKeys variants[2][2] = { {launch_variant<false, false>, launch_variant<false, true>},
-                                                 {launch_variant<true, false>, launch_variant<true, true>} };
+  static constexpr LaunchKeys variants[2][2][2] = {
+      { {launch_variant<false, false, false>, launch_variant<false, false, true>},
+        {launch_variant<false, true, false>, launch_variant<false, true, true>} },
+      { {launch_variant<true, false, false>, launch_variant<true, false, true>},
+        {launch_variant<true, true, false>, launch_variant<true, true, true>} } };
   return launch_passes<T, D, BLOCK_M>(p, stream, variants);
 }
 
