@@ -1,0 +1,61 @@
+"""The flash attention backward's lowering (codegen/families/flash_attention_grad.py): what it
+derives for the warps' split of dK, dV and dQ and the shared memory, and the knobs it refuses,
+named at their spec line."""
+import pytest
+
+from codegen import pipeline
+from codegen.errors import SpecError
+from tests.conftest import ROOT
+
+SPEC = (ROOT / "specs" / "flash_attention_grad.yaml").read_text()
+
+
+def lowered(text, tmp_path):
+    path = tmp_path / "flash_attention_grad.yaml"
+    path.write_text(text)
+    return [i for _, insts in pipeline.lower(pipeline.expand(pipeline.load([path]))) for i in insts]
+
+
+def test_the_warps_split_of_the_products(tmp_path):
+    by_name = {i.name: i.d for i in lowered(SPEC, tmp_path)}
+    # d256 on mma.sync: 4 groups of 2 warps own 16 keys each, each warp 128 of dK's and dV's columns;
+    # dQ's 32 x 256 tile: 2 warps over the rows, 4 over the columns.
+    d256 = by_name["flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_bf16_sm90a"]
+    assert (d256["groups"], d256["mt"], d256["dw"], d256["q_warps_m"], d256["q_warps_d"]) == (4, 1, 128, 2, 4)
+    # K and V tiles, two stages of Q and dO, dS^T (32 columns padded by one chunk), lse and delta
+    assert d256["smem_bytes"] == (2 * 64 * 256 + 2 * 2 * 32 * 256) * 2 + 64 * 40 * 2 + 2 * 2 * 32 * 4
+    # the wgmma kind: dQ by 64-column halves at d128, by each warpgroup's own keys at d64 (whole tile)
+    d128 = by_name["flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_stages2_overlap0_minb1_bf16_sm90a"]
+    d64 = by_name["flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_stages3_overlap1_minb1_bf16_sm90a"]
+    assert (d128["dq_rows"], d128["dq_cols"]) == (64, 64) and (d64["dq_rows"], d64["dq_cols"]) == (64, 64)
+    # overlap: three stages of Q and dO, two dS buffers
+    assert d64["smem_bytes"] == (2 * 128 * 64 + 3 * 2 * 64 * 64 + 2 * 64 * 128) * 2 + 3 * 2 * 64 * 4 + 1024
+
+
+@pytest.mark.parametrize("edits,field,message", [
+    ([("dsplit: [1, 2]", "dsplit: [1, 3]"), ("(256, 64, 32, 8, 2))", "(256, 64, 32, 8, 3))")],
+     "kernels.mma_sync.grid.dsplit", "dsplit=3: it must divide warps=8"),
+    ([("block_m: [32]", "block_m: [32, 40]"), ("(96, 64, 32, 4, 1)", "(96, 64, 40, 4, 1)")],
+     "kernels.mma_sync.grid.block_m", "block_m=40 is not a multiple of 16"),
+    ([("((64, 1, 3, 1), (128, 0, 2, 0))", "((64, 1, 2, 1), (128, 0, 2, 0))")],
+     "kernels.hopper.grid.stages", "stages=2: the cp.async ring needs at least 3"),
+])
+def test_impossible_knobs_are_refused_at_their_spec(tmp_path, edits, field, message):
+    text = SPEC
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new, 1)
+    with pytest.raises(SpecError) as info:
+        lowered(text, tmp_path)
+    err = info.value
+    assert err.field == field and message in err.message, (err.field, err.message)
+
+
+def test_a_d64_query_tile_the_warpgroups_cannot_split_is_refused(tmp_path):
+    """dQ of a 64 x 64 tile does not split into whole 64-column atoms over two warpgroups: the
+    column split is refused and names the knob that splits the keys instead."""
+    text = SPEC.replace('"(d, dq_by_keys, stages, overlap) in ((64, 1, 3, 1), (128, 0, 2, 0))"',
+                        '"(d, dq_by_keys, stages, overlap) in ((64, 0, 2, 0), (128, 0, 2, 0))"', 1)
+    with pytest.raises(SpecError) as info:
+        lowered(text, tmp_path)
+    assert info.value.field == "kernels.hopper.grid.block_m" and "dq_by_keys=1 splits the keys" in info.value.message
