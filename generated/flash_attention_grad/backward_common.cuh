@@ -177,6 +177,43 @@ __device__ __forceinline__ void weights_and_grads(float (&s)[MT][NT][4], float (
   }
 }
 
+// A query tile's statistics into its ring slot of shared memory (the first BLOCK_M threads):
+// lse in base-2 units, then delta; rows past the sequence get weight 0 (lse +inf).
+template <int D, int BLOCK_M>
+__device__ __forceinline__ void stage_stats(float* stat, const Scratch<D, BLOCK_M>& scratch, const Params& p,
+                                            int64_t h, int64_t srow0, int m0, int lq) {
+  if (threadIdx.x < BLOCK_M) {  // the slot's previous reads ended before the barrier this follows
+    const int i = m0 + threadIdx.x;
+    const int64_t row = h * p.q_rows + srow0 + i;
+    stat[threadIdx.x] = i < lq ? scratch.lse2[row] : INFINITY;  // smem: stats_write
+    stat[BLOCK_M + threadIdx.x] = i < lq ? scratch.delta[row] : 0.f;  // smem: stats_write
+  }
+}
+
+// A warp's rows of dK and dV (MT 16-row m-tiles from row0 of the key block, NJ 8-column tiles
+// from col0), straight from accumulator fragments.
+template <typename T, int MT, int NJ>
+__device__ __forceinline__ void store_key_rows(const Params& p, const Sequence& seq, int64_t b, int64_t kv_head,
+                                               int n0, int row0, int col0, const float (&dk)[MT][NJ][4],
+                                               const float (&dv)[MT][NJ][4], int lane) {
+  T* dk_out = static_cast<T*>(p.dk) + b * p.dk_sb + (seq.k_row0 + n0) * p.dk_sl + kv_head * p.dk_sh;
+  T* dv_out = static_cast<T*>(p.dv) + b * p.dv_sb + (seq.k_row0 + n0) * p.dv_sl + kv_head * p.dv_sh;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = row0 + mt * 16 + lane / 4 + hh * 8;
+      if (n0 + row >= seq.lk) continue;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        const int col = col0 + j * 8 + lane % 4 * 2;
+        *reinterpret_cast<uint32_t*>(dk_out + row * p.dk_sl + col) = mma::pack2<T>(dk[mt][j][2 * hh], dk[mt][j][2 * hh + 1]);
+        *reinterpret_cast<uint32_t*>(dv_out + row * p.dv_sl + col) = mma::pack2<T>(dv[mt][j][2 * hh], dv[mt][j][2 * hh + 1]);
+      }
+    }
+  }
+}
+
 // Where a key-block CTA works: its block of keys and its kv head. Deterministic runs launch the
 // kv heads fastest, so that a block's predecessor (the block before it, whose dq additions come
 // first) started a wave earlier and is rarely waited for.

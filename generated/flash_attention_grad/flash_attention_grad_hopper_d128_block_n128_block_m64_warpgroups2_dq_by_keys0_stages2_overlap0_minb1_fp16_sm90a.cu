@@ -112,13 +112,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     const T* d_o = static_cast<const T*>(p.d_out) + b * p.do_sb + (seq.q_row0 + m0) * p.do_sl + h * p.do_sh;
     load_rows<QTile, BLOCK_M, D, THREADS>(stage, q, p.q_sl, seq.lq - m0);
     load_rows<QTile, BLOCK_M, D, THREADS>(stage + QTile::ELEMS, d_o, p.do_sl, seq.lq - m0);
-    if (threadIdx.x < BLOCK_M) {  // the slot's previous reads ended before the barrier this follows
-      const int i = m0 + threadIdx.x;
-      const int64_t row = h * p.q_rows + srow0 + i;
-      float* stat = stats + it % STAGES * STAT_FLOATS;
-      stat[threadIdx.x] = i < seq.lq ? scratch.lse2[row] : INFINITY;  // smem: stats_write
-      stat[BLOCK_M + threadIdx.x] = i < seq.lq ? scratch.delta[row] : 0.f;  // smem: stats_write
-    }
+    stage_stats(stats + it % STAGES * STAT_FLOATS, scratch, p, h, srow0, m0, seq.lq);
   };
 #pragma unroll
   for (int s = 0; s < LOOKAHEAD; ++s) {  // K and V join the first group
@@ -290,19 +284,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   wgmma::hold(dv);
 
   // dK and dV rows of this warp, straight from the accumulators.
-  T* dk_out = static_cast<T*>(p.dk) + b * p.dk_sb + (seq.k_row0 + n0) * p.dk_sl + kv_head * p.dk_sh;
-  T* dv_out = static_cast<T*>(p.dv) + b * p.dv_sb + (seq.k_row0 + n0) * p.dv_sl + kv_head * p.dv_sh;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int row = row0 + lane / 4 + hh * 8;
-    if (n0 + row >= seq.lk) continue;
-#pragma unroll
-    for (int j = 0; j < DT; ++j) {
-      const int col = j * 8 + lane % 4 * 2;
-      *reinterpret_cast<uint32_t*>(dk_out + row * p.dk_sl + col) = mma::pack2<T>(dk[0][j][2 * hh], dk[0][j][2 * hh + 1]);
-      *reinterpret_cast<uint32_t*>(dv_out + row * p.dv_sl + col) = mma::pack2<T>(dv[0][j][2 * hh], dv[0][j][2 * hh + 1]);
-    }
-  }
+  store_key_rows<T>(p, seq, b, kv_head, n0, row0, 0, dk, dv, lane);
 }
 
 template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
