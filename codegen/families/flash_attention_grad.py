@@ -5,7 +5,8 @@
 warpgroup owns 64 of the block's keys; S^T, dP^T and dQ read both operands from 128-byte-swizzled
 shared tiles, dV and dK take P^T and dS^T from registers, and dS reaches shared memory through a
 transposing stmatrix; dQ = dS K is split over the warpgroups by rows or columns, or
-(`dq_by_keys`) each warpgroup adds the product over its own keys. `mma_sync` is
+(`dq_by_keys`) each warpgroup adds the product over its own keys (`dq_exchange`: after handing
+the other warpgroup the half of the columns it adds). `mma_sync` is
 FlashAttention-2's backward on m16n8k16: a CTA owns `block_n` keys and values of
 one kv head and walks the `block_m`-row query tiles of every query head of its group that see
 them (Q and dO through a `stages`-deep cp.async ring). Its `warps` warps form groups of `dsplit`
@@ -137,14 +138,18 @@ def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s) -> l
     def ds_write(lane, _pad):
         return offset_s((lane >> 4) * 8 + (lane & 7), ((lane >> 3) & 1) * 8) * 2
 
+    # dq's exchange (the template holds it whether or not dq_exchange compiles it in): a float4
+    # per thread, consecutive threads at consecutive 16 bytes.
     return [banks.Access("cp_async_fill", CHUNK, fill, ("kv_tiles", "q_ring")),
-            banks.Access("ds_write", CHUNK, ds_write, ("ds_tile",))] + _stats_accesses()
+            banks.Access("ds_write", CHUNK, ds_write, ("ds_tile",)),
+            banks.contiguous("dq_exchange_write", 16, ("dq_exchange",)),
+            banks.contiguous("dq_exchange_read", 16, ("dq_exchange",))] + _stats_accesses()
 
 
 def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
-    d, block_n, block_m, warpgroups, stages, minb, dq_by_keys, overlap = (
-        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "stages", "minb", "dq_by_keys", "overlap"))
+    d, block_n, block_m, warpgroups, stages, minb, dq_by_keys, dq_exchange, overlap = (
+        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "stages", "minb", "dq_by_keys", "dq_exchange", "overlap"))
     if not arch.name.endswith("a"):
         raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
     if inst.dtype_bytes != 2:
@@ -171,6 +176,9 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         if block_m * d % (warpgroups * 64) or dq_cols % 64 or dq_cols not in WGMMA_N or (block_m // 64) > warpgroups:
             raise Rejected("block_m", f"block_m={block_m}: dQ ({block_m} x {d}) does not split into whole 64 x 64 "
                                       f"blocks over {warpgroups} warpgroups (dq_by_keys=1 splits the keys)")
+    if dq_exchange not in (0, 1) or dq_exchange and not (dq_by_keys and warpgroups == 2 and dq_cols % 16 == 0):
+        raise Rejected("dq_exchange", f"dq_exchange={dq_exchange}: 0, or 1 with dq_by_keys=1 and two warpgroups (the two "
+                                      f"products swap halves of whole 8-column tiles)")
     if overlap not in (0, 1):
         raise Rejected("overlap", f"overlap={overlap}: 0 or 1 (the next tile's scores during this tile's dQ atomics)")
     if stages < 2 + overlap:
@@ -185,8 +193,9 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if regs * threads * minb > arch.regs_per_sm:
         raise Rejected("minb", f"minb={minb} CTAs of {threads} threads at about {regs} registers exceed the "
                                f"{arch.regs_per_sm} registers of an SM")
+    exchange = dq_exchange * warpgroups * (dq_cols // 16) * 128 * 16   # float4 per thread and 8-column tile
     smem = (2 * block_n * d + stages * 2 * block_m * d + (1 + overlap) * block_m * block_n) * 2 \
-        + stages * 2 * block_m * 4 + 1024
+        + stages * 2 * block_m * 4 + exchange + 1024
     if smem > arch.max_smem_per_block:
         raise Rejected("stages", f"{smem} bytes of shared memory exceed the {arch.max_smem_per_block} of a block")
     if minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
@@ -205,7 +214,8 @@ FAMILY = Family(
     lowerings={BACKWARD: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warps": "int", "dsplit": "int",
                                    "stages": "int", "swizzle": "int0", "minb": "int"}, _lower_backward),
                BACKWARD_WGMMA: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warpgroups": "int",
-                                         "dq_by_keys": "int0", "stages": "int", "overlap": "int0", "minb": "int"},
+                                         "dq_by_keys": "int0", "dq_exchange": "int0", "stages": "int", "overlap": "int0",
+                                         "minb": "int"},
                                         _lower_wgmma)},
     support_files={"flash_attention_grad/params.cuh.j2": "flash_attention_grad/params.cuh",
                    # the forward's shared helpers, rendered into this family's namespace
