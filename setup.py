@@ -36,8 +36,10 @@ class BuildPackage(build_py):
         for folder in GENERATOR_DATA:
             shutil.copytree(ROOT / folder, package / folder, dirs_exist_ok=True)
         if not PREBUILD:
-            _say("kernels not built (ATTNGEN_PREBUILD=1 with --no-build-isolation on a machine with a CUDA "
-                 "torch builds them ahead of time; `python -m attngen.info` says what an install can run)")
+            _say("no kernel built now: on a GPU machine with a CUDA torch and nvcc, the first call builds the "
+                 "extension's bindings (about a minute, once) and each kernel it uses (seconds each), cached in "
+                 "~/.cache/attngen; ATTNGEN_PREBUILD=1 with --no-build-isolation builds every kernel ahead of "
+                 "time; `python -m attngen.info` says what this install can run")
             return
         for stage in ("gen", "build"):
             _say(f"python -m codegen {stage}")

@@ -1,5 +1,6 @@
 """Loads the built extension once: $ATTNGEN_LIB, else the copy `pip install` put beside this
-file, else the checkout's build/lib/attngen_ext.so (`make build`). The benchmark extension
+file, else the checkout's build/lib/attngen_ext.so (`make build`); where none of them is built,
+the extension built without its instances, whose kernels build on first use (attngen/_jit.py). The benchmark extension
 (bench-role kinds, op namespace attngen_bench: `python -m codegen build --bench`) is loaded
 beside it on request."""
 from __future__ import annotations
@@ -14,6 +15,7 @@ PACKAGED_LIB = Path(__file__).resolve().parent / "attngen_ext.so"
 DEFAULT_LIB = ROOT / "build" / "lib" / "attngen_ext.so"
 BENCH_LIB = ROOT / "build" / "bench" / "lib" / "attngen_bench_ext.so"
 _loaded: Path | None = None
+_core = False               # the loaded library is the one built without its instances (codegen/core.py)
 _bench_loaded: bool | None = None
 
 
@@ -29,16 +31,24 @@ def available() -> bool:
 
 
 def load() -> None:
-    """Load the extension so that torch.ops.attngen.* exist; a clear error if it is not built."""
-    global _loaded
+    """Load the extension so that torch.ops.attngen.* exist. Where none is built, the extension
+    built without its instances (its kernels build on first use) from the cache, built now if
+    need be; a clear error where that cannot be built here."""
+    global _loaded, _core
     if _loaded is not None:
         return
     path = library_path()
     if not path.is_file():
-        raise RuntimeError(f"attngen: the extension {path} is not built; run `make build` (or `pip install "
-                           f"--no-build-isolation .`) on a machine with a CUDA build of torch")
+        from . import _jit
+        path = _jit.core_library(path)
+        _core = True
     torch.ops.load_library(str(path))
     _loaded = path
+
+
+def loaded() -> tuple[Path | None, bool]:
+    """The loaded library (None before load) and whether it is the one built without instances."""
+    return _loaded, _core
 
 
 def load_bench() -> bool:

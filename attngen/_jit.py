@@ -12,6 +12,7 @@ graphs use it like a prebuilt one.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import sys
 import time
@@ -47,22 +48,22 @@ def cache_dir(arch: str) -> Path:
 
 def call(op: str, run):
     """run(); if the op's dispatch finds no compiled instance for it (the typed signal its
-    bindings record, read by the `take_uncovered` op), build the instance for that key,
-    register it, and run again. When none can be built, the op's error stands, with the
-    generator's reasons added."""
+    bindings record, read by the `take_uncovered` op), build the instance for that key (or the
+    table's row it picked, in an extension built without its instances), register it, and run
+    again. When none can be built, the op's error stands, with the generator's reasons added."""
     if torch.compiler.is_compiling() or not enabled():
         return run()
     try:
         return run()
     except ValueError as exc:
-        uncovered_op, key = _take_uncovered()
+        uncovered_op, key, row = _take_uncovered()
         if uncovered_op != op:
             raise   # any other error: bad input, or a forced instance that does not cover the call
         jit = _generator()
         if jit is None:   # an installed package without the source tree: the op's error stands
             raise ValueError(f"{exc}\n(Not built on first use: {GENERATOR_MISSING})") from None
         try:
-            ensure(op, key)
+            ensure(op, key, row)
         except jit.SizeIsBuilt:
             raise exc from None   # not a missing size: the dispatch's own error
         except jit.Unbuildable as why:
@@ -70,8 +71,9 @@ def call(op: str, run):
     return run()
 
 
-def _take_uncovered() -> tuple[str, list]:
-    """The op and key the last call on this thread found no instance for ('' if none), cleared."""
+def _take_uncovered() -> tuple[str, list, str]:
+    """The op and key the last call on this thread found no built instance for ('' if none),
+    and the table's row it picked when that row is only not built yet; cleared."""
     return torch.ops.attngen.take_uncovered()
 
 
@@ -79,17 +81,22 @@ GENERATOR_MISSING = ("building an instance on first use needs the generator and 
                      "an installed attngen (attngen/_codegen, specs/, templates/) or the source tree on the Python path")
 
 
-def _generator():
-    """codegen.jit: the installed copy's (attngen._codegen, reading the specs and templates
-    installed beside it) or the checkout's (codegen/); None where neither is at hand."""
+def _generator(module: str = "jit"):
+    """A module of the generator (codegen.jit by default): the installed copy's (attngen._codegen,
+    reading the specs and templates installed beside it) or the checkout's (codegen/); None where
+    neither is at hand."""
     try:
-        from ._codegen import jit, pipeline
+        pipeline = importlib.import_module("._codegen.pipeline", __package__)
+        package = pipeline.__package__
     except ModuleNotFoundError:
         try:
-            from codegen import jit, pipeline
+            pipeline = importlib.import_module("codegen.pipeline")
+            package = "codegen"
         except ImportError:
             return None
-    return jit if pipeline.SPECS_DIR.is_dir() and pipeline.TEMPLATES_DIR.is_dir() else None
+    if not (pipeline.SPECS_DIR.is_dir() and pipeline.TEMPLATES_DIR.is_dir()):
+        return None
+    return importlib.import_module(f"{package}.{module}")
 
 
 def cannot_build() -> list[str]:
@@ -108,22 +115,45 @@ def cannot_build() -> list[str]:
             reasons.append(str(exc).removeprefix("attngen: "))
     if torch.version.cuda is None:
         reasons.append(f"torch {torch.__version__} has no CUDA")
-    if not _ext.available():
-        reasons.append(f"the extension {_ext.library_path()} is not built (first-use instances join its dispatch): "
-                       "`make build` in the checkout, or ATTNGEN_PREBUILD=1 pip install --no-build-isolation .")
     return reasons
 
 
-def ensure(op: str, key_values) -> Path:
-    """The library of the instance for this key, built if no process built it yet, and
-    registered with `op`'s dispatch. A key no instance can cover raises ValueError with the
-    generator's reasons."""
+def core_library(missing: Path) -> Path:
+    """Where no prebuilt extension is (`missing`): the extension built without its instances
+    (codegen/core.py) in the cache, built now if no process has; its rows build on first use."""
+    reasons = cannot_build()
+    if reasons:
+        raise RuntimeError(f"attngen: the extension {missing} is not built, and it cannot be built on first use "
+                           f"here: {'; '.join(reasons)}. Build it ahead of time with `make build` in the checkout, "
+                           "or ATTNGEN_PREBUILD=1 pip install --no-build-isolation .")
+    core = _generator("core")
+    started = time.monotonic()
+
+    def announce(files):
+        print(f"attngen: no prebuilt extension ({missing}); building its bindings and dispatch tables "
+              f"({files} host files, no kernels) into {cache_root() / 'core'}; each kernel then builds on "
+              "its first call", file=sys.stderr, flush=True)
+
+    path = core.build(cache_root(), toolchain_tag(), on_build=announce)
+    if time.monotonic() - started > 1:
+        print(f"attngen: built the extension's bindings in {time.monotonic() - started:.0f} s ({path})",
+              file=sys.stderr, flush=True)
+    return path
+
+
+def ensure(op: str, key_values, row: str = "") -> Path:
+    """The library of the instance for this key (or of the table's row named `row`), built if no
+    process built it yet, and registered with `op`'s dispatch. A key no instance can cover
+    raises ValueError with the generator's reasons."""
     jit = _generator()
     if jit is None:
         raise RuntimeError(f"attngen: {GENERATOR_MISSING}")
     spec = jit.spec_of(op)
     runtime, axes = jit.decode_key(spec, key_values)
-    plan = jit.plan(spec, runtime, axes, cache_tag=toolchain_tag())
+    if row:
+        plan = jit.plan_named(spec, row, cache_tag=toolchain_tag())
+    else:
+        plan = jit.plan(spec, runtime, axes, cache_tag=toolchain_tag())
     started = time.monotonic()
 
     def announce(p):

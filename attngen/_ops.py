@@ -53,12 +53,14 @@ class Op:
         return _jit.call(self.name, lambda: run(*args))
 
     def forced(self, instance: str, *args):
-        """The op through the named instance: a shipped one, or a bench-role one of the benchmark
-        extension (`python -m codegen build --bench`); an error if it does not cover the call."""
+        """The op through the named instance: a shipped one (built on first use where the extension
+        was built without its instances), or a bench-role one of the benchmark extension (`python
+        -m codegen build --bench`); an error if it does not cover the call."""
         ops = self._namespace()
         if instance not in self.instances() and instance in self.bench_instances():
-            ops = getattr(torch.ops, BENCH_NAMESPACE)
-        return getattr(ops, f"{self.name}_with")(*args, instance)
+            return getattr(getattr(torch.ops, BENCH_NAMESPACE), f"{self.name}_with")(*args, instance)
+        run = getattr(ops, f"{self.name}_with")
+        return _jit.call(self.name, lambda: run(*args, instance))
 
     def select(self, *args) -> str:
         """The instance the generated dispatch picks for these arguments ('' if none)."""

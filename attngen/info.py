@@ -78,8 +78,14 @@ def format_summary(info: dict) -> str:
         built = "no kernels built"
     lines = [f"attngen {__version__} ({where}, {info['generator']}): {built}; torch {info['torch']} "
              f"(CUDA {info['torch_cuda'] or 'none'})"]
-    ext = info["extension"]
-    lines.append(f"extension: {ext['path']} ({'built' if ext['built'] else 'not built: make build'})")
+    ext, jit = info["extension"], info["jit_cache"]
+    if ext["built"]:
+        state = "built"
+    elif jit["cannot_build"]:
+        state = "not built, nor can it be built on first use here: make build"
+    else:
+        state = f"not prebuilt: the first call builds its bindings, no kernels, into {jit['cache']}/core"
+    lines.append(f"extension: {ext['path']} ({state})")
     for name, fam in info["families"].items():
         kinds = ", ".join(f"{k} {n}" for k, n in fam["kinds"].items())
         lines.append(f"  {name}: {fam['instances']} instances ({'/'.join(fam['dtypes'])}): {kinds}")
@@ -88,7 +94,6 @@ def format_summary(info: dict) -> str:
                      f"{table['device']}, {table['date']}")
     if not info["tuned_tables"]:
         lines.append("tuned: none (the specs' default dispatch rules apply)")
-    jit = info["jit_cache"]
     if jit["cannot_build"]:
         state = "not possible here: " + "; ".join(jit["cannot_build"])
     else:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
 # benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_rwkv_grad / tune_paged a cold and a warm
-# tuning run of the family (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench, delta_tests/delta_bench, flash_tests/flash_grad_tests/flash_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# tuning run of the family (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench, delta_tests/delta_bench, flash_tests/flash_grad_tests/flash_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last.
 set -uo pipefail
@@ -45,6 +45,8 @@ want rwkv_bench && step rwkv_bench python3 -m bench.rwkv ${BENCH_ARGS:-} --out "
 want linear_sweep && step linear_sweep python3 -m bench.chunked_vs_recurrent --out "$OUT/r"
 want paged_bench && step paged_bench python3 -m bench.paged ${BENCH_ARGS:-} --out "$OUT/r"
 want jit_bench && step jit_bench python3 -m bench.jit_first_use --out "$OUT/r"
+want core_tests && step core_tests python3 -m pytest -q -m gpu tests/gpu/test_core.py -p no:cacheprovider -s
+want first_use && step first_use bash bench/first_use.sh "$OUT/r/first_use" && cp "$OUT/r/first_use/first_use.md" "$OUT/"
 want delta_bench && step delta_bench python3 -m bench.delta_rule ${BENCH_ARGS:-} --out "$OUT/r"
 want flash_bench && step flash_bench python3 -m bench.flash_attention ${BENCH_ARGS:-} --out "$OUT/r"
 want flash_grad_bench && step flash_grad_bench python3 -m bench.flash_attention_grad --out "$OUT/r"

@@ -128,6 +128,18 @@ def plan(spec: Spec, runtime: dict, axes: dict, cache_tag: str = "") -> Plan:
                       (f" ({'; '.join(reasons.values())})" if reasons else " (no dispatch rule applies)"))
 
 
+def plan_named(spec: Spec, name: str, cache_tag: str = "") -> Plan:
+    """The plan of a row of the spec's table by its name: what an extension built without its
+    instances (codegen/core.py) asks for when its dispatch picks a row that is not built yet."""
+    (spec, instances), = pipeline.lower(pipeline.expand([spec]))  # with the tuned table's rules
+    for inst in instances:
+        if inst.name == name:
+            sources = render_sources(spec, inst)
+            return Plan(spec, inst, sources, digest(sources, cache_tag))
+    raise Unbuildable(f"{spec.op.name}: the spec has no instance named {name} (the extension's table is "
+                      "older than the specs: rebuild it)")
+
+
 def plan_instance(spec: Spec, inst: KernelInstance, cache_tag: str = "") -> Plan:
     """A plan for an instance chosen by the caller (the bank check's unpadded twins), checked by
     every lowering pass but by no dispatch rule: it is reached by name (`<op>_with`)."""
@@ -192,38 +204,44 @@ def library_path(cache_dir: Path, plan_: Plan) -> Path:
     return Path(cache_dir) / plan_.spec.family / plan_.entry_name / LIBRARY
 
 
-def build(plan_: Plan, cache_dir: Path, compiler=run_nvcc, on_build=None) -> Path:
-    """The library of `plan_` in the cache, built now if no process has built it yet. Under the
-    entry's lock: a finished entry is reused; otherwise the sources are written and compiled in
-    a temporary directory that is renamed into place only when complete. `on_build` is called
-    before a compile starts (the runtime's progress line)."""
-    final = library_path(cache_dir, plan_)
-    if final.is_file():
+def locked_build(final: Path, fill) -> Path:
+    """The cache entry `final` (a directory), made now if no process has made it yet. Under the
+    entry's lock: a finished entry is reused; otherwise `fill(tmp)` writes it into a temporary
+    directory beside it, renamed into place only when fill returns, so an interrupted build
+    leaves nothing another process would load."""
+    if final.is_dir():
         return final
-    family_dir = final.parent.parent
-    family_dir.mkdir(parents=True, exist_ok=True)
-    with open(family_dir / f"{plan_.entry_name}.lock", "w") as lock:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f"{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if final.is_file():      # another process finished it while this one waited
+        if final.is_dir():      # another process finished it while this one waited
             return final
-        if on_build is not None:
-            on_build(plan_)
-        tmp = Path(tempfile.mkdtemp(dir=family_dir, prefix=f".{plan_.entry_name}."))
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
         try:
-            src = tmp / "src"
-            for rel, text in plan_.sources.items():
-                (src / rel).parent.mkdir(parents=True, exist_ok=True)
-                (src / rel).write_text(text)
-            compiler(plan_, src, tmp / LIBRARY)
-            if not (tmp / LIBRARY).is_file():
-                raise RuntimeError(f"attngen: building {plan_.inst.name} produced no library")
-            (tmp / "instance.json").write_text(json.dumps(
-                {"name": plan_.inst.name, "op": plan_.spec.op.name, "digest": plan_.digest,
-                 "params": plan_.inst.p, "axes": plan_.inst.a}, indent=1) + "\n")
-            if final.parent.exists():    # a leftover without its library: not a finished entry
-                shutil.rmtree(final.parent)
-            os.rename(tmp, final.parent)
+            fill(tmp)
+            os.rename(tmp, final)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def build(plan_: Plan, cache_dir: Path, compiler=run_nvcc, on_build=None) -> Path:
+    """The library of `plan_` in the cache, built now if no process has built it yet: the
+    sources are written and compiled in the entry's temporary directory (locked_build).
+    `on_build` is called before a compile starts (the runtime's progress line)."""
+    def fill(tmp: Path) -> None:
+        if on_build is not None:
+            on_build(plan_)
+        src = tmp / "src"
+        for rel, text in plan_.sources.items():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            (src / rel).write_text(text)
+        compiler(plan_, src, tmp / LIBRARY)
+        if not (tmp / LIBRARY).is_file():
+            raise RuntimeError(f"attngen: building {plan_.inst.name} produced no library")
+        (tmp / "instance.json").write_text(json.dumps(
+            {"name": plan_.inst.name, "op": plan_.spec.op.name, "digest": plan_.digest,
+             "params": plan_.inst.p, "axes": plan_.inst.a}, indent=1) + "\n")
+
+    return locked_build(library_path(cache_dir, plan_).parent, fill) / LIBRARY

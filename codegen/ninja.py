@@ -58,7 +58,7 @@ def build_file(specs_and_instances, files: dict, layout: Layout = DEFAULT_LAYOUT
         # A family's sources depend on the shared headers and its own: editing one family's
         # headers rebuilds only that family.
         deps = " ".join(f"{gen}/{rel}" for rel in headers if rel.startswith(("common/", f"{spec.family}/")))
-        for inst in instances:
+        for inst in (i for i in instances if i.filename in files):  # none where they build on first use
             src = f"{gen}/{inst.filename}"
             stem = inst.filename[:-3]
             gencode = ARCHES[inst.arch].gencode

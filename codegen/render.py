@@ -70,9 +70,15 @@ def axes_match_cpp(spec: Spec, axes: dict) -> str:
     return " && ".join(terms)
 
 
-def dispatch_context(spec: Spec, instances: list[KernelInstance]) -> dict:
+TABLE_NOT_BUILT = ["This table's rows are not built: the extension was built without its instances",
+                   "(codegen/core.py); a row gets its launcher when the runtime builds that instance on",
+                   "first use and registers it by name."]
+
+
+def dispatch_context(spec: Spec, instances: list[KernelInstance], built: bool = True) -> dict:
     """Everything the dispatch template prints, decided here: C++ conditions per rule, and per
-    rule the candidate instances grouped by axis values, in `prefer` order."""
+    rule the candidate instances grouped by axis values, in `prefer` order. Without `built`, the
+    same table with no launchers (an extension whose instances build on first use)."""
     runtime = key_env(spec)
     index = {inst.name: i for i, inst in enumerate(instances)}
     covers = [spec.kernels[inst.kind].covers.to_cpp({**runtime, **inst.p}) for inst in instances]
@@ -92,6 +98,9 @@ def dispatch_context(spec: Spec, instances: list[KernelInstance]) -> dict:
                       "when": rule.when.to_cpp(runtime), "groups": groups(members),
                       "jit_first": kind.role == "fallback"})
     return {"family": spec.family, "op": spec.op.name, "instances": instances, "covers": covers,
+            "launched": instances if built else [], "table_note": [] if built else TABLE_NOT_BUILT,
+            "launchers": [i.launcher if built else "nullptr" for i in instances],
+            "workspaces": [i.workspace if built else "nullptr" for i in instances],
             "roles": [spec.kernels[inst.kind].role for inst in instances],
             "runtime_vars": list(spec.op.key), "key_axes": [f"static_cast<int64_t>(key.{axis})" for axis in spec.axes],
             "rules": rules, "axis_names": ", ".join(spec.axes)}
@@ -194,12 +203,14 @@ def render_common(env) -> dict[str, str]:
     return files
 
 
-def render_spec(env, spec: Spec, instances: list[KernelInstance], namespace: str = NAMESPACE) -> dict[str, str]:
-    """All files of one spec, as {path under generated/: content}."""
+def render_spec(env, spec: Spec, instances: list[KernelInstance], namespace: str = NAMESPACE,
+                built: bool = True) -> dict[str, str]:
+    """All files of one spec, as {path under generated/: content}; without `built`, those of an
+    extension whose instances build on first use (its table and bindings, no kernel)."""
     files = render_support(env, spec, namespace)
     files[f"{spec.family}/dispatch.cpp"] = _render(env, spec.file, "op/dispatch.cpp.j2",
-                                                   **dispatch_context(spec, instances))
-    for inst in instances:
+                                                   **dispatch_context(spec, instances, built))
+    for inst in instances if built else ():
         files[inst.filename] = render_instance(env, spec, inst)
     return files
 
@@ -217,13 +228,14 @@ def manifest(specs_and_instances) -> str:
 
 
 def render_all(templates_dir: Path, specs_and_instances, namespace: str = NAMESPACE,
-               layout: "ninja.Layout" = ninja.DEFAULT_LAYOUT) -> dict[str, str]:
+               layout: "ninja.Layout" = ninja.DEFAULT_LAYOUT, built: bool = True) -> dict[str, str]:
     """Every generated file, as {path under the generated dir: content}. The tuner renders its
-    candidates with another op namespace and layout, into a build of their own."""
+    candidates with another op namespace and layout, into a build of their own; without `built`,
+    the extension's host files with tables whose instances build on first use (codegen/core.py)."""
     env = environment(templates_dir)
     files = render_common(env)
     for spec, instances in specs_and_instances:
-        files.update(render_spec(env, spec, instances, namespace))
+        files.update(render_spec(env, spec, instances, namespace, built))
     ops = [(spec.family, spec.op.name) for spec, _ in specs_and_instances]
     files["extension.cpp"] = _render(env, "specs/", "op/extension.cpp.j2", namespace=namespace, ops=ops)
     files["manifest.json"] = manifest(specs_and_instances)

@@ -76,13 +76,13 @@ void register_jit(const std::string& op, int64_t entry_function) {
   TORCH_CHECK(added, "register_jit: the table of instances built on first use for ", op, " is full");
 }
 
-// The op and key that the last call on this thread found no instance for (the op is '' when
-// none did), cleared as it is taken: the runtime's trigger for building one on first use.
-std::tuple<std::string, std::vector<int64_t>> take_uncovered() {
+// The op and key that the last call on this thread found no built instance for (the op is ''
+// when none did), and the table's row it picked if that row is only not built yet; cleared as
+// it is taken: the runtime's trigger for building one on first use.
+std::tuple<std::string, std::vector<int64_t>, std::string> take_uncovered() {
   attngen::detail::Uncovered& record = attngen::detail::last_uncovered();
-  std::tuple<std::string, std::vector<int64_t>> taken{record.op, record.key};
-  record.op.clear();
-  record.key.clear();
+  std::tuple<std::string, std::vector<int64_t>, std::string> taken{record.op, record.key, record.instance};
+  record = attngen::detail::Uncovered{};
   return taken;
 }
 
@@ -91,5 +91,5 @@ std::tuple<std::string, std::vector<int64_t>> take_uncovered() {
 TORCH_LIBRARY(attngen, m) {
   m.def("register_jit(str op, int entry_function) -> ()");
   m.impl("register_jit", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(register_jit));
-  m.def("take_uncovered() -> (str, int[])", &take_uncovered);
+  m.def("take_uncovered() -> (str, int[], str)", &take_uncovered);
 }

@@ -1060,6 +1060,16 @@ const Entry kEntries[] = {
     {"causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", "dispatch", launch_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_258, workspace_causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
     {"causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a", "dispatch", launch_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a, covers_259, workspace_causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a},
 };
+constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
+
+// A row's instance built on first use and registered by its name (an extension built without
+// its instances), published with release so that a dispatch reading it sees the whole Entry.
+std::atomic<const Entry*> built_rows[kRowCount];
+
+const Entry* row(int index) {
+  const Entry* built = built_rows[index].load(std::memory_order_acquire);
+  return built != nullptr ? built : &kEntries[index];
+}
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
 // published by the count, so a dispatch running meanwhile reads only complete slots.
@@ -1070,10 +1080,17 @@ std::mutex jit_lock;
 
 }  // namespace
 
-// Adds an instance from a library built on first use; false when the table is full. The same
-// name registered twice is kept once.
+// Adds an instance from a library built on first use: a row of the same name takes it, any other
+// goes after the spec's rules; false when that table is full. The same name registered twice is
+// kept once.
 bool causal_dot_product_register_jit(const Entry* entry) {
   std::lock_guard<std::mutex> guard(jit_lock);
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, entry->name) == 0) {
+      built_rows[i].store(entry, std::memory_order_release);
+      return true;
+    }
+  }
   const int n = jit_count.load(std::memory_order_relaxed);
   for (int i = 0; i < n; ++i) {
     if (std::strcmp(jit_slots[i]->name, entry->name) == 0) return true;
@@ -1090,13 +1107,13 @@ std::vector<int64_t> causal_dot_product_key_values(const Key& key) {
   return {key.E, key.M, key.L, key.BH, key.align, key.sm_count, static_cast<int64_t>(key.dtype), static_cast<int64_t>(key.direction)};
 }
 
-int causal_dot_product_entry_count() { return static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0])); }
+int causal_dot_product_entry_count() { return kRowCount; }
 
-const Entry* causal_dot_product_entry(int index) { return &kEntries[index]; }
+const Entry* causal_dot_product_entry(int index) { return row(index); }
 
 const Entry* causal_dot_product_find(const char* name) {
-  for (const Entry& entry : kEntries) {
-    if (std::strcmp(entry.name, name) == 0) return &entry;
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, name) == 0) return row(i);
   }
   const int n = jit_count.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
@@ -1118,458 +1135,458 @@ const Entry* causal_dot_product_select(const Key& key) {
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e32_small_bh: when E <= 32 and M <= 32 and BH < sm_count // 2
   if (((key.E <= 32) && (key.M <= 32) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.direction == 0) {
-      if (kEntries[232].covers(key)) return &kEntries[232];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[232].covers(key)) return row(232);  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1) {
-      if (kEntries[233].covers(key)) return &kEntries[233];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[233].covers(key)) return row(233);  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0) {
-      if (kEntries[234].covers(key)) return &kEntries[234];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[234].covers(key)) return row(234);  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1) {
-      if (kEntries[235].covers(key)) return &kEntries[235];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[235].covers(key)) return row(235);  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0) {
-      if (kEntries[236].covers(key)) return &kEntries[236];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[236].covers(key)) return row(236);  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1) {
-      if (kEntries[237].covers(key)) return &kEntries[237];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[237].covers(key)) return row(237);  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_tiny_bh: when E <= 64 and M <= 64 and BH < sm_count // 8
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 8)))) {
     if (key.dtype == DType::kFP32 && key.direction == 0) {
-      if (kEntries[238].covers(key)) return &kEntries[238];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[238].covers(key)) return row(238);  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1) {
-      if (kEntries[239].covers(key)) return &kEntries[239];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[239].covers(key)) return row(239);  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0) {
-      if (kEntries[240].covers(key)) return &kEntries[240];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[240].covers(key)) return row(240);  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1) {
-      if (kEntries[241].covers(key)) return &kEntries[241];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[241].covers(key)) return row(241);  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0) {
-      if (kEntries[242].covers(key)) return &kEntries[242];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[242].covers(key)) return row(242);  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1) {
-      if (kEntries[243].covers(key)) return &kEntries[243];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[243].covers(key)) return row(243);  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_long_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2 and L >= 8192
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 2)) && (key.L >= 8192))) {
     if (key.dtype == DType::kFP32 && key.direction == 0) {
-      if (kEntries[244].covers(key)) return &kEntries[244];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[244].covers(key)) return row(244);  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1) {
-      if (kEntries[245].covers(key)) return &kEntries[245];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[245].covers(key)) return row(245);  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0) {
-      if (kEntries[246].covers(key)) return &kEntries[246];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[246].covers(key)) return row(246);  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1) {
-      if (kEntries[247].covers(key)) return &kEntries[247];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[247].covers(key)) return row(247);  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0) {
-      if (kEntries[248].covers(key)) return &kEntries[248];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[248].covers(key)) return row(248);  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1) {
-      if (kEntries[249].covers(key)) return &kEntries[249];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[249].covers(key)) return row(249);  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_small_bh: when E <= 64 and M <= 64 and BH < sm_count // 2
   if (((key.E <= 64) && (key.M <= 64) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.direction == 0) {
-      if (kEntries[244].covers(key)) return &kEntries[244];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[244].covers(key)) return row(244);  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1) {
-      if (kEntries[245].covers(key)) return &kEntries[245];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[245].covers(key)) return row(245);  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0) {
-      if (kEntries[250].covers(key)) return &kEntries[250];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[250].covers(key)) return row(250);  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1) {
-      if (kEntries[251].covers(key)) return &kEntries[251];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[251].covers(key)) return row(251);  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0) {
-      if (kEntries[252].covers(key)) return &kEntries[252];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[252].covers(key)) return row(252);  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1) {
-      if (kEntries[253].covers(key)) return &kEntries[253];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[253].covers(key)) return row(253);  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e64_large_bh: when E <= 64 and M <= 64
   if (((key.E <= 64) && (key.M <= 64))) {
     if (key.dtype == DType::kFP32 && key.direction == 0) {
-      if (kEntries[254].covers(key)) return &kEntries[254];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[254].covers(key)) return row(254);  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1) {
-      if (kEntries[255].covers(key)) return &kEntries[255];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[255].covers(key)) return row(255);  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0) {
-      if (kEntries[240].covers(key)) return &kEntries[240];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[240].covers(key)) return row(240);  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1) {
-      if (kEntries[241].covers(key)) return &kEntries[241];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[241].covers(key)) return row(241);  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0) {
-      if (kEntries[242].covers(key)) return &kEntries[242];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[242].covers(key)) return row(242);  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1) {
-      if (kEntries[243].covers(key)) return &kEntries[243];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[243].covers(key)) return row(243);  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e128_small_bh: when E <= 128 and M <= 128 and BH < sm_count // 2
   if (((key.E <= 128) && (key.M <= 128) && (key.BH < (key.sm_count / 2)))) {
     if (key.dtype == DType::kFP32 && key.direction == 0) {
-      if (kEntries[256].covers(key)) return &kEntries[256];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[256].covers(key)) return row(256);  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1) {
-      if (kEntries[257].covers(key)) return &kEntries[257];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[257].covers(key)) return row(257);  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0) {
-      if (kEntries[204].covers(key)) return &kEntries[204];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[204].covers(key)) return row(204);  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1) {
-      if (kEntries[220].covers(key)) return &kEntries[220];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[220].covers(key)) return row(220);  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0) {
-      if (kEntries[172].covers(key)) return &kEntries[172];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[172].covers(key)) return row(172);  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1) {
-      if (kEntries[188].covers(key)) return &kEntries[188];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[188].covers(key)) return row(188);  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/causal_linear.yaml: bucket e128_large_bh: when E <= 128 and M <= 128
   if (((key.E <= 128) && (key.M <= 128))) {
     if (key.dtype == DType::kFP32 && key.direction == 0) {
-      if (kEntries[258].covers(key)) return &kEntries[258];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[258].covers(key)) return row(258);  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1) {
-      if (kEntries[259].covers(key)) return &kEntries[259];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[259].covers(key)) return row(259);  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0) {
-      if (kEntries[204].covers(key)) return &kEntries[204];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[204].covers(key)) return row(204);  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1) {
-      if (kEntries[220].covers(key)) return &kEntries[220];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[220].covers(key)) return row(220);  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0) {
-      if (kEntries[172].covers(key)) return &kEntries[172];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[172].covers(key)) return row(172);  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1) {
-      if (kEntries[188].covers(key)) return &kEntries[188];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[188].covers(key)) return row(188);  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
     }
   }
   // specs/causal_linear.yaml:185: when True -> chunked
   if (true) {
     if (key.dtype == DType::kFP16 && key.direction == 0) {
-      if (kEntries[162].covers(key)) return &kEntries[162];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[236].covers(key)) return &kEntries[236];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[163].covers(key)) return &kEntries[163];  // causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[164].covers(key)) return &kEntries[164];  // causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[165].covers(key)) return &kEntries[165];  // causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[166].covers(key)) return &kEntries[166];  // causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[167].covers(key)) return &kEntries[167];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[242].covers(key)) return &kEntries[242];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[248].covers(key)) return &kEntries[248];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a
-      if (kEntries[252].covers(key)) return &kEntries[252];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[168].covers(key)) return &kEntries[168];  // causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[169].covers(key)) return &kEntries[169];  // causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[170].covers(key)) return &kEntries[170];  // causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
-      if (kEntries[171].covers(key)) return &kEntries[171];  // causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
-      if (kEntries[172].covers(key)) return &kEntries[172];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
-      if (kEntries[173].covers(key)) return &kEntries[173];  // causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
-      if (kEntries[174].covers(key)) return &kEntries[174];  // causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[175].covers(key)) return &kEntries[175];  // causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[176].covers(key)) return &kEntries[176];  // causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[177].covers(key)) return &kEntries[177];  // causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[162].covers(key)) return row(162);  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[236].covers(key)) return row(236);  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[163].covers(key)) return row(163);  // causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[164].covers(key)) return row(164);  // causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[165].covers(key)) return row(165);  // causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[166].covers(key)) return row(166);  // causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[167].covers(key)) return row(167);  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[242].covers(key)) return row(242);  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[248].covers(key)) return row(248);  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[252].covers(key)) return row(252);  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[168].covers(key)) return row(168);  // causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[169].covers(key)) return row(169);  // causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[170].covers(key)) return row(170);  // causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[171].covers(key)) return row(171);  // causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[172].covers(key)) return row(172);  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[173].covers(key)) return row(173);  // causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[174].covers(key)) return row(174);  // causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[175].covers(key)) return row(175);  // causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[176].covers(key)) return row(176);  // causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[177].covers(key)) return row(177);  // causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1) {
-      if (kEntries[178].covers(key)) return &kEntries[178];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[237].covers(key)) return &kEntries[237];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[179].covers(key)) return &kEntries[179];  // causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[180].covers(key)) return &kEntries[180];  // causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[181].covers(key)) return &kEntries[181];  // causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[182].covers(key)) return &kEntries[182];  // causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[183].covers(key)) return &kEntries[183];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[243].covers(key)) return &kEntries[243];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[249].covers(key)) return &kEntries[249];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a
-      if (kEntries[253].covers(key)) return &kEntries[253];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[184].covers(key)) return &kEntries[184];  // causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[185].covers(key)) return &kEntries[185];  // causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[186].covers(key)) return &kEntries[186];  // causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
-      if (kEntries[187].covers(key)) return &kEntries[187];  // causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
-      if (kEntries[188].covers(key)) return &kEntries[188];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
-      if (kEntries[189].covers(key)) return &kEntries[189];  // causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
-      if (kEntries[190].covers(key)) return &kEntries[190];  // causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[191].covers(key)) return &kEntries[191];  // causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[192].covers(key)) return &kEntries[192];  // causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
-      if (kEntries[193].covers(key)) return &kEntries[193];  // causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[178].covers(key)) return row(178);  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[237].covers(key)) return row(237);  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[179].covers(key)) return row(179);  // causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[180].covers(key)) return row(180);  // causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[181].covers(key)) return row(181);  // causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[182].covers(key)) return row(182);  // causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[183].covers(key)) return row(183);  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[243].covers(key)) return row(243);  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[249].covers(key)) return row(249);  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[253].covers(key)) return row(253);  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[184].covers(key)) return row(184);  // causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[185].covers(key)) return row(185);  // causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[186].covers(key)) return row(186);  // causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[187].covers(key)) return row(187);  // causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[188].covers(key)) return row(188);  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[189].covers(key)) return row(189);  // causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_fp16_sm90a
+      if (kEntries[190].covers(key)) return row(190);  // causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[191].covers(key)) return row(191);  // causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[192].covers(key)) return row(192);  // causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
+      if (kEntries[193].covers(key)) return row(193);  // causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0) {
-      if (kEntries[194].covers(key)) return &kEntries[194];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[234].covers(key)) return &kEntries[234];  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[195].covers(key)) return &kEntries[195];  // causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[196].covers(key)) return &kEntries[196];  // causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[197].covers(key)) return &kEntries[197];  // causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[198].covers(key)) return &kEntries[198];  // causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[199].covers(key)) return &kEntries[199];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[240].covers(key)) return &kEntries[240];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[246].covers(key)) return &kEntries[246];  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a
-      if (kEntries[250].covers(key)) return &kEntries[250];  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[200].covers(key)) return &kEntries[200];  // causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[201].covers(key)) return &kEntries[201];  // causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[202].covers(key)) return &kEntries[202];  // causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
-      if (kEntries[203].covers(key)) return &kEntries[203];  // causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
-      if (kEntries[204].covers(key)) return &kEntries[204];  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
-      if (kEntries[205].covers(key)) return &kEntries[205];  // causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
-      if (kEntries[206].covers(key)) return &kEntries[206];  // causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[207].covers(key)) return &kEntries[207];  // causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[208].covers(key)) return &kEntries[208];  // causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[209].covers(key)) return &kEntries[209];  // causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[194].covers(key)) return row(194);  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[234].covers(key)) return row(234);  // causal_linear_fwd_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[195].covers(key)) return row(195);  // causal_linear_fwd_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[196].covers(key)) return row(196);  // causal_linear_fwd_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[197].covers(key)) return row(197);  // causal_linear_fwd_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[198].covers(key)) return row(198);  // causal_linear_fwd_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[199].covers(key)) return row(199);  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[240].covers(key)) return row(240);  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[246].covers(key)) return row(246);  // causal_linear_fwd_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[250].covers(key)) return row(250);  // causal_linear_fwd_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[200].covers(key)) return row(200);  // causal_linear_fwd_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[201].covers(key)) return row(201);  // causal_linear_fwd_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[202].covers(key)) return row(202);  // causal_linear_fwd_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[203].covers(key)) return row(203);  // causal_linear_fwd_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[204].covers(key)) return row(204);  // causal_linear_fwd_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[205].covers(key)) return row(205);  // causal_linear_fwd_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[206].covers(key)) return row(206);  // causal_linear_fwd_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[207].covers(key)) return row(207);  // causal_linear_fwd_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[208].covers(key)) return row(208);  // causal_linear_fwd_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[209].covers(key)) return row(209);  // causal_linear_fwd_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1) {
-      if (kEntries[210].covers(key)) return &kEntries[210];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[235].covers(key)) return &kEntries[235];  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[211].covers(key)) return &kEntries[211];  // causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[212].covers(key)) return &kEntries[212];  // causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[213].covers(key)) return &kEntries[213];  // causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[214].covers(key)) return &kEntries[214];  // causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[215].covers(key)) return &kEntries[215];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[241].covers(key)) return &kEntries[241];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[247].covers(key)) return &kEntries[247];  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a
-      if (kEntries[251].covers(key)) return &kEntries[251];  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[216].covers(key)) return &kEntries[216];  // causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[217].covers(key)) return &kEntries[217];  // causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[218].covers(key)) return &kEntries[218];  // causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
-      if (kEntries[219].covers(key)) return &kEntries[219];  // causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
-      if (kEntries[220].covers(key)) return &kEntries[220];  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
-      if (kEntries[221].covers(key)) return &kEntries[221];  // causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
-      if (kEntries[222].covers(key)) return &kEntries[222];  // causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[223].covers(key)) return &kEntries[223];  // causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[224].covers(key)) return &kEntries[224];  // causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
-      if (kEntries[225].covers(key)) return &kEntries[225];  // causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[210].covers(key)) return row(210);  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[235].covers(key)) return row(235);  // causal_linear_rev_chunked_e32_m32_cols32_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[211].covers(key)) return row(211);  // causal_linear_rev_chunked_e32_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[212].covers(key)) return row(212);  // causal_linear_rev_chunked_e32_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[213].covers(key)) return row(213);  // causal_linear_rev_chunked_e32_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[214].covers(key)) return row(214);  // causal_linear_rev_chunked_e64_m32_cols32_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[215].covers(key)) return row(215);  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[241].covers(key)) return row(241);  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[247].covers(key)) return row(247);  // causal_linear_rev_chunked_e64_m64_cols64_warps4_stages3_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[251].covers(key)) return row(251);  // causal_linear_rev_chunked_e64_m64_cols64_warps8_stages3_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[216].covers(key)) return row(216);  // causal_linear_rev_chunked_e64_m128_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[217].covers(key)) return row(217);  // causal_linear_rev_chunked_e64_m256_cols64_warps4_stages4_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[218].covers(key)) return row(218);  // causal_linear_rev_chunked_e128_m32_cols32_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[219].covers(key)) return row(219);  // causal_linear_rev_chunked_e128_m64_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[220].covers(key)) return row(220);  // causal_linear_rev_chunked_e128_m128_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[221].covers(key)) return row(221);  // causal_linear_rev_chunked_e128_m256_cols64_warps4_stages2_terms1_sbuf1_seg256_waves1_bf16_sm90a
+      if (kEntries[222].covers(key)) return row(222);  // causal_linear_rev_chunked_e256_m32_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[223].covers(key)) return row(223);  // causal_linear_rev_chunked_e256_m64_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[224].covers(key)) return row(224);  // causal_linear_rev_chunked_e256_m128_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
+      if (kEntries[225].covers(key)) return row(225);  // causal_linear_rev_chunked_e256_m256_cols16_warps4_stages2_terms1_sbuf2_seg256_waves1_bf16_sm90a
     }
   }
   // specs/causal_linear.yaml:187: when BH >= sm_count // 2 -> lmha
   if ((key.BH >= (key.sm_count / 2))) {
     if (key.dtype == DType::kFP32 && key.direction == 0) {
-      if (kEntries[0].covers(key)) return &kEntries[0];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[1].covers(key)) return &kEntries[1];  // causal_linear_fwd_lmha_e32_m64_cols64_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[2].covers(key)) return &kEntries[2];  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[3].covers(key)) return &kEntries[3];  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
-      if (kEntries[4].covers(key)) return &kEntries[4];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
-      if (kEntries[254].covers(key)) return &kEntries[254];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[5].covers(key)) return &kEntries[5];  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
-      if (kEntries[6].covers(key)) return &kEntries[6];  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[7].covers(key)) return &kEntries[7];  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[8].covers(key)) return &kEntries[8];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[258].covers(key)) return &kEntries[258];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[0].covers(key)) return row(0);  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[1].covers(key)) return row(1);  // causal_linear_fwd_lmha_e32_m64_cols64_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[2].covers(key)) return row(2);  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[3].covers(key)) return row(3);  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[4].covers(key)) return row(4);  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[254].covers(key)) return row(254);  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[5].covers(key)) return row(5);  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[6].covers(key)) return row(6);  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[7].covers(key)) return row(7);  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[8].covers(key)) return row(8);  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[258].covers(key)) return row(258);  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1) {
-      if (kEntries[9].covers(key)) return &kEntries[9];  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[10].covers(key)) return &kEntries[10];  // causal_linear_rev_lmha_e32_m64_cols64_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[11].covers(key)) return &kEntries[11];  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[12].covers(key)) return &kEntries[12];  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
-      if (kEntries[13].covers(key)) return &kEntries[13];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
-      if (kEntries[255].covers(key)) return &kEntries[255];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[14].covers(key)) return &kEntries[14];  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
-      if (kEntries[15].covers(key)) return &kEntries[15];  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[16].covers(key)) return &kEntries[16];  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[17].covers(key)) return &kEntries[17];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
-      if (kEntries[259].covers(key)) return &kEntries[259];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[9].covers(key)) return row(9);  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[10].covers(key)) return row(10);  // causal_linear_rev_lmha_e32_m64_cols64_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[11].covers(key)) return row(11);  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec4_chunk8_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[12].covers(key)) return row(12);  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[13].covers(key)) return row(13);  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[255].covers(key)) return row(255);  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph16_vec4_chunk16_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_seg0_fp32_sm90a
+      if (kEntries[15].covers(key)) return row(15);  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[17].covers(key)) return row(17);  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_seg0_fp32_sm90a
+      if (kEntries[259].covers(key)) return row(259);  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph8_vec4_chunk16_buf2_pad16_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0) {
-      if (kEntries[18].covers(key)) return &kEntries[18];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[19].covers(key)) return &kEntries[19];  // causal_linear_fwd_lmha_e32_m64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_fp16_sm90a
-      if (kEntries[20].covers(key)) return &kEntries[20];  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_fp16_sm90a
-      if (kEntries[21].covers(key)) return &kEntries[21];  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[22].covers(key)) return &kEntries[22];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
-      if (kEntries[23].covers(key)) return &kEntries[23];  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
-      if (kEntries[24].covers(key)) return &kEntries[24];  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[25].covers(key)) return &kEntries[25];  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
-      if (kEntries[26].covers(key)) return &kEntries[26];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
+      if (kEntries[18].covers(key)) return row(18);  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // causal_linear_fwd_lmha_e32_m64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_fp16_sm90a
+      if (kEntries[20].covers(key)) return row(20);  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_fp16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[22].covers(key)) return row(22);  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
+      if (kEntries[23].covers(key)) return row(23);  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
+      if (kEntries[24].covers(key)) return row(24);  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[25].covers(key)) return row(25);  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
+      if (kEntries[26].covers(key)) return row(26);  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1) {
-      if (kEntries[27].covers(key)) return &kEntries[27];  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[28].covers(key)) return &kEntries[28];  // causal_linear_rev_lmha_e32_m64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_fp16_sm90a
-      if (kEntries[29].covers(key)) return &kEntries[29];  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_fp16_sm90a
-      if (kEntries[30].covers(key)) return &kEntries[30];  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[31].covers(key)) return &kEntries[31];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
-      if (kEntries[32].covers(key)) return &kEntries[32];  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
-      if (kEntries[33].covers(key)) return &kEntries[33];  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[34].covers(key)) return &kEntries[34];  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
-      if (kEntries[35].covers(key)) return &kEntries[35];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
+      if (kEntries[27].covers(key)) return row(27);  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[28].covers(key)) return row(28);  // causal_linear_rev_lmha_e32_m64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_fp16_sm90a
+      if (kEntries[29].covers(key)) return row(29);  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_fp16_sm90a
+      if (kEntries[30].covers(key)) return row(30);  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[31].covers(key)) return row(31);  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
+      if (kEntries[32].covers(key)) return row(32);  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_fp16_sm90a
+      if (kEntries[33].covers(key)) return row(33);  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[34].covers(key)) return row(34);  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
+      if (kEntries[35].covers(key)) return row(35);  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0) {
-      if (kEntries[36].covers(key)) return &kEntries[36];  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[37].covers(key)) return &kEntries[37];  // causal_linear_fwd_lmha_e32_m64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_bf16_sm90a
-      if (kEntries[38].covers(key)) return &kEntries[38];  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_bf16_sm90a
-      if (kEntries[39].covers(key)) return &kEntries[39];  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[40].covers(key)) return &kEntries[40];  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
-      if (kEntries[41].covers(key)) return &kEntries[41];  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
-      if (kEntries[42].covers(key)) return &kEntries[42];  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[43].covers(key)) return &kEntries[43];  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
-      if (kEntries[44].covers(key)) return &kEntries[44];  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
+      if (kEntries[36].covers(key)) return row(36);  // causal_linear_fwd_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[37].covers(key)) return row(37);  // causal_linear_fwd_lmha_e32_m64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_bf16_sm90a
+      if (kEntries[38].covers(key)) return row(38);  // causal_linear_fwd_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_bf16_sm90a
+      if (kEntries[39].covers(key)) return row(39);  // causal_linear_fwd_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[40].covers(key)) return row(40);  // causal_linear_fwd_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
+      if (kEntries[41].covers(key)) return row(41);  // causal_linear_fwd_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
+      if (kEntries[42].covers(key)) return row(42);  // causal_linear_fwd_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[43].covers(key)) return row(43);  // causal_linear_fwd_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
+      if (kEntries[44].covers(key)) return row(44);  // causal_linear_fwd_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1) {
-      if (kEntries[45].covers(key)) return &kEntries[45];  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[46].covers(key)) return &kEntries[46];  // causal_linear_rev_lmha_e32_m64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_bf16_sm90a
-      if (kEntries[47].covers(key)) return &kEntries[47];  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_bf16_sm90a
-      if (kEntries[48].covers(key)) return &kEntries[48];  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[49].covers(key)) return &kEntries[49];  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
-      if (kEntries[50].covers(key)) return &kEntries[50];  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
-      if (kEntries[51].covers(key)) return &kEntries[51];  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[52].covers(key)) return &kEntries[52];  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
-      if (kEntries[53].covers(key)) return &kEntries[53];  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
+      if (kEntries[45].covers(key)) return row(45);  // causal_linear_rev_lmha_e32_m32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[46].covers(key)) return row(46);  // causal_linear_rev_lmha_e32_m64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_bf16_sm90a
+      if (kEntries[47].covers(key)) return row(47);  // causal_linear_rev_lmha_e32_m128_cols128_mpt4_tph4_vec8_chunk8_buf2_pad0_seg0_bf16_sm90a
+      if (kEntries[48].covers(key)) return row(48);  // causal_linear_rev_lmha_e64_m32_cols32_mpt4_tph8_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[49].covers(key)) return row(49);  // causal_linear_rev_lmha_e64_m64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
+      if (kEntries[50].covers(key)) return row(50);  // causal_linear_rev_lmha_e64_m128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_seg0_bf16_sm90a
+      if (kEntries[51].covers(key)) return row(51);  // causal_linear_rev_lmha_e128_m32_cols32_mpt4_tph16_vec8_chunk8_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[52].covers(key)) return row(52);  // causal_linear_rev_lmha_e128_m64_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
+      if (kEntries[53].covers(key)) return row(53);  // causal_linear_rev_lmha_e128_m128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_seg0_bf16_sm90a
     }
   }
   // specs/causal_linear.yaml:189: when L >= 1024 -> split_time
   if ((key.L >= 1024)) {
     if (key.dtype == DType::kFP32 && key.direction == 0) {
-      if (kEntries[108].covers(key)) return &kEntries[108];  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[232].covers(key)) return &kEntries[232];  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
-      if (kEntries[109].covers(key)) return &kEntries[109];  // causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[110].covers(key)) return &kEntries[110];  // causal_linear_fwd_split_time_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[111].covers(key)) return &kEntries[111];  // causal_linear_fwd_split_time_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[112].covers(key)) return &kEntries[112];  // causal_linear_fwd_split_time_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[238].covers(key)) return &kEntries[238];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
-      if (kEntries[244].covers(key)) return &kEntries[244];  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
-      if (kEntries[113].covers(key)) return &kEntries[113];  // causal_linear_fwd_split_time_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[114].covers(key)) return &kEntries[114];  // causal_linear_fwd_split_time_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[115].covers(key)) return &kEntries[115];  // causal_linear_fwd_split_time_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[116].covers(key)) return &kEntries[116];  // causal_linear_fwd_split_time_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[108].covers(key)) return row(108);  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[232].covers(key)) return row(232);  // causal_linear_fwd_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[109].covers(key)) return row(109);  // causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[110].covers(key)) return row(110);  // causal_linear_fwd_split_time_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[111].covers(key)) return row(111);  // causal_linear_fwd_split_time_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[112].covers(key)) return row(112);  // causal_linear_fwd_split_time_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[238].covers(key)) return row(238);  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[244].covers(key)) return row(244);  // causal_linear_fwd_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[113].covers(key)) return row(113);  // causal_linear_fwd_split_time_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[114].covers(key)) return row(114);  // causal_linear_fwd_split_time_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[115].covers(key)) return row(115);  // causal_linear_fwd_split_time_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[116].covers(key)) return row(116);  // causal_linear_fwd_split_time_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1) {
-      if (kEntries[117].covers(key)) return &kEntries[117];  // causal_linear_rev_split_time_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[233].covers(key)) return &kEntries[233];  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
-      if (kEntries[118].covers(key)) return &kEntries[118];  // causal_linear_rev_split_time_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[119].covers(key)) return &kEntries[119];  // causal_linear_rev_split_time_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[120].covers(key)) return &kEntries[120];  // causal_linear_rev_split_time_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[121].covers(key)) return &kEntries[121];  // causal_linear_rev_split_time_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[239].covers(key)) return &kEntries[239];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
-      if (kEntries[245].covers(key)) return &kEntries[245];  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
-      if (kEntries[122].covers(key)) return &kEntries[122];  // causal_linear_rev_split_time_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[123].covers(key)) return &kEntries[123];  // causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[124].covers(key)) return &kEntries[124];  // causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
-      if (kEntries[125].covers(key)) return &kEntries[125];  // causal_linear_rev_split_time_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[117].covers(key)) return row(117);  // causal_linear_rev_split_time_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[233].covers(key)) return row(233);  // causal_linear_rev_split_time_e32_m32_cols16_mpt2_tph8_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[118].covers(key)) return row(118);  // causal_linear_rev_split_time_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[119].covers(key)) return row(119);  // causal_linear_rev_split_time_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[120].covers(key)) return row(120);  // causal_linear_rev_split_time_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[121].covers(key)) return row(121);  // causal_linear_rev_split_time_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[239].covers(key)) return row(239);  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg512_fp32_sm90a
+      if (kEntries[245].covers(key)) return row(245);  // causal_linear_rev_split_time_e64_m64_cols16_mpt2_tph16_vec4_chunk32_buf2_pad0_seg128_fp32_sm90a
+      if (kEntries[122].covers(key)) return row(122);  // causal_linear_rev_split_time_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[123].covers(key)) return row(123);  // causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[124].covers(key)) return row(124);  // causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
+      if (kEntries[125].covers(key)) return row(125);  // causal_linear_rev_split_time_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg256_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0) {
-      if (kEntries[126].covers(key)) return &kEntries[126];  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[127].covers(key)) return &kEntries[127];  // causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[128].covers(key)) return &kEntries[128];  // causal_linear_fwd_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[129].covers(key)) return &kEntries[129];  // causal_linear_fwd_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[130].covers(key)) return &kEntries[130];  // causal_linear_fwd_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[131].covers(key)) return &kEntries[131];  // causal_linear_fwd_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[132].covers(key)) return &kEntries[132];  // causal_linear_fwd_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[133].covers(key)) return &kEntries[133];  // causal_linear_fwd_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[134].covers(key)) return &kEntries[134];  // causal_linear_fwd_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[126].covers(key)) return row(126);  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[127].covers(key)) return row(127);  // causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[128].covers(key)) return row(128);  // causal_linear_fwd_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[129].covers(key)) return row(129);  // causal_linear_fwd_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[130].covers(key)) return row(130);  // causal_linear_fwd_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[131].covers(key)) return row(131);  // causal_linear_fwd_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[132].covers(key)) return row(132);  // causal_linear_fwd_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[133].covers(key)) return row(133);  // causal_linear_fwd_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[134].covers(key)) return row(134);  // causal_linear_fwd_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1) {
-      if (kEntries[135].covers(key)) return &kEntries[135];  // causal_linear_rev_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[136].covers(key)) return &kEntries[136];  // causal_linear_rev_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[137].covers(key)) return &kEntries[137];  // causal_linear_rev_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[138].covers(key)) return &kEntries[138];  // causal_linear_rev_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[139].covers(key)) return &kEntries[139];  // causal_linear_rev_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[140].covers(key)) return &kEntries[140];  // causal_linear_rev_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[141].covers(key)) return &kEntries[141];  // causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[142].covers(key)) return &kEntries[142];  // causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
-      if (kEntries[143].covers(key)) return &kEntries[143];  // causal_linear_rev_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[135].covers(key)) return row(135);  // causal_linear_rev_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[136].covers(key)) return row(136);  // causal_linear_rev_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[137].covers(key)) return row(137);  // causal_linear_rev_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[138].covers(key)) return row(138);  // causal_linear_rev_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[139].covers(key)) return row(139);  // causal_linear_rev_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[140].covers(key)) return row(140);  // causal_linear_rev_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[141].covers(key)) return row(141);  // causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[142].covers(key)) return row(142);  // causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
+      if (kEntries[143].covers(key)) return row(143);  // causal_linear_rev_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0) {
-      if (kEntries[144].covers(key)) return &kEntries[144];  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[145].covers(key)) return &kEntries[145];  // causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[146].covers(key)) return &kEntries[146];  // causal_linear_fwd_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[147].covers(key)) return &kEntries[147];  // causal_linear_fwd_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[148].covers(key)) return &kEntries[148];  // causal_linear_fwd_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[149].covers(key)) return &kEntries[149];  // causal_linear_fwd_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[150].covers(key)) return &kEntries[150];  // causal_linear_fwd_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[151].covers(key)) return &kEntries[151];  // causal_linear_fwd_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[152].covers(key)) return &kEntries[152];  // causal_linear_fwd_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[144].covers(key)) return row(144);  // causal_linear_fwd_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[145].covers(key)) return row(145);  // causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[146].covers(key)) return row(146);  // causal_linear_fwd_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[147].covers(key)) return row(147);  // causal_linear_fwd_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[148].covers(key)) return row(148);  // causal_linear_fwd_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[149].covers(key)) return row(149);  // causal_linear_fwd_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[150].covers(key)) return row(150);  // causal_linear_fwd_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[151].covers(key)) return row(151);  // causal_linear_fwd_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[152].covers(key)) return row(152);  // causal_linear_fwd_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1) {
-      if (kEntries[153].covers(key)) return &kEntries[153];  // causal_linear_rev_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[154].covers(key)) return &kEntries[154];  // causal_linear_rev_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[155].covers(key)) return &kEntries[155];  // causal_linear_rev_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[156].covers(key)) return &kEntries[156];  // causal_linear_rev_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[157].covers(key)) return &kEntries[157];  // causal_linear_rev_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[158].covers(key)) return &kEntries[158];  // causal_linear_rev_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[159].covers(key)) return &kEntries[159];  // causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[160].covers(key)) return &kEntries[160];  // causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
-      if (kEntries[161].covers(key)) return &kEntries[161];  // causal_linear_rev_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[153].covers(key)) return row(153);  // causal_linear_rev_split_time_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[154].covers(key)) return row(154);  // causal_linear_rev_split_time_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[155].covers(key)) return row(155);  // causal_linear_rev_split_time_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[156].covers(key)) return row(156);  // causal_linear_rev_split_time_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[157].covers(key)) return row(157);  // causal_linear_rev_split_time_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[158].covers(key)) return row(158);  // causal_linear_rev_split_time_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[159].covers(key)) return row(159);  // causal_linear_rev_split_time_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[160].covers(key)) return row(160);  // causal_linear_rev_split_time_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
+      if (kEntries[161].covers(key)) return row(161);  // causal_linear_rev_split_time_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg256_bf16_sm90a
     }
   }
   // specs/causal_linear.yaml:191: when True -> low_occupancy
   if (true) {
     if (key.dtype == DType::kFP32 && key.direction == 0) {
-      if (kEntries[54].covers(key)) return &kEntries[54];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[55].covers(key)) return &kEntries[55];  // causal_linear_fwd_low_occupancy_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[56].covers(key)) return &kEntries[56];  // causal_linear_fwd_low_occupancy_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[57].covers(key)) return &kEntries[57];  // causal_linear_fwd_low_occupancy_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[58].covers(key)) return &kEntries[58];  // causal_linear_fwd_low_occupancy_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[59].covers(key)) return &kEntries[59];  // causal_linear_fwd_low_occupancy_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[60].covers(key)) return &kEntries[60];  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[61].covers(key)) return &kEntries[61];  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[62].covers(key)) return &kEntries[62];  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[256].covers(key)) return &kEntries[256];  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[54].covers(key)) return row(54);  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[55].covers(key)) return row(55);  // causal_linear_fwd_low_occupancy_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[56].covers(key)) return row(56);  // causal_linear_fwd_low_occupancy_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[57].covers(key)) return row(57);  // causal_linear_fwd_low_occupancy_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[58].covers(key)) return row(58);  // causal_linear_fwd_low_occupancy_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[59].covers(key)) return row(59);  // causal_linear_fwd_low_occupancy_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[60].covers(key)) return row(60);  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[61].covers(key)) return row(61);  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[62].covers(key)) return row(62);  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[256].covers(key)) return row(256);  // causal_linear_fwd_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1) {
-      if (kEntries[63].covers(key)) return &kEntries[63];  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[64].covers(key)) return &kEntries[64];  // causal_linear_rev_low_occupancy_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[65].covers(key)) return &kEntries[65];  // causal_linear_rev_low_occupancy_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[66].covers(key)) return &kEntries[66];  // causal_linear_rev_low_occupancy_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[67].covers(key)) return &kEntries[67];  // causal_linear_rev_low_occupancy_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[68].covers(key)) return &kEntries[68];  // causal_linear_rev_low_occupancy_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[69].covers(key)) return &kEntries[69];  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[70].covers(key)) return &kEntries[70];  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[71].covers(key)) return &kEntries[71];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
-      if (kEntries[257].covers(key)) return &kEntries[257];  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
+      if (kEntries[63].covers(key)) return row(63);  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[64].covers(key)) return row(64);  // causal_linear_rev_low_occupancy_e32_m64_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[65].covers(key)) return row(65);  // causal_linear_rev_low_occupancy_e32_m128_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[66].covers(key)) return row(66);  // causal_linear_rev_low_occupancy_e64_m32_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[67].covers(key)) return row(67);  // causal_linear_rev_low_occupancy_e64_m64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[68].covers(key)) return row(68);  // causal_linear_rev_low_occupancy_e64_m128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[69].covers(key)) return row(69);  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[70].covers(key)) return row(70);  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[71].covers(key)) return row(71);  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec4_chunk32_buf2_pad0_seg0_fp32_sm90a
+      if (kEntries[257].covers(key)) return row(257);  // causal_linear_rev_low_occupancy_e128_m128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_seg0_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0) {
-      if (kEntries[72].covers(key)) return &kEntries[72];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[73].covers(key)) return &kEntries[73];  // causal_linear_fwd_low_occupancy_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[74].covers(key)) return &kEntries[74];  // causal_linear_fwd_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[75].covers(key)) return &kEntries[75];  // causal_linear_fwd_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[76].covers(key)) return &kEntries[76];  // causal_linear_fwd_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[77].covers(key)) return &kEntries[77];  // causal_linear_fwd_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[78].covers(key)) return &kEntries[78];  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[79].covers(key)) return &kEntries[79];  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[80].covers(key)) return &kEntries[80];  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[72].covers(key)) return row(72);  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[73].covers(key)) return row(73);  // causal_linear_fwd_low_occupancy_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[74].covers(key)) return row(74);  // causal_linear_fwd_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[75].covers(key)) return row(75);  // causal_linear_fwd_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[76].covers(key)) return row(76);  // causal_linear_fwd_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[77].covers(key)) return row(77);  // causal_linear_fwd_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[78].covers(key)) return row(78);  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[79].covers(key)) return row(79);  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[80].covers(key)) return row(80);  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1) {
-      if (kEntries[81].covers(key)) return &kEntries[81];  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[82].covers(key)) return &kEntries[82];  // causal_linear_rev_low_occupancy_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[83].covers(key)) return &kEntries[83];  // causal_linear_rev_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[84].covers(key)) return &kEntries[84];  // causal_linear_rev_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[85].covers(key)) return &kEntries[85];  // causal_linear_rev_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[86].covers(key)) return &kEntries[86];  // causal_linear_rev_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[87].covers(key)) return &kEntries[87];  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[88].covers(key)) return &kEntries[88];  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
-      if (kEntries[89].covers(key)) return &kEntries[89];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[81].covers(key)) return row(81);  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[82].covers(key)) return row(82);  // causal_linear_rev_low_occupancy_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[83].covers(key)) return row(83);  // causal_linear_rev_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[84].covers(key)) return row(84);  // causal_linear_rev_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[85].covers(key)) return row(85);  // causal_linear_rev_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[86].covers(key)) return row(86);  // causal_linear_rev_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[87].covers(key)) return row(87);  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[88].covers(key)) return row(88);  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
+      if (kEntries[89].covers(key)) return row(89);  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0) {
-      if (kEntries[90].covers(key)) return &kEntries[90];  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[91].covers(key)) return &kEntries[91];  // causal_linear_fwd_low_occupancy_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[92].covers(key)) return &kEntries[92];  // causal_linear_fwd_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[93].covers(key)) return &kEntries[93];  // causal_linear_fwd_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[94].covers(key)) return &kEntries[94];  // causal_linear_fwd_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[95].covers(key)) return &kEntries[95];  // causal_linear_fwd_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[96].covers(key)) return &kEntries[96];  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[97].covers(key)) return &kEntries[97];  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[98].covers(key)) return &kEntries[98];  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[90].covers(key)) return row(90);  // causal_linear_fwd_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[91].covers(key)) return row(91);  // causal_linear_fwd_low_occupancy_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[92].covers(key)) return row(92);  // causal_linear_fwd_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[93].covers(key)) return row(93);  // causal_linear_fwd_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[94].covers(key)) return row(94);  // causal_linear_fwd_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[95].covers(key)) return row(95);  // causal_linear_fwd_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[96].covers(key)) return row(96);  // causal_linear_fwd_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[97].covers(key)) return row(97);  // causal_linear_fwd_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[98].covers(key)) return row(98);  // causal_linear_fwd_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1) {
-      if (kEntries[99].covers(key)) return &kEntries[99];  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[100].covers(key)) return &kEntries[100];  // causal_linear_rev_low_occupancy_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[101].covers(key)) return &kEntries[101];  // causal_linear_rev_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[102].covers(key)) return &kEntries[102];  // causal_linear_rev_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[103].covers(key)) return &kEntries[103];  // causal_linear_rev_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[104].covers(key)) return &kEntries[104];  // causal_linear_rev_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[105].covers(key)) return &kEntries[105];  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[106].covers(key)) return &kEntries[106];  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
-      if (kEntries[107].covers(key)) return &kEntries[107];  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[99].covers(key)) return row(99);  // causal_linear_rev_low_occupancy_e32_m32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[100].covers(key)) return row(100);  // causal_linear_rev_low_occupancy_e32_m64_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[101].covers(key)) return row(101);  // causal_linear_rev_low_occupancy_e32_m128_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[102].covers(key)) return row(102);  // causal_linear_rev_low_occupancy_e64_m32_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[103].covers(key)) return row(103);  // causal_linear_rev_low_occupancy_e64_m64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[104].covers(key)) return row(104);  // causal_linear_rev_low_occupancy_e64_m128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[105].covers(key)) return row(105);  // causal_linear_rev_low_occupancy_e128_m32_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[106].covers(key)) return row(106);  // causal_linear_rev_low_occupancy_e128_m64_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
+      if (kEntries[107].covers(key)) return row(107);  // causal_linear_rev_low_occupancy_e128_m128_cols8_mpt1_tph32_vec8_chunk32_buf2_pad4_seg0_bf16_sm90a
     }
   }
   // A fallback kind: an instance built on first use for the call goes before it.
@@ -1577,22 +1594,22 @@ const Entry* causal_dot_product_select(const Key& key) {
   // specs/causal_linear.yaml:193: when True -> generic
   if (true) {
     if (key.dtype == DType::kFP32 && key.direction == 0) {
-      if (kEntries[226].covers(key)) return &kEntries[226];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
+      if (kEntries[226].covers(key)) return row(226);  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1) {
-      if (kEntries[227].covers(key)) return &kEntries[227];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
+      if (kEntries[227].covers(key)) return row(227);  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0) {
-      if (kEntries[228].covers(key)) return &kEntries[228];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
+      if (kEntries[228].covers(key)) return row(228);  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1) {
-      if (kEntries[229].covers(key)) return &kEntries[229];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
+      if (kEntries[229].covers(key)) return row(229);  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0) {
-      if (kEntries[230].covers(key)) return &kEntries[230];  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
+      if (kEntries[230].covers(key)) return row(230);  // causal_linear_fwd_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1) {
-      if (kEntries[231].covers(key)) return &kEntries[231];  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
+      if (kEntries[231].covers(key)) return row(231);  // causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_bf16_sm90a
     }
   }
   return jit_select(key);

@@ -125,6 +125,14 @@ Key make_key(const Args& a, const Outputs& out) {
   return key;
 }
 
+// A row of a table built without its instances (codegen/core.py) that no library filled yet: the
+// signal names the row, which the runtime builds on first use and registers, then calls again.
+[[noreturn]] void fail_not_built(const Entry* entry, const Key& key) {
+  detail::record_uncovered("causal_dot_product", causal_dot_product_key_values(key), entry->name);
+  fail_value("causal_dot_product: instance " + std::string(entry->name) + " is not built in this extension (it was built "
+             "without its instances, which build on first use; ATTNGEN_JIT=0 turns that off)");
+}
+
 at::Tensor causal_dot_product_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool reverse) {
   const Args args{q, k, v, reverse};
   detail::clear_uncovered();
@@ -138,12 +146,14 @@ at::Tensor causal_dot_product_cuda(const at::Tensor& q, const at::Tensor& k, con
     detail::record_uncovered("causal_dot_product", causal_dot_product_key_values(key));
     fail_value(uncovered(args, key));
   }
+  if (entry->launch == nullptr) fail_not_built(entry, key);
   run(entry, args, key, out);
   return result(out);
 }
 
 at::Tensor causal_dot_product_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool reverse, const std::string& instance) {
   const Args args{q, k, v, reverse};
+  detail::clear_uncovered();
   check_all(args);
   const Entry* entry = causal_dot_product_find(instance.c_str());
   if (entry == nullptr) fail_value("causal_dot_product_with: no instance named " + instance);
@@ -151,6 +161,7 @@ at::Tensor causal_dot_product_with_cuda(const at::Tensor& q, const at::Tensor& k
   if (nothing_to_do(args, out)) return result(out);
   const Key key = make_key(args, out);
   if (!entry->covers(key)) fail_value("causal_dot_product_with: instance " + instance + " does not cover " + describe(key));
+  if (entry->launch == nullptr) fail_not_built(entry, key);
   run(entry, args, key, out);
   return result(out);
 }

@@ -60,11 +60,14 @@ inline int64_t vector_align(const std::vector<const at::Tensor*>& tensors, int s
 
 // The typed "no compiled instance covers this call" signal: an op's dispatch records the op and
 // the key it found no instance for just before raising its ValueError, and the runtime takes
-// it (the `take_uncovered` op) to build an instance on first use. Per thread, cleared when an
-// op starts, so a record never outlives the call that made it.
+// it (the `take_uncovered` op) to build an instance on first use. In an extension built without
+// its instances (codegen/core.py) the dispatch picks a row that is not built yet: the record
+// then names that instance. Per thread, cleared when an op starts, so a record never outlives
+// the call that made it.
 struct Uncovered {
   std::string op;
   std::vector<int64_t> key;
+  std::string instance;  // the table's row to build; '' when no row covers the key
 };
 
 inline Uncovered& last_uncovered() {
@@ -74,8 +77,8 @@ inline Uncovered& last_uncovered() {
 
 inline void clear_uncovered() { last_uncovered().op.clear(); }
 
-inline void record_uncovered(const char* op, std::vector<int64_t> key) {
-  last_uncovered() = Uncovered{op, std::move(key)};
+inline void record_uncovered(const char* op, std::vector<int64_t> key, const char* instance = "") {
+  last_uncovered() = Uncovered{op, std::move(key), instance};
 }
 
 inline int64_t sm_count(int device, const char* op) {

@@ -164,6 +164,16 @@ const Entry kEntries[] = {
     {"delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm90a, covers_34, workspace_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm90a},
     {"delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a, covers_35, workspace_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a},
 };
+constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
+
+// A row's instance built on first use and registered by its name (an extension built without
+// its instances), published with release so that a dispatch reading it sees the whole Entry.
+std::atomic<const Entry*> built_rows[kRowCount];
+
+const Entry* row(int index) {
+  const Entry* built = built_rows[index].load(std::memory_order_acquire);
+  return built != nullptr ? built : &kEntries[index];
+}
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
 // published by the count, so a dispatch running meanwhile reads only complete slots.
@@ -174,10 +184,17 @@ std::mutex jit_lock;
 
 }  // namespace
 
-// Adds an instance from a library built on first use; false when the table is full. The same
-// name registered twice is kept once.
+// Adds an instance from a library built on first use: a row of the same name takes it, any other
+// goes after the spec's rules; false when that table is full. The same name registered twice is
+// kept once.
 bool delta_rule_register_jit(const Entry* entry) {
   std::lock_guard<std::mutex> guard(jit_lock);
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, entry->name) == 0) {
+      built_rows[i].store(entry, std::memory_order_release);
+      return true;
+    }
+  }
   const int n = jit_count.load(std::memory_order_relaxed);
   for (int i = 0; i < n; ++i) {
     if (std::strcmp(jit_slots[i]->name, entry->name) == 0) return true;
@@ -194,13 +211,13 @@ std::vector<int64_t> delta_rule_key_values(const Key& key) {
   return {key.K, key.V, key.T, key.BH, key.sm_count, static_cast<int64_t>(key.dtype), static_cast<int64_t>(key.variant)};
 }
 
-int delta_rule_entry_count() { return static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0])); }
+int delta_rule_entry_count() { return kRowCount; }
 
-const Entry* delta_rule_entry(int index) { return &kEntries[index]; }
+const Entry* delta_rule_entry(int index) { return row(index); }
 
 const Entry* delta_rule_find(const char* name) {
-  for (const Entry& entry : kEntries) {
-    if (std::strcmp(entry.name, name) == 0) return &entry;
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, name) == 0) return row(i);
   }
   const int n = jit_count.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
@@ -222,67 +239,67 @@ const Entry* delta_rule_select(const Key& key) {
   // specs/delta_rule.yaml:102: when BH * V < 64 * sm_count -> narrow
   if (((key.BH * key.V) < (64 * key.sm_count))) {
     if (key.dtype == DType::kFP32 && key.variant == 0) {
-      if (kEntries[18].covers(key)) return &kEntries[18];  // delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp32_sm90a
-      if (kEntries[19].covers(key)) return &kEntries[19];  // delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp32_sm90a
-      if (kEntries[20].covers(key)) return &kEntries[20];  // delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp32_sm90a
+      if (kEntries[18].covers(key)) return row(18);  // delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp32_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp32_sm90a
+      if (kEntries[20].covers(key)) return row(20);  // delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.variant == 1) {
-      if (kEntries[21].covers(key)) return &kEntries[21];  // delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp32_sm90a
-      if (kEntries[22].covers(key)) return &kEntries[22];  // delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp32_sm90a
-      if (kEntries[23].covers(key)) return &kEntries[23];  // delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp32_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp32_sm90a
+      if (kEntries[22].covers(key)) return row(22);  // delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp32_sm90a
+      if (kEntries[23].covers(key)) return row(23);  // delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.variant == 0) {
-      if (kEntries[24].covers(key)) return &kEntries[24];  // delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp16_sm90a
-      if (kEntries[25].covers(key)) return &kEntries[25];  // delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp16_sm90a
-      if (kEntries[26].covers(key)) return &kEntries[26];  // delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp16_sm90a
+      if (kEntries[24].covers(key)) return row(24);  // delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp16_sm90a
+      if (kEntries[25].covers(key)) return row(25);  // delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_fp16_sm90a
+      if (kEntries[26].covers(key)) return row(26);  // delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.variant == 1) {
-      if (kEntries[27].covers(key)) return &kEntries[27];  // delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp16_sm90a
-      if (kEntries[28].covers(key)) return &kEntries[28];  // delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp16_sm90a
-      if (kEntries[29].covers(key)) return &kEntries[29];  // delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp16_sm90a
+      if (kEntries[27].covers(key)) return row(27);  // delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_fp16_sm90a
+      if (kEntries[28].covers(key)) return row(28);  // delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_fp16_sm90a
+      if (kEntries[29].covers(key)) return row(29);  // delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.variant == 0) {
-      if (kEntries[30].covers(key)) return &kEntries[30];  // delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_bf16_sm90a
-      if (kEntries[31].covers(key)) return &kEntries[31];  // delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_bf16_sm90a
-      if (kEntries[32].covers(key)) return &kEntries[32];  // delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_bf16_sm90a
+      if (kEntries[30].covers(key)) return row(30);  // delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_bf16_sm90a
+      if (kEntries[31].covers(key)) return row(31);  // delta_rule_rwkv7_narrow_k64_cols32_tph4_chunk16_bf16_sm90a
+      if (kEntries[32].covers(key)) return row(32);  // delta_rule_rwkv7_narrow_k128_cols32_tph8_chunk16_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.variant == 1) {
-      if (kEntries[33].covers(key)) return &kEntries[33];  // delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_bf16_sm90a
-      if (kEntries[34].covers(key)) return &kEntries[34];  // delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm90a
-      if (kEntries[35].covers(key)) return &kEntries[35];  // delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a
+      if (kEntries[33].covers(key)) return row(33);  // delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_bf16_sm90a
+      if (kEntries[34].covers(key)) return row(34);  // delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm90a
+      if (kEntries[35].covers(key)) return row(35);  // delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a
     }
   }
   // specs/delta_rule.yaml:104: when True -> recurrent
   if (true) {
     if (key.dtype == DType::kFP32 && key.variant == 0) {
-      if (kEntries[0].covers(key)) return &kEntries[0];  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a
-      if (kEntries[1].covers(key)) return &kEntries[1];  // delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a
-      if (kEntries[2].covers(key)) return &kEntries[2];  // delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a
+      if (kEntries[0].covers(key)) return row(0);  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a
+      if (kEntries[1].covers(key)) return row(1);  // delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a
+      if (kEntries[2].covers(key)) return row(2);  // delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.variant == 1) {
-      if (kEntries[3].covers(key)) return &kEntries[3];  // delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a
-      if (kEntries[4].covers(key)) return &kEntries[4];  // delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a
-      if (kEntries[5].covers(key)) return &kEntries[5];  // delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a
+      if (kEntries[3].covers(key)) return row(3);  // delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a
+      if (kEntries[4].covers(key)) return row(4);  // delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp32_sm90a
+      if (kEntries[5].covers(key)) return row(5);  // delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.variant == 0) {
-      if (kEntries[6].covers(key)) return &kEntries[6];  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a
-      if (kEntries[7].covers(key)) return &kEntries[7];  // delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a
-      if (kEntries[8].covers(key)) return &kEntries[8];  // delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a
+      if (kEntries[6].covers(key)) return row(6);  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a
+      if (kEntries[7].covers(key)) return row(7);  // delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a
+      if (kEntries[8].covers(key)) return row(8);  // delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.variant == 1) {
-      if (kEntries[9].covers(key)) return &kEntries[9];  // delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a
-      if (kEntries[10].covers(key)) return &kEntries[10];  // delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a
-      if (kEntries[11].covers(key)) return &kEntries[11];  // delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a
+      if (kEntries[9].covers(key)) return row(9);  // delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a
+      if (kEntries[10].covers(key)) return row(10);  // delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a
+      if (kEntries[11].covers(key)) return row(11);  // delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.variant == 0) {
-      if (kEntries[12].covers(key)) return &kEntries[12];  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a
-      if (kEntries[13].covers(key)) return &kEntries[13];  // delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a
-      if (kEntries[14].covers(key)) return &kEntries[14];  // delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a
+      if (kEntries[12].covers(key)) return row(12);  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a
+      if (kEntries[13].covers(key)) return row(13);  // delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.variant == 1) {
-      if (kEntries[15].covers(key)) return &kEntries[15];  // delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a
-      if (kEntries[16].covers(key)) return &kEntries[16];  // delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a
-      if (kEntries[17].covers(key)) return &kEntries[17];  // delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a
+      if (kEntries[15].covers(key)) return row(15);  // delta_rule_gated_delta_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // delta_rule_gated_delta_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a
+      if (kEntries[17].covers(key)) return row(17);  // delta_rule_gated_delta_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a
     }
   }
   return jit_select(key);

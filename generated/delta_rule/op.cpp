@@ -146,6 +146,14 @@ Key make_key(const Args& a, const Outputs& out) {
   return key;
 }
 
+// A row of a table built without its instances (codegen/core.py) that no library filled yet: the
+// signal names the row, which the runtime builds on first use and registers, then calls again.
+[[noreturn]] void fail_not_built(const Entry* entry, const Key& key) {
+  detail::record_uncovered("delta_rule", delta_rule_key_values(key), entry->name);
+  fail_value("delta_rule: instance " + std::string(entry->name) + " is not built in this extension (it was built "
+             "without its instances, which build on first use; ATTNGEN_JIT=0 turns that off)");
+}
+
 std::tuple<at::Tensor, at::Tensor> delta_rule_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints) {
   const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints};
   detail::clear_uncovered();
@@ -159,12 +167,14 @@ std::tuple<at::Tensor, at::Tensor> delta_rule_cuda(const at::Tensor& q, const at
     detail::record_uncovered("delta_rule", delta_rule_key_values(key));
     fail_value(uncovered(args, key));
   }
+  if (entry->launch == nullptr) fail_not_built(entry, key);
   run(entry, args, key, out);
   return result(out);
 }
 
 std::tuple<at::Tensor, at::Tensor> delta_rule_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, const std::string& instance) {
   const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints};
+  detail::clear_uncovered();
   check_all(args);
   const Entry* entry = delta_rule_find(instance.c_str());
   if (entry == nullptr) fail_value("delta_rule_with: no instance named " + instance);
@@ -172,6 +182,7 @@ std::tuple<at::Tensor, at::Tensor> delta_rule_with_cuda(const at::Tensor& q, con
   if (nothing_to_do(args, out)) return result(out);
   const Key key = make_key(args, out);
   if (!entry->covers(key)) fail_value("delta_rule_with: instance " + instance + " does not cover " + describe(key));
+  if (entry->launch == nullptr) fail_not_built(entry, key);
   run(entry, args, key, out);
   return result(out);
 }

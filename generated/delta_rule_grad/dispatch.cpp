@@ -80,6 +80,16 @@ const Entry kEntries[] = {
     {"delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a", "dispatch", launch_delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a, covers_13, workspace_delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a},
     {"delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a", "dispatch", launch_delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a, covers_14, workspace_delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a},
 };
+constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
+
+// A row's instance built on first use and registered by its name (an extension built without
+// its instances), published with release so that a dispatch reading it sees the whole Entry.
+std::atomic<const Entry*> built_rows[kRowCount];
+
+const Entry* row(int index) {
+  const Entry* built = built_rows[index].load(std::memory_order_acquire);
+  return built != nullptr ? built : &kEntries[index];
+}
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
 // published by the count, so a dispatch running meanwhile reads only complete slots.
@@ -90,10 +100,17 @@ std::mutex jit_lock;
 
 }  // namespace
 
-// Adds an instance from a library built on first use; false when the table is full. The same
-// name registered twice is kept once.
+// Adds an instance from a library built on first use: a row of the same name takes it, any other
+// goes after the spec's rules; false when that table is full. The same name registered twice is
+// kept once.
 bool delta_rule_grad_register_jit(const Entry* entry) {
   std::lock_guard<std::mutex> guard(jit_lock);
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, entry->name) == 0) {
+      built_rows[i].store(entry, std::memory_order_release);
+      return true;
+    }
+  }
   const int n = jit_count.load(std::memory_order_relaxed);
   for (int i = 0; i < n; ++i) {
     if (std::strcmp(jit_slots[i]->name, entry->name) == 0) return true;
@@ -110,13 +127,13 @@ std::vector<int64_t> delta_rule_grad_key_values(const Key& key) {
   return {key.K, key.V, key.T, key.BH, key.sm_count, static_cast<int64_t>(key.dtype)};
 }
 
-int delta_rule_grad_entry_count() { return static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0])); }
+int delta_rule_grad_entry_count() { return kRowCount; }
 
-const Entry* delta_rule_grad_entry(int index) { return &kEntries[index]; }
+const Entry* delta_rule_grad_entry(int index) { return row(index); }
 
 const Entry* delta_rule_grad_find(const char* name) {
-  for (const Entry& entry : kEntries) {
-    if (std::strcmp(entry.name, name) == 0) return &entry;
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, name) == 0) return row(i);
   }
   const int n = jit_count.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
@@ -138,34 +155,34 @@ const Entry* delta_rule_grad_select(const Key& key) {
   // specs/delta_rule_grad.yaml:117: when BH * V < 64 * sm_count -> narrow
   if (((key.BH * key.V) < (64 * key.sm_count))) {
     if (key.dtype == DType::kFP32) {
-      if (kEntries[9].covers(key)) return &kEntries[9];  // delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp32_sm90a
-      if (kEntries[10].covers(key)) return &kEntries[10];  // delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp32_sm90a
+      if (kEntries[9].covers(key)) return row(9);  // delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp32_sm90a
+      if (kEntries[10].covers(key)) return row(10);  // delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp32_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[11].covers(key)) return &kEntries[11];  // delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp16_sm90a
-      if (kEntries[12].covers(key)) return &kEntries[12];  // delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp16_sm90a
+      if (kEntries[11].covers(key)) return row(11);  // delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp16_sm90a
+      if (kEntries[12].covers(key)) return row(12);  // delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[13].covers(key)) return &kEntries[13];  // delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a
-      if (kEntries[14].covers(key)) return &kEntries[14];  // delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a
+      if (kEntries[13].covers(key)) return row(13);  // delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a
     }
   }
   // specs/delta_rule_grad.yaml:119: when True -> recurrent
   if (true) {
     if (key.dtype == DType::kFP32) {
-      if (kEntries[0].covers(key)) return &kEntries[0];  // delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp32_sm90a
-      if (kEntries[1].covers(key)) return &kEntries[1];  // delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp32_sm90a
-      if (kEntries[2].covers(key)) return &kEntries[2];  // delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp32_sm90a
+      if (kEntries[0].covers(key)) return row(0);  // delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp32_sm90a
+      if (kEntries[1].covers(key)) return row(1);  // delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp32_sm90a
+      if (kEntries[2].covers(key)) return row(2);  // delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp32_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[3].covers(key)) return &kEntries[3];  // delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp16_sm90a
-      if (kEntries[4].covers(key)) return &kEntries[4];  // delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp16_sm90a
-      if (kEntries[5].covers(key)) return &kEntries[5];  // delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp16_sm90a
+      if (kEntries[3].covers(key)) return row(3);  // delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp16_sm90a
+      if (kEntries[4].covers(key)) return row(4);  // delta_rule_grad_recurrent_k64_cols64_tph2_sub4_fp16_sm90a
+      if (kEntries[5].covers(key)) return row(5);  // delta_rule_grad_recurrent_k128_cols32_tph8_sub4_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[6].covers(key)) return &kEntries[6];  // delta_rule_grad_recurrent_k32_cols64_tph2_sub4_bf16_sm90a
-      if (kEntries[7].covers(key)) return &kEntries[7];  // delta_rule_grad_recurrent_k64_cols64_tph2_sub4_bf16_sm90a
-      if (kEntries[8].covers(key)) return &kEntries[8];  // delta_rule_grad_recurrent_k128_cols32_tph8_sub4_bf16_sm90a
+      if (kEntries[6].covers(key)) return row(6);  // delta_rule_grad_recurrent_k32_cols64_tph2_sub4_bf16_sm90a
+      if (kEntries[7].covers(key)) return row(7);  // delta_rule_grad_recurrent_k64_cols64_tph2_sub4_bf16_sm90a
+      if (kEntries[8].covers(key)) return row(8);  // delta_rule_grad_recurrent_k128_cols32_tph8_sub4_bf16_sm90a
     }
   }
   return jit_select(key);

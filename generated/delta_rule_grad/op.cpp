@@ -178,6 +178,14 @@ Key make_key(const Args& a, const Outputs& out) {
   return key;
 }
 
+// A row of a table built without its instances (codegen/core.py) that no library filled yet: the
+// signal names the row, which the runtime builds on first use and registers, then calls again.
+[[noreturn]] void fail_not_built(const Entry* entry, const Key& key) {
+  detail::record_uncovered("delta_rule_grad", delta_rule_grad_key_values(key), entry->name);
+  fail_value("delta_rule_grad: instance " + std::string(entry->name) + " is not built in this extension (it was built "
+             "without its instances, which build on first use; ATTNGEN_JIT=0 turns that off)");
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_rule_grad_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, double scale, bool want_d_state0) {
   const Args args{q, k, v, w, a, b, d_o, checkpoints, d_state, scale, want_d_state0};
   detail::clear_uncovered();
@@ -191,12 +199,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     detail::record_uncovered("delta_rule_grad", delta_rule_grad_key_values(key));
     fail_value(uncovered(args, key));
   }
+  if (entry->launch == nullptr) fail_not_built(entry, key);
   run(entry, args, key, out);
   return result(out);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_rule_grad_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, double scale, bool want_d_state0, const std::string& instance) {
   const Args args{q, k, v, w, a, b, d_o, checkpoints, d_state, scale, want_d_state0};
+  detail::clear_uncovered();
   check_all(args);
   const Entry* entry = delta_rule_grad_find(instance.c_str());
   if (entry == nullptr) fail_value("delta_rule_grad_with: no instance named " + instance);
@@ -204,6 +214,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   if (nothing_to_do(args, out)) return result(out);
   const Key key = make_key(args, out);
   if (!entry->covers(key)) fail_value("delta_rule_grad_with: instance " + instance + " does not cover " + describe(key));
+  if (entry->launch == nullptr) fail_not_built(entry, key);
   run(entry, args, key, out);
   return result(out);
 }

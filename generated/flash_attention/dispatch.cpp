@@ -92,6 +92,16 @@ const Entry kEntries[] = {
     {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_bf16_sm90a, covers_16, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_bf16_sm90a},
     {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_bf16_sm90a, covers_17, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_bf16_sm90a},
 };
+constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
+
+// A row's instance built on first use and registered by its name (an extension built without
+// its instances), published with release so that a dispatch reading it sees the whole Entry.
+std::atomic<const Entry*> built_rows[kRowCount];
+
+const Entry* row(int index) {
+  const Entry* built = built_rows[index].load(std::memory_order_acquire);
+  return built != nullptr ? built : &kEntries[index];
+}
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
 // published by the count, so a dispatch running meanwhile reads only complete slots.
@@ -102,10 +112,17 @@ std::mutex jit_lock;
 
 }  // namespace
 
-// Adds an instance from a library built on first use; false when the table is full. The same
-// name registered twice is kept once.
+// Adds an instance from a library built on first use: a row of the same name takes it, any other
+// goes after the spec's rules; false when that table is full. The same name registered twice is
+// kept once.
 bool flash_attention_register_jit(const Entry* entry) {
   std::lock_guard<std::mutex> guard(jit_lock);
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, entry->name) == 0) {
+      built_rows[i].store(entry, std::memory_order_release);
+      return true;
+    }
+  }
   const int n = jit_count.load(std::memory_order_relaxed);
   for (int i = 0; i < n; ++i) {
     if (std::strcmp(jit_slots[i]->name, entry->name) == 0) return true;
@@ -122,13 +139,13 @@ std::vector<int64_t> flash_attention_key_values(const Key& key) {
   return {key.D, key.B, key.Hq, key.Hkv, key.G, key.Lq, key.Lk, key.align, key.sm_count, static_cast<int64_t>(key.dtype)};
 }
 
-int flash_attention_entry_count() { return static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0])); }
+int flash_attention_entry_count() { return kRowCount; }
 
-const Entry* flash_attention_entry(int index) { return &kEntries[index]; }
+const Entry* flash_attention_entry(int index) { return row(index); }
 
 const Entry* flash_attention_find(const char* name) {
-  for (const Entry& entry : kEntries) {
-    if (std::strcmp(entry.name, name) == 0) return &entry;
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, name) == 0) return row(i);
   }
   const int n = jit_count.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
@@ -150,40 +167,40 @@ const Entry* flash_attention_select(const Key& key) {
   // specs/flash_attention.yaml:231: when True -> hopper_ws
   if (true) {
     if (key.dtype == DType::kFP16) {
-      if (kEntries[14].covers(key)) return &kEntries[14];  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_fp16_sm90a
-      if (kEntries[15].covers(key)) return &kEntries[15];  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_fp16_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_fp16_sm90a
+      if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[16].covers(key)) return &kEntries[16];  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_bf16_sm90a
-      if (kEntries[17].covers(key)) return &kEntries[17];  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_bf16_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_bf16_sm90a
+      if (kEntries[17].covers(key)) return row(17);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_bf16_sm90a
     }
   }
   // specs/flash_attention.yaml:233: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
-      if (kEntries[8].covers(key)) return &kEntries[8];  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a
-      if (kEntries[9].covers(key)) return &kEntries[9];  // flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a
-      if (kEntries[10].covers(key)) return &kEntries[10];  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_fp16_sm90a
+      if (kEntries[8].covers(key)) return row(8);  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a
+      if (kEntries[9].covers(key)) return row(9);  // flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a
+      if (kEntries[10].covers(key)) return row(10);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[11].covers(key)) return &kEntries[11];  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a
-      if (kEntries[12].covers(key)) return &kEntries[12];  // flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
-      if (kEntries[13].covers(key)) return &kEntries[13];  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
+      if (kEntries[11].covers(key)) return row(11);  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a
+      if (kEntries[12].covers(key)) return row(12);  // flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
+      if (kEntries[13].covers(key)) return row(13);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
     }
   }
   // specs/flash_attention.yaml:235: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
-      if (kEntries[0].covers(key)) return &kEntries[0];  // flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a
-      if (kEntries[1].covers(key)) return &kEntries[1];  // flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_fp16_sm90a
-      if (kEntries[2].covers(key)) return &kEntries[2];  // flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a
-      if (kEntries[3].covers(key)) return &kEntries[3];  // flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a
+      if (kEntries[0].covers(key)) return row(0);  // flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a
+      if (kEntries[1].covers(key)) return row(1);  // flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_fp16_sm90a
+      if (kEntries[2].covers(key)) return row(2);  // flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a
+      if (kEntries[3].covers(key)) return row(3);  // flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[4].covers(key)) return &kEntries[4];  // flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a
-      if (kEntries[5].covers(key)) return &kEntries[5];  // flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_bf16_sm90a
-      if (kEntries[6].covers(key)) return &kEntries[6];  // flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a
-      if (kEntries[7].covers(key)) return &kEntries[7];  // flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a
+      if (kEntries[4].covers(key)) return row(4);  // flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_bf16_sm90a
+      if (kEntries[5].covers(key)) return row(5);  // flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_bf16_sm90a
+      if (kEntries[6].covers(key)) return row(6);  // flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a
+      if (kEntries[7].covers(key)) return row(7);  // flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a
     }
   }
   return jit_select(key);

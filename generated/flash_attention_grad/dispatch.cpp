@@ -68,6 +68,16 @@ const Entry kEntries[] = {
     {"flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_minb1_bf16_sm90a, covers_10, workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_minb1_bf16_sm90a},
     {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_minb1_bf16_sm90a, covers_11, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_minb1_bf16_sm90a},
 };
+constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
+
+// A row's instance built on first use and registered by its name (an extension built without
+// its instances), published with release so that a dispatch reading it sees the whole Entry.
+std::atomic<const Entry*> built_rows[kRowCount];
+
+const Entry* row(int index) {
+  const Entry* built = built_rows[index].load(std::memory_order_acquire);
+  return built != nullptr ? built : &kEntries[index];
+}
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
 // published by the count, so a dispatch running meanwhile reads only complete slots.
@@ -78,10 +88,17 @@ std::mutex jit_lock;
 
 }  // namespace
 
-// Adds an instance from a library built on first use; false when the table is full. The same
-// name registered twice is kept once.
+// Adds an instance from a library built on first use: a row of the same name takes it, any other
+// goes after the spec's rules; false when that table is full. The same name registered twice is
+// kept once.
 bool flash_attention_grad_register_jit(const Entry* entry) {
   std::lock_guard<std::mutex> guard(jit_lock);
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, entry->name) == 0) {
+      built_rows[i].store(entry, std::memory_order_release);
+      return true;
+    }
+  }
   const int n = jit_count.load(std::memory_order_relaxed);
   for (int i = 0; i < n; ++i) {
     if (std::strcmp(jit_slots[i]->name, entry->name) == 0) return true;
@@ -98,13 +115,13 @@ std::vector<int64_t> flash_attention_grad_key_values(const Key& key) {
   return {key.D, key.B, key.Hq, key.Hkv, key.G, key.Lq, key.Lk, key.align, key.sm_count, static_cast<int64_t>(key.dtype)};
 }
 
-int flash_attention_grad_entry_count() { return static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0])); }
+int flash_attention_grad_entry_count() { return kRowCount; }
 
-const Entry* flash_attention_grad_entry(int index) { return &kEntries[index]; }
+const Entry* flash_attention_grad_entry(int index) { return row(index); }
 
 const Entry* flash_attention_grad_find(const char* name) {
-  for (const Entry& entry : kEntries) {
-    if (std::strcmp(entry.name, name) == 0) return &entry;
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, name) == 0) return row(i);
   }
   const int n = jit_count.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
@@ -126,27 +143,27 @@ const Entry* flash_attention_grad_select(const Key& key) {
   // specs/flash_attention_grad.yaml:123: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
-      if (kEntries[8].covers(key)) return &kEntries[8];  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_minb1_fp16_sm90a
-      if (kEntries[9].covers(key)) return &kEntries[9];  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_minb1_fp16_sm90a
+      if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_minb1_fp16_sm90a
+      if (kEntries[9].covers(key)) return row(9);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_minb1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[10].covers(key)) return &kEntries[10];  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_minb1_bf16_sm90a
-      if (kEntries[11].covers(key)) return &kEntries[11];  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_minb1_bf16_sm90a
+      if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_minb1_bf16_sm90a
+      if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_minb1_bf16_sm90a
     }
   }
   // specs/flash_attention_grad.yaml:125: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
-      if (kEntries[0].covers(key)) return &kEntries[0];  // flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a
-      if (kEntries[1].covers(key)) return &kEntries[1];  // flash_attention_grad_mma_sync_d96_block_n64_block_m32_warps4_dsplit1_stages2_swizzle0_minb1_fp16_sm90a
-      if (kEntries[2].covers(key)) return &kEntries[2];  // flash_attention_grad_mma_sync_d128_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a
-      if (kEntries[3].covers(key)) return &kEntries[3];  // flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_fp16_sm90a
+      if (kEntries[0].covers(key)) return row(0);  // flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a
+      if (kEntries[1].covers(key)) return row(1);  // flash_attention_grad_mma_sync_d96_block_n64_block_m32_warps4_dsplit1_stages2_swizzle0_minb1_fp16_sm90a
+      if (kEntries[2].covers(key)) return row(2);  // flash_attention_grad_mma_sync_d128_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a
+      if (kEntries[3].covers(key)) return row(3);  // flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[4].covers(key)) return &kEntries[4];  // flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_bf16_sm90a
-      if (kEntries[5].covers(key)) return &kEntries[5];  // flash_attention_grad_mma_sync_d96_block_n64_block_m32_warps4_dsplit1_stages2_swizzle0_minb1_bf16_sm90a
-      if (kEntries[6].covers(key)) return &kEntries[6];  // flash_attention_grad_mma_sync_d128_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_bf16_sm90a
-      if (kEntries[7].covers(key)) return &kEntries[7];  // flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_bf16_sm90a
+      if (kEntries[4].covers(key)) return row(4);  // flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_bf16_sm90a
+      if (kEntries[5].covers(key)) return row(5);  // flash_attention_grad_mma_sync_d96_block_n64_block_m32_warps4_dsplit1_stages2_swizzle0_minb1_bf16_sm90a
+      if (kEntries[6].covers(key)) return row(6);  // flash_attention_grad_mma_sync_d128_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_bf16_sm90a
+      if (kEntries[7].covers(key)) return row(7);  // flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_bf16_sm90a
     }
   }
   return jit_select(key);

@@ -126,6 +126,14 @@ Key make_key(const Args& a, const Outputs& out) {
   return key;
 }
 
+// A row of a table built without its instances (codegen/core.py) that no library filled yet: the
+// signal names the row, which the runtime builds on first use and registers, then calls again.
+[[noreturn]] void fail_not_built(const Entry* entry, const Key& key) {
+  detail::record_uncovered("flash_attention_grad", flash_attention_grad_key_values(key), entry->name);
+  fail_value("flash_attention_grad: instance " + std::string(entry->name) + " is not built in this extension (it was built "
+             "without its instances, which build on first use; ATTNGEN_JIT=0 turns that off)");
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_grad_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, const at::Tensor& d_out, const at::Tensor& lse, const std::optional<at::Tensor>& d_lse, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic) {
   const Args args{q, k, v, o, d_out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic};
   detail::clear_uncovered();
@@ -139,12 +147,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_grad_cuda(const a
     detail::record_uncovered("flash_attention_grad", flash_attention_grad_key_values(key));
     fail_value(uncovered(args, key));
   }
+  if (entry->launch == nullptr) fail_not_built(entry, key);
   run(entry, args, key, out);
   return result(out);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_grad_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, const at::Tensor& d_out, const at::Tensor& lse, const std::optional<at::Tensor>& d_lse, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::string& instance) {
   const Args args{q, k, v, o, d_out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic};
+  detail::clear_uncovered();
   check_all(args);
   const Entry* entry = flash_attention_grad_find(instance.c_str());
   if (entry == nullptr) fail_value("flash_attention_grad_with: no instance named " + instance);
@@ -152,6 +162,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_grad_with_cuda(co
   if (nothing_to_do(args, out)) return result(out);
   const Key key = make_key(args, out);
   if (!entry->covers(key)) fail_value("flash_attention_grad_with: instance " + instance + " does not cover " + describe(key));
+  if (entry->launch == nullptr) fail_not_built(entry, key);
   run(entry, args, key, out);
   return result(out);
 }

@@ -13,33 +13,38 @@ namespace {
 std::vector<const at::Tensor*> row_tensors(const Args& a) { return {&a.q, &a.k, &a.v, &a.o, &a.d_out}; }
 
 bool packed(const Args& a) { return a.cu_seqlens_q.has_value(); }
+
+// The name messages start with: a packed call came through the _varlen entry point
+// (attngen/flash_attention.py), whose own checks name it so.
+std::string caller(const Args& a) { return packed(a) ? "flash_attention_grad_varlen" : "flash_attention_grad"; }
 int64_t rows_dim(const Args& a) { return packed(a) ? 0 : 1; }
 int64_t head_dim(const Args& a) { return packed(a) ? 1 : 2; }
 
-void check_on_q_device(const std::string& what, const at::Tensor& t, const at::Tensor& q) {
-  if (!t.is_cuda()) fail_value("flash_attention_grad: " + what + " must be a CUDA tensor, got device " + device_str(t));
-  if (t.device() != q.device()) fail_value("flash_attention_grad: " + what + " is on " + device_str(t) + " but q is on " + device_str(q));
+void check_on_q_device(const std::string& op, const std::string& what, const at::Tensor& t, const at::Tensor& q) {
+  if (!t.is_cuda()) fail_value(op + what + " must be a CUDA tensor, got device " + device_str(t));
+  if (t.device() != q.device()) fail_value(op + what + " is on " + device_str(t) + " but q is on " + device_str(q));
 }
 
-void check_cu_seqlens(const std::string& name, const at::Tensor& cu, int64_t batch, const at::Tensor& q) {
-  check_on_q_device(name, cu, q);
+void check_cu_seqlens(const std::string& op, const std::string& name, const at::Tensor& cu, int64_t batch,
+                      const at::Tensor& q) {
+  check_on_q_device(op, name, cu, q);
   if (cu.scalar_type() != at::kInt || cu.dim() != 1 || cu.size(0) != batch + 1 || (cu.size(0) > 1 && cu.stride(0) != 1)) {
-    fail_value("flash_attention_grad: " + name + " must be a contiguous int32 [B + 1 = " + str(batch + 1) + "], got " + str(cu) + " " +
+    fail_value(op + name + " must be a contiguous int32 [B + 1 = " + str(batch + 1) + "], got " + str(cu) + " " +
                str(cu.sizes()));
   }
 }
 
 // What the forward and the backward check alike: q, k, v, the packed layout, the score options.
 void check_attention(const Args& a) {
-  const std::string op = "flash_attention_grad: ";
+  const std::string op = caller(a) + ": ";
   const at::Tensor& q = a.q;
   const int64_t rank = packed(a) ? 3 : 4;
   const std::string layout = packed(a) ? "[tokens, H, D]" : "[B, L, H, D]";
-  check_on_q_device("q", q, q);
+  check_on_q_device(op, "q", q, q);
   if (q.dim() != rank) fail_value(op + "q must be " + str(rank) + "-D " + layout + ", got shape " + str(q.sizes()));
   const int64_t D = q.size(rank - 1), Hq = q.size(rank - 2);
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &a.q}, {"k", &a.k}, {"v", &a.v}}) {
-    check_on_q_device(name, *t, q);
+    check_on_q_device(op, name, *t, q);
     if (t->scalar_type() != q.scalar_type()) fail_value(op + name + " has dtype " + str(*t) + " but q has " + str(q));
     if (t->dim() != rank) fail_value(op + name + " must be " + str(rank) + "-D " + layout + ", got shape " + str(t->sizes()));
     if (t->size(rank - 1) != D) fail_value(op + name + " has head size " + str(t->size(rank - 1)) + " but q has D=" + str(D));
@@ -53,8 +58,8 @@ void check_attention(const Args& a) {
   if (packed(a)) {
     if (!a.cu_seqlens_k) fail_value(op + "cu_seqlens_q is given but cu_seqlens_k is not");
     const int64_t batch = a.cu_seqlens_q->size(0) - 1;
-    check_cu_seqlens("cu_seqlens_q", *a.cu_seqlens_q, batch, q);
-    check_cu_seqlens("cu_seqlens_k", *a.cu_seqlens_k, batch, q);
+    check_cu_seqlens(op, "cu_seqlens_q", *a.cu_seqlens_q, batch, q);
+    check_cu_seqlens(op, "cu_seqlens_k", *a.cu_seqlens_k, batch, q);
     if (a.max_seqlen_q < 0 || a.max_seqlen_k < 0) fail_value(op + "max_seqlen_q and max_seqlen_k must be >= 0");
     if (a.max_seqlen_q > q.size(0) || a.max_seqlen_k > a.k.size(0)) {
       fail_value(op + "max_seqlen_q=" + str(a.max_seqlen_q) + " / max_seqlen_k=" + str(a.max_seqlen_k) + " exceed the " +
@@ -65,7 +70,7 @@ void check_attention(const Args& a) {
     if (a.k.size(0) != q.size(0)) fail_value(op + "k has batch " + str(a.k.size(0)) + " but q has " + str(q.size(0)));
   }
   if (a.alibi_slopes) {
-    check_on_q_device("alibi_slopes", *a.alibi_slopes, q);
+    check_on_q_device(op, "alibi_slopes", *a.alibi_slopes, q);
     if (a.alibi_slopes->scalar_type() != at::kFloat || a.alibi_slopes->dim() != 1 || a.alibi_slopes->size(0) != Hq ||
         (Hq > 1 && a.alibi_slopes->stride(0) != 1)) {
       fail_value(op + "alibi_slopes must be a contiguous float32 [Hq=" + str(Hq) + "], got " + str(*a.alibi_slopes) + " " +
@@ -157,19 +162,19 @@ std::string describe(const Key& key) {
 std::string uncovered(const Args& a, const Key& key) {
   const std::vector<int64_t> built = built_head_sizes(key.dtype);
   if (std::find(built.begin(), built.end(), key.D) == built.end()) {
-    return "flash_attention_grad: unsupported head size D=" + str(key.D) + "; built: " + join(built) +
+    return caller(a) + ": unsupported head size D=" + str(key.D) + "; built: " + join(built) +
            " (add it to specs/flash_attention_grad.yaml)";
   }
-  return "flash_attention_grad: no instance covers " + describe(key) + " (dtype " + str(a.q) +
+  return caller(a) + ": no instance covers " + describe(key) + " (dtype " + str(a.q) +
          "); the kernels move 16-byte rows: pointers and row/head strides must be multiples of 8 elements";
 }
 // o (the forward's output) and d_out like q; lse and d_lse as the forward returns lse ([B, Hq, Lq], or [Hq, Tq] packed).
 void check(const Args& a) {
   check_attention(a);
-  const std::string op = "flash_attention_grad: ";
+  const std::string op = caller(a) + ": ";
   const at::Tensor& q = a.q;
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"o", &a.o}, {"d_out", &a.d_out}}) {
-    check_on_q_device(name, *t, q);
+    check_on_q_device(op, name, *t, q);
     if (t->scalar_type() != q.scalar_type()) fail_value(op + name + " has dtype " + str(*t) + " but q has " + str(q));
     if (t->sizes() != q.sizes()) fail_value(op + name + " has shape " + str(t->sizes()) + " but q has " + str(q.sizes()));
     if (t->size(-1) > 1 && t->stride(-1) != 1) {
@@ -181,7 +186,7 @@ void check(const Args& a) {
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"lse", &a.lse},
                                 {"d_lse", a.d_lse ? &*a.d_lse : nullptr}}) {
     if (t == nullptr) continue;
-    check_on_q_device(name, *t, q);
+    check_on_q_device(op, name, *t, q);
     if (t->scalar_type() != at::kFloat || t->sizes() != at::IntArrayRef(lse_shape) ||
         (t->size(-1) > 1 && t->stride(-1) != 1)) {
       fail_value(op + name + " must be float32 " + str(at::IntArrayRef(lse_shape)) +
@@ -218,7 +223,7 @@ void run(const Entry* entry, const Args& a, const Key& key, Outputs& outputs) {
   p.q_rows = packed(a) ? a.q.size(0) : key.B * key.Lq;
   p.deterministic = a.deterministic ? 1 : 0;
   if (a.deterministic && (key.Lk + 63) / 64 > 65535) {  // key blocks are the grid's y extent then
-    fail_value("flash_attention_grad: deterministic=True takes at most 65535 * 64 key rows, got Lk=" + str(key.Lk));
+    fail_value(caller(a) + ": deterministic=True takes at most 65535 * 64 key rows, got Lk=" + str(key.Lk));
   }
   launch(entry, p, a.q);
 }

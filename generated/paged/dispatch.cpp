@@ -1196,6 +1196,16 @@ const Entry kEntries[] = {
     {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_292, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a},
     {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_293, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
 };
+constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
+
+// A row's instance built on first use and registered by its name (an extension built without
+// its instances), published with release so that a dispatch reading it sees the whole Entry.
+std::atomic<const Entry*> built_rows[kRowCount];
+
+const Entry* row(int index) {
+  const Entry* built = built_rows[index].load(std::memory_order_acquire);
+  return built != nullptr ? built : &kEntries[index];
+}
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
 // published by the count, so a dispatch running meanwhile reads only complete slots.
@@ -1206,10 +1216,17 @@ std::mutex jit_lock;
 
 }  // namespace
 
-// Adds an instance from a library built on first use; false when the table is full. The same
-// name registered twice is kept once.
+// Adds an instance from a library built on first use: a row of the same name takes it, any other
+// goes after the spec's rules; false when that table is full. The same name registered twice is
+// kept once.
 bool paged_decode_register_jit(const Entry* entry) {
   std::lock_guard<std::mutex> guard(jit_lock);
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, entry->name) == 0) {
+      built_rows[i].store(entry, std::memory_order_release);
+      return true;
+    }
+  }
   const int n = jit_count.load(std::memory_order_relaxed);
   for (int i = 0; i < n; ++i) {
     if (std::strcmp(jit_slots[i]->name, entry->name) == 0) return true;
@@ -1226,13 +1243,13 @@ std::vector<int64_t> paged_decode_key_values(const Key& key) {
   return {key.D, key.G, key.S, key.Q, key.KVE, key.Hq, key.Hkv, key.L, key.align, key.sm_count, static_cast<int64_t>(key.dtype)};
 }
 
-int paged_decode_entry_count() { return static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0])); }
+int paged_decode_entry_count() { return kRowCount; }
 
-const Entry* paged_decode_entry(int index) { return &kEntries[index]; }
+const Entry* paged_decode_entry(int index) { return row(index); }
 
 const Entry* paged_decode_find(const char* name) {
-  for (const Entry& entry : kEntries) {
-    if (std::strcmp(entry.name, name) == 0) return &entry;
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, name) == 0) return row(i);
   }
   const int n = jit_count.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
@@ -1254,392 +1271,392 @@ const Entry* paged_decode_select(const Key& key) {
   // tuned: tuned/sm_90a/paged.yaml: bucket mha_tiny: when Q == 1 and G <= 2 and KVE == 0 and S * Hkv <= 32 and L <= 8192
   if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && ((key.S * key.Hkv) <= 32) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[282].covers(key)) return &kEntries[282];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[282].covers(key)) return row(282);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[283].covers(key)) return &kEntries[283];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[283].covers(key)) return row(283);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket mha_short: when Q == 1 and G <= 2 and KVE == 0 and L <= 1024
   if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && (key.L <= 1024))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[284].covers(key)) return &kEntries[284];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[284].covers(key)) return row(284);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[285].covers(key)) return &kEntries[285];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[285].covers(key)) return row(285);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket mha_few_long: when Q == 1 and G <= 2 and KVE == 0 and S * Hkv < sm_count and L > 8192
   if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && ((key.S * key.Hkv) < key.sm_count) && (key.L > 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[286].covers(key)) return &kEntries[286];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[286].covers(key)) return row(286);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[287].covers(key)) return &kEntries[287];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[287].covers(key)) return row(287);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket mha: when Q == 1 and G <= 2 and KVE == 0 and L <= 8192
   if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[288].covers(key)) return &kEntries[288];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[288].covers(key)) return row(288);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[289].covers(key)) return &kEntries[289];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[289].covers(key)) return row(289);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_tiny: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv <= 32 and L <= 8192
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && ((key.S * key.Hkv) <= 32) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[282].covers(key)) return &kEntries[282];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[282].covers(key)) return row(282);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[283].covers(key)) return &kEntries[283];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[283].covers(key)) return row(283);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_short: when Q == 1 and G <= 8 and KVE == 0 and L <= 1024
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && (key.L <= 1024))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[290].covers(key)) return &kEntries[290];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a
+      if (kEntries[290].covers(key)) return row(290);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[291].covers(key)) return &kEntries[291];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a
+      if (kEntries[291].covers(key)) return row(291);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_few_long: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv < sm_count and L > 8192
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && ((key.S * key.Hkv) < key.sm_count) && (key.L > 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[292].covers(key)) return &kEntries[292];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[292].covers(key)) return row(292);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[293].covers(key)) return &kEntries[293];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[293].covers(key)) return row(293);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa: when Q == 1 and G <= 8 and KVE == 0 and L <= 8192
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[284].covers(key)) return &kEntries[284];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[284].covers(key)) return row(284);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[285].covers(key)) return &kEntries[285];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[285].covers(key)) return row(285);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // specs/paged.yaml:185: when G * Q >= 3 or KVE > 0 -> grouped_mma
   if ((((key.G * key.Q) >= 3) || (key.KVE > 0))) {
     if (key.dtype == DType::kFP16) {
-      if (kEntries[210].covers(key)) return &kEntries[210];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[211].covers(key)) return &kEntries[211];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[212].covers(key)) return &kEntries[212];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[213].covers(key)) return &kEntries[213];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[214].covers(key)) return &kEntries[214];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[215].covers(key)) return &kEntries[215];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[216].covers(key)) return &kEntries[216];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[217].covers(key)) return &kEntries[217];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[218].covers(key)) return &kEntries[218];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[219].covers(key)) return &kEntries[219];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[220].covers(key)) return &kEntries[220];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[221].covers(key)) return &kEntries[221];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[222].covers(key)) return &kEntries[222];  // paged_grouped_mma_d96_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[223].covers(key)) return &kEntries[223];  // paged_grouped_mma_d96_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[224].covers(key)) return &kEntries[224];  // paged_grouped_mma_d96_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[225].covers(key)) return &kEntries[225];  // paged_grouped_mma_d96_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[226].covers(key)) return &kEntries[226];  // paged_grouped_mma_d96_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[227].covers(key)) return &kEntries[227];  // paged_grouped_mma_d96_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[228].covers(key)) return &kEntries[228];  // paged_grouped_mma_d112_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[229].covers(key)) return &kEntries[229];  // paged_grouped_mma_d112_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[230].covers(key)) return &kEntries[230];  // paged_grouped_mma_d112_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[231].covers(key)) return &kEntries[231];  // paged_grouped_mma_d112_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[232].covers(key)) return &kEntries[232];  // paged_grouped_mma_d112_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[233].covers(key)) return &kEntries[233];  // paged_grouped_mma_d112_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[234].covers(key)) return &kEntries[234];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[235].covers(key)) return &kEntries[235];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[236].covers(key)) return &kEntries[236];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[237].covers(key)) return &kEntries[237];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[238].covers(key)) return &kEntries[238];  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[239].covers(key)) return &kEntries[239];  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[283].covers(key)) return &kEntries[283];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[285].covers(key)) return &kEntries[285];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[287].covers(key)) return &kEntries[287];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[291].covers(key)) return &kEntries[291];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a
-      if (kEntries[293].covers(key)) return &kEntries[293];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[240].covers(key)) return &kEntries[240];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[241].covers(key)) return &kEntries[241];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[242].covers(key)) return &kEntries[242];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[243].covers(key)) return &kEntries[243];  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[244].covers(key)) return &kEntries[244];  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[245].covers(key)) return &kEntries[245];  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[210].covers(key)) return row(210);  // paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[211].covers(key)) return row(211);  // paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[212].covers(key)) return row(212);  // paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[213].covers(key)) return row(213);  // paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[214].covers(key)) return row(214);  // paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[215].covers(key)) return row(215);  // paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[216].covers(key)) return row(216);  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[217].covers(key)) return row(217);  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[218].covers(key)) return row(218);  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[219].covers(key)) return row(219);  // paged_grouped_mma_d80_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[220].covers(key)) return row(220);  // paged_grouped_mma_d80_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[221].covers(key)) return row(221);  // paged_grouped_mma_d80_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[222].covers(key)) return row(222);  // paged_grouped_mma_d96_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[223].covers(key)) return row(223);  // paged_grouped_mma_d96_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[224].covers(key)) return row(224);  // paged_grouped_mma_d96_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[225].covers(key)) return row(225);  // paged_grouped_mma_d96_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[226].covers(key)) return row(226);  // paged_grouped_mma_d96_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[227].covers(key)) return row(227);  // paged_grouped_mma_d96_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[228].covers(key)) return row(228);  // paged_grouped_mma_d112_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[229].covers(key)) return row(229);  // paged_grouped_mma_d112_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[230].covers(key)) return row(230);  // paged_grouped_mma_d112_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[231].covers(key)) return row(231);  // paged_grouped_mma_d112_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[232].covers(key)) return row(232);  // paged_grouped_mma_d112_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[233].covers(key)) return row(233);  // paged_grouped_mma_d112_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[234].covers(key)) return row(234);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[235].covers(key)) return row(235);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[236].covers(key)) return row(236);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[237].covers(key)) return row(237);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[238].covers(key)) return row(238);  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[239].covers(key)) return row(239);  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[283].covers(key)) return row(283);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[285].covers(key)) return row(285);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[287].covers(key)) return row(287);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[291].covers(key)) return row(291);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a
+      if (kEntries[293].covers(key)) return row(293);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[240].covers(key)) return row(240);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[241].covers(key)) return row(241);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[242].covers(key)) return row(242);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[243].covers(key)) return row(243);  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[244].covers(key)) return row(244);  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[245].covers(key)) return row(245);  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[246].covers(key)) return &kEntries[246];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[247].covers(key)) return &kEntries[247];  // paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[248].covers(key)) return &kEntries[248];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[249].covers(key)) return &kEntries[249];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[250].covers(key)) return &kEntries[250];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[251].covers(key)) return &kEntries[251];  // paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[252].covers(key)) return &kEntries[252];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[253].covers(key)) return &kEntries[253];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[254].covers(key)) return &kEntries[254];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[255].covers(key)) return &kEntries[255];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[256].covers(key)) return &kEntries[256];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[257].covers(key)) return &kEntries[257];  // paged_grouped_mma_d80_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[258].covers(key)) return &kEntries[258];  // paged_grouped_mma_d96_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[259].covers(key)) return &kEntries[259];  // paged_grouped_mma_d96_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[260].covers(key)) return &kEntries[260];  // paged_grouped_mma_d96_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[261].covers(key)) return &kEntries[261];  // paged_grouped_mma_d96_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[262].covers(key)) return &kEntries[262];  // paged_grouped_mma_d96_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[263].covers(key)) return &kEntries[263];  // paged_grouped_mma_d96_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[264].covers(key)) return &kEntries[264];  // paged_grouped_mma_d112_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[265].covers(key)) return &kEntries[265];  // paged_grouped_mma_d112_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[266].covers(key)) return &kEntries[266];  // paged_grouped_mma_d112_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[267].covers(key)) return &kEntries[267];  // paged_grouped_mma_d112_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[268].covers(key)) return &kEntries[268];  // paged_grouped_mma_d112_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[269].covers(key)) return &kEntries[269];  // paged_grouped_mma_d112_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[270].covers(key)) return &kEntries[270];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[271].covers(key)) return &kEntries[271];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[272].covers(key)) return &kEntries[272];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[273].covers(key)) return &kEntries[273];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[274].covers(key)) return &kEntries[274];  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[275].covers(key)) return &kEntries[275];  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[282].covers(key)) return &kEntries[282];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[284].covers(key)) return &kEntries[284];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[286].covers(key)) return &kEntries[286];  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[290].covers(key)) return &kEntries[290];  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a
-      if (kEntries[292].covers(key)) return &kEntries[292];  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[276].covers(key)) return &kEntries[276];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[277].covers(key)) return &kEntries[277];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[278].covers(key)) return &kEntries[278];  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[279].covers(key)) return &kEntries[279];  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[280].covers(key)) return &kEntries[280];  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[281].covers(key)) return &kEntries[281];  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[246].covers(key)) return row(246);  // paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[247].covers(key)) return row(247);  // paged_grouped_mma_d64_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[248].covers(key)) return row(248);  // paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[249].covers(key)) return row(249);  // paged_grouped_mma_d64_warps4_tile128_stages3_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[250].covers(key)) return row(250);  // paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[251].covers(key)) return row(251);  // paged_grouped_mma_d64_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[252].covers(key)) return row(252);  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[253].covers(key)) return row(253);  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[254].covers(key)) return row(254);  // paged_grouped_mma_d80_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[255].covers(key)) return row(255);  // paged_grouped_mma_d80_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[256].covers(key)) return row(256);  // paged_grouped_mma_d80_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[257].covers(key)) return row(257);  // paged_grouped_mma_d80_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[258].covers(key)) return row(258);  // paged_grouped_mma_d96_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[259].covers(key)) return row(259);  // paged_grouped_mma_d96_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[260].covers(key)) return row(260);  // paged_grouped_mma_d96_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[261].covers(key)) return row(261);  // paged_grouped_mma_d96_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[262].covers(key)) return row(262);  // paged_grouped_mma_d96_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[263].covers(key)) return row(263);  // paged_grouped_mma_d96_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[264].covers(key)) return row(264);  // paged_grouped_mma_d112_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[265].covers(key)) return row(265);  // paged_grouped_mma_d112_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[266].covers(key)) return row(266);  // paged_grouped_mma_d112_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[267].covers(key)) return row(267);  // paged_grouped_mma_d112_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[268].covers(key)) return row(268);  // paged_grouped_mma_d112_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[269].covers(key)) return row(269);  // paged_grouped_mma_d112_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[270].covers(key)) return row(270);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[271].covers(key)) return row(271);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[272].covers(key)) return row(272);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[273].covers(key)) return row(273);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[274].covers(key)) return row(274);  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[275].covers(key)) return row(275);  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[282].covers(key)) return row(282);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[284].covers(key)) return row(284);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[286].covers(key)) return row(286);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[290].covers(key)) return row(290);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a
+      if (kEntries[292].covers(key)) return row(292);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[276].covers(key)) return row(276);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[277].covers(key)) return row(277);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[278].covers(key)) return row(278);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[279].covers(key)) return row(279);  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[280].covers(key)) return row(280);  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[281].covers(key)) return row(281);  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
     }
   }
   // specs/paged.yaml:192: when L <= 512 -> single_pass
   if ((key.L <= 512)) {
     if (key.dtype == DType::kFP32) {
-      if (kEntries[0].covers(key)) return &kEntries[0];  // paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[1].covers(key)) return &kEntries[1];  // paged_single_pass_d64_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[2].covers(key)) return &kEntries[2];  // paged_single_pass_d64_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[3].covers(key)) return &kEntries[3];  // paged_single_pass_d64_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[4].covers(key)) return &kEntries[4];  // paged_single_pass_d64_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[5].covers(key)) return &kEntries[5];  // paged_single_pass_d80_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[6].covers(key)) return &kEntries[6];  // paged_single_pass_d80_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[7].covers(key)) return &kEntries[7];  // paged_single_pass_d80_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[8].covers(key)) return &kEntries[8];  // paged_single_pass_d80_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[9].covers(key)) return &kEntries[9];  // paged_single_pass_d80_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[10].covers(key)) return &kEntries[10];  // paged_single_pass_d96_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[11].covers(key)) return &kEntries[11];  // paged_single_pass_d96_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[12].covers(key)) return &kEntries[12];  // paged_single_pass_d96_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[13].covers(key)) return &kEntries[13];  // paged_single_pass_d96_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[14].covers(key)) return &kEntries[14];  // paged_single_pass_d96_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[15].covers(key)) return &kEntries[15];  // paged_single_pass_d112_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[16].covers(key)) return &kEntries[16];  // paged_single_pass_d112_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[17].covers(key)) return &kEntries[17];  // paged_single_pass_d112_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[18].covers(key)) return &kEntries[18];  // paged_single_pass_d112_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[19].covers(key)) return &kEntries[19];  // paged_single_pass_d112_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[20].covers(key)) return &kEntries[20];  // paged_single_pass_d128_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[21].covers(key)) return &kEntries[21];  // paged_single_pass_d128_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[22].covers(key)) return &kEntries[22];  // paged_single_pass_d128_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[23].covers(key)) return &kEntries[23];  // paged_single_pass_d128_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[24].covers(key)) return &kEntries[24];  // paged_single_pass_d128_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[25].covers(key)) return &kEntries[25];  // paged_single_pass_d192_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[26].covers(key)) return &kEntries[26];  // paged_single_pass_d192_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[27].covers(key)) return &kEntries[27];  // paged_single_pass_d192_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[28].covers(key)) return &kEntries[28];  // paged_single_pass_d192_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[29].covers(key)) return &kEntries[29];  // paged_single_pass_d192_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[30].covers(key)) return &kEntries[30];  // paged_single_pass_d256_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[31].covers(key)) return &kEntries[31];  // paged_single_pass_d256_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[32].covers(key)) return &kEntries[32];  // paged_single_pass_d256_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[33].covers(key)) return &kEntries[33];  // paged_single_pass_d256_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
-      if (kEntries[34].covers(key)) return &kEntries[34];  // paged_single_pass_d256_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[0].covers(key)) return row(0);  // paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[1].covers(key)) return row(1);  // paged_single_pass_d64_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[2].covers(key)) return row(2);  // paged_single_pass_d64_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[3].covers(key)) return row(3);  // paged_single_pass_d64_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[4].covers(key)) return row(4);  // paged_single_pass_d64_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[5].covers(key)) return row(5);  // paged_single_pass_d80_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[6].covers(key)) return row(6);  // paged_single_pass_d80_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[7].covers(key)) return row(7);  // paged_single_pass_d80_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[8].covers(key)) return row(8);  // paged_single_pass_d80_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[9].covers(key)) return row(9);  // paged_single_pass_d80_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[10].covers(key)) return row(10);  // paged_single_pass_d96_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[11].covers(key)) return row(11);  // paged_single_pass_d96_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[12].covers(key)) return row(12);  // paged_single_pass_d96_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[13].covers(key)) return row(13);  // paged_single_pass_d96_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // paged_single_pass_d96_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[15].covers(key)) return row(15);  // paged_single_pass_d112_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // paged_single_pass_d112_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[17].covers(key)) return row(17);  // paged_single_pass_d112_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[18].covers(key)) return row(18);  // paged_single_pass_d112_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // paged_single_pass_d112_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[20].covers(key)) return row(20);  // paged_single_pass_d128_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // paged_single_pass_d128_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[22].covers(key)) return row(22);  // paged_single_pass_d128_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[23].covers(key)) return row(23);  // paged_single_pass_d128_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[24].covers(key)) return row(24);  // paged_single_pass_d128_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[25].covers(key)) return row(25);  // paged_single_pass_d192_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[26].covers(key)) return row(26);  // paged_single_pass_d192_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[27].covers(key)) return row(27);  // paged_single_pass_d192_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[28].covers(key)) return row(28);  // paged_single_pass_d192_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[29].covers(key)) return row(29);  // paged_single_pass_d192_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[30].covers(key)) return row(30);  // paged_single_pass_d256_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[31].covers(key)) return row(31);  // paged_single_pass_d256_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[32].covers(key)) return row(32);  // paged_single_pass_d256_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[33].covers(key)) return row(33);  // paged_single_pass_d256_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
+      if (kEntries[34].covers(key)) return row(34);  // paged_single_pass_d256_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[35].covers(key)) return &kEntries[35];  // paged_single_pass_d64_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[36].covers(key)) return &kEntries[36];  // paged_single_pass_d64_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[37].covers(key)) return &kEntries[37];  // paged_single_pass_d64_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[38].covers(key)) return &kEntries[38];  // paged_single_pass_d64_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[39].covers(key)) return &kEntries[39];  // paged_single_pass_d64_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[40].covers(key)) return &kEntries[40];  // paged_single_pass_d80_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[41].covers(key)) return &kEntries[41];  // paged_single_pass_d80_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[42].covers(key)) return &kEntries[42];  // paged_single_pass_d80_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[43].covers(key)) return &kEntries[43];  // paged_single_pass_d80_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[44].covers(key)) return &kEntries[44];  // paged_single_pass_d80_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[45].covers(key)) return &kEntries[45];  // paged_single_pass_d96_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[46].covers(key)) return &kEntries[46];  // paged_single_pass_d96_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[47].covers(key)) return &kEntries[47];  // paged_single_pass_d96_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[48].covers(key)) return &kEntries[48];  // paged_single_pass_d96_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[49].covers(key)) return &kEntries[49];  // paged_single_pass_d96_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[50].covers(key)) return &kEntries[50];  // paged_single_pass_d112_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[51].covers(key)) return &kEntries[51];  // paged_single_pass_d112_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[52].covers(key)) return &kEntries[52];  // paged_single_pass_d112_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[53].covers(key)) return &kEntries[53];  // paged_single_pass_d112_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[54].covers(key)) return &kEntries[54];  // paged_single_pass_d112_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[55].covers(key)) return &kEntries[55];  // paged_single_pass_d128_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[56].covers(key)) return &kEntries[56];  // paged_single_pass_d128_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[57].covers(key)) return &kEntries[57];  // paged_single_pass_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[58].covers(key)) return &kEntries[58];  // paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[59].covers(key)) return &kEntries[59];  // paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[60].covers(key)) return &kEntries[60];  // paged_single_pass_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[61].covers(key)) return &kEntries[61];  // paged_single_pass_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[62].covers(key)) return &kEntries[62];  // paged_single_pass_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[63].covers(key)) return &kEntries[63];  // paged_single_pass_d192_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[64].covers(key)) return &kEntries[64];  // paged_single_pass_d192_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[65].covers(key)) return &kEntries[65];  // paged_single_pass_d256_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[66].covers(key)) return &kEntries[66];  // paged_single_pass_d256_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[67].covers(key)) return &kEntries[67];  // paged_single_pass_d256_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[68].covers(key)) return &kEntries[68];  // paged_single_pass_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
-      if (kEntries[69].covers(key)) return &kEntries[69];  // paged_single_pass_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[35].covers(key)) return row(35);  // paged_single_pass_d64_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[36].covers(key)) return row(36);  // paged_single_pass_d64_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[37].covers(key)) return row(37);  // paged_single_pass_d64_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[38].covers(key)) return row(38);  // paged_single_pass_d64_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[39].covers(key)) return row(39);  // paged_single_pass_d64_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[40].covers(key)) return row(40);  // paged_single_pass_d80_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[41].covers(key)) return row(41);  // paged_single_pass_d80_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[42].covers(key)) return row(42);  // paged_single_pass_d80_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[43].covers(key)) return row(43);  // paged_single_pass_d80_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[44].covers(key)) return row(44);  // paged_single_pass_d80_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[45].covers(key)) return row(45);  // paged_single_pass_d96_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[46].covers(key)) return row(46);  // paged_single_pass_d96_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[47].covers(key)) return row(47);  // paged_single_pass_d96_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[48].covers(key)) return row(48);  // paged_single_pass_d96_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[49].covers(key)) return row(49);  // paged_single_pass_d96_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[50].covers(key)) return row(50);  // paged_single_pass_d112_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[51].covers(key)) return row(51);  // paged_single_pass_d112_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[52].covers(key)) return row(52);  // paged_single_pass_d112_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[53].covers(key)) return row(53);  // paged_single_pass_d112_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[54].covers(key)) return row(54);  // paged_single_pass_d112_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[55].covers(key)) return row(55);  // paged_single_pass_d128_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[56].covers(key)) return row(56);  // paged_single_pass_d128_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[57].covers(key)) return row(57);  // paged_single_pass_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[58].covers(key)) return row(58);  // paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[59].covers(key)) return row(59);  // paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[60].covers(key)) return row(60);  // paged_single_pass_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[61].covers(key)) return row(61);  // paged_single_pass_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[62].covers(key)) return row(62);  // paged_single_pass_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[63].covers(key)) return row(63);  // paged_single_pass_d192_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[64].covers(key)) return row(64);  // paged_single_pass_d192_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[65].covers(key)) return row(65);  // paged_single_pass_d256_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[66].covers(key)) return row(66);  // paged_single_pass_d256_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[67].covers(key)) return row(67);  // paged_single_pass_d256_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[68].covers(key)) return row(68);  // paged_single_pass_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
+      if (kEntries[69].covers(key)) return row(69);  // paged_single_pass_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[70].covers(key)) return &kEntries[70];  // paged_single_pass_d64_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[71].covers(key)) return &kEntries[71];  // paged_single_pass_d64_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[72].covers(key)) return &kEntries[72];  // paged_single_pass_d64_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[73].covers(key)) return &kEntries[73];  // paged_single_pass_d64_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[74].covers(key)) return &kEntries[74];  // paged_single_pass_d64_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[75].covers(key)) return &kEntries[75];  // paged_single_pass_d80_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[76].covers(key)) return &kEntries[76];  // paged_single_pass_d80_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[77].covers(key)) return &kEntries[77];  // paged_single_pass_d80_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[78].covers(key)) return &kEntries[78];  // paged_single_pass_d80_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[79].covers(key)) return &kEntries[79];  // paged_single_pass_d80_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[80].covers(key)) return &kEntries[80];  // paged_single_pass_d96_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[81].covers(key)) return &kEntries[81];  // paged_single_pass_d96_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[82].covers(key)) return &kEntries[82];  // paged_single_pass_d96_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[83].covers(key)) return &kEntries[83];  // paged_single_pass_d96_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[84].covers(key)) return &kEntries[84];  // paged_single_pass_d96_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[85].covers(key)) return &kEntries[85];  // paged_single_pass_d112_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[86].covers(key)) return &kEntries[86];  // paged_single_pass_d112_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[87].covers(key)) return &kEntries[87];  // paged_single_pass_d112_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[88].covers(key)) return &kEntries[88];  // paged_single_pass_d112_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[89].covers(key)) return &kEntries[89];  // paged_single_pass_d112_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[90].covers(key)) return &kEntries[90];  // paged_single_pass_d128_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[91].covers(key)) return &kEntries[91];  // paged_single_pass_d128_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[92].covers(key)) return &kEntries[92];  // paged_single_pass_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[93].covers(key)) return &kEntries[93];  // paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[94].covers(key)) return &kEntries[94];  // paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[95].covers(key)) return &kEntries[95];  // paged_single_pass_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[96].covers(key)) return &kEntries[96];  // paged_single_pass_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[97].covers(key)) return &kEntries[97];  // paged_single_pass_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[98].covers(key)) return &kEntries[98];  // paged_single_pass_d192_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[99].covers(key)) return &kEntries[99];  // paged_single_pass_d192_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[100].covers(key)) return &kEntries[100];  // paged_single_pass_d256_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[101].covers(key)) return &kEntries[101];  // paged_single_pass_d256_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[102].covers(key)) return &kEntries[102];  // paged_single_pass_d256_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[103].covers(key)) return &kEntries[103];  // paged_single_pass_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
-      if (kEntries[104].covers(key)) return &kEntries[104];  // paged_single_pass_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[70].covers(key)) return row(70);  // paged_single_pass_d64_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[71].covers(key)) return row(71);  // paged_single_pass_d64_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[72].covers(key)) return row(72);  // paged_single_pass_d64_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[73].covers(key)) return row(73);  // paged_single_pass_d64_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[74].covers(key)) return row(74);  // paged_single_pass_d64_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[75].covers(key)) return row(75);  // paged_single_pass_d80_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[76].covers(key)) return row(76);  // paged_single_pass_d80_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[77].covers(key)) return row(77);  // paged_single_pass_d80_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[78].covers(key)) return row(78);  // paged_single_pass_d80_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[79].covers(key)) return row(79);  // paged_single_pass_d80_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[80].covers(key)) return row(80);  // paged_single_pass_d96_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[81].covers(key)) return row(81);  // paged_single_pass_d96_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[82].covers(key)) return row(82);  // paged_single_pass_d96_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[83].covers(key)) return row(83);  // paged_single_pass_d96_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[84].covers(key)) return row(84);  // paged_single_pass_d96_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[85].covers(key)) return row(85);  // paged_single_pass_d112_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[86].covers(key)) return row(86);  // paged_single_pass_d112_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[87].covers(key)) return row(87);  // paged_single_pass_d112_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[88].covers(key)) return row(88);  // paged_single_pass_d112_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[89].covers(key)) return row(89);  // paged_single_pass_d112_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[90].covers(key)) return row(90);  // paged_single_pass_d128_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[91].covers(key)) return row(91);  // paged_single_pass_d128_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[92].covers(key)) return row(92);  // paged_single_pass_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[93].covers(key)) return row(93);  // paged_single_pass_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[94].covers(key)) return row(94);  // paged_single_pass_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[95].covers(key)) return row(95);  // paged_single_pass_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[96].covers(key)) return row(96);  // paged_single_pass_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[97].covers(key)) return row(97);  // paged_single_pass_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[98].covers(key)) return row(98);  // paged_single_pass_d192_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[99].covers(key)) return row(99);  // paged_single_pass_d192_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[100].covers(key)) return row(100);  // paged_single_pass_d256_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[101].covers(key)) return row(101);  // paged_single_pass_d256_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[102].covers(key)) return row(102);  // paged_single_pass_d256_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[103].covers(key)) return row(103);  // paged_single_pass_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
+      if (kEntries[104].covers(key)) return row(104);  // paged_single_pass_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
     }
   }
   // specs/paged.yaml:194: when True -> split_k
   if (true) {
     if (key.dtype == DType::kFP32) {
-      if (kEntries[105].covers(key)) return &kEntries[105];  // paged_split_k_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[106].covers(key)) return &kEntries[106];  // paged_split_k_d64_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[107].covers(key)) return &kEntries[107];  // paged_split_k_d64_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[108].covers(key)) return &kEntries[108];  // paged_split_k_d64_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[109].covers(key)) return &kEntries[109];  // paged_split_k_d64_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[110].covers(key)) return &kEntries[110];  // paged_split_k_d80_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[111].covers(key)) return &kEntries[111];  // paged_split_k_d80_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[112].covers(key)) return &kEntries[112];  // paged_split_k_d80_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[113].covers(key)) return &kEntries[113];  // paged_split_k_d80_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[114].covers(key)) return &kEntries[114];  // paged_split_k_d80_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[115].covers(key)) return &kEntries[115];  // paged_split_k_d96_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[116].covers(key)) return &kEntries[116];  // paged_split_k_d96_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[117].covers(key)) return &kEntries[117];  // paged_split_k_d96_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[118].covers(key)) return &kEntries[118];  // paged_split_k_d96_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[119].covers(key)) return &kEntries[119];  // paged_split_k_d96_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[120].covers(key)) return &kEntries[120];  // paged_split_k_d112_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[121].covers(key)) return &kEntries[121];  // paged_split_k_d112_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[122].covers(key)) return &kEntries[122];  // paged_split_k_d112_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[123].covers(key)) return &kEntries[123];  // paged_split_k_d112_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[124].covers(key)) return &kEntries[124];  // paged_split_k_d112_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[125].covers(key)) return &kEntries[125];  // paged_split_k_d128_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[126].covers(key)) return &kEntries[126];  // paged_split_k_d128_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[127].covers(key)) return &kEntries[127];  // paged_split_k_d128_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[128].covers(key)) return &kEntries[128];  // paged_split_k_d128_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[129].covers(key)) return &kEntries[129];  // paged_split_k_d128_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[130].covers(key)) return &kEntries[130];  // paged_split_k_d192_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[131].covers(key)) return &kEntries[131];  // paged_split_k_d192_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[132].covers(key)) return &kEntries[132];  // paged_split_k_d192_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[133].covers(key)) return &kEntries[133];  // paged_split_k_d192_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[134].covers(key)) return &kEntries[134];  // paged_split_k_d192_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[135].covers(key)) return &kEntries[135];  // paged_split_k_d256_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[136].covers(key)) return &kEntries[136];  // paged_split_k_d256_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[137].covers(key)) return &kEntries[137];  // paged_split_k_d256_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[138].covers(key)) return &kEntries[138];  // paged_split_k_d256_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
-      if (kEntries[139].covers(key)) return &kEntries[139];  // paged_split_k_d256_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[105].covers(key)) return row(105);  // paged_split_k_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[106].covers(key)) return row(106);  // paged_split_k_d64_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[107].covers(key)) return row(107);  // paged_split_k_d64_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[108].covers(key)) return row(108);  // paged_split_k_d64_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[109].covers(key)) return row(109);  // paged_split_k_d64_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[110].covers(key)) return row(110);  // paged_split_k_d80_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[111].covers(key)) return row(111);  // paged_split_k_d80_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[112].covers(key)) return row(112);  // paged_split_k_d80_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[113].covers(key)) return row(113);  // paged_split_k_d80_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[114].covers(key)) return row(114);  // paged_split_k_d80_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[115].covers(key)) return row(115);  // paged_split_k_d96_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[116].covers(key)) return row(116);  // paged_split_k_d96_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[117].covers(key)) return row(117);  // paged_split_k_d96_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[118].covers(key)) return row(118);  // paged_split_k_d96_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[119].covers(key)) return row(119);  // paged_split_k_d96_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[120].covers(key)) return row(120);  // paged_split_k_d112_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[121].covers(key)) return row(121);  // paged_split_k_d112_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[122].covers(key)) return row(122);  // paged_split_k_d112_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[123].covers(key)) return row(123);  // paged_split_k_d112_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[124].covers(key)) return row(124);  // paged_split_k_d112_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[125].covers(key)) return row(125);  // paged_split_k_d128_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[126].covers(key)) return row(126);  // paged_split_k_d128_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[127].covers(key)) return row(127);  // paged_split_k_d128_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[128].covers(key)) return row(128);  // paged_split_k_d128_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[129].covers(key)) return row(129);  // paged_split_k_d128_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[130].covers(key)) return row(130);  // paged_split_k_d192_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[131].covers(key)) return row(131);  // paged_split_k_d192_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[132].covers(key)) return row(132);  // paged_split_k_d192_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[133].covers(key)) return row(133);  // paged_split_k_d192_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[134].covers(key)) return row(134);  // paged_split_k_d192_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[135].covers(key)) return row(135);  // paged_split_k_d256_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[136].covers(key)) return row(136);  // paged_split_k_d256_vec4_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[137].covers(key)) return row(137);  // paged_split_k_d256_vec4_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[138].covers(key)) return row(138);  // paged_split_k_d256_vec4_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
+      if (kEntries[139].covers(key)) return row(139);  // paged_split_k_d256_vec4_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[140].covers(key)) return &kEntries[140];  // paged_split_k_d64_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[141].covers(key)) return &kEntries[141];  // paged_split_k_d64_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[142].covers(key)) return &kEntries[142];  // paged_split_k_d64_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[143].covers(key)) return &kEntries[143];  // paged_split_k_d64_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[144].covers(key)) return &kEntries[144];  // paged_split_k_d64_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[145].covers(key)) return &kEntries[145];  // paged_split_k_d80_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[146].covers(key)) return &kEntries[146];  // paged_split_k_d80_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[147].covers(key)) return &kEntries[147];  // paged_split_k_d80_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[148].covers(key)) return &kEntries[148];  // paged_split_k_d80_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[149].covers(key)) return &kEntries[149];  // paged_split_k_d80_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[150].covers(key)) return &kEntries[150];  // paged_split_k_d96_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[151].covers(key)) return &kEntries[151];  // paged_split_k_d96_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[152].covers(key)) return &kEntries[152];  // paged_split_k_d96_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[153].covers(key)) return &kEntries[153];  // paged_split_k_d96_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[154].covers(key)) return &kEntries[154];  // paged_split_k_d96_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[155].covers(key)) return &kEntries[155];  // paged_split_k_d112_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[156].covers(key)) return &kEntries[156];  // paged_split_k_d112_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[157].covers(key)) return &kEntries[157];  // paged_split_k_d112_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[158].covers(key)) return &kEntries[158];  // paged_split_k_d112_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[159].covers(key)) return &kEntries[159];  // paged_split_k_d112_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[160].covers(key)) return &kEntries[160];  // paged_split_k_d128_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[161].covers(key)) return &kEntries[161];  // paged_split_k_d128_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[162].covers(key)) return &kEntries[162];  // paged_split_k_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[163].covers(key)) return &kEntries[163];  // paged_split_k_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[164].covers(key)) return &kEntries[164];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[289].covers(key)) return &kEntries[289];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[165].covers(key)) return &kEntries[165];  // paged_split_k_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[166].covers(key)) return &kEntries[166];  // paged_split_k_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[167].covers(key)) return &kEntries[167];  // paged_split_k_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[168].covers(key)) return &kEntries[168];  // paged_split_k_d192_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[169].covers(key)) return &kEntries[169];  // paged_split_k_d192_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[170].covers(key)) return &kEntries[170];  // paged_split_k_d256_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[171].covers(key)) return &kEntries[171];  // paged_split_k_d256_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[172].covers(key)) return &kEntries[172];  // paged_split_k_d256_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[173].covers(key)) return &kEntries[173];  // paged_split_k_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[174].covers(key)) return &kEntries[174];  // paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[140].covers(key)) return row(140);  // paged_split_k_d64_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[141].covers(key)) return row(141);  // paged_split_k_d64_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[142].covers(key)) return row(142);  // paged_split_k_d64_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[143].covers(key)) return row(143);  // paged_split_k_d64_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[144].covers(key)) return row(144);  // paged_split_k_d64_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[145].covers(key)) return row(145);  // paged_split_k_d80_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[146].covers(key)) return row(146);  // paged_split_k_d80_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[147].covers(key)) return row(147);  // paged_split_k_d80_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[148].covers(key)) return row(148);  // paged_split_k_d80_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[149].covers(key)) return row(149);  // paged_split_k_d80_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[150].covers(key)) return row(150);  // paged_split_k_d96_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[151].covers(key)) return row(151);  // paged_split_k_d96_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[152].covers(key)) return row(152);  // paged_split_k_d96_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[153].covers(key)) return row(153);  // paged_split_k_d96_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[154].covers(key)) return row(154);  // paged_split_k_d96_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[155].covers(key)) return row(155);  // paged_split_k_d112_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[156].covers(key)) return row(156);  // paged_split_k_d112_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[157].covers(key)) return row(157);  // paged_split_k_d112_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[158].covers(key)) return row(158);  // paged_split_k_d112_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[159].covers(key)) return row(159);  // paged_split_k_d112_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[160].covers(key)) return row(160);  // paged_split_k_d128_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[161].covers(key)) return row(161);  // paged_split_k_d128_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[162].covers(key)) return row(162);  // paged_split_k_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[163].covers(key)) return row(163);  // paged_split_k_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[164].covers(key)) return row(164);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[289].covers(key)) return row(289);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[165].covers(key)) return row(165);  // paged_split_k_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[166].covers(key)) return row(166);  // paged_split_k_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[167].covers(key)) return row(167);  // paged_split_k_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[168].covers(key)) return row(168);  // paged_split_k_d192_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[169].covers(key)) return row(169);  // paged_split_k_d192_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[170].covers(key)) return row(170);  // paged_split_k_d256_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[171].covers(key)) return row(171);  // paged_split_k_d256_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[172].covers(key)) return row(172);  // paged_split_k_d256_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[173].covers(key)) return row(173);  // paged_split_k_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[174].covers(key)) return row(174);  // paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[175].covers(key)) return &kEntries[175];  // paged_split_k_d64_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[176].covers(key)) return &kEntries[176];  // paged_split_k_d64_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[177].covers(key)) return &kEntries[177];  // paged_split_k_d64_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[178].covers(key)) return &kEntries[178];  // paged_split_k_d64_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[179].covers(key)) return &kEntries[179];  // paged_split_k_d64_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[180].covers(key)) return &kEntries[180];  // paged_split_k_d80_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[181].covers(key)) return &kEntries[181];  // paged_split_k_d80_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[182].covers(key)) return &kEntries[182];  // paged_split_k_d80_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[183].covers(key)) return &kEntries[183];  // paged_split_k_d80_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[184].covers(key)) return &kEntries[184];  // paged_split_k_d80_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[185].covers(key)) return &kEntries[185];  // paged_split_k_d96_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[186].covers(key)) return &kEntries[186];  // paged_split_k_d96_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[187].covers(key)) return &kEntries[187];  // paged_split_k_d96_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[188].covers(key)) return &kEntries[188];  // paged_split_k_d96_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[189].covers(key)) return &kEntries[189];  // paged_split_k_d96_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[190].covers(key)) return &kEntries[190];  // paged_split_k_d112_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[191].covers(key)) return &kEntries[191];  // paged_split_k_d112_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[192].covers(key)) return &kEntries[192];  // paged_split_k_d112_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[193].covers(key)) return &kEntries[193];  // paged_split_k_d112_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[194].covers(key)) return &kEntries[194];  // paged_split_k_d112_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[195].covers(key)) return &kEntries[195];  // paged_split_k_d128_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[196].covers(key)) return &kEntries[196];  // paged_split_k_d128_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[197].covers(key)) return &kEntries[197];  // paged_split_k_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[198].covers(key)) return &kEntries[198];  // paged_split_k_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[199].covers(key)) return &kEntries[199];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[288].covers(key)) return &kEntries[288];  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[200].covers(key)) return &kEntries[200];  // paged_split_k_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[201].covers(key)) return &kEntries[201];  // paged_split_k_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[202].covers(key)) return &kEntries[202];  // paged_split_k_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[203].covers(key)) return &kEntries[203];  // paged_split_k_d192_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[204].covers(key)) return &kEntries[204];  // paged_split_k_d192_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[205].covers(key)) return &kEntries[205];  // paged_split_k_d256_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[206].covers(key)) return &kEntries[206];  // paged_split_k_d256_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[207].covers(key)) return &kEntries[207];  // paged_split_k_d256_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[208].covers(key)) return &kEntries[208];  // paged_split_k_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[209].covers(key)) return &kEntries[209];  // paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[175].covers(key)) return row(175);  // paged_split_k_d64_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[176].covers(key)) return row(176);  // paged_split_k_d64_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[177].covers(key)) return row(177);  // paged_split_k_d64_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[178].covers(key)) return row(178);  // paged_split_k_d64_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[179].covers(key)) return row(179);  // paged_split_k_d64_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[180].covers(key)) return row(180);  // paged_split_k_d80_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[181].covers(key)) return row(181);  // paged_split_k_d80_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[182].covers(key)) return row(182);  // paged_split_k_d80_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[183].covers(key)) return row(183);  // paged_split_k_d80_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[184].covers(key)) return row(184);  // paged_split_k_d80_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[185].covers(key)) return row(185);  // paged_split_k_d96_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[186].covers(key)) return row(186);  // paged_split_k_d96_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[187].covers(key)) return row(187);  // paged_split_k_d96_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[188].covers(key)) return row(188);  // paged_split_k_d96_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[189].covers(key)) return row(189);  // paged_split_k_d96_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[190].covers(key)) return row(190);  // paged_split_k_d112_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[191].covers(key)) return row(191);  // paged_split_k_d112_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[192].covers(key)) return row(192);  // paged_split_k_d112_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[193].covers(key)) return row(193);  // paged_split_k_d112_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[194].covers(key)) return row(194);  // paged_split_k_d112_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[195].covers(key)) return row(195);  // paged_split_k_d128_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[196].covers(key)) return row(196);  // paged_split_k_d128_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[197].covers(key)) return row(197);  // paged_split_k_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[198].covers(key)) return row(198);  // paged_split_k_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[199].covers(key)) return row(199);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[288].covers(key)) return row(288);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[200].covers(key)) return row(200);  // paged_split_k_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[201].covers(key)) return row(201);  // paged_split_k_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[202].covers(key)) return row(202);  // paged_split_k_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[203].covers(key)) return row(203);  // paged_split_k_d192_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[204].covers(key)) return row(204);  // paged_split_k_d192_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[205].covers(key)) return row(205);  // paged_split_k_d256_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[206].covers(key)) return row(206);  // paged_split_k_d256_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[207].covers(key)) return row(207);  // paged_split_k_d256_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[208].covers(key)) return row(208);  // paged_split_k_d256_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[209].covers(key)) return row(209);  // paged_split_k_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
     }
   }
   return jit_select(key);

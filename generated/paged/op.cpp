@@ -116,6 +116,14 @@ Key make_key(const Args& a, const Outputs& out) {
   return key;
 }
 
+// A row of a table built without its instances (codegen/core.py) that no library filled yet: the
+// signal names the row, which the runtime builds on first use and registers, then calls again.
+[[noreturn]] void fail_not_built(const Entry* entry, const Key& key) {
+  detail::record_uncovered("paged_decode", paged_decode_key_values(key), entry->name);
+  fail_value("paged_decode: instance " + std::string(entry->name) + " is not built in this extension (it was built "
+             "without its instances, which build on first use; ATTNGEN_JIT=0 turns that off)");
+}
+
 at::Tensor paged_decode_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& context_lens, double scale, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
   const Args args{q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale};
   detail::clear_uncovered();
@@ -129,12 +137,14 @@ at::Tensor paged_decode_cuda(const at::Tensor& q, const at::Tensor& k_cache, con
     detail::record_uncovered("paged_decode", paged_decode_key_values(key));
     fail_value(uncovered(args, key));
   }
+  if (entry->launch == nullptr) fail_not_built(entry, key);
   run(entry, args, key, out);
   return result(out);
 }
 
 at::Tensor paged_decode_with_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& context_lens, double scale, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale, const std::string& instance) {
   const Args args{q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale};
+  detail::clear_uncovered();
   check_all(args);
   const Entry* entry = paged_decode_find(instance.c_str());
   if (entry == nullptr) fail_value("paged_decode_with: no instance named " + instance);
@@ -142,6 +152,7 @@ at::Tensor paged_decode_with_cuda(const at::Tensor& q, const at::Tensor& k_cache
   if (nothing_to_do(args, out)) return result(out);
   const Key key = make_key(args, out);
   if (!entry->covers(key)) fail_value("paged_decode_with: instance " + instance + " does not cover " + describe(key));
+  if (entry->launch == nullptr) fail_not_built(entry, key);
   run(entry, args, key, out);
   return result(out);
 }

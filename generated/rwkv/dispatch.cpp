@@ -580,6 +580,16 @@ const Entry kEntries[] = {
     {"rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a", "dispatch", launch_rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a, covers_138, workspace_rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a},
     {"rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a", "dispatch", launch_rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a, covers_139, workspace_rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a},
 };
+constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
+
+// A row's instance built on first use and registered by its name (an extension built without
+// its instances), published with release so that a dispatch reading it sees the whole Entry.
+std::atomic<const Entry*> built_rows[kRowCount];
+
+const Entry* row(int index) {
+  const Entry* built = built_rows[index].load(std::memory_order_acquire);
+  return built != nullptr ? built : &kEntries[index];
+}
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
 // published by the count, so a dispatch running meanwhile reads only complete slots.
@@ -590,10 +600,17 @@ std::mutex jit_lock;
 
 }  // namespace
 
-// Adds an instance from a library built on first use; false when the table is full. The same
-// name registered twice is kept once.
+// Adds an instance from a library built on first use: a row of the same name takes it, any other
+// goes after the spec's rules; false when that table is full. The same name registered twice is
+// kept once.
 bool wkv_scan_register_jit(const Entry* entry) {
   std::lock_guard<std::mutex> guard(jit_lock);
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, entry->name) == 0) {
+      built_rows[i].store(entry, std::memory_order_release);
+      return true;
+    }
+  }
   const int n = jit_count.load(std::memory_order_relaxed);
   for (int i = 0; i < n; ++i) {
     if (std::strcmp(jit_slots[i]->name, entry->name) == 0) return true;
@@ -610,13 +627,13 @@ std::vector<int64_t> wkv_scan_key_values(const Key& key) {
   return {key.N, key.T, key.BH, key.align, key.sm_count, static_cast<int64_t>(key.dtype), static_cast<int64_t>(key.direction), static_cast<int64_t>(key.keys)};
 }
 
-int wkv_scan_entry_count() { return static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0])); }
+int wkv_scan_entry_count() { return kRowCount; }
 
-const Entry* wkv_scan_entry(int index) { return &kEntries[index]; }
+const Entry* wkv_scan_entry(int index) { return row(index); }
 
 const Entry* wkv_scan_find(const char* name) {
-  for (const Entry& entry : kEntries) {
-    if (std::strcmp(entry.name, name) == 0) return &entry;
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, name) == 0) return row(i);
   }
   const int n = jit_count.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
@@ -638,417 +655,417 @@ const Entry* wkv_scan_select(const Key& key) {
   // tuned: tuned/sm_90a/rwkv.yaml: bucket n64_few_bh: when N == 64 and BH < sm_count
   if (((key.N == 64) && (key.BH < key.sm_count))) {
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[84].covers(key)) return &kEntries[84];  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[84].covers(key)) return row(84);  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[85].covers(key)) return &kEntries[85];  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[85].covers(key)) return row(85);  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[86].covers(key)) return &kEntries[86];  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[86].covers(key)) return row(86);  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[87].covers(key)) return &kEntries[87];  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[87].covers(key)) return row(87);  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[88].covers(key)) return &kEntries[88];  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[88].covers(key)) return row(88);  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[89].covers(key)) return &kEntries[89];  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[89].covers(key)) return row(89);  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[90].covers(key)) return &kEntries[90];  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[90].covers(key)) return row(90);  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[91].covers(key)) return &kEntries[91];  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[91].covers(key)) return row(91);  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[92].covers(key)) return &kEntries[92];  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[92].covers(key)) return row(92);  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[93].covers(key)) return &kEntries[93];  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[93].covers(key)) return row(93);  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[94].covers(key)) return &kEntries[94];  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[94].covers(key)) return row(94);  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[95].covers(key)) return &kEntries[95];  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[95].covers(key)) return row(95);  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/rwkv.yaml: bucket n64_mid_bh: when N == 64 and BH < 4 * sm_count
   if (((key.N == 64) && (key.BH < (4 * key.sm_count)))) {
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[96].covers(key)) return &kEntries[96];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[96].covers(key)) return row(96);  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[97].covers(key)) return &kEntries[97];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[97].covers(key)) return row(97);  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[98].covers(key)) return &kEntries[98];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[98].covers(key)) return row(98);  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[99].covers(key)) return &kEntries[99];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[99].covers(key)) return row(99);  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[100].covers(key)) return &kEntries[100];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+      if (kEntries[100].covers(key)) return row(100);  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[101].covers(key)) return &kEntries[101];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+      if (kEntries[101].covers(key)) return row(101);  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[102].covers(key)) return &kEntries[102];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+      if (kEntries[102].covers(key)) return row(102);  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[103].covers(key)) return &kEntries[103];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+      if (kEntries[103].covers(key)) return row(103);  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[104].covers(key)) return &kEntries[104];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+      if (kEntries[104].covers(key)) return row(104);  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[105].covers(key)) return &kEntries[105];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+      if (kEntries[105].covers(key)) return row(105);  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[106].covers(key)) return &kEntries[106];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+      if (kEntries[106].covers(key)) return row(106);  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[107].covers(key)) return &kEntries[107];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+      if (kEntries[107].covers(key)) return row(107);  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/rwkv.yaml: bucket n64_many_bh: when N == 64
   if ((key.N == 64)) {
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[1].covers(key)) return &kEntries[1];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[1].covers(key)) return row(1);  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[4].covers(key)) return &kEntries[4];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[4].covers(key)) return row(4);  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[7].covers(key)) return &kEntries[7];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[7].covers(key)) return row(7);  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[10].covers(key)) return &kEntries[10];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[10].covers(key)) return row(10);  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[108].covers(key)) return &kEntries[108];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
+      if (kEntries[108].covers(key)) return row(108);  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[109].covers(key)) return &kEntries[109];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
+      if (kEntries[109].covers(key)) return row(109);  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[110].covers(key)) return &kEntries[110];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
+      if (kEntries[110].covers(key)) return row(110);  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[111].covers(key)) return &kEntries[111];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
+      if (kEntries[111].covers(key)) return row(111);  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[112].covers(key)) return &kEntries[112];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
+      if (kEntries[112].covers(key)) return row(112);  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[113].covers(key)) return &kEntries[113];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
+      if (kEntries[113].covers(key)) return row(113);  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[114].covers(key)) return &kEntries[114];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
+      if (kEntries[114].covers(key)) return row(114);  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[115].covers(key)) return &kEntries[115];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
+      if (kEntries[115].covers(key)) return row(115);  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/rwkv.yaml: bucket n128_few_bh: when N == 128 and BH < sm_count
   if (((key.N == 128) && (key.BH < key.sm_count))) {
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[116].covers(key)) return &kEntries[116];  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[116].covers(key)) return row(116);  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[117].covers(key)) return &kEntries[117];  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[117].covers(key)) return row(117);  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[118].covers(key)) return &kEntries[118];  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[118].covers(key)) return row(118);  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[119].covers(key)) return &kEntries[119];  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[119].covers(key)) return row(119);  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[120].covers(key)) return &kEntries[120];  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[120].covers(key)) return row(120);  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[121].covers(key)) return &kEntries[121];  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[121].covers(key)) return row(121);  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[122].covers(key)) return &kEntries[122];  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[122].covers(key)) return row(122);  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[123].covers(key)) return &kEntries[123];  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[123].covers(key)) return row(123);  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[124].covers(key)) return &kEntries[124];  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[124].covers(key)) return row(124);  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[125].covers(key)) return &kEntries[125];  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[125].covers(key)) return row(125);  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[126].covers(key)) return &kEntries[126];  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[126].covers(key)) return row(126);  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[127].covers(key)) return &kEntries[127];  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[127].covers(key)) return row(127);  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/rwkv.yaml: bucket n128_many_bh: when N == 128
   if ((key.N == 128)) {
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[128].covers(key)) return &kEntries[128];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[128].covers(key)) return row(128);  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[129].covers(key)) return &kEntries[129];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[129].covers(key)) return row(129);  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[130].covers(key)) return &kEntries[130];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[130].covers(key)) return row(130);  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[131].covers(key)) return &kEntries[131];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[131].covers(key)) return row(131);  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[132].covers(key)) return &kEntries[132];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[132].covers(key)) return row(132);  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[133].covers(key)) return &kEntries[133];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[133].covers(key)) return row(133);  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[134].covers(key)) return &kEntries[134];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[134].covers(key)) return row(134);  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[135].covers(key)) return &kEntries[135];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[135].covers(key)) return row(135);  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[136].covers(key)) return &kEntries[136];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[136].covers(key)) return row(136);  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[137].covers(key)) return &kEntries[137];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[137].covers(key)) return row(137);  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[138].covers(key)) return &kEntries[138];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[138].covers(key)) return row(138);  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[139].covers(key)) return &kEntries[139];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[139].covers(key)) return row(139);  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
     }
   }
   // specs/rwkv.yaml:106: when BH >= sm_count -> full_head
   if ((key.BH >= key.sm_count)) {
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[0].covers(key)) return &kEntries[0];  // rwkv_fwd_contracted_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[1].covers(key)) return &kEntries[1];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
-      if (kEntries[96].covers(key)) return &kEntries[96];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
-      if (kEntries[2].covers(key)) return &kEntries[2];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
-      if (kEntries[128].covers(key)) return &kEntries[128];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[0].covers(key)) return row(0);  // rwkv_fwd_contracted_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[1].covers(key)) return row(1);  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[96].covers(key)) return row(96);  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[2].covers(key)) return row(2);  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[128].covers(key)) return row(128);  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[3].covers(key)) return &kEntries[3];  // rwkv_fwd_output_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[4].covers(key)) return &kEntries[4];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
-      if (kEntries[97].covers(key)) return &kEntries[97];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
-      if (kEntries[5].covers(key)) return &kEntries[5];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
-      if (kEntries[129].covers(key)) return &kEntries[129];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[3].covers(key)) return row(3);  // rwkv_fwd_output_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[4].covers(key)) return row(4);  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[97].covers(key)) return row(97);  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[5].covers(key)) return row(5);  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[129].covers(key)) return row(129);  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[6].covers(key)) return &kEntries[6];  // rwkv_rev_contracted_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[7].covers(key)) return &kEntries[7];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
-      if (kEntries[98].covers(key)) return &kEntries[98];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
-      if (kEntries[8].covers(key)) return &kEntries[8];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
-      if (kEntries[130].covers(key)) return &kEntries[130];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[6].covers(key)) return row(6);  // rwkv_rev_contracted_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[7].covers(key)) return row(7);  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[98].covers(key)) return row(98);  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[8].covers(key)) return row(8);  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[130].covers(key)) return row(130);  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[9].covers(key)) return &kEntries[9];  // rwkv_rev_output_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[10].covers(key)) return &kEntries[10];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
-      if (kEntries[99].covers(key)) return &kEntries[99];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
-      if (kEntries[11].covers(key)) return &kEntries[11];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
-      if (kEntries[131].covers(key)) return &kEntries[131];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[9].covers(key)) return row(9);  // rwkv_rev_output_full_head_n32_cols32_mpt4_tph4_vec4_chunk8_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[10].covers(key)) return row(10);  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
+      if (kEntries[99].covers(key)) return row(99);  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[11].covers(key)) return row(11);  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[131].covers(key)) return row(131);  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec4_chunk8_buf2_pad16_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[12].covers(key)) return &kEntries[12];  // rwkv_fwd_contracted_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[13].covers(key)) return &kEntries[13];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
-      if (kEntries[104].covers(key)) return &kEntries[104];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
-      if (kEntries[112].covers(key)) return &kEntries[112];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
-      if (kEntries[14].covers(key)) return &kEntries[14];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
-      if (kEntries[136].covers(key)) return &kEntries[136];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[12].covers(key)) return row(12);  // rwkv_fwd_contracted_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[13].covers(key)) return row(13);  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[104].covers(key)) return row(104);  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+      if (kEntries[112].covers(key)) return row(112);  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
+      if (kEntries[136].covers(key)) return row(136);  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[15].covers(key)) return &kEntries[15];  // rwkv_fwd_output_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[16].covers(key)) return &kEntries[16];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
-      if (kEntries[105].covers(key)) return &kEntries[105];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
-      if (kEntries[113].covers(key)) return &kEntries[113];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
-      if (kEntries[17].covers(key)) return &kEntries[17];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
-      if (kEntries[137].covers(key)) return &kEntries[137];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[15].covers(key)) return row(15);  // rwkv_fwd_output_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[105].covers(key)) return row(105);  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+      if (kEntries[113].covers(key)) return row(113);  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
+      if (kEntries[17].covers(key)) return row(17);  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
+      if (kEntries[137].covers(key)) return row(137);  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[18].covers(key)) return &kEntries[18];  // rwkv_rev_contracted_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[19].covers(key)) return &kEntries[19];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
-      if (kEntries[106].covers(key)) return &kEntries[106];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
-      if (kEntries[114].covers(key)) return &kEntries[114];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
-      if (kEntries[20].covers(key)) return &kEntries[20];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
-      if (kEntries[138].covers(key)) return &kEntries[138];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[18].covers(key)) return row(18);  // rwkv_rev_contracted_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[106].covers(key)) return row(106);  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+      if (kEntries[114].covers(key)) return row(114);  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
+      if (kEntries[20].covers(key)) return row(20);  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
+      if (kEntries[138].covers(key)) return row(138);  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[21].covers(key)) return &kEntries[21];  // rwkv_rev_output_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[22].covers(key)) return &kEntries[22];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
-      if (kEntries[107].covers(key)) return &kEntries[107];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
-      if (kEntries[115].covers(key)) return &kEntries[115];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
-      if (kEntries[23].covers(key)) return &kEntries[23];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
-      if (kEntries[139].covers(key)) return &kEntries[139];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // rwkv_rev_output_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[22].covers(key)) return row(22);  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
+      if (kEntries[107].covers(key)) return row(107);  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_fp16_sm90a
+      if (kEntries[115].covers(key)) return row(115);  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_fp16_sm90a
+      if (kEntries[23].covers(key)) return row(23);  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
+      if (kEntries[139].covers(key)) return row(139);  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[24].covers(key)) return &kEntries[24];  // rwkv_fwd_contracted_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[25].covers(key)) return &kEntries[25];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
-      if (kEntries[100].covers(key)) return &kEntries[100];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
-      if (kEntries[108].covers(key)) return &kEntries[108];  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
-      if (kEntries[26].covers(key)) return &kEntries[26];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
-      if (kEntries[132].covers(key)) return &kEntries[132];  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[24].covers(key)) return row(24);  // rwkv_fwd_contracted_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[25].covers(key)) return row(25);  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[100].covers(key)) return row(100);  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+      if (kEntries[108].covers(key)) return row(108);  // rwkv_fwd_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
+      if (kEntries[26].covers(key)) return row(26);  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
+      if (kEntries[132].covers(key)) return row(132);  // rwkv_fwd_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[27].covers(key)) return &kEntries[27];  // rwkv_fwd_output_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[28].covers(key)) return &kEntries[28];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
-      if (kEntries[101].covers(key)) return &kEntries[101];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
-      if (kEntries[109].covers(key)) return &kEntries[109];  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
-      if (kEntries[29].covers(key)) return &kEntries[29];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
-      if (kEntries[133].covers(key)) return &kEntries[133];  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[27].covers(key)) return row(27);  // rwkv_fwd_output_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[28].covers(key)) return row(28);  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[101].covers(key)) return row(101);  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+      if (kEntries[109].covers(key)) return row(109);  // rwkv_fwd_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
+      if (kEntries[29].covers(key)) return row(29);  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
+      if (kEntries[133].covers(key)) return row(133);  // rwkv_fwd_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[30].covers(key)) return &kEntries[30];  // rwkv_rev_contracted_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[31].covers(key)) return &kEntries[31];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
-      if (kEntries[102].covers(key)) return &kEntries[102];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
-      if (kEntries[110].covers(key)) return &kEntries[110];  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
-      if (kEntries[32].covers(key)) return &kEntries[32];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
-      if (kEntries[134].covers(key)) return &kEntries[134];  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[30].covers(key)) return row(30);  // rwkv_rev_contracted_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[31].covers(key)) return row(31);  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[102].covers(key)) return row(102);  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+      if (kEntries[110].covers(key)) return row(110);  // rwkv_rev_contracted_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
+      if (kEntries[32].covers(key)) return row(32);  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
+      if (kEntries[134].covers(key)) return row(134);  // rwkv_rev_contracted_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[33].covers(key)) return &kEntries[33];  // rwkv_rev_output_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[34].covers(key)) return &kEntries[34];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
-      if (kEntries[103].covers(key)) return &kEntries[103];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
-      if (kEntries[111].covers(key)) return &kEntries[111];  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
-      if (kEntries[35].covers(key)) return &kEntries[35];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
-      if (kEntries[135].covers(key)) return &kEntries[135];  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[33].covers(key)) return row(33);  // rwkv_rev_output_full_head_n32_cols32_mpt4_tph4_vec8_chunk8_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[34].covers(key)) return row(34);  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
+      if (kEntries[103].covers(key)) return row(103);  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph8_vec8_chunk8_buf3_pad16_dsplit0_bf16_sm90a
+      if (kEntries[111].covers(key)) return row(111);  // rwkv_rev_output_full_head_n64_cols64_mpt4_tph4_vec8_chunk8_buf2_pad0_dsplit0_bf16_sm90a
+      if (kEntries[35].covers(key)) return row(35);  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
+      if (kEntries[135].covers(key)) return row(135);  // rwkv_rev_output_full_head_n128_cols128_mpt4_tph8_vec8_chunk8_buf2_pad16_dsplit0_bf16_sm90a
     }
   }
   // specs/rwkv.yaml:108: when True -> wide_head
   if (true) {
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[36].covers(key)) return &kEntries[36];  // rwkv_fwd_contracted_wide_head_n256_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[36].covers(key)) return row(36);  // rwkv_fwd_contracted_wide_head_n256_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[37].covers(key)) return &kEntries[37];  // rwkv_fwd_output_wide_head_n256_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[37].covers(key)) return row(37);  // rwkv_fwd_output_wide_head_n256_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[38].covers(key)) return &kEntries[38];  // rwkv_rev_contracted_wide_head_n256_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[38].covers(key)) return row(38);  // rwkv_rev_contracted_wide_head_n256_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[39].covers(key)) return &kEntries[39];  // rwkv_rev_output_wide_head_n256_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
+      if (kEntries[39].covers(key)) return row(39);  // rwkv_rev_output_wide_head_n256_cols64_mpt4_tph16_vec4_chunk8_buf2_pad8_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[40].covers(key)) return &kEntries[40];  // rwkv_fwd_contracted_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
+      if (kEntries[40].covers(key)) return row(40);  // rwkv_fwd_contracted_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[41].covers(key)) return &kEntries[41];  // rwkv_fwd_output_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
+      if (kEntries[41].covers(key)) return row(41);  // rwkv_fwd_output_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[42].covers(key)) return &kEntries[42];  // rwkv_rev_contracted_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
+      if (kEntries[42].covers(key)) return row(42);  // rwkv_rev_contracted_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[43].covers(key)) return &kEntries[43];  // rwkv_rev_output_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
+      if (kEntries[43].covers(key)) return row(43);  // rwkv_rev_output_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[44].covers(key)) return &kEntries[44];  // rwkv_fwd_contracted_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
+      if (kEntries[44].covers(key)) return row(44);  // rwkv_fwd_contracted_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[45].covers(key)) return &kEntries[45];  // rwkv_fwd_output_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
+      if (kEntries[45].covers(key)) return row(45);  // rwkv_fwd_output_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[46].covers(key)) return &kEntries[46];  // rwkv_rev_contracted_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
+      if (kEntries[46].covers(key)) return row(46);  // rwkv_rev_contracted_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[47].covers(key)) return &kEntries[47];  // rwkv_rev_output_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
+      if (kEntries[47].covers(key)) return row(47);  // rwkv_rev_output_wide_head_n256_cols64_mpt4_tph16_vec8_chunk8_buf2_pad8_dsplit0_bf16_sm90a
     }
   }
   // specs/rwkv.yaml:110: when True -> col_split
   if (true) {
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[48].covers(key)) return &kEntries[48];  // rwkv_fwd_contracted_col_split_n32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[49].covers(key)) return &kEntries[49];  // rwkv_fwd_contracted_col_split_n64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[84].covers(key)) return &kEntries[84];  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
-      if (kEntries[50].covers(key)) return &kEntries[50];  // rwkv_fwd_contracted_col_split_n128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[116].covers(key)) return &kEntries[116];  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[48].covers(key)) return row(48);  // rwkv_fwd_contracted_col_split_n32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[49].covers(key)) return row(49);  // rwkv_fwd_contracted_col_split_n64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[84].covers(key)) return row(84);  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[50].covers(key)) return row(50);  // rwkv_fwd_contracted_col_split_n128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[116].covers(key)) return row(116);  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[51].covers(key)) return &kEntries[51];  // rwkv_fwd_output_col_split_n32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[52].covers(key)) return &kEntries[52];  // rwkv_fwd_output_col_split_n64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[85].covers(key)) return &kEntries[85];  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
-      if (kEntries[53].covers(key)) return &kEntries[53];  // rwkv_fwd_output_col_split_n128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[117].covers(key)) return &kEntries[117];  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[51].covers(key)) return row(51);  // rwkv_fwd_output_col_split_n32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[52].covers(key)) return row(52);  // rwkv_fwd_output_col_split_n64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[85].covers(key)) return row(85);  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[53].covers(key)) return row(53);  // rwkv_fwd_output_col_split_n128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[117].covers(key)) return row(117);  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[54].covers(key)) return &kEntries[54];  // rwkv_rev_contracted_col_split_n32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[55].covers(key)) return &kEntries[55];  // rwkv_rev_contracted_col_split_n64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[86].covers(key)) return &kEntries[86];  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
-      if (kEntries[56].covers(key)) return &kEntries[56];  // rwkv_rev_contracted_col_split_n128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[118].covers(key)) return &kEntries[118];  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[54].covers(key)) return row(54);  // rwkv_rev_contracted_col_split_n32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[55].covers(key)) return row(55);  // rwkv_rev_contracted_col_split_n64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[86].covers(key)) return row(86);  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[56].covers(key)) return row(56);  // rwkv_rev_contracted_col_split_n128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[118].covers(key)) return row(118);  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP32 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[57].covers(key)) return &kEntries[57];  // rwkv_rev_output_col_split_n32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[58].covers(key)) return &kEntries[58];  // rwkv_rev_output_col_split_n64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[87].covers(key)) return &kEntries[87];  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
-      if (kEntries[59].covers(key)) return &kEntries[59];  // rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
-      if (kEntries[119].covers(key)) return &kEntries[119];  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[57].covers(key)) return row(57);  // rwkv_rev_output_col_split_n32_cols8_mpt1_tph8_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[58].covers(key)) return row(58);  // rwkv_rev_output_col_split_n64_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[87].covers(key)) return row(87);  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
+      if (kEntries[59].covers(key)) return row(59);  // rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec4_chunk32_buf2_pad0_dsplit1_fp32_sm90a
+      if (kEntries[119].covers(key)) return row(119);  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[60].covers(key)) return &kEntries[60];  // rwkv_fwd_contracted_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[61].covers(key)) return &kEntries[61];  // rwkv_fwd_contracted_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[92].covers(key)) return &kEntries[92];  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[62].covers(key)) return &kEntries[62];  // rwkv_fwd_contracted_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[124].covers(key)) return &kEntries[124];  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[60].covers(key)) return row(60);  // rwkv_fwd_contracted_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[61].covers(key)) return row(61);  // rwkv_fwd_contracted_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[92].covers(key)) return row(92);  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[62].covers(key)) return row(62);  // rwkv_fwd_contracted_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[124].covers(key)) return row(124);  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[63].covers(key)) return &kEntries[63];  // rwkv_fwd_output_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[64].covers(key)) return &kEntries[64];  // rwkv_fwd_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[93].covers(key)) return &kEntries[93];  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[65].covers(key)) return &kEntries[65];  // rwkv_fwd_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[125].covers(key)) return &kEntries[125];  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[63].covers(key)) return row(63);  // rwkv_fwd_output_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[64].covers(key)) return row(64);  // rwkv_fwd_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[93].covers(key)) return row(93);  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[65].covers(key)) return row(65);  // rwkv_fwd_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[125].covers(key)) return row(125);  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[66].covers(key)) return &kEntries[66];  // rwkv_rev_contracted_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[67].covers(key)) return &kEntries[67];  // rwkv_rev_contracted_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[94].covers(key)) return &kEntries[94];  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[68].covers(key)) return &kEntries[68];  // rwkv_rev_contracted_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[126].covers(key)) return &kEntries[126];  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[66].covers(key)) return row(66);  // rwkv_rev_contracted_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[67].covers(key)) return row(67);  // rwkv_rev_contracted_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[94].covers(key)) return row(94);  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[68].covers(key)) return row(68);  // rwkv_rev_contracted_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[126].covers(key)) return row(126);  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[69].covers(key)) return &kEntries[69];  // rwkv_rev_output_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[70].covers(key)) return &kEntries[70];  // rwkv_rev_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[95].covers(key)) return &kEntries[95];  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[71].covers(key)) return &kEntries[71];  // rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
-      if (kEntries[127].covers(key)) return &kEntries[127];  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[69].covers(key)) return row(69);  // rwkv_rev_output_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[70].covers(key)) return row(70);  // rwkv_rev_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[95].covers(key)) return row(95);  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[71].covers(key)) return row(71);  // rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
+      if (kEntries[127].covers(key)) return row(127);  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 0) {
-      if (kEntries[72].covers(key)) return &kEntries[72];  // rwkv_fwd_contracted_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[73].covers(key)) return &kEntries[73];  // rwkv_fwd_contracted_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[88].covers(key)) return &kEntries[88];  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[74].covers(key)) return &kEntries[74];  // rwkv_fwd_contracted_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[120].covers(key)) return &kEntries[120];  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[72].covers(key)) return row(72);  // rwkv_fwd_contracted_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[73].covers(key)) return row(73);  // rwkv_fwd_contracted_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[88].covers(key)) return row(88);  // rwkv_fwd_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[74].covers(key)) return row(74);  // rwkv_fwd_contracted_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[120].covers(key)) return row(120);  // rwkv_fwd_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 0 && key.keys == 1) {
-      if (kEntries[75].covers(key)) return &kEntries[75];  // rwkv_fwd_output_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[76].covers(key)) return &kEntries[76];  // rwkv_fwd_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[89].covers(key)) return &kEntries[89];  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[77].covers(key)) return &kEntries[77];  // rwkv_fwd_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[121].covers(key)) return &kEntries[121];  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[75].covers(key)) return row(75);  // rwkv_fwd_output_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[76].covers(key)) return row(76);  // rwkv_fwd_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[89].covers(key)) return row(89);  // rwkv_fwd_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[77].covers(key)) return row(77);  // rwkv_fwd_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[121].covers(key)) return row(121);  // rwkv_fwd_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 0) {
-      if (kEntries[78].covers(key)) return &kEntries[78];  // rwkv_rev_contracted_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[79].covers(key)) return &kEntries[79];  // rwkv_rev_contracted_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[90].covers(key)) return &kEntries[90];  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[80].covers(key)) return &kEntries[80];  // rwkv_rev_contracted_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[122].covers(key)) return &kEntries[122];  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[78].covers(key)) return row(78);  // rwkv_rev_contracted_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[79].covers(key)) return row(79);  // rwkv_rev_contracted_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[90].covers(key)) return row(90);  // rwkv_rev_contracted_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[80].covers(key)) return row(80);  // rwkv_rev_contracted_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[122].covers(key)) return row(122);  // rwkv_rev_contracted_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.direction == 1 && key.keys == 1) {
-      if (kEntries[81].covers(key)) return &kEntries[81];  // rwkv_rev_output_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[82].covers(key)) return &kEntries[82];  // rwkv_rev_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[91].covers(key)) return &kEntries[91];  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[83].covers(key)) return &kEntries[83];  // rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
-      if (kEntries[123].covers(key)) return &kEntries[123];  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[81].covers(key)) return row(81);  // rwkv_rev_output_col_split_n32_cols8_mpt1_tph8_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[82].covers(key)) return row(82);  // rwkv_rev_output_col_split_n64_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[91].covers(key)) return row(91);  // rwkv_rev_output_col_split_n64_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[83].covers(key)) return row(83);  // rwkv_rev_output_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
+      if (kEntries[123].covers(key)) return row(123);  // rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec8_chunk32_buf2_pad4_dsplit0_bf16_sm90a
     }
   }
   return jit_select(key);

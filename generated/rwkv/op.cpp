@@ -123,6 +123,14 @@ Key make_key(const Args& a, const Outputs& out) {
   return key;
 }
 
+// A row of a table built without its instances (codegen/core.py) that no library filled yet: the
+// signal names the row, which the runtime builds on first use and registers, then calls again.
+[[noreturn]] void fail_not_built(const Entry* entry, const Key& key) {
+  detail::record_uncovered("wkv_scan", wkv_scan_key_values(key), entry->name);
+  fail_value("wkv_scan: instance " + std::string(entry->name) + " is not built in this extension (it was built "
+             "without its instances, which build on first use; ATTNGEN_JIT=0 turns that off)");
+}
+
 std::tuple<at::Tensor, at::Tensor> wkv_scan_cuda(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vo, const at::Tensor& w, const std::optional<at::Tensor>& u, const std::optional<at::Tensor>& state, bool reverse, bool keys_output, bool return_state, bool float_out, const std::optional<at::Tensor>& checkpoints) {
   const Args args{q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints};
   detail::clear_uncovered();
@@ -136,12 +144,14 @@ std::tuple<at::Tensor, at::Tensor> wkv_scan_cuda(const at::Tensor& q, const at::
     detail::record_uncovered("wkv_scan", wkv_scan_key_values(key));
     fail_value(uncovered(args, key));
   }
+  if (entry->launch == nullptr) fail_not_built(entry, key);
   run(entry, args, key, out);
   return result(out);
 }
 
 std::tuple<at::Tensor, at::Tensor> wkv_scan_with_cuda(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vo, const at::Tensor& w, const std::optional<at::Tensor>& u, const std::optional<at::Tensor>& state, bool reverse, bool keys_output, bool return_state, bool float_out, const std::optional<at::Tensor>& checkpoints, const std::string& instance) {
   const Args args{q, kc, vo, w, u, state, reverse, keys_output, return_state, float_out, checkpoints};
+  detail::clear_uncovered();
   check_all(args);
   const Entry* entry = wkv_scan_find(instance.c_str());
   if (entry == nullptr) fail_value("wkv_scan_with: no instance named " + instance);
@@ -149,6 +159,7 @@ std::tuple<at::Tensor, at::Tensor> wkv_scan_with_cuda(const at::Tensor& q, const
   if (nothing_to_do(args, out)) return result(out);
   const Key key = make_key(args, out);
   if (!entry->covers(key)) fail_value("wkv_scan_with: instance " + instance + " does not cover " + describe(key));
+  if (entry->launch == nullptr) fail_not_built(entry, key);
   run(entry, args, key, out);
   return result(out);
 }

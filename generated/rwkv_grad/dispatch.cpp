@@ -84,6 +84,16 @@ const Entry kEntries[] = {
     {"rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_bf16_sm90a", "dispatch", launch_rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_bf16_sm90a, covers_14, workspace_rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_bf16_sm90a},
     {"rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_fp16_sm90a", "dispatch", launch_rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_fp16_sm90a, covers_15, workspace_rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_fp16_sm90a},
 };
+constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
+
+// A row's instance built on first use and registered by its name (an extension built without
+// its instances), published with release so that a dispatch reading it sees the whole Entry.
+std::atomic<const Entry*> built_rows[kRowCount];
+
+const Entry* row(int index) {
+  const Entry* built = built_rows[index].load(std::memory_order_acquire);
+  return built != nullptr ? built : &kEntries[index];
+}
 
 // Instances built on first use, in the order they were registered. Appended under a lock and
 // published by the count, so a dispatch running meanwhile reads only complete slots.
@@ -94,10 +104,17 @@ std::mutex jit_lock;
 
 }  // namespace
 
-// Adds an instance from a library built on first use; false when the table is full. The same
-// name registered twice is kept once.
+// Adds an instance from a library built on first use: a row of the same name takes it, any other
+// goes after the spec's rules; false when that table is full. The same name registered twice is
+// kept once.
 bool wkv_grad_rkwu_register_jit(const Entry* entry) {
   std::lock_guard<std::mutex> guard(jit_lock);
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, entry->name) == 0) {
+      built_rows[i].store(entry, std::memory_order_release);
+      return true;
+    }
+  }
   const int n = jit_count.load(std::memory_order_relaxed);
   for (int i = 0; i < n; ++i) {
     if (std::strcmp(jit_slots[i]->name, entry->name) == 0) return true;
@@ -114,13 +131,13 @@ std::vector<int64_t> wkv_grad_rkwu_key_values(const Key& key) {
   return {key.N, key.T, key.BH, key.sm_count, static_cast<int64_t>(key.dtype)};
 }
 
-int wkv_grad_rkwu_entry_count() { return static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0])); }
+int wkv_grad_rkwu_entry_count() { return kRowCount; }
 
-const Entry* wkv_grad_rkwu_entry(int index) { return &kEntries[index]; }
+const Entry* wkv_grad_rkwu_entry(int index) { return row(index); }
 
 const Entry* wkv_grad_rkwu_find(const char* name) {
-  for (const Entry& entry : kEntries) {
-    if (std::strcmp(entry.name, name) == 0) return &entry;
+  for (int i = 0; i < kRowCount; ++i) {
+    if (std::strcmp(kEntries[i].name, name) == 0) return row(i);
   }
   const int n = jit_count.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
@@ -142,44 +159,44 @@ const Entry* wkv_grad_rkwu_select(const Key& key) {
   // tuned: tuned/sm_90a/rwkv_grad.yaml: bucket n64_few_bh: when N == 64 and BH < sm_count
   if (((key.N == 64) && (key.BH < key.sm_count))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[12].covers(key)) return &kEntries[12];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
+      if (kEntries[12].covers(key)) return row(12);  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[13].covers(key)) return &kEntries[13];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
+      if (kEntries[13].covers(key)) return row(13);  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/rwkv_grad.yaml: bucket n64: when N == 64
   if ((key.N == 64)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[14].covers(key)) return &kEntries[14];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_bf16_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[15].covers(key)) return &kEntries[15];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_fp16_sm90a
+      if (kEntries[15].covers(key)) return row(15);  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_fp16_sm90a
     }
   }
   // specs/rwkv_grad.yaml:58: when True -> grad_rkwu
   if (true) {
     if (key.dtype == DType::kFP32) {
-      if (kEntries[0].covers(key)) return &kEntries[0];  // rwkv_grad_grad_rkwu_n32_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp32_sm90a
-      if (kEntries[1].covers(key)) return &kEntries[1];  // rwkv_grad_grad_rkwu_n64_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp32_sm90a
-      if (kEntries[2].covers(key)) return &kEntries[2];  // rwkv_grad_grad_rkwu_n128_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp32_sm90a
-      if (kEntries[3].covers(key)) return &kEntries[3];  // rwkv_grad_grad_rkwu_n256_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp32_sm90a
+      if (kEntries[0].covers(key)) return row(0);  // rwkv_grad_grad_rkwu_n32_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp32_sm90a
+      if (kEntries[1].covers(key)) return row(1);  // rwkv_grad_grad_rkwu_n64_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp32_sm90a
+      if (kEntries[2].covers(key)) return row(2);  // rwkv_grad_grad_rkwu_n128_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp32_sm90a
+      if (kEntries[3].covers(key)) return row(3);  // rwkv_grad_grad_rkwu_n256_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp32_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[4].covers(key)) return &kEntries[4];  // rwkv_grad_grad_rkwu_n32_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
-      if (kEntries[5].covers(key)) return &kEntries[5];  // rwkv_grad_grad_rkwu_n64_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
-      if (kEntries[13].covers(key)) return &kEntries[13];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
-      if (kEntries[15].covers(key)) return &kEntries[15];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_fp16_sm90a
-      if (kEntries[6].covers(key)) return &kEntries[6];  // rwkv_grad_grad_rkwu_n128_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
-      if (kEntries[7].covers(key)) return &kEntries[7];  // rwkv_grad_grad_rkwu_n256_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
+      if (kEntries[4].covers(key)) return row(4);  // rwkv_grad_grad_rkwu_n32_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
+      if (kEntries[5].covers(key)) return row(5);  // rwkv_grad_grad_rkwu_n64_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
+      if (kEntries[13].covers(key)) return row(13);  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
+      if (kEntries[15].covers(key)) return row(15);  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_fp16_sm90a
+      if (kEntries[6].covers(key)) return row(6);  // rwkv_grad_grad_rkwu_n128_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
+      if (kEntries[7].covers(key)) return row(7);  // rwkv_grad_grad_rkwu_n256_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[8].covers(key)) return &kEntries[8];  // rwkv_grad_grad_rkwu_n32_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
-      if (kEntries[9].covers(key)) return &kEntries[9];  // rwkv_grad_grad_rkwu_n64_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
-      if (kEntries[12].covers(key)) return &kEntries[12];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
-      if (kEntries[14].covers(key)) return &kEntries[14];  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_bf16_sm90a
-      if (kEntries[10].covers(key)) return &kEntries[10];  // rwkv_grad_grad_rkwu_n128_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
-      if (kEntries[11].covers(key)) return &kEntries[11];  // rwkv_grad_grad_rkwu_n256_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
+      if (kEntries[8].covers(key)) return row(8);  // rwkv_grad_grad_rkwu_n32_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
+      if (kEntries[9].covers(key)) return row(9);  // rwkv_grad_grad_rkwu_n64_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
+      if (kEntries[12].covers(key)) return row(12);  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // rwkv_grad_grad_rkwu_n64_e8_minb1_threads256_l8_float_v1_float_do1_prefetch1_bf16_sm90a
+      if (kEntries[10].covers(key)) return row(10);  // rwkv_grad_grad_rkwu_n128_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
+      if (kEntries[11].covers(key)) return row(11);  // rwkv_grad_grad_rkwu_n256_e8_minb2_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a
     }
   }
   return jit_select(key);

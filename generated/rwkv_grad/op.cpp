@@ -125,6 +125,14 @@ Key make_key(const Args& a, const Outputs& out) {
   return key;
 }
 
+// A row of a table built without its instances (codegen/core.py) that no library filled yet: the
+// signal names the row, which the runtime builds on first use and registers, then calls again.
+[[noreturn]] void fail_not_built(const Entry* entry, const Key& key) {
+  detail::record_uncovered("wkv_grad_rkwu", wkv_grad_rkwu_key_values(key), entry->name);
+  fail_value("wkv_grad_rkwu: instance " + std::string(entry->name) + " is not built in this extension (it was built "
+             "without its instances, which build on first use; ATTNGEN_JIT=0 turns that off)");
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv_grad_rkwu_cuda(const at::Tensor& r, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& u, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, bool want_d_state0) {
   const Args args{r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0};
   detail::clear_uncovered();
@@ -138,12 +146,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv_grad_
     detail::record_uncovered("wkv_grad_rkwu", wkv_grad_rkwu_key_values(key));
     fail_value(uncovered(args, key));
   }
+  if (entry->launch == nullptr) fail_not_built(entry, key);
   run(entry, args, key, out);
   return result(out);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv_grad_rkwu_with_cuda(const at::Tensor& r, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& u, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, bool want_d_state0, const std::string& instance) {
   const Args args{r, k, v, w, u, d_o, checkpoints, d_state, want_d_state0};
+  detail::clear_uncovered();
   check_all(args);
   const Entry* entry = wkv_grad_rkwu_find(instance.c_str());
   if (entry == nullptr) fail_value("wkv_grad_rkwu_with: no instance named " + instance);
@@ -151,6 +161,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv_grad_
   if (nothing_to_do(args, out)) return result(out);
   const Key key = make_key(args, out);
   if (!entry->covers(key)) fail_value("wkv_grad_rkwu_with: instance " + instance + " does not cover " + describe(key));
+  if (entry->launch == nullptr) fail_not_built(entry, key);
   run(entry, args, key, out);
   return result(out);
 }

@@ -171,8 +171,11 @@ def test_nan_in_a_visible_key_reaches_the_output():
 
 def test_bad_input_on_the_device():
     q, k, v = make(1, 8, 8, 2, 2, 72, torch.bfloat16)
-    with pytest.raises(ValueError, match=r"unsupported head size D=72; built: 64, 96, 128, 256 \(add it to specs/flash_attention.yaml\)"):
+    with pytest.raises(ValueError, match=r"^flash_attention: unsupported head size D=72; built: 64, 96, 128, 256 \(add it to specs/flash_attention.yaml\)"):
         fa.flash_attention(q, k, v)
+    with pytest.raises(ValueError, match=r"^flash_attention_varlen: unsupported head size D=72"):  # the op names its caller
+        cu = torch.tensor([0, 8], dtype=torch.int32, device="cuda")
+        fa.flash_attention_varlen(q[0], k[0], v[0], cu, cu, 8, 8)
     q, k, v = make(1, 8, 8, 2, 2, 64, torch.bfloat16)
     with pytest.raises(ValueError, match="k must be a CUDA tensor, got device cpu"):
         fa.flash_attention(q, k.cpu(), v)

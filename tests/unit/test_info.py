@@ -1,7 +1,9 @@
 """Unit tier: `python -m attngen.info` reports what the manifest holds, without a GPU."""
 import json
 
-from attngen import _jit, info
+import pytest
+
+from attngen import _ext, _jit, info
 from tests.conftest import ROOT
 
 
@@ -30,7 +32,21 @@ def test_first_use_says_why_it_cannot_build(monkeypatch):
     monkeypatch.setattr(_jit, "_generator", lambda: None)
     reasons = _jit.cannot_build()
     assert reasons[0] == "ATTNGEN_JIT=0" and reasons[1] == _jit.GENERATOR_MISSING
-    assert "the extension /nonexistent/attngen_ext.so is not built" in reasons[-1]
+    text = info.format_summary(info.summary(ROOT))
+    assert "extension: /nonexistent/attngen_ext.so (not built, nor can it be built on first use here: make build)" in text
+    # Loading names the missing library and every reason the first use cannot build it.
+    with pytest.raises(RuntimeError, match=r"(?s)/nonexistent/attngen_ext.so is not built, and it cannot be built on "
+                                           r"first use here: ATTNGEN_JIT=0; .*source tree.*make build"):
+        _jit.core_library(_ext.library_path())
+
+
+def test_without_a_prebuilt_extension_info_says_the_first_call_builds_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATTNGEN_LIB", str(tmp_path / "attngen_ext.so"))
+    monkeypatch.setenv("ATTNGEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(_jit, "cannot_build", lambda: [])
+    text = info.format_summary(info.summary(ROOT))
+    assert (f"extension: {tmp_path / 'attngen_ext.so'} (not prebuilt: the first call builds its bindings, no kernels, "
+            f"into {tmp_path / 'cache' / 'core'})") in text
 
 
 def test_the_jit_cache_lists_finished_builds_only(tmp_path, monkeypatch):

@@ -151,7 +151,7 @@ def test_without_the_source_tree_the_ops_error_stands(monkeypatch, tmp_path):
     def uncovered():
         raise ValueError("paged_decode: unsupported head size or layout: D=48; no compiled instance covers it")
     # The op's bindings record the uncovered key (the typed signal) before raising.
-    monkeypatch.setattr(_jit, "_take_uncovered", lambda: ("paged_decode", [48, 1, 1]))
+    monkeypatch.setattr(_jit, "_take_uncovered", lambda: ("paged_decode", [48, 1, 1], ""))
     with pytest.raises(ValueError, match=r"(?s)no compiled instance covers it.*Not built on first use: .*source tree"):
         _jit.call("paged_decode", uncovered)
     monkeypatch.setenv("ATTNGEN_JIT", "0")
@@ -167,7 +167,7 @@ def test_only_the_typed_signal_starts_a_build(monkeypatch):
 
     def fails():
         raise ValueError("paged_decode: no compiled instance covers it")
-    for record in (("", []), ("wkv_scan", [96])):
+    for record in (("", [], ""), ("wkv_scan", [96], "")):
         monkeypatch.setattr(_jit, "_take_uncovered", lambda record=record: record)
         with pytest.raises(ValueError, match="no compiled instance covers it$"):
             _jit.call("paged_decode", fails)

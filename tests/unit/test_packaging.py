@@ -64,4 +64,5 @@ def test_an_installed_copy_finds_its_generator_and_says_what_it_can_run(tmp_path
                              str(len(list((ROOT / "tuned").glob("*/*.yaml"))))]
     text = "\n".join(rest)
     assert "(installed, " in text and "no kernels built" in text
-    assert "built on first use: not possible here: " in text and "is not built" in text
+    assert "built on first use: not possible here: " in text
+    assert "(not built, nor can it be built on first use here: make build)" in text
