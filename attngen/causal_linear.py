@@ -48,7 +48,6 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad):
     q, k, v = ctx.saved_tensors
-    op = OP.packet()
     grad = grad if grad.stride(-1) == 1 else grad.contiguous()
     rev = ctx.reverse
     # o_t = sum_s (q_t . k_s) v_s over s <= t (s >= t if reverse):
@@ -56,9 +55,9 @@ def _backward(ctx, grad):
     #   dk_s = sum_t (v_s . g_t) q_t and dv_s = sum_t (k_s . q_t) g_t, the other direction.
     for args in ((grad, v, k, rev), (v, grad, q, not rev), (k, q, grad, not rev)):
         _build_past_the_buckets(*args)
-    dq = op(grad, v, k, rev) if ctx.needs_input_grad[0] else None
-    dk = op(v, grad, q, not rev) if ctx.needs_input_grad[1] else None
-    dv = op(k, q, grad, not rev) if ctx.needs_input_grad[2] else None
+    dq = OP(grad, v, k, rev) if ctx.needs_input_grad[0] else None
+    dk = OP(v, grad, q, not rev) if ctx.needs_input_grad[1] else None
+    dv = OP(k, q, grad, not rev) if ctx.needs_input_grad[2] else None
     return dq, dk, dv, None
 
 
@@ -77,7 +76,7 @@ def causal_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, revers
     check_inputs(q, k, v)
     _register()
     _build_past_the_buckets(q, k, v, reverse)
-    return OP.packet()(q, k, v, reverse)
+    return OP(q, k, v, reverse)
 
 
 _decided: set = set()  # (E, M, dtype, reverse) already looked at in this process
