@@ -25,6 +25,7 @@ pip_rc=$?
 pip_s=$(seconds "$t0")
 
 cat > /tmp/readme_example.py <<'EOF'
+import time; started = time.monotonic()
 import torch, attngen
 q = torch.randn(2, 8, 4096, 64, device="cuda")          # [B, H, L, E]
 k = torch.randn(2, 8, 4096, 64, device="cuda")
@@ -32,7 +33,9 @@ v = torch.randn(2, 8, 4096, 64, device="cuda")          # [B, H, L, M]
 o = attngen.causal_dot_product(q, k, v)                  # o_t = q_t . sum_{s<=t} k_s^T v_s
 x = torch.randn(2, 4096, 8, 64, device="cuda")          # fast-transformers layout [B, L, H, E]
 y = attngen.causal_linear_attention(x, x, x)             # elu+1 feature map, normaliser
-# not in README: the check that the answers are right
+# not in README: the example's own time, then the check that the answers are right
+torch.cuda.synchronize()
+print(f"README example: {time.monotonic() - started:.1f} s in this process (imports, CUDA start, builds or loads, the calls)")
 from attngen import reference
 ref = reference.causal_dot_product(q, k, v)
 err = ((o.double() - ref).norm() / ref.norm()).item()
