@@ -148,6 +148,11 @@ def ensure(op: str, key_values, row: str = "") -> Path:
     jit = _generator()
     if jit is None:
         raise RuntimeError(f"attngen: {GENERATOR_MISSING}")
+    if row:
+        known = _generator("core").built_row(cache_root(), toolchain_tag(), row)
+        if known is not None:   # built by an earlier process for this core: no plan needed
+            register(op, known)
+            return known
     spec = jit.spec_of(op)
     runtime, axes = jit.decode_key(spec, key_values)
     if row:
@@ -165,6 +170,8 @@ def ensure(op: str, key_values, row: str = "") -> Path:
     if time.monotonic() - started > 1:
         print(f"attngen: built {plan.inst.name} in {time.monotonic() - started:.0f} s ({path.parent})",
               file=sys.stderr, flush=True)
+    if row:
+        _generator("core").record_row(cache_root(), toolchain_tag(), row, path)
     register(op, path)
     return path
 

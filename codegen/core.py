@@ -12,6 +12,7 @@ that is renamed into place when the library is linked (jit.locked_build).
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 
@@ -83,3 +84,27 @@ def build(cache_root: Path, cache_tag: str, builder=run_ninja, on_build=None) ->
             raise RuntimeError("attngen: building the extension's bindings produced no library")
 
     return jit.locked_build(entry_dir(cache_root, cache_tag), fill) / LAYOUT.extension
+
+
+# Rows built on first use, by name: for the core of one digest, a row's instance has one set of
+# sources, so the library built for it once is the library for every later process. The index
+# spares a process the plan (lowering the spec's whole grid, seconds) just to find that library.
+def _row_record(cache_root: Path, cache_tag: str, name: str) -> Path:
+    return Path(cache_root) / "core" / f"{digest(cache_tag)}.rows" / name
+
+
+def built_row(cache_root: Path, cache_tag: str, name: str) -> Path | None:
+    """The library a process built for the row `name` of this core, or None."""
+    record = _row_record(cache_root, cache_tag, name)
+    if not record.is_file():
+        return None
+    library = Path(record.read_text().strip())
+    return library if library.is_file() else None
+
+
+def record_row(cache_root: Path, cache_tag: str, name: str, library: Path) -> None:
+    record = _row_record(cache_root, cache_tag, name)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_name(f".{name}.{os.getpid()}")
+    tmp.write_text(f"{library}\n")
+    os.replace(tmp, record)

@@ -96,4 +96,6 @@ def test_without_a_prebuilt_extension_the_first_call_builds_what_it_uses(tmp_pat
     print(f"second process: {json.dumps(second)}")
     assert "building" not in err, err[-3000:]
     assert second["errs"] == pytest.approx(first["errs"], abs=1e-6) and second["names"] == first["names"]
-    assert second["total_s"] < first["total_s"] / 3, (first["total_s"], second["total_s"])
+    assert second["total_s"] < first["total_s"] / 2, (first["total_s"], second["total_s"])
+    # each row is found by name in the cache's record, not planned again (3.7 s for causal_linear at 21ad166)
+    assert sum(second["times"].values()) < 2.0, second["times"]

@@ -100,3 +100,26 @@ def test_the_runtime_builds_the_row_the_dispatch_picked(monkeypatch):
         return "out"
     assert _jit.call("paged_decode", run) == "out"
     assert asked == [("paged_decode", [128, 4], "paged_row_x")] and len(runs) == 2
+
+
+def test_a_built_row_is_found_again_without_a_plan(tmp_path, monkeypatch):
+    """A later process finds the library of a row by the core's digest and the row's name; an
+    edited generator input (another digest) or a library since removed finds nothing."""
+    library = tmp_path / "sm_90a" / "paged" / "row-0123" / "lib.so"
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"\x7fELF fake")
+    assert core.built_row(tmp_path, "tag", "paged_row") is None
+    core.record_row(tmp_path, "tag", "paged_row", library)
+    assert core.built_row(tmp_path, "tag", "paged_row") == library
+    assert core.built_row(tmp_path, "other torch", "paged_row") is None
+    library.unlink()
+    assert core.built_row(tmp_path, "tag", "paged_row") is None
+
+    from attngen import _jit
+    library.write_bytes(b"\x7fELF fake")
+    monkeypatch.setenv("ATTNGEN_CACHE", str(tmp_path))
+    monkeypatch.setattr(_jit, "toolchain_tag", lambda: "tag")
+    registered = []
+    monkeypatch.setattr(_jit, "register", lambda op, path: registered.append((op, path)))
+    monkeypatch.setattr(jit, "plan_named", lambda *a, **k: pytest.fail("a recorded row needs no plan"))
+    assert _jit.ensure("paged_decode", [128], "paged_row") == library and registered == [("paged_decode", library)]
