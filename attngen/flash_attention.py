@@ -26,7 +26,9 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, left, right, alibi_slopes, soft_cap, deterministic = inputs
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, left, right, alibi_slopes, soft_cap, deterministic,
+     block_table, _seqused_k) = inputs
+    ctx.paged = block_table is not None
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     ctx.options = (max_q, max_k, scale, left, right, soft_cap, deterministic)
@@ -40,6 +42,9 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 def _backward(ctx, d_out, d_lse):
     """dq, dk, dv from the generated backward (P recomputed from the saved lse); d_lse, where
     the caller used the returned lse, folds into the row sums (d lse_i / d s_ij = P_ij)."""
+    if ctx.paged:
+        raise NotImplementedError("paged_attention has no gradient: a paged KV cache is inference state (use "
+                                  "flash_attention_varlen on the sequences' own rows to train)")
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
     max_q, max_k, scale, left, right, soft_cap, deterministic = ctx.options
     if d_out is None:
@@ -47,7 +52,7 @@ def _backward(ctx, d_out, d_lse):
     d_lse = None if d_lse is None else d_lse.contiguous()
     dq, dk, dv = GRAD(q, k, v, out, _rows(d_out), lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale,
                       left, right, alibi_slopes, soft_cap, deterministic)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+    return (dq, dk, dv) + (None,) * 12   # no gradient for the lengths, options, block_table, seqused_k
 
 
 def _register() -> None:

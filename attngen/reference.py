@@ -246,6 +246,37 @@ def flash_attention(q, k, v, causal=False, scale=None, window=None, alibi_slopes
     return out, lse.masked_fill(~seen, float("-inf"))
 
 
+def paged_attention(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, kv_layout="NHD",
+                    dtype=torch.float64, **kwargs):
+    """paged_attention by gathering each sequence's pages into contiguous rows and taking
+    flash_attention (bottom-right aligned: query token i of a sequence of q_len tokens and n
+    keys sits at position n - q_len + i). kwargs: causal, scale, window, alibi_slopes, soft_cap.
+    Returns (out [total_q, Hq, D] in `dtype`, lse [Hq, total_q] float64)."""
+    if kv_layout == "HND":
+        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    bs, Hkv, D = k_cache.shape[1:]
+    Hq = q.shape[1]
+    cu, lens = cu_seqlens_q.tolist(), context_lens.tolist()
+    outs, lses = [], []
+    for s, n in enumerate(lens):
+        q_s = q[cu[s]:cu[s + 1]]
+        pages = block_table[s, : (n + bs - 1) // bs].long()
+        k = k_cache[pages].reshape(-1, Hkv, D)[:n]
+        v = v_cache[pages].reshape(-1, Hkv, D)[:n]
+        if q_s.shape[0] == 0:
+            continue
+        if n == 0:
+            outs.append(torch.zeros(q_s.shape, dtype=dtype, device=q.device))
+            lses.append(torch.full((Hq, q_s.shape[0]), float("-inf"), dtype=torch.float64, device=q.device))
+            continue
+        out, lse = flash_attention(q_s[None], k[None], v[None], dtype=dtype, **kwargs)
+        outs.append(out[0])
+        lses.append(lse[0])
+    if not outs:
+        return torch.zeros(q.shape, dtype=dtype, device=q.device), torch.zeros(Hq, 0, dtype=torch.float64, device=q.device)
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
 def flash_attention_grad(q, k, v, d_out, d_lse=None, dtype=torch.float64, **kwargs):
     """dq, dk, dv of flash_attention computed by autograd in `dtype` (float64: the reference;
     the storage dtype: what a plain torch implementation gets), for the loss

@@ -60,13 +60,12 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
   const int tile0 = block.tile0, tiles = block.tiles;
 
   const T* q = static_cast<const T*>(p.q) + b * p.q_sb + (seq.q_row0 + m0) * p.q_sl + h * p.q_sh;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_sb + seq.k_row0 * p.k_sl + kv_head * p.k_sh;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_sb + seq.k_row0 * p.v_sl + kv_head * p.v_sh;
+  const KVRows<T> k = key_rows<T>(p, b, seq, kv_head), v = value_rows<T>(p, b, seq, kv_head);
   auto issue_tile = [&](int it) {
     T* stage = ring + it % STAGES * STAGE_ELEMS;
     const int n0 = (tile0 + it) * BLOCK_N;
-    load_rows<KVTile, BLOCK_N, D, THREADS>(stage, k + n0 * p.k_sl, p.k_sl, seq.lk - n0);
-    load_rows<KVTile, BLOCK_N, D, THREADS>(stage + KVTile::ELEMS, v + n0 * p.v_sl, p.v_sl, seq.lk - n0);
+    load_kv_rows<KVTile, BLOCK_N, D, THREADS>(stage, k, n0, seq.lk - n0);
+    load_kv_rows<KVTile, BLOCK_N, D, THREADS>(stage + KVTile::ELEMS, v, n0, seq.lk - n0);
   };
 
   // The Q block joins the first group of the ring.

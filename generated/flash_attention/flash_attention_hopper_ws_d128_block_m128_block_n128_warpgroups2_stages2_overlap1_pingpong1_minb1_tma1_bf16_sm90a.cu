@@ -95,6 +95,23 @@ __device__ __forceinline__ void copy_rows(T* tile, const T* src, int64_t ld, int
   }
 }
 
+// copy_rows for the key/value rows n0 .. of a sequence: contiguous, or gathered from the pages
+// of a paged cache (KVRows, forward_common.cuh), the layout decided once per tile.
+template <class Tile, int ROWS>
+__device__ __forceinline__ void copy_kv_rows(T* tile, const KVRows<T>& src, int n0, int valid, int tid) {
+  if (src.pages == nullptr) {
+    copy_rows<Tile, ROWS>(tile, src.base + n0 * src.ld, src.ld, valid, tid);
+    return;
+  }
+  constexpr int CHUNKS = D / 8, STEP = 128 / CHUNKS;
+  const int col = tid % CHUNKS * 8;
+#pragma unroll 2
+  for (int row = tid / CHUNKS; row < ROWS; row += STEP) {
+    const bool ok = row < valid;
+    cp_async_zfill<16>(tile + Tile::offset(row, col), ok ? src.row(n0 + row) + col : src.base, ok);  // smem: cp_async_fill
+  }
+}
+
 // Work: query blocks of 128 rows of one (head, batch), walked by persistent CTAs (one per SM)
 // in units gridDim.x apart. The ring and the Q tile are handed over from one block to the next as
 // from one tile to the next, so the producer loads a block's first tiles while the consumers
@@ -230,13 +247,12 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
       const Block<BLOCK_M, BLOCK_N, WINDOW> block(p, seq, w.m0);
       if (block.tiles == 0) continue;  // the consumers write zero rows and never read Q
       const int64_t kv_head = w.h / (p.Hq / p.Hkv);
-      const T* k = static_cast<const T*>(p.k) + w.b * p.k_sb + seq.k_row0 * p.k_sl + kv_head * p.k_sh;
-      const T* v = static_cast<const T*>(p.v) + w.b * p.v_sb + seq.k_row0 * p.v_sl + kv_head * p.v_sh;
+      const KVRows<T> k = key_rows<T>(p, w.b, seq, kv_head), v = value_rows<T>(p, w.b, seq, kv_head);
       for (int it = 0; it < block.tiles; ++it, ++t) {
         const int stage = t % STAGES, use = t / STAGES;
         const int n0 = (block.tile0 + it) * BLOCK_N;
         if (use > 0) pipeline::wait(&bars.k_empty[stage], (use - 1) & 1);
-        copy_rows<KVTile, BLOCK_N>(k_ring + stage * KVTile::ELEMS, k + n0 * p.k_sl, p.k_sl, seq.lk - n0, tid);
+        copy_kv_rows<KVTile, BLOCK_N>(k_ring + stage * KVTile::ELEMS, k, n0, seq.lk - n0, tid);
         pipeline::arrive_on_copies(&bars.k_full[stage]);
         if (it == 0) {
           const T* q = static_cast<const T*>(p.q) + w.b * p.q_sb + (seq.q_row0 + w.m0) * p.q_sl + w.h * p.q_sh;
@@ -246,7 +262,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
           ++q_uses;
         }
         if (use > 0) pipeline::wait(&bars.v_empty[stage], (use - 1) & 1);
-        copy_rows<KVTile, BLOCK_N>(v_ring + stage * KVTile::ELEMS, v + n0 * p.v_sl, p.v_sl, seq.lk - n0, tid);
+        copy_kv_rows<KVTile, BLOCK_N>(v_ring + stage * KVTile::ELEMS, v, n0, seq.lk - n0, tid);
         pipeline::arrive_on_copies(&bars.v_full[stage]);
       }
     }

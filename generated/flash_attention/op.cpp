@@ -46,6 +46,8 @@ struct Args {
   const std::optional<at::Tensor>& alibi_slopes;
   double soft_cap;
   bool deterministic;
+  const std::optional<at::Tensor>& block_table;
+  const std::optional<at::Tensor>& seqused_k;
 };
 
 // The outputs (op.outputs).
@@ -128,8 +130,8 @@ Key make_key(const Args& a, const Outputs& out) {
              "without its instances, which build on first use; ATTNGEN_JIT=0 turns that off)");
 }
 
-std::tuple<at::Tensor, at::Tensor> flash_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic) {
-  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic};
+std::tuple<at::Tensor, at::Tensor> flash_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k) {
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k};
   detail::clear_uncovered();
   check_all(args);
   Outputs out = allocate(args);
@@ -146,8 +148,8 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_cuda(const at::Tensor& q, con
   return result(out);
 }
 
-std::tuple<at::Tensor, at::Tensor> flash_attention_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::string& instance) {
-  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic};
+std::tuple<at::Tensor, at::Tensor> flash_attention_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k, const std::string& instance) {
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k};
   detail::clear_uncovered();
   check_all(args);
   const Entry* entry = flash_attention_find(instance.c_str());
@@ -161,19 +163,19 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_with_cuda(const at::Tensor& q
   return result(out);
 }
 
-std::tuple<at::Tensor, at::Tensor> flash_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic) {
-  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic};
+std::tuple<at::Tensor, at::Tensor> flash_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k) {
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k};
   return result(allocate(args));
 }
 
-std::tuple<at::Tensor, at::Tensor> flash_attention_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::string&) {
-  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic};
+std::tuple<at::Tensor, at::Tensor> flash_attention_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k, const std::string&) {
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k};
   return result(allocate(args));
 }
 
 // The instance the dispatch picks for these arguments ('' if none).
-std::string flash_attention_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic) {
-  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic};
+std::string flash_attention_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k) {
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k};
   check_all(args);
   const Outputs out = allocate(args);
   const Entry* entry = flash_attention_select(make_key(args, out));
@@ -181,8 +183,8 @@ std::string flash_attention_select_name(const at::Tensor& q, const at::Tensor& k
 }
 
 // The dispatch key as numbers: the run-time variables, then each axis' index (codegen/jit.py).
-std::vector<int64_t> flash_attention_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic) {
-  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic};
+std::vector<int64_t> flash_attention_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k) {
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k};
   check_all(args);
   const Outputs out = allocate(args);
   return flash_attention_key_values(make_key(args, out));
@@ -209,10 +211,10 @@ std::vector<std::string> flash_attention_axis_values(const std::string& axis) {
 }  // namespace attngen
 
 TORCH_LIBRARY_FRAGMENT(attngen, m) {
-  m.def("flash_attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic=False) -> (Tensor, Tensor)");
-  m.def("flash_attention_with(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic, str instance) -> (Tensor, Tensor)");
-  m.def("flash_attention_select(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic=False) -> str", &attngen::flash_attention::flash_attention_select_name);
-  m.def("flash_attention_key(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic=False) -> int[]", &attngen::flash_attention::flash_attention_key);
+  m.def("flash_attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic=False, Tensor? block_table=None, Tensor? seqused_k=None) -> (Tensor, Tensor)");
+  m.def("flash_attention_with(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic, Tensor? block_table, Tensor? seqused_k, str instance) -> (Tensor, Tensor)");
+  m.def("flash_attention_select(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic=False, Tensor? block_table=None, Tensor? seqused_k=None) -> str", &attngen::flash_attention::flash_attention_select_name);
+  m.def("flash_attention_key(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic=False, Tensor? block_table=None, Tensor? seqused_k=None) -> int[]", &attngen::flash_attention::flash_attention_key);
   m.def("flash_attention_instances(str role=\"\") -> str[]", &attngen::flash_attention::flash_attention_instances);
   m.def("flash_attention_axis_values(str axis) -> str[]", &attngen::flash_attention::flash_attention_axis_values);
 }

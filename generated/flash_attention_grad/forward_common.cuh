@@ -29,8 +29,44 @@ struct Sequence {
 
 __device__ __forceinline__ Sequence sequence_of(const Params& p, int64_t b) {
   if (p.cu_seqlens_q == nullptr) return {0, 0, static_cast<int>(p.Lq), static_cast<int>(p.Lk)};
-  const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
-  return {q0, k0, static_cast<int>(p.cu_seqlens_q[b + 1] - q0), static_cast<int>(p.cu_seqlens_k[b + 1] - k0)};
+  const int64_t q0 = p.cu_seqlens_q[b];
+  const int lq = static_cast<int>(p.cu_seqlens_q[b + 1] - q0);
+  if (p.block_table != nullptr) return {q0, 0, lq, p.seqused_k[b]};  // a paged cache: keys found by position
+  const int64_t k0 = p.cu_seqlens_k[b];
+  return {q0, k0, lq, static_cast<int>(p.cu_seqlens_k[b + 1] - k0)};
+}
+
+// Where the key (or value) rows of one sequence and kv head live: rows `ld` apart from `base`,
+// or, in a paged cache, row j in page pages[j >> page_shift] (pages `page_stride` apart).
+template <typename T>
+struct KVRows {
+  const T* base;
+  int64_t ld;
+  const int32_t* pages;  // this sequence's row of the block table; null: contiguous rows
+  int64_t page_stride;
+  int page_shift;
+
+  __device__ __forceinline__ const T* row(int j) const {
+    return base + pages[j >> page_shift] * page_stride + (j & ((1 << page_shift) - 1)) * ld;
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ KVRows<T> kv_rows(const Params& p, const void* t, int64_t sb, int64_t sl, int64_t sh,
+                                             int64_t sp, int64_t b, const Sequence& seq, int64_t kv_head) {
+  const T* head = static_cast<const T*>(t) + kv_head * sh;
+  if (p.block_table != nullptr) return {head, sl, p.block_table + b * p.bt_stride, sp, p.page_shift};
+  return {head + b * sb + seq.k_row0 * sl, sl, nullptr, 0, 0};
+}
+
+template <typename T>
+__device__ __forceinline__ KVRows<T> key_rows(const Params& p, int64_t b, const Sequence& seq, int64_t kv_head) {
+  return kv_rows<T>(p, p.k, p.k_sb, p.k_sl, p.k_sh, p.k_sp, b, seq, kv_head);
+}
+
+template <typename T>
+__device__ __forceinline__ KVRows<T> value_rows(const Params& p, int64_t b, const Sequence& seq, int64_t kv_head) {
+  return kv_rows<T>(p, p.v, p.v_sb, p.v_sl, p.v_sh, p.v_sp, b, seq, kv_head);
 }
 
 // The block of query rows [m0, m0 + BLOCK_M) of one sequence and the key tiles it visits.
@@ -80,6 +116,24 @@ __device__ __forceinline__ void load_rows(T* tile, const T* src, int64_t ld, int
     const int row = i / CHUNKS, col = i % CHUNKS * 8;
     const bool ok = row < valid;
     cp_async_zfill<16>(tile + Tile::offset(row, col), src + (ok ? row * ld + col : 0), ok);  // smem: cp_async_fill
+  }
+}
+
+// Stage key/value rows n0 .. n0 + ROWS - 1 of a sequence (KVRows: contiguous, or gathered from
+// the pages of a paged cache, one 16-byte piece at a time); rows at or past `valid` are
+// zero-filled and never read. The layout is decided once per tile, not per piece.
+template <class Tile, int ROWS, int COLS, int THREADS, typename T>
+__device__ __forceinline__ void load_kv_rows(T* tile, const KVRows<T>& src, int n0, int valid) {
+  if (src.pages == nullptr) {
+    load_rows<Tile, ROWS, COLS, THREADS>(tile, src.base + n0 * src.ld, src.ld, valid);
+    return;
+  }
+  constexpr int CHUNKS = COLS / 8;
+#pragma unroll
+  for (int i = threadIdx.x % THREADS; i < ROWS * CHUNKS; i += THREADS) {
+    const int row = i / CHUNKS, col = i % CHUNKS * 8;
+    const bool ok = row < valid;
+    cp_async_zfill<16>(tile + Tile::offset(row, col), ok ? src.row(n0 + row) + col : src.base, ok);  // smem: cp_async_fill
   }
 }
 

@@ -12,11 +12,16 @@ namespace {
 // The tensors the kernels move in 16-byte rows (the outputs are allocated contiguous).
 std::vector<const at::Tensor*> row_tensors(const Args& a) { return {&a.q, &a.k, &a.v, &a.o, &a.d_out}; }
 
+// No gradient through a paged cache: k and v are the sequences' own rows.
+bool paged(const Args&) { return false; }
+
 bool packed(const Args& a) { return a.cu_seqlens_q.has_value(); }
 
-// The name messages start with: a packed call came through the _varlen entry point
-// (attngen/flash_attention.py), whose own checks name it so.
-std::string caller(const Args& a) { return packed(a) ? "flash_attention_grad_varlen" : "flash_attention_grad"; }
+// The name messages start with: the Python entry point a call came through, whose own checks
+// name it so (attngen/paged_attention.py for a paged k, v; the _varlen one for packed rows).
+std::string caller(const Args& a) {
+  return paged(a) ? "paged_attention" : packed(a) ? "flash_attention_grad_varlen" : "flash_attention_grad";
+}
 int64_t rows_dim(const Args& a) { return packed(a) ? 0 : 1; }
 int64_t head_dim(const Args& a) { return packed(a) ? 1 : 2; }
 
@@ -44,18 +49,31 @@ void check_attention(const Args& a) {
   if (q.dim() != rank) fail_value(op + "q must be " + str(rank) + "-D " + layout + ", got shape " + str(q.sizes()));
   const int64_t D = q.size(rank - 1), Hq = q.size(rank - 2);
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &a.q}, {"k", &a.k}, {"v", &a.v}}) {
+    // A paged k, v: [pages, rows per page, Hkv, D] (paged(a); the forward's check_pages checks the rest).
+    const bool cache = paged(a) && *name != 'q';
+    const int64_t want = cache ? 4 : rank;
     check_on_q_device(op, name, *t, q);
     if (t->scalar_type() != q.scalar_type()) fail_value(op + name + " has dtype " + str(*t) + " but q has " + str(q));
-    if (t->dim() != rank) fail_value(op + name + " must be " + str(rank) + "-D " + layout + ", got shape " + str(t->sizes()));
-    if (t->size(rank - 1) != D) fail_value(op + name + " has head size " + str(t->size(rank - 1)) + " but q has D=" + str(D));
-    if (t->size(rank - 1) > 1 && t->stride(rank - 1) != 1) {
+    if (t->dim() != want) {
+      fail_value(op + name + " must be " + str(want) + "-D " + (cache ? "[pages, page rows, H, D]" : layout) + ", got shape " +
+                 str(t->sizes()));
+    }
+    if (t->size(want - 1) != D) fail_value(op + name + " has head size " + str(t->size(want - 1)) + " but q has D=" + str(D));
+    if (t->size(want - 1) > 1 && t->stride(want - 1) != 1) {
       fail_value(op + name + " must have a contiguous last dim, got strides " + str(t->strides()));
     }
   }
   if (a.k.sizes() != a.v.sizes()) fail_value(op + "k has shape " + str(a.k.sizes()) + " but v has " + str(a.v.sizes()));
-  const int64_t Hkv = a.k.size(rank - 2);
+  const int64_t Hkv = a.k.size(a.k.dim() - 2);
   if (Hkv < 1 || Hq % Hkv != 0) fail_value(op + "Hq=" + str(Hq) + " is not a multiple of Hkv=" + str(Hkv));
-  if (packed(a)) {
+  if (packed(a) && paged(a)) {
+    if (a.cu_seqlens_k) fail_value(op + "cu_seqlens_k is not taken with a block_table: seqused_k gives each sequence's keys");
+    check_cu_seqlens(op, "cu_seqlens_q", *a.cu_seqlens_q, a.cu_seqlens_q->size(0) - 1, q);
+    if (a.max_seqlen_q < 0 || a.max_seqlen_k < 0) fail_value(op + "max_seqlen_q and max_seqlen_k must be >= 0");
+    if (a.max_seqlen_q > q.size(0)) {
+      fail_value(op + "max_seqlen_q=" + str(a.max_seqlen_q) + " exceeds the " + str(q.size(0)) + " packed rows");
+    }
+  } else if (packed(a)) {
     if (!a.cu_seqlens_k) fail_value(op + "cu_seqlens_q is given but cu_seqlens_k is not");
     const int64_t batch = a.cu_seqlens_q->size(0) - 1;
     check_cu_seqlens(op, "cu_seqlens_q", *a.cu_seqlens_q, batch, q);
@@ -66,6 +84,7 @@ void check_attention(const Args& a) {
                  str(q.size(0)) + " / " + str(a.k.size(0)) + " packed rows");
     }
   } else {
+    if (paged(a)) fail_value(op + "a block_table (a paged k, v) needs packed q rows: cu_seqlens_q");
     if (a.cu_seqlens_k) fail_value(op + "cu_seqlens_k is given but cu_seqlens_q is not");
     if (a.k.size(0) != q.size(0)) fail_value(op + "k has batch " + str(a.k.size(0)) + " but q has " + str(q.size(0)));
   }
@@ -84,22 +103,26 @@ void check_attention(const Args& a) {
   if (batch > 65535 || Hq > 65535) {  // the grid's y (heads) and z (sequences) extents
     fail_value(op + "B=" + str(batch) + " sequences and Hq=" + str(Hq) + " heads must each be at most 65535 per call");
   }
-  const int64_t rows = std::max({q.size(rows_dim(a)), a.k.size(rows_dim(a)), a.max_seqlen_q, a.max_seqlen_k});
+  const int64_t k_rows = paged(a) ? 0 : a.k.size(rows_dim(a));
+  const int64_t rows = std::max({q.size(rows_dim(a)), k_rows, a.max_seqlen_q, a.max_seqlen_k});
   if (rows > 2147483647LL / 2) fail_value(op + "sequences of " + str(rows) + " rows exceed the kernels' 32-bit row indices");
 }
 
 // The largest vector width every tensor the kernels move in 16-byte rows (row_tensors) allows.
 int64_t vector_align(const Args& a) {
-  const int64_t rank = a.q.dim();
-  const int64_t D = a.q.size(rank - 1);
-  return detail::vector_align(row_tensors(a), static_cast<int>(rank - 1), {D});
+  const int64_t D = a.q.size(a.q.dim() - 1);
+  int64_t align = 16 / a.q.element_size();
+  for (const at::Tensor* t : row_tensors(a)) {  // each over its own dims (a paged k, v has one more than q)
+    align = std::min(align, detail::vector_align({t}, static_cast<int>(t->dim() - 1), {D}));
+  }
+  return align;
 }
 
 void fill_key(const Args& a, const Outputs&, Key& key) {
   const int64_t rank = a.q.dim();
   key.D = a.q.size(rank - 1);
   key.Hq = a.q.size(rank - 2);
-  key.Hkv = a.k.size(rank - 2);
+  key.Hkv = a.k.size(a.k.dim() - 2);
   key.G = key.Hq / key.Hkv;
   key.B = packed(a) ? a.cu_seqlens_q->size(0) - 1 : a.q.size(0);
   key.Lq = packed(a) ? a.max_seqlen_q : a.q.size(1);

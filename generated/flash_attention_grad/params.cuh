@@ -26,6 +26,13 @@ struct Params {
   float* lse;                    // natural-log log-sum-exp per (b, h, row), fp32
   const int32_t* cu_seqlens_q;   // [B + 1] or null
   const int32_t* cu_seqlens_k;   // [B + 1] or null
+  // A paged k, v (the forward only): pages of 2^page_shift rows, k_sp / v_sp elements apart, the
+  // page ids of sequence b in block_table[b * bt_stride ...]; its keys are seqused_k[b] (the
+  // query rows are the last of them); k_sl, k_sh are strides within a page. Null: no pages.
+  const int32_t* block_table;
+  const int32_t* seqused_k;      // [B]
+  int64_t bt_stride, k_sp, v_sp;
+  int page_shift;
   const float* alibi;            // [Hq] fp32 slopes, or null
   int64_t B, Hq, Hkv, Lq, Lk;
   float scale;                   // applied to q . k; > 0

@@ -1,0 +1,122 @@
+"""Attention over a paged KV cache for any number of query tokens per sequence: prefill,
+chunked prefill onto a cached context, and batches mixing them with decode tokens.
+
+The generated `flash_attention` kernels read k and v from the cache's pages (a block_table and
+the keys of each sequence, as FlashAttention-3's page_table and seqused_k), so every forward
+kind serves it: the Hopper warp-specialized kernels gather each tile's rows with cp.async as
+they do for packed batches. q is packed [total_q, Hq, D] with cu_seqlens_q; the cache is what
+`paged_decode` takes (NHD [blocks, block_size, Hkv, D] or HND [blocks, Hkv, block_size, D],
+viewed as NHD without a copy). Query token i of sequence s sits at position
+context_lens[s] - q_len[s] + i of its context and, with causal, sees the cache up to it.
+Nothing on the launch path reads device memory (a call can be captured in a CUDA graph);
+validate=True adds the checks that read cu_seqlens_q, context_lens and the block table.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from ._checks import check_tensor
+from .flash_attention import SUPPORTED_DTYPES, _aligned, _call, _extras, _register, _window
+
+NAME = "paged_attention"
+LAYOUTS = ("NHD", "HND")
+
+
+def _fail(msg: str):
+    raise ValueError(f"{NAME}: {msg}")
+
+
+def _cache_view(cache: torch.Tensor, kv_layout: str, name: str) -> torch.Tensor:
+    if cache.dim() != 4:
+        shape = "[num_blocks, block_size, Hkv, D]" if kv_layout == "NHD" else "[num_blocks, Hkv, block_size, D]"
+        _fail(f"{name} must be 4-D {shape} (kv_layout={kv_layout}), got shape {tuple(cache.shape)}")
+    return cache if kv_layout == "NHD" else cache.transpose(1, 2)
+
+
+def _check(q, k, v, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len) -> None:
+    check_tensor(NAME, "q", q, None)
+    for name, t in (("k_cache", k), ("v_cache", v), ("block_table", block_table), ("cu_seqlens_q", cu_seqlens_q),
+                    ("context_lens", context_lens)):
+        check_tensor(NAME, name, t, q)
+    if q.dim() != 3:
+        _fail(f"q must be packed [total_q, Hq, D], got shape {tuple(q.shape)}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        _fail(f"q has dtype {q.dtype}; supported: float16, bfloat16 (fp32 softmax and accumulation inside)")
+    for name, t in (("k_cache", k), ("v_cache", v)):
+        if t.dtype != q.dtype:
+            extra = " (fp8 caches: paged_decode, for now)" if t.element_size() == 1 else ""
+            _fail(f"{name} has dtype {t.dtype} but q has {q.dtype}{extra}")
+        if t.shape[-1] != q.shape[-1]:
+            _fail(f"{name} has head size {t.shape[-1]} but q has D={q.shape[-1]}")
+    if k.shape != v.shape:
+        _fail(f"k_cache has shape {tuple(k.shape)} but v_cache has {tuple(v.shape)}")
+    block_size = k.shape[1]
+    if block_size < 1 or block_size & (block_size - 1):
+        _fail(f"block_size must be a power of two, got {block_size}")
+    S = block_table.shape[0] if block_table.dim() == 2 else -1
+    if block_table.dtype != torch.int32 or block_table.dim() != 2:
+        _fail(f"block_table must be int32 [S, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}")
+    for name, t, n in (("cu_seqlens_q", cu_seqlens_q, S + 1), ("context_lens", context_lens, S)):
+        if t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != n:
+            _fail(f"{name} must be int32 [{n}] (block_table holds {S} sequences), got {t.dtype} {tuple(t.shape)}")
+    if not isinstance(max_seqlen_q, int) or not 0 <= max_seqlen_q <= q.shape[0]:
+        _fail(f"max_seqlen_q must be an int in [0, {q.shape[0]}] (the packed rows), got {max_seqlen_q!r}")
+    if not isinstance(max_context_len, int) or not 0 <= max_context_len <= block_table.shape[1] * block_size:
+        _fail(f"max_context_len must be an int in [0, {block_table.shape[1] * block_size}] (block_table's "
+              f"{block_table.shape[1]} pages of {block_size}), got {max_context_len!r}")
+
+
+def _validate(q, k, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len) -> None:
+    """The checks that read the index tensors (they synchronize)."""
+    cu = cu_seqlens_q.tolist()
+    lens = context_lens.tolist()
+    if cu[0] != 0 or cu[-1] != q.shape[0] or any(b < a for a, b in zip(cu, cu[1:])):
+        _fail(f"cu_seqlens_q must start at 0, never decrease and end at the {q.shape[0]} rows of q, got "
+              f"{cu[:4]}{'...' if len(cu) > 4 else ''}{cu[-1:]}")
+    block_size, blocks = k.shape[1], k.shape[0]
+    for s, (q_len, n) in enumerate(zip((b - a for a, b in zip(cu, cu[1:])), lens)):
+        if q_len > max_seqlen_q:
+            _fail(f"sequence {s} has {q_len} query tokens, more than max_seqlen_q={max_seqlen_q}")
+        if not q_len <= n <= max_context_len:
+            _fail(f"context_lens[{s}] = {n}: it must hold the sequence's {q_len} query tokens (they are its last) and "
+                  f"be at most max_context_len={max_context_len}")
+    used = torch.cat([block_table[s, : (n + block_size - 1) // block_size] for s, n in enumerate(lens)]) \
+        if lens else block_table.new_zeros(0)
+    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= blocks):
+        bad = int(used.min()) if int(used.min()) < 0 else int(used.max())
+        _fail(f"block_table holds block id {bad}, outside the cache's {blocks} blocks")
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, max_seqlen_q: int,
+                    max_context_len: int, causal: bool = True, scale: Optional[float] = None,
+                    window: Optional[Sequence[int]] = None, alibi_slopes: Optional[torch.Tensor] = None,
+                    soft_cap: Optional[float] = None, return_lse: bool = False, kv_layout: str = "NHD", *,
+                    validate: bool = True, instance: Optional[str] = None):
+    """Attention of packed query tokens over a paged KV cache.
+
+    q [total_q, Hq, D] (sequence s holds rows cu_seqlens_q[s] .. cu_seqlens_q[s + 1] - 1, int32
+    [S + 1]); k_cache, v_cache in kv_layout (NHD [num_blocks, block_size, Hkv, D] or HND
+    [num_blocks, Hkv, block_size, D]), fp16 or bf16 like q, block_size a power of two;
+    block_table int32 [S, max_blocks]; context_lens int32 [S]: the tokens of each sequence in the
+    cache, its new query tokens (the last q_len of them) included. max_seqlen_q and
+    max_context_len bound the lengths (they size the grid). causal (default) lets query token i
+    of sequence s see positions up to context_lens[s] - q_len + i; window, alibi_slopes, soft_cap
+    and scale as flash_attention's. Returns out [total_q, Hq, D], and with return_lse the
+    natural-log log-sum-exp [Hq, total_q] fp32, to merge with attention over other keys (cascade).
+    No gradient: the cache is inference state."""
+    if kv_layout not in LAYOUTS:
+        _fail(f"kv_layout must be one of {LAYOUTS}, got {kv_layout!r}")
+    k, v = _cache_view(k_cache, kv_layout, "k_cache"), _cache_view(v_cache, kv_layout, "v_cache")
+    _check(q, k, v, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len)
+    if validate:
+        _validate(q, k, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len)
+    left, right = _window(causal, window, NAME)
+    scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale, NAME)
+    _register()
+    args = (_aligned(q), k, v, cu_seqlens_q.contiguous(), None, max_seqlen_q, max_context_len, scale, left, right,
+            alibi_slopes, soft_cap, False, block_table, context_lens.contiguous())
+    out, lse = _call(args, instance)
+    return (out, lse) if return_lse else out

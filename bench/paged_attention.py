@@ -1,0 +1,141 @@
+"""Prefill over a paged KV cache (paged_attention) beside flash_attention_varlen on the same keys
+and values stored contiguously (the cost of paging) and beside torch gathering the pages and
+running SDPA (cuDNN, else flash) per call, in one run. H100, bf16, D128, causal, GQA 32/8, block
+size 16, pages shuffled; S sequences of N query tokens each, a pure prefill (the context is the
+N tokens), and a chunk of N tokens onto a cached context of 4N. TFLOP/s count the visible
+(i, j) pairs: 4 * D * Hq * sum over sequences of the causal rows' keys. Writes
+paged_attention.json, .md and .png under --out.
+
+  python -m bench.paged_attention [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench import run_meta  # noqa: E402
+from bench.causal_linear import do_bench  # noqa: E402
+
+pa = importlib.import_module("attngen.paged_attention")
+fa = importlib.import_module("attngen.flash_attention")
+
+HQ, HKV, D, BLOCK = 32, 8, 128, 16
+# (S sequences, N query tokens each, cached tokens before them as a multiple of N)
+SHAPES = [(4, 8192, 0), (16, 2048, 0), (64, 512, 0), (16, 8192, 0), (64, 2048, 0), (4, 2048, 4), (16, 512, 4)]
+
+
+def case(S, N, before, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    ctx = N * (1 + before)
+    pages_per = (ctx + BLOCK - 1) // BLOCK
+    blocks = S * pages_per
+    table = torch.randperm(blocks, generator=g, device="cuda").to(torch.int32).reshape(S, pages_per)
+    k_cache = torch.randn(blocks, BLOCK, HKV, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn(blocks, BLOCK, HKV, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(S * N, HQ, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    cu_q = torch.arange(0, S * N + 1, N, dtype=torch.int32, device="cuda")
+    lens = torch.full((S,), ctx, dtype=torch.int32, device="cuda")
+    # The same keys and values, contiguous per sequence (what flash_attention_varlen reads).
+    k = k_cache[table.long()].reshape(S, -1, HKV, D)[:, :ctx].reshape(-1, HKV, D).contiguous()
+    v = v_cache[table.long()].reshape(S, -1, HKV, D)[:, :ctx].reshape(-1, HKV, D).contiguous()
+    cu_k = torch.arange(0, S * ctx + 1, ctx, dtype=torch.int32, device="cuda")
+    return dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=table, cu_seqlens_q=cu_q, context_lens=lens,
+                max_seqlen_q=N, max_context_len=ctx), (q, k, v, cu_q, cu_k, N, ctx)
+
+
+def flops(S, N, ctx):
+    pairs = sum(ctx - N + i + 1 for i in range(N))   # row i sees ctx - N + i + 1 keys
+    return 4 * D * HQ * S * pairs
+
+
+def gather_sdpa(paged, S, N, ctx):
+    """torch: gather each sequence's pages, then SDPA over [S, H, ctx, D] (bottom-right causal mask)."""
+    table = paged["block_table"].long()
+    k = paged["k_cache"][table].reshape(S, -1, HKV, D)[:, :ctx].transpose(1, 2).repeat_interleave(HQ // HKV, 1)
+    v = paged["v_cache"][table].reshape(S, -1, HKV, D)[:, :ctx].transpose(1, 2).repeat_interleave(HQ // HKV, 1)
+    q = paged["q"].reshape(S, N, HQ, D).transpose(1, 2)
+    if N == ctx:
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    mask = torch.ones(N, ctx, dtype=torch.bool, device="cuda").tril(ctx - N)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def measure(S, N, before) -> dict:
+    paged, contiguous = case(S, N, before, seed=S + N)
+    q, k, v, cu_q, cu_k, max_q, ctx = contiguous
+    out = pa.paged_attention(**paged)
+    want = fa.flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, ctx, causal=True)
+    row = {"S": S, "N": N, "context": ctx, "diff_vs_varlen": (out.float() - want.float()).abs().max().item(),
+           "instance": fa.OP.select(q, paged["k_cache"], paged["v_cache"], cu_q, None, max_q, ctx, D ** -0.5,
+                                    -1, 0, None, 0.0, False, paged["block_table"], paged["context_lens"])}
+    work = flops(S, N, ctx)
+    times = {"paged": do_bench(lambda: pa.paged_attention(**paged, validate=False)),
+             "varlen": do_bench(lambda: fa.flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, ctx, causal=True,
+                                                                  validate=False))}
+    try:
+        times["gather_sdpa"] = do_bench(lambda: gather_sdpa(paged, S, N, ctx))
+    except (RuntimeError, torch.OutOfMemoryError) as exc:
+        row["gather_sdpa_error"] = str(exc).splitlines()[0][:120]
+    for name, ms in times.items():
+        row[f"{name}_ms"] = ms
+        row[f"{name}_tflops"] = work / ms / 1e9
+    row["paged_vs_varlen"] = times["varlen"] / times["paged"]
+    if "gather_sdpa" in times:
+        row["paged_vs_gather_sdpa"] = times["gather_sdpa"] / times["paged"]
+    return row
+
+
+def run():
+    rows = []
+    for S, N, before in SHAPES:
+        rows.append(measure(S, N, before))
+        print(json.dumps(rows[-1]), flush=True)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def markdown(rows, meta) -> str:
+    lines = [f"# paged_attention (prefill over a paged KV cache) on {meta['device']}, commit {meta['commit']}", "",
+             f"bf16, D{D}, Hq {HQ} / Hkv {HKV}, block size {BLOCK} (pages shuffled), causal. `varlen`: "
+             "flash_attention_varlen on the same keys stored contiguously; `gather+SDPA`: torch gathers the pages "
+             "and runs SDPA. TFLOP/s over the visible (query, key) pairs. `python -m bench.paged_attention`.", "",
+             "| S | query tokens | context | paged TFLOP/s | varlen TFLOP/s | paged / varlen | gather+SDPA TFLOP/s "
+             "| paged vs gather+SDPA | max diff vs varlen |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        sdpa = f"{r['gather_sdpa_tflops']:.0f}" if "gather_sdpa_tflops" in r else r.get("gather_sdpa_error", "-")
+        vs = f"{r['paged_vs_gather_sdpa']:.2f}x" if "paged_vs_gather_sdpa" in r else "-"
+        lines.append(f"| {r['S']} | {r['N']} | {r['context']} | {r['paged_tflops']:.0f} | {r['varlen_tflops']:.0f} | "
+                     f"{r['paged_vs_varlen']:.3f}x | {sdpa} | {vs} | {r['diff_vs_varlen']:.2e} |")
+    lines += ["", f"Instance: `{rows[0]['instance']}`." if rows else ""]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "h100"))
+    args = ap.parse_args()
+    t0 = time.time()
+    rows = run()
+    meta = run_meta(t0)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "paged_attention.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    (out / "paged_attention.md").write_text(markdown(rows, meta))
+    print((out / "paged_attention.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""GPU tier of paged_attention (attention of packed query tokens over a paged KV cache, on the
+flash_attention kernels): against the float64 reference (pages gathered, bottom-right aligned)
+with flash-attn's bound (at most 2x the error of torch in the storage dtype, plus 1e-5), on
+batches mixing 1, 2, 17, 300 and 2049 query tokens with contexts of 1 to 5000 tokens (a pure
+prefill, a context of exactly one block), both cache layouts, block sizes 8, 16, 32, GQA groups
+1, 4, 7, 8, head sizes 64, 96, 128, 256; every compiled forward instance forced on a paged
+batch; window, soft cap, ALiBi; the lse; outputs poisoned; a bad block id caught by validate."""
+import importlib
+import math
+
+import pytest
+import torch
+
+from attngen import reference
+
+from .conftest import family_manifest
+
+pytestmark = pytest.mark.gpu
+pa = importlib.import_module("attngen.paged_attention")  # attngen.paged_attention is also the function
+LSE_TOL = 1e-3
+
+# (q_len, context) per sequence: a decode token, two, a chunk onto a long context, a pure prefill,
+# a long prefill onto a short cached head, a sequence with no new token, and the context of
+# exactly one block (of 16) and of one token.
+MIXED = [(1, 1), (2, 16), (17, 5000), (300, 300), (2049, 2100), (0, 40), (1, 777)]
+
+
+def paged_case(seqs, Hq, Hkv, D, dtype, block_size=16, layout="NHD", seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    width = max(1, max((n + block_size - 1) // block_size for _, n in seqs))
+    blocks = len(seqs) * width + 5
+    table = torch.randperm(blocks, generator=g, device="cuda")[: len(seqs) * width].to(torch.int32)
+    table = table.reshape(len(seqs), width)
+    shape = (blocks, block_size, Hkv, D) if layout == "NHD" else (blocks, Hkv, block_size, D)
+    k = torch.randn(shape, generator=g, device="cuda").to(dtype)
+    v = torch.randn(shape, generator=g, device="cuda").to(dtype)
+    q = torch.randn(sum(lq for lq, _ in seqs), Hq, D, generator=g, device="cuda").to(dtype)
+    cu = torch.tensor([0] + [sum(lq for lq, _ in seqs[: i + 1]) for i in range(len(seqs))], dtype=torch.int32,
+                      device="cuda")
+    lens = torch.tensor([n for _, n in seqs], dtype=torch.int32, device="cuda")
+    return dict(q=q, k_cache=k, v_cache=v, block_table=table, cu_seqlens_q=cu, context_lens=lens,
+                max_seqlen_q=max(lq for lq, _ in seqs), max_context_len=max(n for _, n in seqs)), layout
+
+
+def check(case, layout, what="", instance=None, **options):
+    torch.full((1 << 24,), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison the allocator
+    out, lse = pa.paged_attention(**case, kv_layout=layout, return_lse=True, instance=instance, **options)
+    assert torch.isfinite(out).all(), f"{what}: output has NaN/Inf (unwritten elements keep the poison)"
+    index = {k: case[k] for k in ("q", "k_cache", "v_cache", "block_table", "cu_seqlens_q", "context_lens")}
+    ref, ref_lse = reference.paged_attention(**index, kv_layout=layout, **options)
+    low, _ = reference.paged_attention(**index, kv_layout=layout, dtype=case["q"].dtype, **options)
+    err = (out.double() - ref).abs().max().item()
+    bound = 2 * (low.double() - ref).abs().max().item() + 1e-5
+    assert err <= bound, f"{what}: max error {err:.3e} > bound {bound:.3e}"
+    seen = ref_lse > -math.inf
+    assert (lse[~seen] == -math.inf).all(), f"{what}: rows without keys must have lse -inf"
+    assert (lse[seen].double() - ref_lse[seen]).abs().max().item() <= LSE_TOL, what
+    return err, bound
+
+
+@pytest.mark.parametrize("D", [64, 96, 128, 256])
+@pytest.mark.parametrize("dtype, layout, block_size, groups", [
+    (torch.bfloat16, "NHD", 16, (8, 1)), (torch.bfloat16, "HND", 8, (28, 4)), (torch.float16, "NHD", 32, (14, 2)),
+    (torch.bfloat16, "HND", 32, (16, 2))])
+def test_mixed_batches_over_the_cache(D, dtype, layout, block_size, groups):
+    Hq, Hkv = groups
+    case, layout = paged_case(MIXED, Hq, Hkv, D, dtype, block_size, layout, seed=D + block_size)
+    check(case, layout, f"D={D} {dtype} {layout} block {block_size} Hq={Hq} Hkv={Hkv}")
+
+
+INSTANCES = sorted(family_manifest("flash_attention").items())
+
+
+@pytest.mark.parametrize("name,row", INSTANCES, ids=[n for n, _ in INSTANCES])
+def test_every_forward_instance_reads_pages(name, row):
+    D, dtype = row["params"]["d"], {"bf16": torch.bfloat16, "fp16": torch.float16}[row["dtype"]]
+    case, layout = paged_case([(1, 1), (130, 700), (64, 64), (3, 16)], 8, 2, D, dtype, block_size=16, seed=D)
+    check(case, layout, name, instance=name)
+
+
+@pytest.mark.parametrize("options", [dict(window=(100, 0)), dict(soft_cap=20.0), dict(causal=False),
+                                     dict(alibi=True)], ids=["window", "soft_cap", "full", "alibi"])
+def test_score_options(options):
+    case, layout = paged_case(MIXED[:5], 8, 2, 128, torch.bfloat16, 16, "NHD", seed=3)
+    if options.pop("alibi", False):
+        options["alibi_slopes"] = torch.rand(8, device="cuda") * 0.1
+    check(case, layout, str(options), **options)
+
+
+def test_a_bad_block_id_is_caught_by_validate():
+    case, layout = paged_case(MIXED[:3], 8, 2, 128, torch.bfloat16)
+    case["block_table"][2, 3] = case["k_cache"].shape[0] + 7
+    with pytest.raises(ValueError, match=r"^paged_attention: block_table holds block id \d+, outside the cache's"):
+        pa.paged_attention(**case)
+
+
+def test_the_op_names_paged_attention_in_its_own_checks():
+    case, layout = paged_case(MIXED[:3], 8, 2, 72, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^paged_attention: unsupported head size D=72"):
+        pa.paged_attention(**case)
+
+
+def test_cuda_graph_replay_matches_the_eager_call():
+    case, layout = paged_case(MIXED[:5], 8, 2, 128, torch.bfloat16, seed=5)
+    want = pa.paged_attention(**case)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        pa.paged_attention(**case, validate=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = pa.paged_attention(**case, validate=False)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -1,0 +1,90 @@
+"""paged_attention on the CPU: the float64 reference equals flash_attention's on the same rows
+stored contiguously (pages gathered, bottom-right alignment, HND viewed as NHD), and the
+wrapper's checks name paged_attention and the argument (meta tensors: no GPU needed)."""
+import importlib
+
+import pytest
+import torch
+
+from attngen import reference
+
+pa = importlib.import_module("attngen.paged_attention")  # attngen.paged_attention is also the function
+
+
+def paged_case(q_lens, ctx, Hq=4, Hkv=2, D=16, bs=4, seed=0, layout="NHD"):
+    g = torch.Generator().manual_seed(seed)
+    width = max((n + bs - 1) // bs for n in ctx)
+    blocks = len(ctx) * width + 3
+    table = torch.randperm(blocks, generator=g)[: len(ctx) * width].to(torch.int32).reshape(len(ctx), width)
+    shape = (blocks, bs, Hkv, D) if layout == "NHD" else (blocks, Hkv, bs, D)
+    k, v = torch.randn(shape, generator=g, dtype=torch.float64), torch.randn(shape, generator=g, dtype=torch.float64)
+    q = torch.randn(sum(q_lens), Hq, D, generator=g, dtype=torch.float64)
+    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    return q, k, v, table, cu, torch.tensor(ctx, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_the_reference_is_flash_attention_on_the_gathered_rows(layout):
+    q_lens, ctx = [1, 3, 5, 0], [9, 3, 13, 2]
+    q, k, v, table, cu, lens = paged_case(q_lens, ctx, layout=layout)
+    out, lse = reference.paged_attention(q, k, v, table, cu, lens, kv_layout=layout, causal=True, soft_cap=3.0)
+    nhd_k = k if layout == "NHD" else k.transpose(1, 2)
+    nhd_v = v if layout == "NHD" else v.transpose(1, 2)
+    for s, (lq, n) in enumerate(zip(q_lens, ctx)):
+        if lq == 0:
+            continue
+        rows = [(int(table[s, j // 4]), j % 4) for j in range(n)]            # page, row in page: by hand
+        k_s = torch.stack([nhd_k[b, r] for b, r in rows])[None]
+        v_s = torch.stack([nhd_v[b, r] for b, r in rows])[None]
+        want, want_lse = reference.flash_attention(q[cu[s]:cu[s + 1]][None], k_s, v_s, causal=True, soft_cap=3.0)
+        torch.testing.assert_close(out[cu[s]:cu[s + 1]], want[0], rtol=0, atol=0)
+        torch.testing.assert_close(lse[:, cu[s]:cu[s + 1]], want_lse[0], rtol=0, atol=0)
+    # a pure prefill (sequence 1: 3 query tokens of 3) is causal from its first key: row 0 sees key 0 only
+    page = int(table[1, 0])
+    first = reference.flash_attention(q[1:2][None], nhd_k[page, :1][None], nhd_v[page, :1][None])[0]
+    torch.testing.assert_close(out[1:2], first[0], rtol=0, atol=0)
+
+
+def meta_case(**over):
+    args = dict(q=torch.empty(9, 4, 64, dtype=torch.bfloat16, device="meta"),
+                k_cache=torch.empty(20, 16, 2, 64, dtype=torch.bfloat16, device="meta"),
+                v_cache=torch.empty(20, 16, 2, 64, dtype=torch.bfloat16, device="meta"),
+                block_table=torch.empty(2, 4, dtype=torch.int32, device="meta"),
+                cu_seqlens_q=torch.empty(3, dtype=torch.int32, device="meta"),
+                context_lens=torch.empty(2, dtype=torch.int32, device="meta"),
+                max_seqlen_q=5, max_context_len=60)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over, message", [
+    (dict(q=torch.empty(9, 4, 64)), "q must be a CUDA tensor"),
+    (dict(q=torch.empty(1, 9, 4, 64, dtype=torch.bfloat16, device="meta")), "q must be packed [total_q, Hq, D]"),
+    (dict(k_cache=torch.empty(20, 16, 2, 64, dtype=torch.float8_e4m3fn, device="meta")),
+     "k_cache has dtype torch.float8_e4m3fn but q has torch.bfloat16 (fp8 caches: paged_decode, for now)"),
+    (dict(k_cache=torch.empty(20, 12, 2, 64, dtype=torch.bfloat16, device="meta"),
+          v_cache=torch.empty(20, 12, 2, 64, dtype=torch.bfloat16, device="meta")), "block_size must be a power of two"),
+    (dict(block_table=torch.empty(2, 4, dtype=torch.int64, device="meta")), "block_table must be int32 [S, max_blocks]"),
+    (dict(context_lens=torch.empty(3, dtype=torch.int32, device="meta")), "context_lens must be int32 [2]"),
+    (dict(max_context_len=65), "max_context_len must be an int in [0, 64]"),
+    (dict(kv_layout="NDH"), "kv_layout must be one of ('NHD', 'HND')"),
+    (dict(window=(3,)), "window must be a (left, right) pair"),
+])
+def test_errors_name_paged_attention_and_the_argument(over, message):
+    with pytest.raises(ValueError) as info:
+        pa.paged_attention(**meta_case(**over), validate=False)
+    assert str(info.value).startswith(f"paged_attention: {message}"), str(info.value)
+
+
+def test_validate_reads_the_lengths_and_the_block_ids():
+    q, k, v, table, cu, lens = paged_case([2, 3], [5, 3], D=64, bs=4)
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    with pytest.raises(ValueError, match=r"^paged_attention: context_lens\[1\] = 2: it must hold the sequence's 3"):
+        pa._validate(q, k, table, cu, torch.tensor([5, 2], dtype=torch.int32), 3, 8)
+    bad = table.clone()
+    bad[0, 1] = 99
+    with pytest.raises(ValueError, match=r"^paged_attention: block_table holds block id 99, outside the cache's"):
+        pa._validate(q, k, bad, cu, lens, 3, 8)
+    with pytest.raises(ValueError, match=r"more than max_seqlen_q=2"):
+        pa._validate(q, k, table, cu, lens, 2, 8)
+    pa._validate(q, k, table, cu, lens, 3, 8)   # the good case passes
