@@ -180,7 +180,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale)
     _register()
     args = (_aligned(q), _aligned(k), _aligned(v), None, None, q.shape[1], k.shape[1], scale, left, right,
-            alibi_slopes, soft_cap, bool(deterministic))
+            alibi_slopes, soft_cap, bool(deterministic), None, None)   # no block_table, seqused_k: k, v are rows
     out, lse = _call(args, instance)
     return (out, lse) if return_lse else out
 
@@ -214,7 +214,7 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale, VARLEN)
     _register()
     args = (_aligned(q), _aligned(k), _aligned(v), cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
-            max_seqlen_q, max_seqlen_k, scale, left, right, alibi_slopes, soft_cap, bool(deterministic))
+            max_seqlen_q, max_seqlen_k, scale, left, right, alibi_slopes, soft_cap, bool(deterministic), None, None)
     out, lse = _call(args, instance)
     return (out, lse) if return_lse else out
 

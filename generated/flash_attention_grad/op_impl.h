@@ -143,7 +143,7 @@ void fill_params(const Args& a, const Key& key, Params& p) {
   p.k = a.k.data_ptr();
   p.v = a.v.data_ptr();
   p.cu_seqlens_q = packed(a) ? a.cu_seqlens_q->data_ptr<int32_t>() : nullptr;
-  p.cu_seqlens_k = packed(a) ? a.cu_seqlens_k->data_ptr<int32_t>() : nullptr;
+  p.cu_seqlens_k = a.cu_seqlens_k ? a.cu_seqlens_k->data_ptr<int32_t>() : nullptr;  // none with a paged k, v
   p.alibi = a.alibi_slopes ? a.alibi_slopes->data_ptr<float>() : nullptr;
   p.B = key.B, p.Hq = key.Hq, p.Hkv = key.Hkv, p.Lq = key.Lq, p.Lk = key.Lk;
   p.scale = static_cast<float>(a.scale);
