@@ -53,8 +53,8 @@ def _check(q, k, v, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_c
     if k.shape != v.shape:
         _fail(f"k_cache has shape {tuple(k.shape)} but v_cache has {tuple(v.shape)}")
     block_size = k.shape[1]
-    if block_size < 1 or block_size & (block_size - 1):
-        _fail(f"block_size must be a power of two, got {block_size}")
+    if block_size < 8 or block_size & (block_size - 1):
+        _fail(f"block_size must be a power of two, at least 8, got {block_size}")
     S = block_table.shape[0] if block_table.dim() == 2 else -1
     if block_table.dtype != torch.int32 or block_table.dim() != 2:
         _fail(f"block_table must be int32 [S, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}")
@@ -99,7 +99,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
     q [total_q, Hq, D] (sequence s holds rows cu_seqlens_q[s] .. cu_seqlens_q[s + 1] - 1, int32
     [S + 1]); k_cache, v_cache in kv_layout (NHD [num_blocks, block_size, Hkv, D] or HND
-    [num_blocks, Hkv, block_size, D]), fp16 or bf16 like q, block_size a power of two;
+    [num_blocks, Hkv, block_size, D]), fp16 or bf16 like q, block_size a power of two from 8;
     block_table int32 [S, max_blocks]; context_lens int32 [S]: the tokens of each sequence in the
     cache, its new query tokens (the last q_len of them) included. max_seqlen_q and
     max_context_len bound the lengths (they size the grid). causal (default) lets query token i

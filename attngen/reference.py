@@ -247,10 +247,11 @@ def flash_attention(q, k, v, causal=False, scale=None, window=None, alibi_slopes
 
 
 def paged_attention(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, kv_layout="NHD",
-                    dtype=torch.float64, **kwargs):
+                    dtype=torch.float64, causal=True, **kwargs):
     """paged_attention by gathering each sequence's pages into contiguous rows and taking
     flash_attention (bottom-right aligned: query token i of a sequence of q_len tokens and n
-    keys sits at position n - q_len + i). kwargs: causal, scale, window, alibi_slopes, soft_cap.
+    keys sits at position n - q_len + i); causal by default, as the op. kwargs: scale, window,
+    alibi_slopes, soft_cap.
     Returns (out [total_q, Hq, D] in `dtype`, lse [Hq, total_q] float64)."""
     if kv_layout == "HND":
         k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
@@ -269,7 +270,7 @@ def paged_attention(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens
             outs.append(torch.zeros(q_s.shape, dtype=dtype, device=q.device))
             lses.append(torch.full((Hq, q_s.shape[0]), float("-inf"), dtype=torch.float64, device=q.device))
             continue
-        out, lse = flash_attention(q_s[None], k[None], v[None], dtype=dtype, **kwargs)
+        out, lse = flash_attention(q_s[None], k[None], v[None], causal=causal, dtype=dtype, **kwargs)
         outs.append(out[0])
         lses.append(lse[0])
     if not outs:

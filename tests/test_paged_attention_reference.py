@@ -63,7 +63,7 @@ def meta_case(**over):
     (dict(k_cache=torch.empty(20, 16, 2, 64, dtype=torch.float8_e4m3fn, device="meta")),
      "k_cache has dtype torch.float8_e4m3fn but q has torch.bfloat16 (fp8 caches: paged_decode, for now)"),
     (dict(k_cache=torch.empty(20, 12, 2, 64, dtype=torch.bfloat16, device="meta"),
-          v_cache=torch.empty(20, 12, 2, 64, dtype=torch.bfloat16, device="meta")), "block_size must be a power of two"),
+          v_cache=torch.empty(20, 12, 2, 64, dtype=torch.bfloat16, device="meta")), "block_size must be a power of two, at least 8"),
     (dict(block_table=torch.empty(2, 4, dtype=torch.int64, device="meta")), "block_table must be int32 [S, max_blocks]"),
     (dict(context_lens=torch.empty(3, dtype=torch.int32, device="meta")), "context_lens must be int32 [2]"),
     (dict(max_context_len=65), "max_context_len must be an int in [0, 64]"),

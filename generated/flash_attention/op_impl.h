@@ -217,8 +217,8 @@ void check_pages(const Args& a) {
                str(used.sizes()));
   }
   const int64_t page_rows = a.k.size(1);
-  if (page_rows < 1 || (page_rows & (page_rows - 1)) != 0) {
-    fail_value(op + "pages of " + str(page_rows) + " rows: the page size must be a power of two");
+  if (page_rows < 8 || (page_rows & (page_rows - 1)) != 0) {  // a 128-row tile spans at most 16 pages (one per lane)
+    fail_value(op + "pages of " + str(page_rows) + " rows: the page size must be a power of two, at least 8");
   }
   if (a.max_seqlen_k > table.size(1) * page_rows) {
     fail_value(op + "max_seqlen_k=" + str(a.max_seqlen_k) + " exceeds the " + str(table.size(1)) + " pages of " +

@@ -47,7 +47,7 @@ def check(case, layout, what="", instance=None, **options):
     out, lse = pa.paged_attention(**case, kv_layout=layout, return_lse=True, instance=instance, **options)
     assert torch.isfinite(out).all(), f"{what}: output has NaN/Inf (unwritten elements keep the poison)"
     index = {k: case[k] for k in ("q", "k_cache", "v_cache", "block_table", "cu_seqlens_q", "context_lens")}
-    ref, ref_lse = reference.paged_attention(**index, kv_layout=layout, **options)
+    ref, ref_lse = reference.paged_attention(**index, kv_layout=layout, **options)   # causal by default, as the op
     low, _ = reference.paged_attention(**index, kv_layout=layout, dtype=case["q"].dtype, **options)
     err = (out.double() - ref).abs().max().item()
     bound = 2 * (low.double() - ref).abs().max().item() + 1e-5
