@@ -109,6 +109,15 @@ def flash_attention():
         print(f"{name}: rel err {err:.2e}")
         cu = torch.tensor([0, 0, 5, 70], dtype=torch.int32, device="cuda")
         fa.flash_attention_varlen(q[0], q[1, :, :2], q[1, :, 2:], cu, cu, 65, 65, causal=True, instance=name)
+        # over a paged cache (paged_attention): pages of 8 shuffled, a sequence with no query token,
+        # contexts ending mid-page, the HND layout
+        pa = importlib.import_module("attngen.paged_attention")
+        cache = torch.randn(2, 40, 2, 8, D, device="cuda").to(dtype)      # k and v: [blocks, Hkv, 8, D] (HND)
+        table = torch.randperm(40, device="cuda")[:36].to(torch.int32).reshape(3, 12)
+        lens = torch.tensor([3, 90, 77], dtype=torch.int32, device="cuda")
+        out = pa.paged_attention(q[0], cache[0], cache[1], table, cu, lens, 65, 90, kv_layout="HND", instance=name)
+        ref, _ = reference.paged_attention(q[0], cache[0], cache[1], table, cu, lens, kv_layout="HND")
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-2, name
     # every backward instance: the four compile-time variants, GQA, odd lengths, a packed batch
     # with empty sequences, deterministic runs (the windowed one and the packed one)
     for name in fa.GRAD.instances():
