@@ -103,24 +103,27 @@ __device__ __forceinline__ void copy_kv_rows(T* tile, const KVRows<T>& src, int 
     copy_rows<Tile, ROWS>(tile, src.base + n0 * src.ld, src.ld, valid, tid);
     return;
   }
-  constexpr int CHUNKS = D / 8, STEP = 128 / CHUNKS;
-  const int col = tid % CHUNKS * 8;
+  constexpr int CHUNKS = D / 8, STEP = 128 / CHUNKS, PER = ROWS / STEP, BATCH = PER < 2 ? PER : 2;
+  static_assert(ROWS % STEP == 0 && PER % BATCH == 0, "whole rows per copier");
+  const int col = tid % CHUNKS * 8, first = tid / CHUNKS;
   const int in_page = (1 << src.page_shift) - 1;
-  // A page's base is looked up once for the rows of it this thread copies (STEP apart: two at
-  // d128 in pages of 16), not once per row. A page id loaded before each copy, the gather ran
-  // at 0.67-0.76x of contiguous rows (bench/paged_attention.py, 17847a4); two ids loaded together
-  // before their copies, at 0.77-0.87x (565608f).
-  int current = -1;
-  const T* page = src.base;
-#pragma unroll 1
-  for (int row = tid / CHUNKS; row < ROWS; row += STEP) {
-    const int j = n0 + row;
-    if (row < valid && j >> src.page_shift != current) {
-      current = j >> src.page_shift;
-      page = src.base + src.pages[current] * src.page_stride + col;
+  // BATCH page ids loaded together, then their copies (a page id loaded before each copy: 0.67-0.76x
+  // of contiguous rows at 17847a4, bench/paged_attention.py). Holding 4, or the tile's page ids in
+  // one lane each with shuffles, spills 8-56 bytes in the producer's share of registers.
+#pragma unroll 2
+  for (int r0 = 0; r0 < PER; r0 += BATCH) {
+    int page[BATCH];
+#pragma unroll
+    for (int r = 0; r < BATCH; ++r) {
+      const int row = first + (r0 + r) * STEP;
+      page[r] = row < valid ? src.pages[(n0 + row) >> src.page_shift] : 0;
     }
-    const T* from = page + (j & in_page) * src.ld;
-    cp_async_zfill<16>(tile + Tile::offset(row, col), row < valid ? from : src.base, row < valid);  // smem: cp_async_fill
+#pragma unroll
+    for (int r = 0; r < BATCH; ++r) {
+      const int row = first + (r0 + r) * STEP;
+      const T* from = src.base + page[r] * src.page_stride + ((n0 + row) & in_page) * src.ld + col;
+      cp_async_zfill<16>(tile + Tile::offset(row, col), row < valid ? from : src.base, row < valid);  // smem: cp_async_fill
+    }
   }
 }
 
