@@ -110,7 +110,7 @@ __device__ __forceinline__ void copy_kv_rows(T* tile, const KVRows<T>& src, int 
   // BATCH page ids loaded together, then their copies (a page id loaded before each copy: 0.67-0.76x
   // of contiguous rows at 17847a4, bench/paged_attention.py). Holding 4, or the tile's page ids in
   // one lane each with shuffles, spills 8-56 bytes in the producer's share of registers.
-#pragma unroll 2
+#pragma unroll 1
   for (int r0 = 0; r0 < PER; r0 += BATCH) {
     int page[BATCH];
 #pragma unroll
