@@ -3,7 +3,8 @@ and values stored contiguously (the cost of paging) and beside torch gathering t
 running SDPA (cuDNN, else flash) per call, in one run. H100, bf16, D128, causal, GQA 32/8, block
 size 16, pages shuffled; S sequences of N query tokens each, a pure prefill (the context is the
 N tokens), and a chunk of N tokens onto a cached context of 4N. TFLOP/s count the visible
-(i, j) pairs: 4 * D * Hq * sum over sequences of the causal rows' keys. Writes
+(i, j) pairs: 4 * D * Hq * sum over sequences of the causal rows' keys. Decode-shaped batches
+(1 to 16 query tokens per sequence) beside paged_decode, in TB/s of the cache read. Writes
 paged_attention.json, .md and .png under --out.
 
   python -m bench.paged_attention [--out DIR]
@@ -25,6 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench import run_meta  # noqa: E402
 from bench.causal_linear import do_bench  # noqa: E402
+
+import attngen  # noqa: E402
 
 pa = importlib.import_module("attngen.paged_attention")
 fa = importlib.import_module("attngen.flash_attention")
@@ -97,16 +100,45 @@ def measure(S, N, before) -> dict:
     return row
 
 
+# Decode-shaped batches (Q query tokens per sequence, a context of ctx): paged_attention's
+# kernels beside paged_decode's, in TB/s of the cache read (K and V of every context once).
+DECODE_SHAPES = [(32, 1, 3000), (32, 4, 3000), (128, 1, 1000), (4, 16, 4000)]
+
+
+def measure_decode(S, Q, ctx) -> dict:
+    paged, _ = case(S, ctx, 0, seed=S + Q)
+    q = torch.randn(S * Q, HQ, D, device="cuda", dtype=torch.bfloat16)
+    cu_q = torch.arange(0, S * Q + 1, Q, dtype=torch.int32, device="cuda")
+    paged.update(q=q, cu_seqlens_q=cu_q, max_seqlen_q=Q)
+    out = pa.paged_attention(**paged)
+    want = attngen.paged_decode(q.view(S, Q, HQ, D), paged["k_cache"], paged["v_cache"], paged["block_table"],
+                                paged["context_lens"])
+    cache_bytes = 2 * S * ctx * HKV * D * 2
+    row = {"S": S, "Q": Q, "context": ctx, "diff_vs_decode": (out.float() - want.float().reshape(out.shape)).abs().max().item()}
+    for name, fn in (("paged_attention", lambda: pa.paged_attention(**paged, validate=False)),
+                     ("paged_decode", lambda: attngen.paged_decode(q.view(S, Q, HQ, D), paged["k_cache"],
+                                                                   paged["v_cache"], paged["block_table"],
+                                                                   paged["context_lens"]))):
+        ms = do_bench(fn)
+        row[f"{name}_us"] = ms * 1e3
+        row[f"{name}_tbps"] = cache_bytes / ms / 1e9
+    return row
+
+
 def run():
     rows = []
     for S, N, before in SHAPES:
         rows.append(measure(S, N, before))
         print(json.dumps(rows[-1]), flush=True)
         torch.cuda.empty_cache()
-    return rows
+    decode = []
+    for S, Q, ctx in DECODE_SHAPES:
+        decode.append(measure_decode(S, Q, ctx))
+        print(json.dumps(decode[-1]), flush=True)
+    return rows, decode
 
 
-def markdown(rows, meta) -> str:
+def markdown(rows, decode, meta) -> str:
     lines = [f"# paged_attention (prefill over a paged KV cache) on {meta['device']}, commit {meta['commit']}", "",
              f"bf16, D{D}, Hq {HQ} / Hkv {HKV}, block size {BLOCK} (pages shuffled), causal. `varlen`: "
              "flash_attention_varlen on the same keys stored contiguously; `gather+SDPA`: torch gathers the pages "
@@ -120,6 +152,14 @@ def markdown(rows, meta) -> str:
         lines.append(f"| {r['S']} | {r['N']} | {r['context']} | {r['paged_tflops']:.0f} | {r['varlen_tflops']:.0f} | "
                      f"{r['paged_vs_varlen']:.3f}x | {sdpa} | {vs} | {r['diff_vs_varlen']:.2e} |")
     lines += ["", f"Instance: `{rows[0]['instance']}`." if rows else ""]
+    if decode:
+        lines += ["", "Decode-shaped batches (Q query tokens per sequence): the cache read (K and V of every "
+                  "context once) per second, paged_attention's prefill kernels beside paged_decode's.", "",
+                  "| S | Q | context | paged_attention us | TB/s | paged_decode us | TB/s | max diff |", "|---|---|---|---|---|---|---|---|"]
+        for r in decode:
+            lines.append(f"| {r['S']} | {r['Q']} | {r['context']} | {r['paged_attention_us']:.1f} | "
+                         f"{r['paged_attention_tbps']:.2f} | {r['paged_decode_us']:.1f} | {r['paged_decode_tbps']:.2f} | "
+                         f"{r['diff_vs_decode']:.2e} |")
     return "\n".join(lines) + "\n"
 
 
@@ -128,12 +168,12 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "h100"))
     args = ap.parse_args()
     t0 = time.time()
-    rows = run()
+    rows, decode = run()
     meta = run_meta(t0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "paged_attention.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    (out / "paged_attention.md").write_text(markdown(rows, meta))
+    (out / "paged_attention.json").write_text(json.dumps({"meta": meta, "rows": rows, "decode": decode}, indent=1) + "\n")
+    (out / "paged_attention.md").write_text(markdown(rows, decode, meta))
     print((out / "paged_attention.md").read_text())
 
 
