@@ -171,6 +171,19 @@ def selected_instance(q, k_cache, v_cache, block_table, context_lens, kv_layout=
     return OP.select(*_prepare(q, k_cache, v_cache, block_table, context_lens, None, None, None, kv_layout, False))
 
 
+_MAX_QUERY_TOKENS: list = []
+
+
+@torch.compiler.assume_constant_result
+def max_query_tokens() -> int:
+    """The most query tokens per sequence the decode kinds take, as the extension was built (a
+    constant to torch.compile)."""
+    if not _MAX_QUERY_TOKENS:
+        OP.packet()
+        _MAX_QUERY_TOKENS.append(int(torch.ops.attngen.paged_decode_max_query_tokens()))
+    return _MAX_QUERY_TOKENS[0]
+
+
 def instance_heads(name: str) -> int:
     """Query rows one CTA of instance `name` serves, read from the name, which spells every
     compile-time parameter (codegen/instance.py): the GQA packing `heads` of the CUDA-core

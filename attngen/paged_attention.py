@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from . import paged
 from ._checks import check_tensor
 from .flash_attention import SUPPORTED_DTYPES, _aligned, _call, _extras, _register, _window
 
@@ -89,6 +90,18 @@ def _validate(q, k, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_c
         _fail(f"block_table holds block id {bad}, outside the cache's {blocks} blocks")
 
 
+def _decode_shaped(q, block_table, max_seqlen_q, causal, window, return_lse) -> bool:
+    """A batch whose sequences all have the same Q query tokens, no more than the decode kinds
+    take (total_q == S * max_seqlen_q says so without reading cu_seqlens_q), causal, with no
+    window and no lse asked: paged_decode's kinds serve it. On the H100 they read the cache at
+    2.54-2.62 TB/s where the prefill kernels read 0.71-0.73 (S 32-128, Q 1 and 4, D128 GQA 32/8;
+    1.57x at S 4, Q 16: bench/results/h100/paged_attention.md, f0b5422): the prefill kernels
+    read each kv head's pages once per query head of its group."""
+    Q = max_seqlen_q
+    return (causal and window is None and not return_lse and 0 < Q <= paged.max_query_tokens()
+            and q.shape[0] == block_table.shape[0] * Q)
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, max_seqlen_q: int,
                     max_context_len: int, causal: bool = True, scale: Optional[float] = None,
@@ -106,13 +119,20 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     of sequence s see positions up to context_lens[s] - q_len + i; window, alibi_slopes, soft_cap
     and scale as flash_attention's. Returns out [total_q, Hq, D], and with return_lse the
     natural-log log-sum-exp [Hq, total_q] fp32, to merge with attention over other keys (cascade).
-    No gradient: the cache is inference state."""
+    A decode-shaped batch (every sequence the same number of query tokens, at most
+    paged.max_query_tokens(), causal, no window, no lse) runs on paged_decode's kinds. No
+    gradient: the cache is inference state."""
     if kv_layout not in LAYOUTS:
         _fail(f"kv_layout must be one of {LAYOUTS}, got {kv_layout!r}")
     k, v = _cache_view(k_cache, kv_layout, "k_cache"), _cache_view(v_cache, kv_layout, "v_cache")
     _check(q, k, v, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len)
     if validate:
         _validate(q, k, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len)
+    if instance is None and _decode_shaped(q, block_table, max_seqlen_q, causal, window, return_lse):
+        S, Q = block_table.shape[0], max_seqlen_q
+        out = paged.paged_decode(q.view(S, Q, *q.shape[1:]), k_cache, v_cache, block_table, context_lens, scale,
+                                 alibi_slopes=alibi_slopes, soft_cap=soft_cap, kv_layout=kv_layout)
+        return out.view(q.shape)
     left, right = _window(causal, window, NAME)
     scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale, NAME)
     _register()

@@ -336,4 +336,6 @@ FAMILY = Family(
     tune=TunePlan(("S", "Hq", "Hkv", "D", "L"), _tune_runtime),
     jit_params={"D": "d"},
     support_constants={"max_query_tokens": MAX_QUERY_TOKENS},
+    # paged_attention sends batches of at most this many query tokens per sequence here
+    exported_constants={"paged_decode_max_query_tokens": str(MAX_QUERY_TOKENS)},
 )

@@ -72,6 +72,8 @@ DType dtype_of(const char* name, const at::Tensor& t) {
   }
 }
 
+int64_t paged_decode_max_query_tokens() { return 16; }
+
 // Launch `entry` with `p` on the current stream of `like`'s device, with the scratch it asks
 // for (Entry::workspace) from torch's caching allocator: stream-ordered, so CUDA graphs
 // capture it too. Every family's run() ends here once its Params are filled.
@@ -211,6 +213,7 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
   m.def("paged_decode_key(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor context_lens, float scale, Tensor? alibi_slopes=None, float soft_cap=0.0, Tensor? k_scale=None, Tensor? v_scale=None) -> int[]", &attngen::paged::paged_decode_key);
   m.def("paged_decode_instances(str role=\"\") -> str[]", &attngen::paged::paged_decode_instances);
   m.def("paged_decode_axis_values(str axis) -> str[]", &attngen::paged::paged_decode_axis_values);
+  m.def("paged_decode_max_query_tokens() -> int", &attngen::paged::paged_decode_max_query_tokens);
 }
 
 TORCH_LIBRARY_IMPL(attngen, CUDA, m) {

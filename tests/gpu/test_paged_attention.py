@@ -113,3 +113,23 @@ def test_cuda_graph_replay_matches_the_eager_call():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("Q", [1, 4, 16])
+def test_decode_shaped_batches_run_on_the_decode_kinds(Q):
+    """Every sequence with the same Q <= paged.max_query_tokens() tokens, causal, no lse: the call
+    is paged_decode's (bit-equal to it) and right against the float64 reference."""
+    import attngen
+    seqs = [(Q, 1000), (Q, max(Q, 16)), (Q, 3000)]
+    case, layout = paged_case(seqs, 32, 8, 128, torch.bfloat16, seed=Q)
+    torch.full((1 << 24,), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison the allocator
+    out = pa.paged_attention(**case)
+    S = len(seqs)
+    want = attngen.paged_decode(case["q"].view(S, Q, 32, 128), case["k_cache"], case["v_cache"], case["block_table"],
+                                case["context_lens"])
+    assert torch.equal(out, want.view(out.shape))
+    index = {k: case[k] for k in ("q", "k_cache", "v_cache", "block_table", "cu_seqlens_q", "context_lens")}
+    ref, _ = reference.paged_attention(**index)
+    low, _ = reference.paged_attention(**index, dtype=torch.bfloat16)
+    err, bound = (out.double() - ref).abs().max().item(), 2 * (low.double() - ref).abs().max().item() + 1e-5
+    assert err <= bound, (err, bound)
