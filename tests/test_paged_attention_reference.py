@@ -88,3 +88,25 @@ def test_validate_reads_the_lengths_and_the_block_ids():
     with pytest.raises(ValueError, match=r"more than max_seqlen_q=2"):
         pa._validate(q, k, table, cu, lens, 2, 8)
     pa._validate(q, k, table, cu, lens, 3, 8)   # the good case passes
+
+
+def test_decode_shaped_batches_go_to_paged_decode(monkeypatch):
+    """Every sequence with the same Q <= the decode kinds' limit, causal, no window, no lse: the
+    call is paged_decode's, with q viewed [S, Q, Hq, D] and the answer viewed back; anything else
+    stays on the prefill kernels (decided from shapes: nothing is read from the device)."""
+    monkeypatch.setattr(pa.paged, "max_query_tokens", lambda: 16)
+    calls = []
+
+    def fake_decode(q, k_cache, v_cache, block_table, context_lens, scale, **kwargs):
+        calls.append((tuple(q.shape), kwargs["kv_layout"], kwargs["soft_cap"]))
+        return torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    monkeypatch.setattr(pa.paged, "paged_decode", fake_decode)
+    case = meta_case(q=torch.empty(2 * 4, 4, 64, dtype=torch.bfloat16, device="meta"), max_seqlen_q=4)
+    out = pa.paged_attention(**case, soft_cap=5.0, kv_layout="NHD", validate=False)
+    assert calls == [((2, 4, 4, 64), "NHD", 5.0)] and out.shape == (8, 4, 64)
+    assert pa._decode_shaped(case["q"], case["block_table"], 4, True, None, False)
+    for why in (dict(max_seqlen_q=5), dict(causal=False), dict(window=(8, 0)), dict(return_lse=True)):
+        args = {**dict(max_seqlen_q=4, causal=True, window=None, return_lse=False), **why}
+        assert not pa._decode_shaped(case["q"], case["block_table"], **args), why
+    many = torch.empty(2 * 17, 4, 64, dtype=torch.bfloat16, device="meta")
+    assert not pa._decode_shaped(many, case["block_table"], 17, True, None, False)  # past the decode kinds' 16
