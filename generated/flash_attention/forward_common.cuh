@@ -31,7 +31,7 @@ __device__ __forceinline__ Sequence sequence_of(const Params& p, int64_t b) {
   if (p.cu_seqlens_q == nullptr) return {0, 0, static_cast<int>(p.Lq), static_cast<int>(p.Lk)};
   const int64_t q0 = p.cu_seqlens_q[b];
   const int lq = static_cast<int>(p.cu_seqlens_q[b + 1] - q0);
-  if (p.block_table != nullptr) return {q0, 0, lq, p.seqused_k[b]};  // a paged cache: keys found by position
+  if (kPagedKV && p.block_table != nullptr) return {q0, 0, lq, p.seqused_k[b]};  // a paged cache: keys by position
   const int64_t k0 = p.cu_seqlens_k[b];
   return {q0, k0, lq, static_cast<int>(p.cu_seqlens_k[b + 1] - k0)};
 }
@@ -55,7 +55,7 @@ template <typename T>
 __device__ __forceinline__ KVRows<T> kv_rows(const Params& p, const void* t, int64_t sb, int64_t sl, int64_t sh,
                                              int64_t sp, int64_t b, const Sequence& seq, int64_t kv_head) {
   const T* head = static_cast<const T*>(t) + kv_head * sh;
-  if (p.block_table != nullptr) return {head, sl, p.block_table + b * p.bt_stride, sp, p.page_shift};
+  if (kPagedKV && p.block_table != nullptr) return {head, sl, p.block_table + b * p.bt_stride, sp, p.page_shift};
   return {head + b * sb + seq.k_row0 * sl, sl, nullptr, 0, 0};
 }
 
@@ -124,7 +124,7 @@ __device__ __forceinline__ void load_rows(T* tile, const T* src, int64_t ld, int
 // zero-filled and never read. The layout is decided once per tile, not per piece.
 template <class Tile, int ROWS, int COLS, int THREADS, typename T>
 __device__ __forceinline__ void load_kv_rows(T* tile, const KVRows<T>& src, int n0, int valid) {
-  if (src.pages == nullptr) {
+  if (!kPagedKV || src.pages == nullptr) {
     load_rows<Tile, ROWS, COLS, THREADS>(tile, src.base + n0 * src.ld, src.ld, valid);
     return;
   }

@@ -22,6 +22,9 @@
 namespace attngen {
 namespace flash_attention {
 
+// k, v may be a paged cache (block_table, seqused_k: paged_attention).
+constexpr bool kPagedKV = true;
+
 struct Params {
   const void* q;                 // rows of [Hq, D]; last dim contiguous
   const void* k;                 // rows of [Hkv, D]

@@ -18,6 +18,10 @@
 namespace attngen {
 namespace flash_attention_grad {
 
+// The backward never reads a paged k, v (block_table stays null): forward_common.cuh's paged
+// branches compile away (kept, they cost the d128 mma.sync key-block kernel 8 bytes of spills).
+constexpr bool kPagedKV = false;
+
 struct Params {
   const void* q;                 // rows of [Hq, D]; last dim contiguous
   const void* k;                 // rows of [Hkv, D]
