@@ -27,6 +27,20 @@ def _axis_values(op: str, axis: str) -> tuple:
     return _AXIS_VALUES[op, axis]
 
 
+_CONSTANTS: dict = {}
+
+
+@torch.compiler.assume_constant_result
+def exported_constant(name: str) -> int:
+    """An int a family exports from the extension (its `exported_constants`: the delta rule's
+    checkpoint interval, the decode kinds' query-token limit), read once; a constant to
+    torch.compile, which cannot trace the op that returns it."""
+    if name not in _CONSTANTS:
+        _ext.load()
+        _CONSTANTS[name] = int(getattr(torch.ops.attngen, name)())
+    return _CONSTANTS[name]
+
+
 class Op:
     def __init__(self, name: str):
         self.name = name

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from ._checks import check_tensor
-from ._ops import Op
+from ._ops import Op, exported_constant
 
 OP = Op("delta_rule")
 GRAD = Op("delta_rule_grad")
@@ -35,17 +35,9 @@ def variant(name: str) -> int:
     return OP.axis_index("variant", name)
 
 
-_CHECKPOINT_EVERY: list = []
-
-
-@torch.compiler.assume_constant_result
 def checkpoint_every() -> int:
-    """Steps between the forward's state checkpoints, as the extension was built with them (a
-    constant to torch.compile)."""
-    if not _CHECKPOINT_EVERY:
-        OP.packet()
-        _CHECKPOINT_EVERY.append(int(torch.ops.attngen.delta_rule_checkpoint_every()))
-    return _CHECKPOINT_EVERY[0]
+    """Steps between the forward's state checkpoints, as the extension was built with them."""
+    return exported_constant("delta_rule_checkpoint_every")
 
 
 def checkpoint_shape(B: int, T: int, H: int, K: int, V: int, every: int | None = None) -> tuple:

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from ._checks import check_tensor
-from ._ops import Op
+from ._ops import Op, exported_constant
 
 OP = Op("paged_decode")
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -171,17 +171,9 @@ def selected_instance(q, k_cache, v_cache, block_table, context_lens, kv_layout=
     return OP.select(*_prepare(q, k_cache, v_cache, block_table, context_lens, None, None, None, kv_layout, False))
 
 
-_MAX_QUERY_TOKENS: list = []
-
-
-@torch.compiler.assume_constant_result
 def max_query_tokens() -> int:
-    """The most query tokens per sequence the decode kinds take, as the extension was built (a
-    constant to torch.compile)."""
-    if not _MAX_QUERY_TOKENS:
-        OP.packet()
-        _MAX_QUERY_TOKENS.append(int(torch.ops.attngen.paged_decode_max_query_tokens()))
-    return _MAX_QUERY_TOKENS[0]
+    """The most query tokens per sequence the decode kinds take, as the extension was built."""
+    return exported_constant("paged_decode_max_query_tokens")
 
 
 def instance_heads(name: str) -> int:
