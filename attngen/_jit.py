@@ -118,6 +118,16 @@ def cannot_build() -> list[str]:
     return reasons
 
 
+def built_core() -> Path | None:
+    """The extension built without its instances for this generator and toolchain, if a process
+    built it already (None where it is not, or no generator is at hand)."""
+    core = _generator("core")
+    if core is None:
+        return None
+    path = core.library_path(cache_root(), toolchain_tag())
+    return path if path.is_file() else None
+
+
 def core_library(missing: Path) -> Path:
     """Where no prebuilt extension is (`missing`): the extension built without its instances
     (codegen/core.py) in the cache, built now if no process has; its rows build on first use."""

@@ -55,11 +55,20 @@ def summary(root: Path = ROOT) -> dict:
                             "dtypes": sorted(f["dtypes"])} for name, f in sorted(families.items())},
         "arches": sorted(arches),
         "torch": torch.__version__, "torch_cuda": torch.version.cuda,
-        "extension": {"path": str(lib), "built": lib.is_file()},
+        "extension": {"path": str(lib), "built": lib.is_file(), "core": _core_path(lib)},
         "tuned_tables": _tuned_tables(root),
         "installed": INSTALLED, "generator": str(root),
         "jit_cache": _jit_cache(),
     }
+
+
+def _core_path(lib: Path) -> str | None:
+    """Where no prebuilt extension is: the one built without its instances, if the cache has it."""
+    if lib.is_file():
+        return None
+    from . import _jit
+    core = _jit.built_core()
+    return None if core is None else str(core)
 
 
 def _jit_cache() -> dict:
@@ -81,6 +90,8 @@ def format_summary(info: dict) -> str:
     ext, jit = info["extension"], info["jit_cache"]
     if ext["built"]:
         state = "built"
+    elif ext["core"]:
+        state = f"not prebuilt: its bindings, built without kernels, load from {ext['core']}"
     elif jit["cannot_build"]:
         state = "not built, nor can it be built on first use here: make build"
     else:

@@ -29,7 +29,7 @@ def test_format_names_every_family_and_the_tuned_table():
 def test_first_use_says_why_it_cannot_build(monkeypatch):
     monkeypatch.setenv("ATTNGEN_JIT", "0")
     monkeypatch.setenv("ATTNGEN_LIB", "/nonexistent/attngen_ext.so")
-    monkeypatch.setattr(_jit, "_generator", lambda: None)
+    monkeypatch.setattr(_jit, "_generator", lambda module="jit": None)
     reasons = _jit.cannot_build()
     assert reasons[0] == "ATTNGEN_JIT=0" and reasons[1] == _jit.GENERATOR_MISSING
     text = info.format_summary(info.summary(ROOT))
@@ -62,3 +62,15 @@ def test_the_jit_cache_lists_finished_builds_only(tmp_path, monkeypatch):
     assert "built on first use: not possible here: ATTNGEN_JIT=0" in text
     assert f"first-use cache {tmp_path}: 1 instance(s)" in text
     assert "  paged_x_d48" in text and "paged_x_d40" not in text
+
+
+def test_info_names_the_bindings_built_without_kernels_when_the_cache_has_them(monkeypatch, tmp_path):
+    from codegen import core
+    monkeypatch.setenv("ATTNGEN_LIB", str(tmp_path / "attngen_ext.so"))
+    monkeypatch.setenv("ATTNGEN_CACHE", str(tmp_path / "cache"))
+    library = core.library_path(tmp_path / "cache", _jit.toolchain_tag())
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"\x7fELF fake")
+    text = info.format_summary(info.summary(ROOT))
+    assert f"(not prebuilt: its bindings, built without kernels, load from {library})" in text
+
