@@ -27,21 +27,22 @@ FP8_CACHE_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 LAYOUTS = ("NHD", "HND")
 
 
-def _fail(msg: str):
-    raise ValueError(f"paged_decode: {msg}")
+def _fail(msg: str, op: str = "paged_decode"):
+    raise ValueError(f"{op}: {msg}")
 
 
 def _check_tensor(name: str, t, q: Optional[torch.Tensor]) -> None:
     check_tensor("paged_decode", name, t, q)
 
 
-def cache_view(k_cache: torch.Tensor, kv_layout: str, name: str = "k_cache") -> torch.Tensor:
-    """The [blocks, block_size, Hkv, D] view of a cache held in `kv_layout` (no copy)."""
+def cache_view(k_cache: torch.Tensor, kv_layout: str, name: str = "k_cache", op: str = "paged_decode") -> torch.Tensor:
+    """The [blocks, block_size, Hkv, D] view of a cache held in `kv_layout` (no copy); errors
+    name `op`, the entry point that was called (paged_decode or paged_attention)."""
     if kv_layout not in LAYOUTS:
-        _fail(f"kv_layout must be one of {LAYOUTS}, got {kv_layout!r}")
+        _fail(f"kv_layout must be one of {LAYOUTS}, got {kv_layout!r}", op)
     if k_cache.dim() != 4:
         shape = "[num_blocks, block_size, Hkv, D]" if kv_layout == "NHD" else "[num_blocks, Hkv, block_size, D]"
-        _fail(f"{name} must be 4-D {shape} (kv_layout={kv_layout}), got shape {tuple(k_cache.shape)}")
+        _fail(f"{name} must be 4-D {shape} (kv_layout={kv_layout}), got shape {tuple(k_cache.shape)}", op)
     return k_cache if kv_layout == "NHD" else k_cache.transpose(1, 2)
 
 
@@ -103,7 +104,8 @@ def check_inputs(q, k_cache, v_cache, block_table, context_lens, alibi_slopes, s
     return k, v
 
 
-def validate_block_table(k: torch.Tensor, block_table: torch.Tensor, context_lens: torch.Tensor) -> None:
+def validate_block_table(k: torch.Tensor, block_table: torch.Tensor, context_lens: torch.Tensor,
+                         op: str = "paged_decode") -> None:
     """The checks that read device memory (they synchronize): every context fits the block
     table, and every block-table entry a context uses names a block of the cache."""
     num_blocks, block_size = k.shape[0], k.shape[1]
@@ -113,13 +115,13 @@ def validate_block_table(k: torch.Tensor, block_table: torch.Tensor, context_len
     if bad_len.any():
         s = int(bad_len.nonzero()[0, 0])
         _fail(f"context_lens[{s}] = {int(lens[s])} is outside [0, {capacity}] (the block table holds "
-              f"{block_table.shape[1]} blocks of {block_size} tokens)")
+              f"{block_table.shape[1]} blocks of {block_size} tokens)", op)
     used = torch.arange(block_table.shape[1], device=block_table.device) < ((lens + block_size - 1) // block_size)[:, None]
     bad = used & ((block_table < 0) | (block_table >= num_blocks))
     if bad.any():
         s, j = (int(i) for i in bad.nonzero()[0])
         _fail(f"block_table[{s}, {j}] = {int(block_table[s, j])} is outside [0, {num_blocks}) "
-              f"(used by context_lens[{s}] = {int(lens[s])})")
+              f"(used by context_lens[{s}] = {int(lens[s])})", op)
 
 
 def _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout, validate,

@@ -22,18 +22,10 @@ from ._checks import check_tensor
 from .flash_attention import SUPPORTED_DTYPES, _aligned, _call, _extras, _register, _window
 
 NAME = "paged_attention"
-LAYOUTS = ("NHD", "HND")
 
 
 def _fail(msg: str):
     raise ValueError(f"{NAME}: {msg}")
-
-
-def _cache_view(cache: torch.Tensor, kv_layout: str, name: str) -> torch.Tensor:
-    if cache.dim() != 4:
-        shape = "[num_blocks, block_size, Hkv, D]" if kv_layout == "NHD" else "[num_blocks, Hkv, block_size, D]"
-        _fail(f"{name} must be 4-D {shape} (kv_layout={kv_layout}), got shape {tuple(cache.shape)}")
-    return cache if kv_layout == "NHD" else cache.transpose(1, 2)
 
 
 def _check(q, k, v, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len) -> None:
@@ -76,18 +68,13 @@ def _validate(q, k, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_c
     if cu[0] != 0 or cu[-1] != q.shape[0] or any(b < a for a, b in zip(cu, cu[1:])):
         _fail(f"cu_seqlens_q must start at 0, never decrease and end at the {q.shape[0]} rows of q, got "
               f"{cu[:4]}{'...' if len(cu) > 4 else ''}{cu[-1:]}")
-    block_size, blocks = k.shape[1], k.shape[0]
     for s, (q_len, n) in enumerate(zip((b - a for a, b in zip(cu, cu[1:])), lens)):
         if q_len > max_seqlen_q:
             _fail(f"sequence {s} has {q_len} query tokens, more than max_seqlen_q={max_seqlen_q}")
         if not q_len <= n <= max_context_len:
             _fail(f"context_lens[{s}] = {n}: it must hold the sequence's {q_len} query tokens (they are its last) and "
                   f"be at most max_context_len={max_context_len}")
-    used = torch.cat([block_table[s, : (n + block_size - 1) // block_size] for s, n in enumerate(lens)]) \
-        if lens else block_table.new_zeros(0)
-    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= blocks):
-        bad = int(used.min()) if int(used.min()) < 0 else int(used.max())
-        _fail(f"block_table holds block id {bad}, outside the cache's {blocks} blocks")
+    paged.validate_block_table(k, block_table, context_lens, NAME)   # every used entry names a block
 
 
 def _decode_shaped(q, block_table, max_seqlen_q, causal, window, return_lse) -> bool:
@@ -122,9 +109,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     A decode-shaped batch (every sequence the same number of query tokens, at most
     paged.max_query_tokens(), causal, no window, no lse) runs on paged_decode's kinds. No
     gradient: the cache is inference state."""
-    if kv_layout not in LAYOUTS:
-        _fail(f"kv_layout must be one of {LAYOUTS}, got {kv_layout!r}")
-    k, v = _cache_view(k_cache, kv_layout, "k_cache"), _cache_view(v_cache, kv_layout, "v_cache")
+    k, v = (paged.cache_view(c, kv_layout, name, NAME) for c, name in ((k_cache, "k_cache"), (v_cache, "v_cache")))
     _check(q, k, v, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len)
     if validate:
         _validate(q, k, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len)

@@ -83,7 +83,7 @@ def test_validate_reads_the_lengths_and_the_block_ids():
         pa._validate(q, k, table, cu, torch.tensor([5, 2], dtype=torch.int32), 3, 8)
     bad = table.clone()
     bad[0, 1] = 99
-    with pytest.raises(ValueError, match=r"^paged_attention: block_table holds block id 99, outside the cache's"):
+    with pytest.raises(ValueError, match=r"^paged_attention: block_table\[0, 1\] = 99 is outside \[0, \d+\) \(used by context_lens\[0\] = 5\)"):
         pa._validate(q, k, bad, cu, lens, 3, 8)
     with pytest.raises(ValueError, match=r"more than max_seqlen_q=2"):
         pa._validate(q, k, table, cu, lens, 2, 8)
