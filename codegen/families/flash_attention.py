@@ -177,6 +177,10 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("pingpong", "pingpong needs at least 2 consumer warpgroups to take turns")
     if stages < 2:
         raise Rejected("stages", f"stages={stages}: the ring needs at least 2")
+    rows_per_copier = block_n * d // 8 // 128   # key rows each producer thread copies per tile
+    if p["page_ids"] < 1 or rows_per_copier % p["page_ids"]:
+        raise Rejected("page_ids", f"page_ids={p['page_ids']}: the page ids a producer thread loads together must "
+                                   f"divide the {rows_per_copier} rows it copies per tile")
     threads = (warpgroups + 1) * 128
     producer_regs, consumer_regs = _register_split(warpgroups, minb, arch)
     weights = block_n // 4 if overlap else 0     # held while the next scores are computed
@@ -207,7 +211,8 @@ FAMILY = Family(
         FORWARD_WGMMA: Lowering({"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int",
                                  "stages": "int", "overlap": "int0", "minb": "int"}, _lower_wgmma),
         FORWARD_WS: Lowering({"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int",
-                              "overlap": "int0", "pingpong": "int0", "minb": "int", "tma": "int0"},
+                              "overlap": "int0", "pingpong": "int0", "minb": "int", "tma": "int0",
+                              "page_ids": "int"},
                              _lower_warp_specialized),
     },
     support_files={"flash_attention/params.cuh.j2": "flash_attention/params.cuh",

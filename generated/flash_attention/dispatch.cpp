@@ -42,14 +42,14 @@ cudaError_t launch_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2
 size_t workspace_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_fp16_sm90a(const Params&);
-cudaError_t launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_fp16_sm90a(const Params&);
-cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params&);
 
 namespace {
 
@@ -87,10 +87,10 @@ const Entry kEntries[] = {
     {"flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a, covers_11, workspace_flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a},
     {"flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a", "dispatch", launch_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a, covers_12, workspace_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a},
     {"flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a", "dispatch", launch_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a, covers_13, workspace_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_fp16_sm90a, covers_14, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_fp16_sm90a},
-    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_fp16_sm90a, covers_15, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_fp16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_bf16_sm90a, covers_16, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_bf16_sm90a},
-    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_bf16_sm90a, covers_17, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_bf16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a, covers_14, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a},
+    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a, covers_15, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a, covers_16, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a},
+    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a, covers_17, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a},
 };
 constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
 
@@ -164,18 +164,18 @@ const Entry* jit_select(const Key& key) {
 }
 
 const Entry* flash_attention_select(const Key& key) {
-  // specs/flash_attention.yaml:233: when True -> hopper_ws
+  // specs/flash_attention.yaml:239: when True -> hopper_ws
   if (true) {
     if (key.dtype == DType::kFP16) {
-      if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_fp16_sm90a
-      if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_fp16_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
+      if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_bf16_sm90a
-      if (kEntries[17].covers(key)) return row(17);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_bf16_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[17].covers(key)) return row(17);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:235: when True -> hopper
+  // specs/flash_attention.yaml:241: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[8].covers(key)) return row(8);  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a
@@ -188,7 +188,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[13].covers(key)) return row(13);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:237: when True -> mma_sync
+  // specs/flash_attention.yaml:243: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return row(0);  // flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a
