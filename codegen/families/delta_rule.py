@@ -12,9 +12,11 @@ from __future__ import annotations
 from ..arch import MAX_REGS, Arch
 from ..instance import KernelInstance
 from ..passes import Rejected, banks
+from ..passes import tiles as shared_tiles
 from . import Family, Lowering, TunePlan
 
 RECURRENT = "delta_rule/recurrent.cu.j2"
+CHUNKED = "delta_rule/chunked.cu.j2"
 # With a gradient wanted, the forward saves its state every CHECKPOINT_EVERY steps: K*V fp32 per
 # (b, h) per window, a third of what bf16 r, w, k, v, a, b of the window take at K = V = 64 (as
 # flash-linear-attention's chunk kernels keep a state per 64 steps). The backward
@@ -74,14 +76,116 @@ def _lower_recurrent(inst: KernelInstance, arch: Arch) -> KernelInstance:
     })
 
 
+# The chunked kind (templates/delta_rule/chunked.cu.j2): chunks of CHUNKED_STEPS steps, one
+# 16-step m-tile per row warp; a chunk's first state is a checkpoint (the same interval).
+CHUNKED_STEPS = 64
+ROW_WARPS = CHUNKED_STEPS // 16
+PREP_THREADS = 32 * ROW_WARPS
+# Registers besides the fp32 fragments (state, K S and U, Q S, the scores): operands, addresses,
+# the loop; the compile tier holds every instance to no spills.
+CHUNKED_REG_OVERHEAD = 56
+
+
+def _renamed(accesses: list, names: dict, buffers: tuple) -> list:
+    """tiles.bank_accesses' accesses under this template's tags (`names`: theirs -> ours)."""
+    return [banks.Access(names[a.name], a.width, a.address, buffers) for a in accesses if a.name in names]
+
+
+def _chunked_bank(k: int, cols: int, swizzle_k: int, swizzle_c: int, swizzle_m: int, threads: int) -> dict:
+    """The chunked template's shared-memory accesses: the 16-bit tiles (q and k rows `k` wide;
+    v, the state and the exchange tiles `cols` wide; M 64 wide) through ldmatrix, cp.async
+    fills and 4-byte fragment reads and writes, and the fp32 scalars of both kernels."""
+    def tile_accesses(make):
+        return (_renamed(shared_tiles.bank_accesses(k, threads, make(k, swizzle_k)),
+                         {"ldmatrix": "key_ldmatrix", "cp_async_fill": "row_fill"}, ("ring", "prep_keys"))
+                + _renamed(shared_tiles.bank_accesses(cols, threads, make(cols, swizzle_c)),
+                           {"ldmatrix": "col_ldmatrix", "o_fragment_write": "col_fragment",
+                            "o_row_read": "col_row_read"},
+                           ("ring", "state", "exchange"))
+                + _renamed(shared_tiles.bank_accesses(CHUNKED_STEPS, threads, make(CHUNKED_STEPS, swizzle_m)),
+                           {"ldmatrix": "mix_ldmatrix", "cp_async_fill": "mix_fill"}, ("ring",)))
+
+    a_pitch = CHUNKED_STEPS + 4
+    scalars = [
+        banks.contiguous("gc_fill", 16, ("ring",)),
+        banks.Access("gc_row_read", 4, lambda lane, _pad: (lane // 4) * 4, ("ring",)),
+        banks.broadcast("gc_broadcast", 4, ("ring",)),
+        banks.Access("gc_column_read", 4, lambda lane, _pad: (lane % 4) * 8, ("ring",)),
+        banks.contiguous("prep_scalar_write", 4, ("prep_scalars",)),
+        banks.broadcast("prep_scalar_read", 4, ("prep_scalars",)),
+        banks.contiguous("prep_scalar_column", 4, ("prep_scalars",)),
+        banks.Access("prep_row_read", 4, lambda lane, _pad: (lane // 4) * 4, ("prep_scalars",)),
+        banks.Access("prep_column_read", 4, lambda lane, _pad: (lane % 4) * 8, ("prep_scalars",)),
+        banks.Access("prep_a_write", 8, lambda lane, _pad: ((lane // 4) * a_pitch + 2 * (lane % 4)) * 4, ("prep_a",)),
+        banks.broadcast("prep_a_read", 16, ("prep_a",)),
+    ]
+    return banks.model(tile_accesses(shared_tiles.layout) + scalars,
+                       unpadded=tile_accesses(lambda d, _swizzle: shared_tiles.plain_layout(d)) + scalars)
+
+
+def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    p = inst.p
+    k, cols, warps, stages = (p[name] for name in ("k", "cols", "warps", "stages"))
+    if inst.dtype_bytes != 2:
+        raise Rejected("k", f"the chunked kind runs on tensor cores from 16-bit operands, not {inst.a['dtype']}")
+    if inst.a["variant"] != "gated_delta":
+        raise Rejected("k", f"the chunked kind solves Gated DeltaNet's scalar-decay chunks, not {inst.a['variant']}")
+    if CHECKPOINT_EVERY != CHUNKED_STEPS:
+        raise Rejected("k", f"a chunk of {CHUNKED_STEPS} steps must be the checkpoint interval {CHECKPOINT_EVERY}")
+    if k % 16 or cols % 16:
+        raise Rejected("k" if k % 16 else "cols", f"k={k} and cols={cols} must be multiples of 16 (MMA tiles)")
+    if warps % ROW_WARPS or cols % (16 * (warps // ROW_WARPS)):
+        raise Rejected("warps", f"{warps} warps: a multiple of {ROW_WARPS} (16 steps each), splitting cols={cols} "
+                                "into blocks of 16")
+    if stages < 1:
+        raise Rejected("stages", f"stages={stages}: at least one chunk of input in shared memory")
+    warps_m = min(warps, k // 16)
+    warps_n = warps // warps_m
+    if warps % warps_m or cols // 8 % warps_n or cols // 8 // warps_n % 2:
+        raise Rejected("warps", f"{warps} warps do not split the {k} x {cols} state into 16 x 16 blocks")
+    wcols = cols // (warps // ROW_WARPS)
+    state = k * cols // (32 * warps)
+    regs = state + wcols + CHUNKED_STEPS // 2 + CHUNKED_REG_OVERHEAD  # state, K S (then U) and Q S, the scores
+    if regs > MAX_REGS:
+        raise Rejected("cols", f"about {regs} registers per thread (state {state}, products {wcols}, "
+                               f"scores {CHUNKED_STEPS // 2}) exceed {MAX_REGS}")
+    # Padded rows, not the XOR swizzle: a padded tile's fragment addresses are one base plus
+    # compile-time offsets, where the swizzle's are a register each that the compiler hoists
+    # out of the chunk loop (swizzled, every k = 128 instance spilled at 255 registers).
+    swizzle_k = swizzle_c = swizzle_m = 0
+    pitch_k, pitch_c = shared_tiles.pitch(k, swizzle_k), shared_tiles.pitch(cols, swizzle_c)
+    steps = CHUNKED_STEPS
+    pitch_m = shared_tiles.pitch(CHUNKED_STEPS, swizzle_m)
+    stage = 2 * steps * (2 * pitch_k + pitch_c + pitch_m) + 4 * steps
+    smem = stages * stage + 2 * (k * pitch_c + 3 * steps * pitch_c)
+    prep_smem = 2 * steps * pitch_k + 4 * steps * (steps + 4) + 3 * 4 * steps
+    threads = 32 * warps
+    if smem > arch.max_smem_per_block:
+        raise Rejected("stages", f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")
+    if threads * max(regs, 64) > arch.regs_per_sm:
+        raise Rejected("warps", f"{threads} threads of about {regs} registers exceed an SM's {arch.regs_per_sm}")
+    ctas_per_sm = min(arch.smem_per_sm // (smem + arch.smem_reserved_per_cta),
+                      arch.regs_per_sm // (threads * max(regs, 64)), 8)
+    bank = _chunked_bank(k, cols, swizzle_k, swizzle_c, swizzle_m, threads)
+    return inst.with_derived({
+        "threads": threads, "smem_bytes": smem, "prep_threads": PREP_THREADS, "prep_smem_bytes": prep_smem,
+        "warps_m": warps_m, "warps_n": warps_n, "ctas_per_sm": ctas_per_sm, "regs_estimate": regs,
+        "swizzle_k": "true" if swizzle_k else "false", "swizzle_c": "true" if swizzle_c else "false",
+        "swizzle_m": "true" if swizzle_m else "false",
+        "bank": bank, "threads_param": "warps", "smem_param": "stages",
+    })
+
+
 def _tune_runtime(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
-    return {"K": shape["K"], "V": shape["V"], "T": shape["T"], "BH": shape["B"] * shape["H"], "sm_count": sm_count}
+    return {"K": shape["K"], "V": shape["V"], "T": shape["T"], "BH": shape["B"] * shape["H"], "align": 16 // dtype_bytes,
+            "sm_count": sm_count}
 
 
 FAMILY = Family(
     name="delta_rule",
     axes={"dtype": ("fp32", "fp16", "bf16"), "variant": ("rwkv7", "gated_delta")},
-    lowerings={RECURRENT: Lowering({"k": "int", "cols": "int", "tph": "int", "chunk": "int"}, _lower_recurrent)},
+    lowerings={RECURRENT: Lowering({"k": "int", "cols": "int", "tph": "int", "chunk": "int"}, _lower_recurrent),
+               CHUNKED: Lowering({"k": "int", "cols": "int", "warps": "int", "stages": "int"}, _lower_chunked)},
     support_files={"delta_rule/params.cuh.j2": "delta_rule/params.cuh",
                    "delta_rule/column.cuh.j2": "delta_rule/column.cuh",
                    "delta_rule/variants.cuh.j2": "delta_rule/variants.cuh",

@@ -27,6 +27,7 @@ struct Key {
   int64_t V;  // value head size (v last dim; the state's columns)
   int64_t T;  // sequence length
   int64_t BH;  // batch * heads
+  int64_t align;  // elements every row of q, k, v and o starts on a multiple of (16 bytes at most)
   int64_t sm_count;  // multiprocessors on the current device
   DType dtype;  // the dtype of q
   int64_t variant;  // index of the variant value (variant)

@@ -48,11 +48,12 @@ void check(const Args& a) {
 
 int64_t sm_count(int device) { return detail::sm_count(device, "delta_rule"); }
 
-void fill_key(const Args& a, const Outputs&, Key& key) {
+void fill_key(const Args& a, const Outputs& out, Key& key) {
   key.K = a.q.size(3);
   key.V = a.v.size(3);
   key.T = a.q.size(1);
   key.BH = a.q.size(0) * a.q.size(2);
+  key.align = detail::vector_align({&a.q, &a.k, &a.v, &out.o}, 3, {key.K, key.V});
   key.sm_count = sm_count(a.q.device().index());
 }
 
@@ -96,7 +97,9 @@ void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
   launch(entry, p, q);
 }
 
-std::string describe(const Key& key) { return "K=" + str(key.K) + ", V=" + str(key.V); }
+std::string describe(const Key& key) {
+  return "K=" + str(key.K) + ", V=" + str(key.V) + ", vector alignment " + str(key.align);
+}
 
 std::string uncovered(const Args& a, const Key& key) {
   return "delta_rule: unsupported key head size K=" + str(key.K) + " (dtype " + str(a.q) +

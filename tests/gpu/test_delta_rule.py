@@ -53,13 +53,24 @@ def expected(variant, inputs, state, scale):
     return reference.gated_delta_rule(*inputs, state=state, scale=scale)
 
 
+def instance_shapes(kind: str, kb: int) -> tuple:
+    """(T, K, V, decay regime) each instance is checked on: K at its bucket and below
+    (zero-filled keys), V not a multiple of the CTA's columns, T across chunk boundaries. The
+    chunked kind covers rows of whole 16-byte pieces (K and V multiples of 8), and walks
+    several 64-step chunks with a partial last one."""
+    if kind == "chunked":
+        return ((1, kb, kb, "mixed"), (65, kb - 8, 40, "near1"), (130, kb, 2 * kb + 8, "near0"), (300, kb, kb, "mixed"))
+    return ((1, kb, kb, "mixed"), (65, kb - 4, 33, "near1"), (130, kb, 2 * kb + 8, "near0"))
+
+
 def test_every_instance():
-    """Each instance forced on shapes it covers: K at its bucket and below (zero-filled keys),
-    V not a multiple of the CTA's columns, T across chunk boundaries, state in and out."""
-    failures, checked = [], 0
+    """Each instance forced on the shapes of instance_shapes, state in and out, outputs poisoned."""
+    failures, checked, expected_checks = [], 0, 0
     for name, row in sorted(family_manifest("delta_rule").items()):
         dtype, kb, variant = DTYPES[row["dtype"]], row["params"]["k"], row["variant"]
-        for T, K, V, regime in ((1, kb, kb, "mixed"), (65, kb - 4, 33, "near1"), (130, kb, 2 * kb + 8, "near0")):
+        shapes = instance_shapes(row["kind"], kb)
+        expected_checks += len(shapes)
+        for T, K, V, regime in shapes:
             make = rwkv7_inputs if variant == "rwkv7" else gated_inputs
             inputs = make(2, T, 3, K, V, dtype, regime, seed=T + K)
             state = torch.randn(2, 3, K, V, device="cuda") * 0.1
@@ -73,7 +84,7 @@ def test_every_instance():
                 if not err <= tol:
                     failures.append(f"{name} T={T} K={K} V={V} {regime} {what}: rel err {err:.2e}")
             checked += 1
-    assert checked == 3 * len(family_manifest("delta_rule")) >= 3 * 36 and not failures, "\n".join(failures[:20])
+    assert checked == expected_checks >= 3 * 36 and not failures, "\n".join(failures[:20])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -98,6 +109,32 @@ def test_gated_delta_through_the_dispatch(dtype, T, K, V):
     ref_o, ref_s = reference.gated_delta_rule(q, k, v, gate, beta)
     o, s = attngen.gated_delta_rule(q, k, v, gate, beta)
     assert rel_err(o, ref_o) <= TOL[dtype] and rel_err(s, ref_s) <= max(TOL[dtype], 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gated_delta_chunked_kind_through_the_dispatch(dtype):
+    """16-bit Gated DeltaNet of 256 steps or more takes the tensor-core chunked kind: its
+    output and final state against float64, its checkpoints against the recurrent kind's, and
+    rwkv7, fp32 and short sequences keep the recurrent kinds."""
+    B, T, H, K, V = 2, 777, 3, 128, 128
+    q, k, v, gate, beta = inputs = gated_inputs(B, T, H, K, V, dtype, seed=5)
+    state = torch.randn(B, H, K, V, device="cuda") * 0.1
+    args = op_args("gated_delta", inputs, state, 0.25)
+    assert "_chunked_" in delta_rule.OP.select(*args)
+    assert "_chunked_" not in delta_rule.OP.select(*op_args("gated_delta", [x[:, :100] for x in inputs], state, 0.25))
+    assert "_chunked_" not in delta_rule.OP.select(*op_args("gated_delta", [x.float() for x in inputs], state, 0.25))
+    rwkv = rwkv7_inputs(B, T, H, K, V, dtype)
+    assert "_chunked_" not in delta_rule.OP.select(*op_args("rwkv7", rwkv, state, 0.25))
+    ref_o, ref_s = reference.gated_delta_rule(q, k, v, gate, beta, state=state, scale=0.25)
+    poison(B * T * H * V + B * H * K * V)
+    o, s = attngen.gated_delta_rule(q, k, v, gate, beta, state=state, scale=0.25)
+    assert rel_err(o, ref_o) <= TOL[dtype] and rel_err(s, ref_s) <= TOL[dtype]
+    got = checkpoints_of("gated_delta", inputs, state, 0.25)
+    recurrent = next(n for n in delta_rule.instances() if "_recurrent_k128_" in n and "gated_delta" in n
+                     and n.endswith(f"_{'bf16' if dtype == torch.bfloat16 else 'fp16'}_sm90a"))
+    want = torch.full_like(got, float("nan"))
+    delta_rule.delta_rule_with(recurrent, *op_args("gated_delta", inputs, state, 0.25, checkpoints=want))
+    assert rel_err(got, want) <= TOL[dtype]
 
 
 def test_gated_delta_l2norm_and_chunked_state_handoff():
