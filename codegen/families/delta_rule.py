@@ -103,7 +103,7 @@ def _chunked_bank(k: int, cols: int, swizzle_k: int, swizzle_c: int, swizzle_m: 
                             "o_row_read": "col_row_read"},
                            ("ring", "state", "exchange"))
                 + _renamed(shared_tiles.bank_accesses(CHUNKED_STEPS, threads, make(CHUNKED_STEPS, swizzle_m)),
-                           {"ldmatrix": "mix_ldmatrix", "cp_async_fill": "mix_fill"}, ("ring",)))
+                           {"ldmatrix": "mix_ldmatrix", "cp_async_fill": "mix_fill"}, ("ring", "prep_m")))
 
     a_pitch = CHUNKED_STEPS + 4
     scalars = [
@@ -112,6 +112,7 @@ def _chunked_bank(k: int, cols: int, swizzle_k: int, swizzle_c: int, swizzle_m: 
         banks.broadcast("gc_broadcast", 4, ("ring",)),
         banks.Access("gc_column_read", 4, lambda lane, _pad: (lane % 4) * 8, ("ring",)),
         banks.contiguous("prep_scalar_write", 4, ("prep_scalars",)),
+        banks.contiguous("prep_m_write", 2, ("prep_m",)),
         banks.broadcast("prep_scalar_read", 4, ("prep_scalars",)),
         banks.contiguous("prep_scalar_column", 4, ("prep_scalars",)),
         banks.Access("prep_row_read", 4, lambda lane, _pad: (lane // 4) * 4, ("prep_scalars",)),
@@ -156,9 +157,11 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
     pitch_k, pitch_c = shared_tiles.pitch(k, swizzle_k), shared_tiles.pitch(cols, swizzle_c)
     steps = CHUNKED_STEPS
     pitch_m = shared_tiles.pitch(CHUNKED_STEPS, swizzle_m)
-    stage = 2 * steps * (2 * pitch_k + pitch_c + pitch_m) + 4 * steps
+    # A stage: q, k, v, M and W in 16 bits, gc in fp32; then the state tile and three exchange
+    # tiles. The first kernel: k, q and M, A in fp32, three rows of scalars.
+    stage = 2 * steps * (2 * pitch_k + pitch_c + 2 * pitch_m) + 4 * steps
     smem = stages * stage + 2 * (k * pitch_c + 3 * steps * pitch_c)
-    prep_smem = 2 * steps * pitch_k + 4 * steps * (steps + 4) + 3 * 4 * steps
+    prep_smem = 2 * steps * (2 * pitch_k + pitch_m) + 4 * steps * (steps + 4) + 3 * 4 * steps
     threads = 32 * warps
     if smem > arch.max_smem_per_block:
         raise Rejected("stages", f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")

@@ -86,50 +86,22 @@ cudaError_t launch_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm
 size_t workspace_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm90a(const Params&);
 cudaError_t launch_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages1_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages2_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages1_fp16_sm90a(const Params&);
 cudaError_t launch_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages1_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages2_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages1_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages2_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages1_fp16_sm90a(const Params&);
 cudaError_t launch_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_fp16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages1_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages2_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages1_bf16_sm90a(const Params&);
 cudaError_t launch_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages1_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages2_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages1_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages2_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages1_bf16_sm90a(const Params&);
 cudaError_t launch_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a(const Params&);
 
 namespace {
 
@@ -170,27 +142,13 @@ bool covers_33(const Key& key) { return (key.K <= 32); }
 bool covers_34(const Key& key) { return (key.K <= 64); }
 bool covers_35(const Key& key) { return (key.K <= 128); }
 bool covers_36(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
-bool covers_37(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
+bool covers_37(const Key& key) { return ((key.K <= 128) && ((key.align % 8) == 0)); }
 bool covers_38(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
-bool covers_39(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
+bool covers_39(const Key& key) { return ((key.K <= 128) && ((key.align % 8) == 0)); }
 bool covers_40(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
-bool covers_41(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
-bool covers_42(const Key& key) { return ((key.K <= 128) && ((key.align % 8) == 0)); }
+bool covers_41(const Key& key) { return ((key.K <= 128) && ((key.align % 8) == 0)); }
+bool covers_42(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
 bool covers_43(const Key& key) { return ((key.K <= 128) && ((key.align % 8) == 0)); }
-bool covers_44(const Key& key) { return ((key.K <= 128) && ((key.align % 8) == 0)); }
-bool covers_45(const Key& key) { return ((key.K <= 128) && ((key.align % 8) == 0)); }
-bool covers_46(const Key& key) { return ((key.K <= 128) && ((key.align % 8) == 0)); }
-bool covers_47(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
-bool covers_48(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
-bool covers_49(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
-bool covers_50(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
-bool covers_51(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
-bool covers_52(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
-bool covers_53(const Key& key) { return ((key.K <= 128) && ((key.align % 8) == 0)); }
-bool covers_54(const Key& key) { return ((key.K <= 128) && ((key.align % 8) == 0)); }
-bool covers_55(const Key& key) { return ((key.K <= 128) && ((key.align % 8) == 0)); }
-bool covers_56(const Key& key) { return ((key.K <= 128) && ((key.align % 8) == 0)); }
-bool covers_57(const Key& key) { return ((key.K <= 128) && ((key.align % 8) == 0)); }
 
 const Entry kEntries[] = {
     {"delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a, covers_0, workspace_delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a},
@@ -229,28 +187,14 @@ const Entry kEntries[] = {
     {"delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_bf16_sm90a, covers_33, workspace_delta_rule_gated_delta_narrow_k32_cols32_tph2_chunk16_bf16_sm90a},
     {"delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm90a, covers_34, workspace_delta_rule_gated_delta_narrow_k64_cols32_tph4_chunk16_bf16_sm90a},
     {"delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a, covers_35, workspace_delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a},
-    {"delta_rule_gated_delta_chunked_k64_cols64_warps4_stages1_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages1_fp16_sm90a, covers_36, workspace_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages1_fp16_sm90a},
-    {"delta_rule_gated_delta_chunked_k64_cols64_warps4_stages2_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages2_fp16_sm90a, covers_37, workspace_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages2_fp16_sm90a},
-    {"delta_rule_gated_delta_chunked_k64_cols64_warps8_stages1_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages1_fp16_sm90a, covers_38, workspace_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages1_fp16_sm90a},
-    {"delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_fp16_sm90a, covers_39, workspace_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_fp16_sm90a},
-    {"delta_rule_gated_delta_chunked_k64_cols128_warps8_stages1_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages1_fp16_sm90a, covers_40, workspace_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages1_fp16_sm90a},
-    {"delta_rule_gated_delta_chunked_k64_cols128_warps8_stages2_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages2_fp16_sm90a, covers_41, workspace_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages2_fp16_sm90a},
-    {"delta_rule_gated_delta_chunked_k128_cols64_warps4_stages1_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages1_fp16_sm90a, covers_42, workspace_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages1_fp16_sm90a},
-    {"delta_rule_gated_delta_chunked_k128_cols64_warps4_stages2_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages2_fp16_sm90a, covers_43, workspace_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages2_fp16_sm90a},
-    {"delta_rule_gated_delta_chunked_k128_cols64_warps8_stages1_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages1_fp16_sm90a, covers_44, workspace_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages1_fp16_sm90a},
-    {"delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_fp16_sm90a, covers_45, workspace_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_fp16_sm90a},
-    {"delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_fp16_sm90a, covers_46, workspace_delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_fp16_sm90a},
-    {"delta_rule_gated_delta_chunked_k64_cols64_warps4_stages1_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages1_bf16_sm90a, covers_47, workspace_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages1_bf16_sm90a},
-    {"delta_rule_gated_delta_chunked_k64_cols64_warps4_stages2_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages2_bf16_sm90a, covers_48, workspace_delta_rule_gated_delta_chunked_k64_cols64_warps4_stages2_bf16_sm90a},
-    {"delta_rule_gated_delta_chunked_k64_cols64_warps8_stages1_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages1_bf16_sm90a, covers_49, workspace_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages1_bf16_sm90a},
-    {"delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_bf16_sm90a, covers_50, workspace_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_bf16_sm90a},
-    {"delta_rule_gated_delta_chunked_k64_cols128_warps8_stages1_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages1_bf16_sm90a, covers_51, workspace_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages1_bf16_sm90a},
-    {"delta_rule_gated_delta_chunked_k64_cols128_warps8_stages2_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages2_bf16_sm90a, covers_52, workspace_delta_rule_gated_delta_chunked_k64_cols128_warps8_stages2_bf16_sm90a},
-    {"delta_rule_gated_delta_chunked_k128_cols64_warps4_stages1_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages1_bf16_sm90a, covers_53, workspace_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages1_bf16_sm90a},
-    {"delta_rule_gated_delta_chunked_k128_cols64_warps4_stages2_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages2_bf16_sm90a, covers_54, workspace_delta_rule_gated_delta_chunked_k128_cols64_warps4_stages2_bf16_sm90a},
-    {"delta_rule_gated_delta_chunked_k128_cols64_warps8_stages1_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages1_bf16_sm90a, covers_55, workspace_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages1_bf16_sm90a},
-    {"delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_bf16_sm90a, covers_56, workspace_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_bf16_sm90a},
-    {"delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_bf16_sm90a, covers_57, workspace_delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_bf16_sm90a},
+    {"delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_fp16_sm90a, covers_36, workspace_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_fp16_sm90a},
+    {"delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_fp16_sm90a, covers_37, workspace_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_fp16_sm90a},
+    {"delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_bf16_sm90a, covers_38, workspace_delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_bf16_sm90a},
+    {"delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_bf16_sm90a, covers_39, workspace_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_bf16_sm90a},
+    {"delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_fp16_sm90a, covers_40, workspace_delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_fp16_sm90a},
+    {"delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_fp16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_fp16_sm90a, covers_41, workspace_delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_fp16_sm90a},
+    {"delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_bf16_sm90a, covers_42, workspace_delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_bf16_sm90a},
+    {"delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a, covers_43, workspace_delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a},
 };
 constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
 
@@ -324,36 +268,29 @@ const Entry* jit_select(const Key& key) {
 }
 
 const Entry* delta_rule_select(const Key& key) {
-  // specs/delta_rule.yaml:125: when T >= 256 -> chunked
-  if ((key.T >= 256)) {
+  // specs/delta_rule.yaml:165: when T >= 256 and BH * V >= 112 * sm_count -> chunked_wide
+  if (((key.T >= 256) && ((key.BH * key.V) >= (112 * key.sm_count)))) {
     if (key.dtype == DType::kFP16 && key.variant == 1) {
-      if (kEntries[36].covers(key)) return row(36);  // delta_rule_gated_delta_chunked_k64_cols64_warps4_stages1_fp16_sm90a
-      if (kEntries[38].covers(key)) return row(38);  // delta_rule_gated_delta_chunked_k64_cols64_warps8_stages1_fp16_sm90a
-      if (kEntries[37].covers(key)) return row(37);  // delta_rule_gated_delta_chunked_k64_cols64_warps4_stages2_fp16_sm90a
-      if (kEntries[39].covers(key)) return row(39);  // delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_fp16_sm90a
-      if (kEntries[40].covers(key)) return row(40);  // delta_rule_gated_delta_chunked_k64_cols128_warps8_stages1_fp16_sm90a
-      if (kEntries[41].covers(key)) return row(41);  // delta_rule_gated_delta_chunked_k64_cols128_warps8_stages2_fp16_sm90a
-      if (kEntries[42].covers(key)) return row(42);  // delta_rule_gated_delta_chunked_k128_cols64_warps4_stages1_fp16_sm90a
-      if (kEntries[44].covers(key)) return row(44);  // delta_rule_gated_delta_chunked_k128_cols64_warps8_stages1_fp16_sm90a
-      if (kEntries[43].covers(key)) return row(43);  // delta_rule_gated_delta_chunked_k128_cols64_warps4_stages2_fp16_sm90a
-      if (kEntries[45].covers(key)) return row(45);  // delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_fp16_sm90a
-      if (kEntries[46].covers(key)) return row(46);  // delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_fp16_sm90a
+      if (kEntries[40].covers(key)) return row(40);  // delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_fp16_sm90a
+      if (kEntries[41].covers(key)) return row(41);  // delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.variant == 1) {
-      if (kEntries[47].covers(key)) return row(47);  // delta_rule_gated_delta_chunked_k64_cols64_warps4_stages1_bf16_sm90a
-      if (kEntries[49].covers(key)) return row(49);  // delta_rule_gated_delta_chunked_k64_cols64_warps8_stages1_bf16_sm90a
-      if (kEntries[48].covers(key)) return row(48);  // delta_rule_gated_delta_chunked_k64_cols64_warps4_stages2_bf16_sm90a
-      if (kEntries[50].covers(key)) return row(50);  // delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_bf16_sm90a
-      if (kEntries[51].covers(key)) return row(51);  // delta_rule_gated_delta_chunked_k64_cols128_warps8_stages1_bf16_sm90a
-      if (kEntries[52].covers(key)) return row(52);  // delta_rule_gated_delta_chunked_k64_cols128_warps8_stages2_bf16_sm90a
-      if (kEntries[53].covers(key)) return row(53);  // delta_rule_gated_delta_chunked_k128_cols64_warps4_stages1_bf16_sm90a
-      if (kEntries[55].covers(key)) return row(55);  // delta_rule_gated_delta_chunked_k128_cols64_warps8_stages1_bf16_sm90a
-      if (kEntries[54].covers(key)) return row(54);  // delta_rule_gated_delta_chunked_k128_cols64_warps4_stages2_bf16_sm90a
-      if (kEntries[56].covers(key)) return row(56);  // delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_bf16_sm90a
-      if (kEntries[57].covers(key)) return row(57);  // delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_bf16_sm90a
+      if (kEntries[42].covers(key)) return row(42);  // delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_bf16_sm90a
+      if (kEntries[43].covers(key)) return row(43);  // delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a
     }
   }
-  // specs/delta_rule.yaml:127: when BH * V < 64 * sm_count -> narrow
+  // specs/delta_rule.yaml:167: when T >= 256 -> chunked
+  if ((key.T >= 256)) {
+    if (key.dtype == DType::kFP16 && key.variant == 1) {
+      if (kEntries[36].covers(key)) return row(36);  // delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_fp16_sm90a
+      if (kEntries[37].covers(key)) return row(37);  // delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_fp16_sm90a
+    }
+    if (key.dtype == DType::kBF16 && key.variant == 1) {
+      if (kEntries[38].covers(key)) return row(38);  // delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_bf16_sm90a
+      if (kEntries[39].covers(key)) return row(39);  // delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_bf16_sm90a
+    }
+  }
+  // specs/delta_rule.yaml:169: when BH * V < 64 * sm_count -> narrow
   if (((key.BH * key.V) < (64 * key.sm_count))) {
     if (key.dtype == DType::kFP32 && key.variant == 0) {
       if (kEntries[18].covers(key)) return row(18);  // delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp32_sm90a
@@ -386,7 +323,7 @@ const Entry* delta_rule_select(const Key& key) {
       if (kEntries[35].covers(key)) return row(35);  // delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a
     }
   }
-  // specs/delta_rule.yaml:129: when True -> recurrent
+  // specs/delta_rule.yaml:171: when True -> recurrent
   if (true) {
     if (key.dtype == DType::kFP32 && key.variant == 0) {
       if (kEntries[0].covers(key)) return row(0);  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a

@@ -58,7 +58,7 @@ def instance_shapes(kind: str, kb: int) -> tuple:
     (zero-filled keys), V not a multiple of the CTA's columns, T across chunk boundaries. The
     chunked kind covers rows of whole 16-byte pieces (K and V multiples of 8), and walks
     several 64-step chunks with a partial last one."""
-    if kind == "chunked":
+    if kind.startswith("chunked"):
         return ((1, kb, kb, "mixed"), (65, kb - 8, 40, "near1"), (130, kb, 2 * kb + 8, "near0"), (300, kb, kb, "mixed"))
     return ((1, kb, kb, "mixed"), (65, kb - 4, 33, "near1"), (130, kb, 2 * kb + 8, "near0"))
 
