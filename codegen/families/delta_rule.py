@@ -110,7 +110,6 @@ def _chunked_bank(k: int, cols: int, swizzle_k: int, swizzle_c: int, swizzle_m: 
         banks.contiguous("gc_fill", 16, ("ring",)),
         banks.Access("gc_row_read", 4, lambda lane, _pad: (lane // 4) * 4, ("ring",)),
         banks.broadcast("gc_broadcast", 4, ("ring",)),
-        banks.Access("gc_column_read", 4, lambda lane, _pad: (lane % 4) * 8, ("ring",)),
         banks.contiguous("prep_scalar_write", 4, ("prep_scalars",)),
         banks.contiguous("prep_m_write", 2, ("prep_m",)),
         banks.broadcast("prep_scalar_read", 4, ("prep_scalars",)),
@@ -118,7 +117,17 @@ def _chunked_bank(k: int, cols: int, swizzle_k: int, swizzle_c: int, swizzle_m: 
         banks.Access("prep_row_read", 4, lambda lane, _pad: (lane // 4) * 4, ("prep_scalars",)),
         banks.Access("prep_column_read", 4, lambda lane, _pad: (lane % 4) * 8, ("prep_scalars",)),
         banks.Access("prep_a_write", 8, lambda lane, _pad: ((lane // 4) * a_pitch + 2 * (lane % 4)) * 4, ("prep_a",)),
-        banks.broadcast("prep_a_read", 16, ("prep_a",)),
+        # The blocked inverse: a half-warp per 16 x 16 block (its rows read as float4, its
+        # columns by consecutive lanes), E and T written in the same order.
+        banks.Access("prep_a_read", 16, lambda lane, _pad: 16 * (lane // 16) * (a_pitch + 1) * 4, ("prep_a",)),
+        banks.Access("prep_t_write", 4, lambda lane, _pad: (16 * (lane // 16) * (a_pitch + 1) + lane % 16) * 4,
+                     ("prep_keys",)),
+        banks.Access("prep_block_row_read", 16, lambda lane, _pad: (lane // 16) * a_pitch * 4, ("prep_a", "prep_keys")),
+        banks.Access("prep_block_column_read", 4, lambda lane, _pad: (lane % 16) * 4, ("prep_keys",)),
+        banks.Access("prep_block_write", 4, lambda lane, _pad: ((lane // 16) * a_pitch + lane % 16) * 4, ("prep_keys",)),
+        banks.contiguous("prep_e_write", 4, ("prep_scalars",)),
+        banks.Access("prep_e_read", 4, lambda lane, _pad: (lane % 16) * 4, ("prep_scalars",)),
+        banks.contiguous("prep_t_read", 4, ("prep_keys",)),
     ]
     return banks.model(tile_accesses(shared_tiles.layout) + scalars,
                        unpadded=tile_accesses(lambda d, _swizzle: shared_tiles.plain_layout(d)) + scalars)
@@ -158,10 +167,11 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
     steps = CHUNKED_STEPS
     pitch_m = shared_tiles.pitch(CHUNKED_STEPS, swizzle_m)
     # A stage: q, k, v, M and W in 16 bits, gc in fp32; then the state tile and three exchange
-    # tiles. The first kernel: k, q and M, A in fp32, three rows of scalars.
+    # tiles. The first kernel: k, q (then T in fp32 over them) and M, A in fp32, beta, gc and
+    # three 16 x 16 blocks of E in fp32.
     stage = 2 * steps * (2 * pitch_k + pitch_c + 2 * pitch_m) + 4 * steps
     smem = stages * stage + 2 * (k * pitch_c + 3 * steps * pitch_c)
-    prep_smem = 2 * steps * (2 * pitch_k + pitch_m) + 4 * steps * (steps + 4) + 3 * 4 * steps
+    prep_smem = 2 * steps * (2 * pitch_k + pitch_m) + 4 * steps * (steps + 4) + 4 * (2 * steps + 3 * 256)
     threads = 32 * warps
     if smem > arch.max_smem_per_block:
         raise Rejected("stages", f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")

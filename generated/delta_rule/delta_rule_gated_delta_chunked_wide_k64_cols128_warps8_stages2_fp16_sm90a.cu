@@ -2,10 +2,10 @@
 // or templates/delta_rule/chunked.cu.j2 and run `make gen`.
 // Instance delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_fp16_sm90a
 //   kind chunked_wide: the chunked kind with 128 value columns per CTA (8 warps), for when B*H*V/128 CTAs fill the GPU
-//   prepare: 128 threads per chunk, 45824 bytes of shared memory
+//   prepare: 128 threads per chunk, 48640 bytes of shared memory
 //   chunks: 256 threads (8 warps), 128 value columns per CTA, 2 stage(s)
 //   of inputs, 178688 bytes of shared memory, 1 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): key_ldmatrix 1, row_fill 1, col_ldmatrix 1, col_fragment 1, col_row_read 1, mix_ldmatrix 1, mix_fill 1, gc_fill 1, gc_row_read 1, gc_broadcast 1, gc_column_read 1, prep_scalar_write 1, prep_m_write 1, prep_scalar_read 1, prep_scalar_column 1, prep_row_read 1, prep_column_read 1, prep_a_write 1, prep_a_read 1
+//   bank conflicts (ways, from the bank pass): key_ldmatrix 1, row_fill 1, col_ldmatrix 1, col_fragment 1, col_row_read 1, mix_ldmatrix 1, mix_fill 1, gc_fill 1, gc_row_read 1, gc_broadcast 1, prep_scalar_write 1, prep_m_write 1, prep_scalar_read 1, prep_scalar_column 1, prep_row_read 1, prep_column_read 1, prep_a_write 1, prep_a_read 1, prep_t_write 1, prep_block_row_read 1, prep_block_column_read 1, prep_block_write 2, prep_e_write 1, prep_e_read 1, prep_t_read 1
 //
 // Gated DeltaNet in chunks of C = 64 steps on tensor cores (mma.sync m16n8k16, fp32 accumulation).
 // With S the state [key, value] before a chunk, gc_t the chunk's cumulative log decay up to step t
@@ -86,6 +86,7 @@ __device__ __forceinline__ void load_rows(T* tile, const T* src, int64_t stride,
 
 constexpr int PREP_THREADS = 128;
 constexpr int APITCH = CHUNK + 4;  // floats between rows of A (16-byte aligned rows)
+static_assert(CHUNK * APITCH * 4 <= 2 * KeyTile::BYTES, "T in fp32 fits over the k and q tiles");
 static_assert(PREP_THREADS == 32 * ROW_WARPS && PREP_THREADS >= CHUNK, "a warp per 16 steps; a thread per column");
 
 __global__ void __launch_bounds__(PREP_THREADS) prepare_kernel(const Params p) {
@@ -94,9 +95,10 @@ __global__ void __launch_bounds__(PREP_THREADS) prepare_kernel(const Params p) {
   T* queries = keys + KeyTile::ELEMS;
   T* m_tile = queries + KeyTile::ELEMS;                                       // M; smem buffer: prep_m
   float* a_mat = reinterpret_cast<float*>(m_tile + MixTile::ELEMS);           // [CHUNK][APITCH]; smem buffer: prep_a
-  float* gate = a_mat + CHUNK * APITCH;                                       // g, then beta, then gc; smem buffer: prep_scalars
-  float* beta = gate + CHUNK;
+  float* beta = a_mat + CHUNK * APITCH;                                       // beta, gc, E; smem buffer: prep_scalars
   float* gc = beta + CHUNK;
+  float* e_buf = gc + CHUNK;                                                  // [3][16][16] blocks of E (below)
+  float* t_mat = reinterpret_cast<float*>(keys);  // (I + A)^-1 in fp32 [CHUNK][APITCH], over k and q once read
 
   const int64_t chunks = (p.T + CHUNK - 1) / CHUNK;
   const int64_t chunk = blockIdx.x % chunks, bh = blockIdx.x / chunks, b = bh / p.H, h = bh % p.H;
@@ -108,18 +110,27 @@ __global__ void __launch_bounds__(PREP_THREADS) prepare_kernel(const Params p) {
   load_rows<KeyTile, KB, PREP_THREADS>(queries, static_cast<const T*>(p.q) + b * p.q_sb + t0 * p.q_st + h * p.q_sh,
                                        p.q_st, rows, static_cast<int>(p.K));
   cp_async_commit();
+  // gc: an inclusive scan of g over each warp's 32 steps by shuffles, then warp 1 adds warp 0's total.
+  float gate = 0.f;
   if (tid < CHUNK) {
     const bool valid = tid < rows;  // steps past the end: no decay, no correction
-    gate[tid] = valid ? static_cast<const float*>(p.w)[b * p.w_sb + (t0 + tid) * p.w_st + h * p.w_sh] : 0.f;  // smem: prep_scalar_write
+    gate = valid ? static_cast<const float*>(p.w)[b * p.w_sb + (t0 + tid) * p.w_st + h * p.w_sh] : 0.f;
     beta[tid] = valid ? static_cast<const float*>(p.a)[b * p.a_sb + (t0 + tid) * p.a_st + h * p.a_sh] : 0.f;  // smem: prep_scalar_write
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const float before = __shfl_up_sync(0xffffffffu, gate, d);
+      if (lane >= d) gate += before;
+    }
+    if (tid < 32) gc[tid] = gate;  // smem: prep_scalar_write
   }
   __syncthreads();
   unsigned char* record = chunk_record(p, bh, chunk);
   if (tid < CHUNK) {
-    float sum = 0.f;
-    for (int i = 0; i <= tid; ++i) sum += gate[i];  // smem: prep_scalar_read
-    gc[tid] = sum;                                  // smem: prep_scalar_write
-    reinterpret_cast<float*>(record + 2 * MATRIX_BYTES)[tid] = sum;
+    if (tid >= 32) {
+      gate += gc[31];  // smem: prep_scalar_read
+      gc[tid] = gate;  // smem: prep_scalar_write
+    }
+    reinterpret_cast<float*>(record + 2 * MATRIX_BYTES)[tid] = gate;
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -167,32 +178,72 @@ __global__ void __launch_bounds__(PREP_THREADS) prepare_kernel(const Params p) {
   }
   __syncthreads();
 
-  // Column j of (I + A)^-1 by forward substitution: x_t = [t == j] - sum_{i < t} A[t, i] x_i
-  // (A is strictly lower: x_t = 0 above j). Every thread reads the same A row: a broadcast. Two
-  // partial sums halve the chain of dependent FMAs.
+  // (I + A)^-1 = T by 16 x 16 blocks, in fp32 (A is strictly lower, so T is lower with a unit
+  // diagonal). The diagonal blocks D_i^-1 first, by forward substitution, a thread per column:
+  // x_r = [r == c] - sum_{s < r} A[r, s] x_s, a chain of 16 rows where a whole column would be 64.
   if (tid < CHUNK) {
-    const int j = tid;
-    float x[CHUNK];
+    const int base = 16 * (tid / 16), c = tid % 16;
+    float x[16];
 #pragma unroll
-    for (int t = 0; t < CHUNK; ++t) x[t] = 0.f;
-#pragma unroll
-    for (int t = 0; t < CHUNK; ++t) {
+    for (int r = 0; r < 16; ++r) {
       float even = 0.f, odd = 0.f;
 #pragma unroll
-      for (int i = 0; i < t; i += 4) {
-        const float4 row = *reinterpret_cast<const float4*>(a_mat + t * APITCH + i);  // smem: prep_a_read
-        even = fmaf(row.x, x[i], even);
-        if (i + 1 < t) odd = fmaf(row.y, x[i + 1], odd);
-        if (i + 2 < t) even = fmaf(row.z, x[i + 2], even);
-        if (i + 3 < t) odd = fmaf(row.w, x[i + 3], odd);
+      for (int s4 = 0; s4 < r; s4 += 4) {
+        const float4 a = *reinterpret_cast<const float4*>(a_mat + (base + r) * APITCH + base + s4);  // smem: prep_a_read
+        even = fmaf(a.x, x[s4], even);
+        if (s4 + 1 < r) odd = fmaf(a.y, x[s4 + 1], odd);
+        if (s4 + 2 < r) even = fmaf(a.z, x[s4 + 2], even);
+        if (s4 + 3 < r) odd = fmaf(a.w, x[s4 + 3], odd);
       }
-      x[t] = t < j ? 0.f : (t == j ? 1.f : -(even + odd));
+      x[r] = r < c ? 0.f : (r == c ? 1.f : -(even + odd));
+      t_mat[(base + r) * APITCH + base + c] = x[r];  // smem: prep_t_write
     }
+  }
+  __syncthreads();
+  // Then the blocks below, one diagonal at a time (level L: blocks (j + L, j)):
+  //   T_ij = -D_i^-1 E_ij,  E_ij = sum_{k = j}^{i - 1} A_ik T_kj
+  // every output a 16-term dot product per block of the sum (4 x 16 x 16 x 16 FMAs at most).
+#pragma unroll
+  for (int level = 1; level < CHUNK / 16; ++level) {
+    const int blocks = CHUNK / 16 - level;
+    for (int o = tid; o < blocks * 256; o += PREP_THREADS) {
+      const int j = o / 256, i = j + level, r = o / 16 % 16, c = o % 16;
+      float sum = 0.f;
+      for (int k = j; k < i; ++k) {
+#pragma unroll
+        for (int s4 = 0; s4 < 16; s4 += 4) {
+          const float4 a = *reinterpret_cast<const float4*>(a_mat + (16 * i + r) * APITCH + 16 * k + s4);  // smem: prep_block_row_read
+          sum = fmaf(a.x, t_mat[(16 * k + s4) * APITCH + 16 * j + c], sum);          // smem: prep_block_column_read
+          sum = fmaf(a.y, t_mat[(16 * k + s4 + 1) * APITCH + 16 * j + c], sum);      // smem: prep_block_column_read
+          sum = fmaf(a.z, t_mat[(16 * k + s4 + 2) * APITCH + 16 * j + c], sum);      // smem: prep_block_column_read
+          sum = fmaf(a.w, t_mat[(16 * k + s4 + 3) * APITCH + 16 * j + c], sum);      // smem: prep_block_column_read
+        }
+      }
+      e_buf[o] = sum;  // smem: prep_e_write
+    }
+    __syncthreads();
+    for (int o = tid; o < blocks * 256; o += PREP_THREADS) {
+      const int j = o / 256, i = j + level, r = o / 16 % 16, c = o % 16;
+      float sum = 0.f;
+#pragma unroll
+      for (int s4 = 0; s4 < 16; s4 += 4) {
+        const float4 d = *reinterpret_cast<const float4*>(t_mat + (16 * i + r) * APITCH + 16 * i + s4);  // smem: prep_block_row_read
+        sum = fmaf(d.x, e_buf[j * 256 + s4 * 16 + c], sum);         // smem: prep_e_read
+        sum = fmaf(d.y, e_buf[j * 256 + (s4 + 1) * 16 + c], sum);   // smem: prep_e_read
+        sum = fmaf(d.z, e_buf[j * 256 + (s4 + 2) * 16 + c], sum);   // smem: prep_e_read
+        sum = fmaf(d.w, e_buf[j * 256 + (s4 + 3) * 16 + c], sum);   // smem: prep_e_read
+      }
+      t_mat[(16 * i + r) * APITCH + 16 * j + c] = -sum;  // smem: prep_block_write
+    }
+    __syncthreads();
+  }
+  // M = T diag(beta) in T (zero above the diagonal), into the record and the M tile.
+  {
+    const int j = tid % CHUNK;
     const float beta_j = beta[j];  // smem: prep_scalar_column
     T* m = reinterpret_cast<T*>(record);
-#pragma unroll
-    for (int t = 0; t < CHUNK; ++t) {
-      const T value = from_float<T>(x[t] * beta_j);
+    for (int t = tid / CHUNK; t < CHUNK; t += PREP_THREADS / CHUNK) {
+      const T value = from_float<T>(t >= j ? t_mat[t * APITCH + j] * beta_j : 0.f);  // smem: prep_t_read
       m[t * CHUNK + j] = value;
       m_tile[MixTile::offset(t, j)] = value;  // smem: prep_m_write
     }
@@ -483,7 +534,7 @@ size_t workspace_delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_
 }
 
 cudaError_t launch_delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_fp16_sm90a(const Params& p, cudaStream_t stream) {
-  constexpr size_t prep_smem = 45824, smem = 178688;
+  constexpr size_t prep_smem = 48640, smem = 178688;
   const dim3 prep_grid(static_cast<unsigned>((p.T + CHUNK - 1) / CHUNK * p.B * p.H));
   if (const cudaError_t err = allow_dynamic_smem(prepare_kernel, prep_smem); err != cudaSuccess) return err;
   prepare_kernel<<<prep_grid, PREP_THREADS, prep_smem, stream>>>(p);
