@@ -103,7 +103,8 @@ def _chunked_bank(k: int, cols: int, swizzle_k: int, swizzle_c: int, swizzle_m: 
                             "o_row_read": "col_row_read"},
                            ("ring", "state", "exchange"))
                 + _renamed(shared_tiles.bank_accesses(CHUNKED_STEPS, threads, make(CHUNKED_STEPS, swizzle_m)),
-                           {"ldmatrix": "mix_ldmatrix", "cp_async_fill": "mix_fill"}, ("ring", "prep_m")))
+                           {"ldmatrix": "mix_ldmatrix", "cp_async_fill": "mix_fill", "o_fragment_write": "prep_w_write",
+                            "o_row_read": "mix_row_read"}, ("ring", "prep_m", "prep_a")))
 
     a_pitch = CHUNKED_STEPS + 4
     scalars = [
@@ -171,7 +172,12 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
     # three 16 x 16 blocks of E in fp32.
     stage = 2 * steps * (2 * pitch_k + pitch_c + 2 * pitch_m) + 4 * steps
     smem = stages * stage + 2 * (k * pitch_c + 3 * steps * pitch_c)
-    prep_smem = 2 * steps * (2 * pitch_k + pitch_m) + 4 * steps * (steps + 4) + 4 * (2 * steps + 3 * 256)
+    a_bytes = 4 * steps * (steps + 4)
+    a_over_tiles = 2 * 2 * steps * pitch_k >= 2 * a_bytes  # T and A both fit over the k and q tiles
+    prep_smem = 2 * steps * (2 * pitch_k + pitch_m) + (0 if a_over_tiles else a_bytes) + 4 * (2 * steps + 3 * 256)
+    prep_regs = 128  # ptxas: 107-110 (the kernel is held to 65536 / (PREP_THREADS * its CTAs per SM))
+    prep_ctas_per_sm = min(arch.smem_per_sm // (prep_smem + arch.smem_reserved_per_cta),
+                           arch.regs_per_sm // (PREP_THREADS * prep_regs), 8)
     threads = 32 * warps
     if smem > arch.max_smem_per_block:
         raise Rejected("stages", f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")
@@ -185,6 +191,7 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
         "warps_m": warps_m, "warps_n": warps_n, "ctas_per_sm": ctas_per_sm, "regs_estimate": regs,
         "swizzle_k": "true" if swizzle_k else "false", "swizzle_c": "true" if swizzle_c else "false",
         "swizzle_m": "true" if swizzle_m else "false",
+        "a_over_tiles": "true" if a_over_tiles else "false", "prep_ctas_per_sm": prep_ctas_per_sm,
         "bank": bank, "threads_param": "warps", "smem_param": "stages",
     })
 

@@ -2,10 +2,10 @@
 // or templates/delta_rule/chunked.cu.j2 and run `make gen`.
 // Instance delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_bf16_sm90a
 //   kind chunked: Gated DeltaNet in chunks of 64 steps on tensor cores (mma.sync m16n8k16, fp32 accumulation): a kernel solves every chunk's triangular system, then one CTA per (b, h, 64 value columns) walks the chunks, its state slice fp32 in registers
-//   prepare: 128 threads per chunk, 65024 bytes of shared memory
+//   prepare: 128 threads per chunk, 47616 bytes of shared memory
 //   chunks: 256 threads (8 warps), 64 value columns per CTA, 2 stage(s)
 //   of inputs, 171520 bytes of shared memory, 1 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): key_ldmatrix 1, row_fill 1, col_ldmatrix 1, col_fragment 1, col_row_read 1, mix_ldmatrix 1, mix_fill 1, gc_fill 1, gc_row_read 1, gc_broadcast 1, prep_scalar_write 1, prep_m_write 1, prep_scalar_read 1, prep_scalar_column 1, prep_row_read 1, prep_column_read 1, prep_a_write 1, prep_a_read 1, prep_t_write 1, prep_block_row_read 1, prep_block_column_read 1, prep_block_write 2, prep_e_write 1, prep_e_read 1, prep_t_read 1
+//   bank conflicts (ways, from the bank pass): key_ldmatrix 1, row_fill 1, col_ldmatrix 1, col_fragment 1, col_row_read 1, mix_ldmatrix 1, mix_fill 1, prep_w_write 1, mix_row_read 1, gc_fill 1, gc_row_read 1, gc_broadcast 1, prep_scalar_write 1, prep_m_write 1, prep_scalar_read 1, prep_scalar_column 1, prep_row_read 1, prep_column_read 1, prep_a_write 1, prep_a_read 1, prep_t_write 1, prep_block_row_read 1, prep_block_column_read 1, prep_block_write 2, prep_e_write 1, prep_e_read 1, prep_t_read 1
 //
 // Gated DeltaNet in chunks of C = 64 steps on tensor cores (mma.sync m16n8k16, fp32 accumulation).
 // With S the state [key, value] before a chunk, gc_t the chunk's cumulative log decay up to step t
@@ -86,19 +86,33 @@ __device__ __forceinline__ void load_rows(T* tile, const T* src, int64_t stride,
 
 constexpr int PREP_THREADS = 128;
 constexpr int APITCH = CHUNK + 4;  // floats between rows of A (16-byte aligned rows)
-static_assert(CHUNK * APITCH * 4 <= 2 * KeyTile::BYTES, "T in fp32 fits over the k and q tiles");
+constexpr bool A_OVER_TILES = true;
+static_assert((A_OVER_TILES ? 2 : 1) * CHUNK * APITCH * 4 <= 2 * KeyTile::BYTES, "T (and A) in fp32 fit over the k and q tiles");
+static_assert(MixTile::BYTES <= CHUNK * APITCH * 4, "W fits over A");
 static_assert(PREP_THREADS == 32 * ROW_WARPS && PREP_THREADS >= CHUNK, "a warp per 16 steps; a thread per column");
 
-__global__ void __launch_bounds__(PREP_THREADS) prepare_kernel(const Params p) {
+// A [CHUNK][CHUNK] tile in T to a record's matrix, row-major, in 16-byte pieces.
+__device__ __forceinline__ void copy_out(const T* tile, unsigned char* out) {
+  for (int i = threadIdx.x; i < CHUNK * CHUNK / 8; i += PREP_THREADS) {
+    const int row = i / (CHUNK / 8), col = i % (CHUNK / 8) * 8;
+    *reinterpret_cast<uint4*>(out + 2 * (row * CHUNK + col)) =
+        *reinterpret_cast<const uint4*>(tile + MixTile::offset(row, col));  // smem: mix_row_read
+  }
+}
+
+__global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* keys = reinterpret_cast<T*>(smem_raw);                                   // k, then q; smem buffer: prep_keys
   T* queries = keys + KeyTile::ELEMS;
   T* m_tile = queries + KeyTile::ELEMS;                                       // M; smem buffer: prep_m
-  float* a_mat = reinterpret_cast<float*>(m_tile + MixTile::ELEMS);           // [CHUNK][APITCH]; smem buffer: prep_a
-  float* beta = a_mat + CHUNK * APITCH;                                       // beta, gc, E; smem buffer: prep_scalars
+  // A in fp32 [CHUNK][APITCH] after T over the k and q tiles once they are read, where they
+  // hold both (KB = 128: a fourth CTA per SM); else after M. W in T over A once A is read.
+  float* t_mat = reinterpret_cast<float*>(keys);
+  float* a_mat = A_OVER_TILES ? t_mat + CHUNK * APITCH : reinterpret_cast<float*>(m_tile + MixTile::ELEMS);  // smem buffer: prep_a
+  T* w_tile = reinterpret_cast<T*>(a_mat);
+  float* beta = A_OVER_TILES ? reinterpret_cast<float*>(m_tile + MixTile::ELEMS) : a_mat + CHUNK * APITCH;  // beta, gc, E; smem buffer: prep_scalars
   float* gc = beta + CHUNK;
   float* e_buf = gc + CHUNK;                                                  // [3][16][16] blocks of E (below)
-  float* t_mat = reinterpret_cast<float*>(keys);  // (I + A)^-1 in fp32 [CHUNK][APITCH], over k and q once read
 
   const int64_t chunks = (p.T + CHUNK - 1) / CHUNK;
   const int64_t chunk = blockIdx.x % chunks, bh = blockIdx.x / chunks, b = bh / p.H, h = bh % p.H;
@@ -160,6 +174,7 @@ __global__ void __launch_bounds__(PREP_THREADS) prepare_kernel(const Params p) {
       mma::m16n8k16<T>(qk[0][2 * np + 1], aq, bk[2], bk[3]);
     }
   }
+  if constexpr (A_OVER_TILES) __syncthreads();  // every warp has read k and q
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int t = 16 * warp + g + 8 * hh;
@@ -237,18 +252,17 @@ __global__ void __launch_bounds__(PREP_THREADS) prepare_kernel(const Params p) {
     }
     __syncthreads();
   }
-  // M = T diag(beta) in T (zero above the diagonal), into the record and the M tile.
+  // M = T diag(beta) in T (zero above the diagonal), into the M tile, then the record in 16-byte pieces.
   {
     const int j = tid % CHUNK;
     const float beta_j = beta[j];  // smem: prep_scalar_column
-    T* m = reinterpret_cast<T*>(record);
     for (int t = tid / CHUNK; t < CHUNK; t += PREP_THREADS / CHUNK) {
-      const T value = from_float<T>(t >= j ? t_mat[t * APITCH + j] * beta_j : 0.f);  // smem: prep_t_read
-      m[t * CHUNK + j] = value;
-      m_tile[MixTile::offset(t, j)] = value;  // smem: prep_m_write
+      const float x = t >= j ? t_mat[t * APITCH + j] * beta_j : 0.f;  // smem: prep_t_read
+      m_tile[MixTile::offset(t, j)] = from_float<T>(x);                // smem: prep_m_write
     }
   }
   __syncthreads();
+  copy_out(m_tile, record);
 
   // W = scores M for rows 16 warp .. + 15 (both lower triangular: blocks right of the diagonal
   // are zero), into the record from the fragments.
@@ -273,14 +287,15 @@ __global__ void __launch_bounds__(PREP_THREADS) prepare_kernel(const Params p) {
       mma::m16n8k16<T>(w[2 * np + 1], a, bm[2], bm[3]);
     }
   }
-  T* w_out = reinterpret_cast<T*>(record + MATRIX_BYTES);
 #pragma unroll
   for (int n = 0; n < CHUNK / 8; ++n)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int t = 16 * warp + g + 8 * hh, j = 8 * n + 2 * tq;
-      *reinterpret_cast<uint32_t*>(w_out + t * CHUNK + j) = mma::pack2<T>(w[n][2 * hh], w[n][2 * hh + 1]);
+      const int at = MixTile::offset(16 * warp + g + 8 * hh, 8 * n + 2 * tq);
+      *reinterpret_cast<uint32_t*>(w_tile + at) = mma::pack2<T>(w[n][2 * hh], w[n][2 * hh + 1]);  // smem: prep_w_write
     }
+  __syncthreads();
+  copy_out(w_tile, record + MATRIX_BYTES);
 }
 
 // ---- the chunks of one (b, h, value block), in order ------------------------------------------
@@ -534,7 +549,7 @@ size_t workspace_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_bf16_
 }
 
 cudaError_t launch_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_bf16_sm90a(const Params& p, cudaStream_t stream) {
-  constexpr size_t prep_smem = 65024, smem = 171520;
+  constexpr size_t prep_smem = 47616, smem = 171520;
   const dim3 prep_grid(static_cast<unsigned>((p.T + CHUNK - 1) / CHUNK * p.B * p.H));
   if (const cudaError_t err = allow_dynamic_smem(prepare_kernel, prep_smem); err != cudaSuccess) return err;
   prepare_kernel<<<prep_grid, PREP_THREADS, prep_smem, stream>>>(p);
