@@ -1,0 +1,77 @@
+"""The delta-rule chunked kinds (templates/delta_rule/chunked.cu.j2): which instances exist,
+what the lowering derives for shared memory and the first kernel's layout, the knobs it
+refuses at their spec line, and where the default rules send a call (codegen/dispatch.py, the
+mirror of the generated table)."""
+import pytest
+
+from codegen import dispatch, pipeline
+from codegen.errors import SpecError
+from tests.conftest import ROOT
+
+SPEC = (ROOT / "specs" / "delta_rule.yaml").read_text()
+
+
+def lowered(text, tmp_path):
+    path = tmp_path / "delta_rule.yaml"
+    path.write_text(text)
+    (spec, insts), = pipeline.lower(pipeline.expand(pipeline.load([path])))
+    return spec, insts
+
+
+def test_only_16_bit_gated_delta_is_chunked(tmp_path):
+    _, insts = lowered(SPEC, tmp_path)
+    chunked = [i for i in insts if i.kind.startswith("chunked")]
+    assert chunked and all(i.a["variant"] == "gated_delta" and i.dtype_bytes == 2 for i in chunked)
+    assert {i.kind for i in chunked} == {"chunked", "chunked_wide"}   # chunked_candidates: the bench build
+
+
+def test_shared_memory_and_the_first_kernels_layout(tmp_path):
+    """A stage holds q, k (rows k + 8 wide, padded), v (cols + 8), M and W (64 + 8) in 16 bits
+    and gc in fp32; then the state tile and three exchange tiles. The first kernel puts A over
+    the k and q tiles beside T where both fit (k = 128), after M otherwise."""
+    by_name = {i.name: i.d for i in lowered(SPEC, tmp_path)[1]}
+    wide = by_name["delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a"]
+    stage = 2 * 64 * (2 * 136 + 136 + 2 * 72) + 4 * 64
+    assert wide["smem_bytes"] == 2 * stage + 2 * (128 * 136 + 3 * 64 * 136) <= 227 * 1024
+    assert (wide["warps_m"], wide["warps_n"], wide["ctas_per_sm"]) == (8, 1, 1)
+    assert wide["a_over_tiles"] == "true"
+    assert wide["prep_smem_bytes"] == 2 * 64 * (2 * 136 + 72) + 4 * (2 * 64 + 3 * 256)
+    k64 = by_name["delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_fp16_sm90a"]
+    assert k64["a_over_tiles"] == "false"
+    assert k64["prep_smem_bytes"] == 2 * 64 * (2 * 72 + 72) + 4 * 64 * 68 + 4 * (2 * 64 + 3 * 256)
+
+
+@pytest.mark.parametrize("old,new,field,message", [
+    ("      warps: [8]                # 4 row warps (16 steps each) x 2 column warps",
+     "      warps: [6]                # 4 row warps (16 steps each) x 2 column warps",
+     "kernels.chunked.grid.warps", "a multiple of 4 (16 steps each)"),
+    ("      cols: [64]                # value columns per CTA", "      cols: [72]                # value columns per CTA",
+     "kernels.chunked.grid.cols", "must be multiples of 16"),
+    ("      - \"dtype_bytes == 2 and variant == 'gated_delta'\"\n    covers: \"K <= k and align % 8 == 0\"\n    prefer: [k]\n\n  # The same",
+     "      - \"dtype_bytes == 2\"\n    covers: \"K <= k and align % 8 == 0\"\n    prefer: [k]\n\n  # The same",
+     "kernels.chunked.grid.k", "solves Gated DeltaNet's scalar-decay chunks, not rwkv7"),
+])
+def test_impossible_knobs_are_refused_at_their_line(tmp_path, old, new, field, message):
+    text = SPEC.replace(old, new, 1)
+    assert text != SPEC
+    with pytest.raises(SpecError) as info:
+        lowered(text, tmp_path)
+    err = info.value
+    assert err.field == field and message in err.message
+
+
+def test_the_default_rules(tmp_path):
+    spec, insts = lowered(SPEC, tmp_path)
+    shipped = [i for i in insts if spec.kernels[i.kind].role != "bench"]
+
+    def pick(B, H, T, K=128, V=128, dtype="bf16", variant="gated_delta", align=8):
+        key = {"K": K, "V": V, "T": T, "BH": B * H, "align": align, "sm_count": 132}
+        inst = dispatch.select(spec, shipped, key, {"dtype": dtype, "variant": variant})
+        return inst.kind if inst else None
+    assert pick(8, 16, 4096) == "chunked_wide"      # 128 CTAs of 128 columns: most of a wave
+    assert pick(1, 8, 4096) == "chunked"            # 8 such CTAs would leave the GPU idle
+    assert pick(8, 16, 255) == "recurrent"          # short sequences keep the step-by-step kind
+    assert pick(8, 16, 4096, dtype="fp32") == "recurrent"
+    assert pick(8, 16, 4096, variant="rwkv7") == "recurrent"
+    assert pick(8, 16, 4096, V=60, align=4) == "narrow"   # rows not whole 16-byte pieces (and few columns)
+    assert pick(1, 8, 4096, K=64, V=64) == "chunked"
