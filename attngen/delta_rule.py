@@ -124,21 +124,27 @@ def _gated_delta_backward(q, k, v, g, beta, d_o, checkpoints, d_state, scale, wa
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), dbeta.to(beta.dtype), ds0
 
 
-def _run(op_name: str, tensors: dict, variant_name: str, scale: float, return_state: bool):
+def _wants_grad(tensors) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _run(op_name: str, tensors: dict, variant_name: str, scale: float, return_state: bool, qk_l2norm: bool = False):
     """Every tensor on a CUDA device (what needs no extension to say), then the op, whose
     generated checks name anything else: through attngen::delta_rule_train (which saves the
-    checkpoints) where a gradient is wanted, straight to the op otherwise."""
+    checkpoints) where a gradient is wanted, straight to the op otherwise. `qk_l2norm` (the
+    kernels normalise q and k) only without a gradient: the backward takes q and k normalised."""
     first = next(iter(tensors.values()))
     for name, t in tensors.items():
         if t is not None:
             check_tensor(op_name, name, t, first if t is not first else None)
     q, k, v, w, a, b, state = tensors.values()
     number = variant(variant_name)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors.values()):
+    if _wants_grad(tensors.values()):
+        assert not qk_l2norm, "the backward takes q and k normalised: normalise them before the op"
         _register()
         o, s, _ = torch.ops.attngen.delta_rule_train(q, k, v, w, a, b, state, number, scale, checkpoint_every())
         return o, (s if return_state else None)
-    o, s = OP(q, k, v, w, a, b, state, number, scale, return_state)
+    o, s = OP(q, k, v, w, a, b, state, number, scale, return_state, None, qk_l2norm)
     return o, (s if return_state else None)
 
 
@@ -164,16 +170,19 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
 
     q, k: [B, T, H, K]; v: [B, T, H, V] (K and V may differ); one dtype (fp32, fp16, bf16).
     g (log alpha, <= 0) and beta: [B, T, H], taken as float32. scale defaults to K^-0.5.
-    use_qk_l2norm normalises q and k over K first (done by torch before the kernel, in fp32).
-    Differentiable in every input and the initial state, and through the returned state.
+    use_qk_l2norm normalises q and k over K first (in fp32, rounded back to their dtype): inside
+    the kernels when no gradient is wanted, by torch before them otherwise (so that autograd
+    differentiates the normalisation). Differentiable in every input and the initial state, and
+    through the returned state.
     """
-    if use_qk_l2norm:
+    in_kernel = use_qk_l2norm and not _wants_grad((q, k, v, g, beta, state))
+    if use_qk_l2norm and not in_kernel:
         q, k = (torch.nn.functional.normalize(x.float(), dim=-1).to(x.dtype) for x in (q, k))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     g = g.float() if isinstance(g, torch.Tensor) else g
     beta = beta.float() if isinstance(beta, torch.Tensor) else beta
     return _run("gated_delta_rule", {"q": q, "k": k, "v": v, "g": g, "beta": beta, "b": None, "state": state},
-                "gated_delta", float(scale), bool(return_state))
+                "gated_delta", float(scale), bool(return_state), in_kernel)
 
 
 def instances() -> list[str]:

@@ -66,7 +66,8 @@ def _lower_recurrent(inst: KernelInstance, arch: Arch) -> KernelInstance:
     key_read = banks.Access("key_read", 16, lambda lane, _pad: (lane % tph) * 16, ("keys",))
     value_read = banks.Access("value_read", 4, lambda lane, _pad: (lane // tph) * 4, ("values",))
     accesses = [banks.contiguous("key_fill", 4, ("keys",)), banks.contiguous("value_fill", 4, ("values",)),
-                key_read, value_read]
+                key_read, value_read,
+                banks.contiguous("norm_read", 4, ("keys",)), banks.contiguous("norm_write", 4, ("keys",))]
     if variant["scalars"]:
         accesses.append(banks.broadcast("scalar_read", 4, ("keys",)))
     return inst.with_derived({
@@ -109,6 +110,11 @@ def _chunked_bank(k: int, cols: int, swizzle_k: int, swizzle_c: int, swizzle_m: 
     a_pitch = CHUNKED_STEPS + 4
     scalars = [
         banks.contiguous("gc_fill", 16, ("ring",)),
+        # qk_l2norm: a thread per q or k row, in 16-byte pieces.
+        banks.Access("norm_piece_read", 16, lambda lane, _pad: shared_tiles.tile_offset(lane, 0, k, swizzle_k) * 2,
+                     ("ring", "prep_keys")),
+        banks.Access("norm_piece_write", 16, lambda lane, _pad: shared_tiles.tile_offset(lane, 0, k, swizzle_k) * 2,
+                     ("ring", "prep_keys")),
         banks.Access("gc_row_read", 4, lambda lane, _pad: (lane // 4) * 4, ("ring",)),
         banks.broadcast("gc_broadcast", 4, ("ring",)),
         banks.contiguous("prep_scalar_write", 4, ("prep_scalars",)),

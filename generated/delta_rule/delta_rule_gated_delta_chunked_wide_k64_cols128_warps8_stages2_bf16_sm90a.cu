@@ -5,7 +5,7 @@
 //   prepare: 128 threads per chunk, 48640 bytes of shared memory
 //   chunks: 256 threads (8 warps), 128 value columns per CTA, 2 stage(s)
 //   of inputs, 178688 bytes of shared memory, 1 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): key_ldmatrix 1, row_fill 1, col_ldmatrix 1, col_fragment 1, col_row_read 1, mix_ldmatrix 1, mix_fill 1, prep_w_write 1, mix_row_read 1, gc_fill 1, gc_row_read 1, gc_broadcast 1, prep_scalar_write 1, prep_m_write 1, prep_scalar_read 1, prep_scalar_column 1, prep_row_read 1, prep_column_read 1, prep_a_write 1, prep_a_read 1, prep_t_write 1, prep_block_row_read 1, prep_block_column_read 1, prep_block_write 2, prep_e_write 1, prep_e_read 1, prep_t_read 1
+//   bank conflicts (ways, from the bank pass): key_ldmatrix 1, row_fill 1, col_ldmatrix 1, col_fragment 1, col_row_read 1, mix_ldmatrix 1, mix_fill 1, prep_w_write 1, mix_row_read 1, gc_fill 1, norm_piece_read 1, norm_piece_write 1, gc_row_read 1, gc_broadcast 1, prep_scalar_write 1, prep_m_write 1, prep_scalar_read 1, prep_scalar_column 1, prep_row_read 1, prep_column_read 1, prep_a_write 1, prep_a_read 1, prep_t_write 1, prep_block_row_read 1, prep_block_column_read 1, prep_block_write 2, prep_e_write 1, prep_e_read 1, prep_t_read 1
 //
 // Gated DeltaNet in chunks of C = 64 steps on tensor cores (mma.sync m16n8k16, fp32 accumulation).
 // With S the state [key, value] before a chunk, gc_t the chunk's cumulative log decay up to step t
@@ -82,6 +82,29 @@ __device__ __forceinline__ void load_rows(T* tile, const T* src, int64_t stride,
   }
 }
 
+// With qk_l2norm: row `row` of a q or k tile divided by its L2 norm (at least kL2Floor) in fp32,
+// rounded back to T, as torch.nn.functional.normalize(x.float()).to(x.dtype) leaves it (both
+// kernels normalize the tiles they load, the same way). A thread per row.
+__device__ __forceinline__ void l2_normalize_row(T* tile, int row) {
+  float squares = 0.f;
+#pragma unroll 1  // a chunk walk's state is live around it: no room for a row in registers
+  for (int c = 0; c < KB; c += 8) {
+    const uint4 piece = *reinterpret_cast<const uint4*>(tile + KeyTile::offset(row, c));  // smem: norm_piece_read
+    const T* x = reinterpret_cast<const T*>(&piece);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) squares = fmaf(to_float(x[e]), to_float(x[e]), squares);
+  }
+  const float norm = fmaxf(sqrtf(squares), kL2Floor);
+#pragma unroll 1
+  for (int c = 0; c < KB; c += 8) {
+    uint4 piece = *reinterpret_cast<const uint4*>(tile + KeyTile::offset(row, c));  // smem: norm_piece_read
+    T* x = reinterpret_cast<T*>(&piece);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] = from_float<T>(to_float(x[e]) / norm);
+    *reinterpret_cast<uint4*>(tile + KeyTile::offset(row, c)) = piece;  // smem: norm_piece_write
+  }
+}
+
 // ---- prepare: M = (I + A)^-1 diag(beta), W and gc of one chunk ---------------------------------
 
 constexpr int PREP_THREADS = 128;
@@ -89,7 +112,9 @@ constexpr int APITCH = CHUNK + 4;  // floats between rows of A (16-byte aligned 
 constexpr bool A_OVER_TILES = false;
 static_assert((A_OVER_TILES ? 2 : 1) * CHUNK * APITCH * 4 <= 2 * KeyTile::BYTES, "T (and A) in fp32 fit over the k and q tiles");
 static_assert(MixTile::BYTES <= CHUNK * APITCH * 4, "W fits over A");
-static_assert(PREP_THREADS == 32 * ROW_WARPS && PREP_THREADS >= CHUNK, "a warp per 16 steps; a thread per column");
+static_assert(PREP_THREADS == 32 * ROW_WARPS && PREP_THREADS == 2 * CHUNK,
+              "a warp per 16 steps; a thread per column of T, per q or k row");
+static_assert(THREADS >= 2 * CHUNK, "a thread per q or k row");
 
 // A [CHUNK][CHUNK] tile in T to a record's matrix, row-major, in 16-byte pieces.
 __device__ __forceinline__ void copy_out(const T* tile, unsigned char* out) {
@@ -148,6 +173,10 @@ __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p
   }
   cp_async_wait<0>();
   __syncthreads();
+  if (p.qk_l2norm) {
+    l2_normalize_row(tid < CHUNK ? keys : queries, tid % CHUNK);
+    __syncthreads();
+  }
 
   // Rows 16 warp .. + 15 of k_t . k_j and q_t . k_j on tensor cores, for j <= t (blocks above
   // the diagonal skipped).
@@ -414,8 +443,12 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
     }
     if (p.checkpoints) store_state(p.checkpoints + (bh * windows + c) * p.K * p.V);
 
-    const unsigned char* stage = ring + c % STAGES * STAGE_BYTES;
-    const T* sq = reinterpret_cast<const T*>(stage);
+    unsigned char* stage = ring + c % STAGES * STAGE_BYTES;
+    T* sq = reinterpret_cast<T*>(stage);
+    if (p.qk_l2norm) {
+      if (threadIdx.x < 2 * CHUNK) l2_normalize_row(sq + (threadIdx.x < CHUNK ? 0 : KeyTile::ELEMS), threadIdx.x % CHUNK);
+      __syncthreads();
+    }
     const uint32_t q_addr = mma::smem_addr(sq), k_addr = q_addr + 2 * KeyTile::ELEMS;
     const T* sv = sq + 2 * KeyTile::ELEMS;
     const uint32_t m_addr = mma::smem_addr(sv + ColTile::ELEMS), w_addr = m_addr + 2 * MixTile::ELEMS;

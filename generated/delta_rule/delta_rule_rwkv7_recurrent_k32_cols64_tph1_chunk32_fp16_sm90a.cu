@@ -3,7 +3,7 @@
 // Instance delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a
 //   kind recurrent: one CTA per (b, h) and 64 (K <= 64) or 128 value columns, each column's K state entries in the registers of k / 32 threads; the key-side vectors of chunk steps staged in shared memory as floats
 //   64 threads, 28672 bytes of shared memory, 32 state entries per thread
-//   bank conflicts (ways, from the bank pass): key_fill 1, value_fill 1, key_read 1, value_read 1
+//   bank conflicts (ways, from the bank pass): key_fill 1, value_fill 1, key_read 1, value_read 1, norm_read 1, norm_write 1
 // The recurrence is in params.cuh, the variant's step in variants.cuh.
 #include "../common/device.cuh"
 #include "params.cuh"
@@ -78,6 +78,15 @@ __global__ void __launch_bounds__(THREADS, 1) recurrent_kernel(const Params p) {
       values[i] = valid ? to_float(v[b * p.v_sb + (t0 + step) * p.v_st + h * p.v_sh + col0 + c]) : 0.f;  // smem: value_fill
     }
     __syncthreads();
+    if constexpr (Variant::NORMED > 0) {
+      if (p.qk_l2norm) {  // a warp per staged step's q and k
+        for (int step = tid / 32; step < steps; step += THREADS / 32) {
+#pragma unroll
+          for (int i = 0; i < Variant::NORMED; ++i) l2_normalize_row<T, KB>(keys + step * STAGE + i * KB, tid % 32);
+        }
+        __syncthreads();
+      }
+    }
     for (int step = 0; step < steps; ++step) {
       const float value = values[step * COLS + column];  // smem: value_read
       const float y = Variant::step<KB, LANES, GROUPS>(s, keys + step * STAGE, value, lane);

@@ -44,6 +44,7 @@ struct Args {
   double scale;
   bool return_state;
   const std::optional<at::Tensor>& checkpoints;
+  bool qk_l2norm;
 };
 
 // The outputs (op.outputs).
@@ -154,8 +155,8 @@ Key make_key(const Args& a, const Outputs& out) {
              "without its instances, which build on first use; ATTNGEN_JIT=0 turns that off)");
 }
 
-std::tuple<at::Tensor, at::Tensor> delta_rule_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints};
+std::tuple<at::Tensor, at::Tensor> delta_rule_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm};
   detail::clear_uncovered();
   check_all(args);
   Outputs out = allocate(args);
@@ -172,8 +173,8 @@ std::tuple<at::Tensor, at::Tensor> delta_rule_cuda(const at::Tensor& q, const at
   return result(out);
 }
 
-std::tuple<at::Tensor, at::Tensor> delta_rule_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, const std::string& instance) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints};
+std::tuple<at::Tensor, at::Tensor> delta_rule_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm, const std::string& instance) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm};
   detail::clear_uncovered();
   check_all(args);
   const Entry* entry = delta_rule_find(instance.c_str());
@@ -187,19 +188,19 @@ std::tuple<at::Tensor, at::Tensor> delta_rule_with_cuda(const at::Tensor& q, con
   return result(out);
 }
 
-std::tuple<at::Tensor, at::Tensor> delta_rule_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints};
+std::tuple<at::Tensor, at::Tensor> delta_rule_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm};
   return result(allocate(args));
 }
 
-std::tuple<at::Tensor, at::Tensor> delta_rule_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, const std::string&) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints};
+std::tuple<at::Tensor, at::Tensor> delta_rule_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm, const std::string&) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm};
   return result(allocate(args));
 }
 
 // The instance the dispatch picks for these arguments ('' if none).
-std::string delta_rule_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints};
+std::string delta_rule_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm};
   check_all(args);
   const Outputs out = allocate(args);
   const Entry* entry = delta_rule_select(make_key(args, out));
@@ -207,8 +208,8 @@ std::string delta_rule_select_name(const at::Tensor& q, const at::Tensor& k, con
 }
 
 // The dispatch key as numbers: the run-time variables, then each axis' index (codegen/jit.py).
-std::vector<int64_t> delta_rule_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints};
+std::vector<int64_t> delta_rule_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm};
   check_all(args);
   const Outputs out = allocate(args);
   return delta_rule_key_values(make_key(args, out));
@@ -236,10 +237,10 @@ std::vector<std::string> delta_rule_axis_values(const std::string& axis) {
 }  // namespace attngen
 
 TORCH_LIBRARY_FRAGMENT(attngen, m) {
-  m.def("delta_rule(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True, Tensor(a!)? checkpoints=None) -> (Tensor, Tensor)");
-  m.def("delta_rule_with(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b, Tensor? state, int variant, float scale, bool return_state, Tensor(a!)? checkpoints, str instance) -> (Tensor, Tensor)");
-  m.def("delta_rule_select(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True, Tensor? checkpoints=None) -> str", &attngen::delta_rule::delta_rule_select_name);
-  m.def("delta_rule_key(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True, Tensor? checkpoints=None) -> int[]", &attngen::delta_rule::delta_rule_key);
+  m.def("delta_rule(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True, Tensor(a!)? checkpoints=None, bool qk_l2norm=False) -> (Tensor, Tensor)");
+  m.def("delta_rule_with(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b, Tensor? state, int variant, float scale, bool return_state, Tensor(a!)? checkpoints, bool qk_l2norm, str instance) -> (Tensor, Tensor)");
+  m.def("delta_rule_select(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True, Tensor? checkpoints=None, bool qk_l2norm=False) -> str", &attngen::delta_rule::delta_rule_select_name);
+  m.def("delta_rule_key(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True, Tensor? checkpoints=None, bool qk_l2norm=False) -> int[]", &attngen::delta_rule::delta_rule_key);
   m.def("delta_rule_instances(str role=\"\") -> str[]", &attngen::delta_rule::delta_rule_instances);
   m.def("delta_rule_axis_values(str axis) -> str[]", &attngen::delta_rule::delta_rule_axis_values);
   m.def("delta_rule_checkpoint_every() -> int", &attngen::delta_rule::delta_rule_checkpoint_every);

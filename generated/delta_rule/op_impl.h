@@ -36,6 +36,7 @@ void check(const Args& a) {
     check_tensor(op + "beta (argument a)", a.a, q, at::kFloat, {B, T, H}, "[B, T, H] (gated_delta)");
     if (a.b) fail_value(op + "b must be None for gated_delta");
   }
+  if (a.qk_l2norm && a.variant != kVariantGatedDelta) fail_value(op + "qk_l2norm is for gated_delta only");
   if (a.checkpoints) {
     const at::Tensor& c = *a.checkpoints;
     const std::vector<int64_t> want{B, H, (T + kCheckpointEvery - 1) / kCheckpointEvery, q.size(3), a.v.size(3)};
@@ -94,6 +95,7 @@ void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
     p.s_sb = s.stride(0), p.s_sh = s.stride(1), p.s_sk = s.stride(2), p.s_sv = s.stride(3);
   }
   p.sm_count = sm_count(q.device().index());
+  p.qk_l2norm = a.qk_l2norm ? 1 : 0;
   launch(entry, p, q);
 }
 

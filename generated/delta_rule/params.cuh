@@ -15,6 +15,8 @@ namespace delta_rule {
 
 // Steps between the state checkpoints a forward saves for the backward (codegen/families/delta_rule.py CHECKPOINT_EVERY says why).
 constexpr int kCheckpointEvery = 64;
+// The smallest norm qk_l2norm divides by (torch.nn.functional.normalize's eps).
+constexpr float kL2Floor = 1e-12f;
 
 struct Params {
   const void* q;            // [B, T, H, K]   (rwkv7: r)
@@ -42,7 +44,8 @@ struct Params {
   // is written contiguous).
   int64_t s_sb, s_sh, s_sk, s_sv;
   int64_t sm_count;
-  void* workspace;          // unused (Entry::workspace is 0)
+  int qk_l2norm;            // gated_delta: q and k rows divided by their L2 norms (at least kL2Floor), rounded to T
+  void* workspace;          // the chunked kinds' chunk records (Entry::workspace); unused by the recurrent ones
 };
 
 }  // namespace delta_rule

@@ -33,10 +33,25 @@ __device__ __forceinline__ void store_column(float* out, const float (&s)[GROUPS
   }
 }
 
+// Divides a staged row of KB floats by its L2 norm (at least kL2Floor), each value then rounded
+// to T, as torch.nn.functional.normalize(x.float()).to(x.dtype) leaves it: one warp per row.
+template <typename T, int KB>
+__device__ __forceinline__ void l2_normalize_row(float* row, int lane) {
+  float squares = 0.f;
+#pragma unroll 1  // the column's state is live around it
+  for (int j = lane; j < KB; j += 32) squares = fmaf(row[j], row[j], squares);  // smem: norm_read
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+  const float norm = fmaxf(sqrtf(squares), kL2Floor);
+#pragma unroll 1
+  for (int j = lane; j < KB; j += 32) row[j] = to_float(from_float<T>(row[j] / norm));  // smem: norm_write
+}
+
 // RWKV-7: sa = S a; S <- S diag(exp(w)) + sa b^T (per column: S[k] <- exp(w[k]) S[k] + b[k] sa + k[k] v).
 struct Rwkv7 {
   static constexpr int VECTORS = kRwkv7Vectors;  // q, exp(w), k, a, b (column.cuh)
   static constexpr int SCALARS = 0;
+  static constexpr int NORMED = 0;  // leading vectors qk_l2norm normalizes (none: RWKV-7 refuses it)
 
   // Element j of each key vector of step t of (b, h) into the staged row, as floats (zero
   // where the step or the key is past the end).
@@ -80,6 +95,7 @@ struct Rwkv7 {
 struct GatedDelta {
   static constexpr int VECTORS = 2;  // q, k
   static constexpr int SCALARS = 2;  // alpha, beta
+  static constexpr int NORMED = 2;   // q and k, with qk_l2norm
   enum { kQ, kKey };
 
   template <typename T, int KB>

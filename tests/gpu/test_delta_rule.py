@@ -38,13 +38,14 @@ def gated_inputs(B, T, H, K, V, dtype, regime="mixed", seed=0):
     return [q.to(dtype), k.to(dtype), v.to(dtype), gate, beta]
 
 
-def op_args(variant, inputs, state, scale, return_state=True, checkpoints=None):
+def op_args(variant, inputs, state, scale, return_state=True, checkpoints=None, qk_l2norm=False):
     """The op's arguments (specs/delta_rule.yaml schema) for one variant's inputs."""
     if variant == "rwkv7":
         r, w, k, v, a, b = inputs
-        return (r, k, v, w, a, b, state, delta_rule.variant("rwkv7"), scale, return_state, checkpoints)
+        return (r, k, v, w, a, b, state, delta_rule.variant("rwkv7"), scale, return_state, checkpoints, qk_l2norm)
     q, k, v, gate, beta = inputs
-    return (q, k, v, gate, beta, None, state, delta_rule.variant("gated_delta"), scale, return_state, checkpoints)
+    return (q, k, v, gate, beta, None, state, delta_rule.variant("gated_delta"), scale, return_state, checkpoints,
+            qk_l2norm)
 
 
 def expected(variant, inputs, state, scale):
@@ -135,6 +136,51 @@ def test_gated_delta_chunked_kind_through_the_dispatch(dtype):
     want = torch.full_like(got, float("nan"))
     delta_rule.delta_rule_with(recurrent, *op_args("gated_delta", inputs, state, 0.25, checkpoints=want))
     assert rel_err(got, want) <= TOL[dtype]
+
+
+def l2normed(x):
+    """What qk_l2norm makes of q or k: normalised in fp32, rounded to its dtype."""
+    return torch.nn.functional.normalize(x.float(), dim=-1).to(x.dtype)
+
+
+def test_every_gated_delta_instance_normalizes_q_and_k():
+    """qk_l2norm: each Gated DeltaNet instance forced on unnormalised q and k (k scaled by 3,
+    zero rows past T) against the float64 recurrence on the normalised ones; outputs poisoned."""
+    failures, checked = [], 0
+    for name, row in sorted(family_manifest("delta_rule").items()):
+        if row["variant"] != "gated_delta":
+            continue
+        dtype, kb = DTYPES[row["dtype"]], row["params"]["k"]
+        T, K, V = 130, kb - 8, 2 * kb + 8
+        q, k, v, gate, beta = gated_inputs(2, T, 3, K, V, dtype, "near1", seed=K)
+        k = (k.float() * 3).to(dtype)
+        state = torch.randn(2, 3, K, V, device="cuda") * 0.1
+        ref_o, ref_s = reference.gated_delta_rule(l2normed(q), l2normed(k), v, gate, beta, state=state, scale=0.5)
+        poison(2 * T * 3 * V + 2 * 3 * K * V)
+        o, s = delta_rule.delta_rule_with(name, *op_args("gated_delta", [q, k, v, gate, beta], state, 0.5,
+                                                         qk_l2norm=True))
+        for what, got, want in (("o", o, ref_o), ("state", s, ref_s)):
+            err = rel_err(got, want)
+            if not err <= max(TOL[dtype], 1e-5):
+                failures.append(f"{name} {what}: rel err {err:.2e}")
+        checked += 1
+    assert checked >= 12 and not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("dtype,T", [(torch.float32, 100), (torch.bfloat16, 300), (torch.float16, 77)])
+def test_l2norm_in_the_kernels_equals_torchs(dtype, T):
+    """use_qk_l2norm without a gradient (the kernels normalise) equals it with one (torch
+    normalises before the op, for autograd)."""
+    q, k, v, gate, beta = gated_inputs(2, T, 4, 128, 128, dtype, seed=11)
+    k = (k.float() * 3).to(dtype)
+    with torch.no_grad():
+        fused, s_fused = attngen.gated_delta_rule(q, k, v, gate, beta, use_qk_l2norm=True)
+    leaf = q.clone().requires_grad_()
+    plain, s_plain = attngen.gated_delta_rule(leaf, k, v, gate, beta, use_qk_l2norm=True)
+    tol = 1e-5 if dtype == torch.float32 else TOL[dtype]
+    assert rel_err(fused, plain.detach()) <= tol and rel_err(s_fused, s_plain.detach()) <= tol
+    with pytest.raises(ValueError, match="delta_rule: qk_l2norm is for gated_delta only"):
+        delta_rule.OP(*op_args("rwkv7", rwkv7_inputs(1, 8, 2, 64, 64, dtype), None, 1.0, qk_l2norm=True))
 
 
 def test_gated_delta_l2norm_and_chunked_state_handoff():
