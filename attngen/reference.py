@@ -368,6 +368,56 @@ def gated_delta_rule(q, k, v, g, beta, state=None, scale=None, dtype=torch.float
     return out, S
 
 
+def gated_delta_chunk_matrices(q, k, g, beta, chunk: int = 64):
+    """The chunked kinds' first kernel (templates/delta_rule/chunked.cu.j2, prepare_kernel) in
+    float64, per chunk of `chunk` steps (the last zero-padded: no decay, no correction): gc, the
+    chunk's cumulative log decay; M = (I + A)^-1 diag(beta) with A[t, j] = beta_t exp(gc_t - gc_j)
+    k_t . k_j (j < t); W = (mask(Q K^T) exp(gc_t - gc_j)) M (mask: j <= t). Returns (gc, M, W),
+    [B, H, chunks, chunk] and [B, H, chunks, chunk, chunk] twice."""
+    q, k, g, beta = (x.to(torch.float64) for x in (q, k, g, beta))
+    B, T, H, K = q.shape
+    pad = -T % chunk
+    q, k = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k))
+    g, beta = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (g, beta))
+    n = (T + pad) // chunk
+    q, k = (x.view(B, n, chunk, H, K).permute(0, 3, 1, 2, 4) for x in (q, k))   # [B, H, n, C, K]
+    g, beta = (x.view(B, n, chunk, H).permute(0, 3, 1, 2) for x in (g, beta))     # [B, H, n, C]
+    gc = g.cumsum(-1)
+    ratio = (gc[..., :, None] - gc[..., None, :]).tril().exp()                     # exp(gc_t - gc_j), j <= t
+    eye = torch.eye(chunk, dtype=torch.float64, device=q.device)
+    A = (beta[..., :, None] * ratio * (k @ k.transpose(-1, -2))).tril(-1)
+    M = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True) * beta[..., None, :]
+    W = ((q @ k.transpose(-1, -2)) * ratio).tril() @ M
+    return gc, M, W
+
+
+def gated_delta_rule_chunked(q, k, v, g, beta, state=None, scale=None, chunk: int = 64):
+    """Gated DeltaNet by the chunked kinds' algorithm, in float64 (what `gated_delta_rule`
+    computes step by step): per chunk, with S the state before it and gamma_t = exp(gc_t),
+        Y = V - diag(gamma) K S,  U = M Y,  O = scale (diag(gamma) Q S + W Y),
+        S <- gamma_C S + K^T diag(exp(gc_C - gc_t)) U
+    (M, W, gc from gated_delta_chunk_matrices). -> (o [B, T, H, V], final state [B, H, K, V])."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    gc, M, W = gated_delta_chunk_matrices(q, k, g, beta, chunk)
+    pad = -T % chunk
+    n = (T + pad) // chunk
+    q, k, v = (torch.nn.functional.pad(x.to(torch.float64), (0, 0, 0, 0, 0, pad)).view(B, n, chunk, H, -1)
+               .permute(0, 3, 1, 2, 4) for x in (q, k, v))
+    S = (torch.zeros(B, H, K, V, dtype=torch.float64, device=q.device) if state is None
+         else state.to(torch.float64).clone())
+    out = torch.empty(B, H, n, chunk, V, dtype=torch.float64, device=q.device)
+    for c in range(n):
+        gamma = gc[:, :, c].exp()[..., None]                                   # [B, H, C, 1]
+        Y = v[:, :, c] - gamma * (k[:, :, c] @ S)
+        U = M[:, :, c] @ Y
+        out[:, :, c] = scale * (gamma * (q[:, :, c] @ S) + W[:, :, c] @ Y)
+        tail = (gc[:, :, c, -1:] - gc[:, :, c]).exp()[..., None]               # exp(gc_C - gc_t)
+        S = gc[:, :, c, -1].exp()[..., None, None] * S + k[:, :, c].transpose(-1, -2) @ (tail * U)
+    return out.permute(0, 2, 3, 1, 4).reshape(B, n * chunk, H, V)[:, :T], S
+
+
 def rwkv7_grad(q, k, v, w, a, b, d_o, checkpoints, d_state=None, scale=1.0, want_d_state0=False):
     """The delta_rule_grad op in float64, by autograd through `rwkv7`: RWKV-7's gradients
     (dq, dw, dk, da, db, dv, d_state0) for output gradient d_o and final-state gradient d_state,

@@ -54,6 +54,38 @@ def test_gated_delta_reference_is_the_value_major_recurrence():
             torch.testing.assert_close(final[bi, h], S.T)
 
 
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 200])
+@pytest.mark.parametrize("decay", ["near1", "near0"])
+def test_the_chunked_kinds_algorithm_is_the_recurrence(T, decay):
+    """The chunked kinds' algorithm (reference.gated_delta_rule_chunked: the triangular solve
+    per chunk, then four products a chunk) equals the step-by-step recurrence in float64, over
+    partial chunks, with the state in, for decays near 1 and near 0 (exp(-30) a step, where a
+    ratio of cumulative decays would overflow unless taken as a difference of logs)."""
+    g = torch.Generator().manual_seed(T)
+    B, H, K, V = 2, 3, 16, 12
+    q, k = torch.randn(B, T, H, K, generator=g), torch.randn(B, T, H, K, generator=g)
+    k = torch.nn.functional.normalize(k, dim=-1)
+    v = torch.randn(B, T, H, V, generator=g)
+    gate = -torch.rand(B, T, H, generator=g) * (0.05 if decay == "near1" else 30.0)
+    beta = torch.rand(B, T, H, generator=g)
+    state = torch.randn(B, H, K, V, generator=g)
+    want_o, want_s = reference.gated_delta_rule(q, k, v, gate, beta, state=state, scale=0.7)
+    got_o, got_s = reference.gated_delta_rule_chunked(q, k, v, gate, beta, state=state, scale=0.7, chunk=16)
+    torch.testing.assert_close(got_o, want_o, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(got_s, want_s, rtol=1e-10, atol=1e-10)
+
+
+def test_gated_delta_chunk_matrices_are_lower_triangular():
+    """M and W vanish above the diagonal (the kernels skip those blocks), M's diagonal is beta."""
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(1, 40, 2, 8, generator=g), torch.randn(1, 40, 2, 8, generator=g)
+    gate, beta = -torch.rand(1, 40, 2, generator=g), torch.rand(1, 40, 2, generator=g)
+    _, M, W = reference.gated_delta_chunk_matrices(q, k, gate, beta, chunk=16)
+    assert torch.equal(M.triu(1), torch.zeros_like(M)) and torch.equal(W.triu(1), torch.zeros_like(W))
+    padded = torch.nn.functional.pad(beta, (0, 0, 0, 8)).view(1, 3, 16, 2).permute(0, 3, 1, 2)
+    torch.testing.assert_close(M.diagonal(dim1=-2, dim2=-1), padded.double())
+
+
 def test_gated_delta_is_rwkv7_with_tied_vectors():
     """One family: gated delta is rwkv7 with w = g on every key, a = k, b = -alpha beta k, and
     v scaled by beta (the kernels share the column update)."""
