@@ -418,6 +418,100 @@ def gated_delta_rule_chunked(q, k, v, g, beta, state=None, scale=None, chunk: in
     return out.permute(0, 2, 3, 1, 4).reshape(B, n * chunk, H, V)[:, :T], S
 
 
+def gated_delta_rule_chunked_grad(q, k, v, g, beta, d_o, state=None, d_state=None, scale=None, chunk: int = 64):
+    """Gated DeltaNet's gradients by the chunked algorithm's explicit adjoint, in float64: what a
+    chunked backward kernel computes (the chunks in reverse, each from the state before it, as
+    the forward's checkpoints hold it). Per chunk, with G the gradient of the state after it and
+    the forward's Y, U (gated_delta_rule_chunked), dO' = scale dO, d_t = exp(gc_C - gc_t):
+        dU = diag(d) K G                      dY = W^T dO' + M^T dU      dV = dY
+        dW = dO' Y^T      dM = dU Y^T + P^T dW      dP = dW M^T
+        dT = dM diag(beta)    dA = strict_lower(-T^T dT T^T)     (T = (I + A)^-1, M = T diag(beta))
+        dQ = diag(gamma) dO' S^T + (dP * R) K
+        dK = diag(d) U G^T - diag(gamma) dY S^T + (dA' + dA'^T) K + (dP * R)^T Q,  dA' = dA * beta_t R
+        G <- gamma_C G + Q^T diag(gamma) dO' - K^T diag(gamma) dY
+    and gc's gradient from gamma, d and R = exp(gc_t - gc_j), beta's from M and A; g's is the
+    reverse cumulative sum of gc's within the chunk. -> (dq, dk, dv, dg, dbeta, d_state0)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    f64 = torch.float64
+    pad = -T % chunk
+    n = (T + pad) // chunk
+
+    def chunks(x):  # [B, T, H, F] -> [B, H, n, C, F], zero-padded
+        return torch.nn.functional.pad(x.to(f64), (0, 0, 0, 0, 0, pad)).view(B, n, chunk, H, -1).permute(0, 3, 1, 2, 4)
+
+    def unchunk(x):  # the inverse, the padding dropped
+        return x.permute(0, 2, 3, 1, 4).reshape(B, n * chunk, H, x.shape[-1])[:, :T]
+
+    Q, Kc, Vc, dO = chunks(q), chunks(k), chunks(v), chunks(d_o) * scale
+    gp, bp = (torch.nn.functional.pad(x.to(f64), (0, 0, 0, pad)).view(B, n, chunk, H).permute(0, 3, 1, 2) for x in (g, beta))
+    gc = gp.cumsum(-1)
+    R = (gc[..., :, None] - gc[..., None, :]).tril().exp().tril()
+    KK, QK = Kc @ Kc.transpose(-1, -2), Q @ Kc.transpose(-1, -2)
+    eye = torch.eye(chunk, dtype=f64, device=q.device)
+    A = (bp[..., :, None] * R * KK).tril(-1)
+    Tinv = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True)
+    M = Tinv * bp[..., None, :]
+    P = (QK * R).tril()
+    W = P @ M
+    gamma = gc.exp()
+    tail = (gc[..., -1:] - gc).exp()
+    # The states before each chunk (the forward's checkpoints).
+    S = (torch.zeros(B, H, K, V, dtype=f64, device=q.device) if state is None else state.to(f64).clone())
+    before = []
+    for c in range(n):
+        before.append(S)
+        Y = Vc[:, :, c] - gamma[:, :, c, :, None] * (Kc[:, :, c] @ S)
+        S = gamma[:, :, c, -1, None, None] * S + Kc[:, :, c].transpose(-1, -2) @ (tail[:, :, c, :, None] * (M[:, :, c] @ Y))
+    G = torch.zeros(B, H, K, V, dtype=f64, device=q.device) if d_state is None else d_state.to(f64).clone()
+    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(Kc), torch.zeros_like(Vc)
+    dgc, dbeta = torch.zeros_like(gc), torch.zeros_like(bp)
+    for c in reversed(range(n)):
+        S0, q_, k_, do = before[c], Q[:, :, c], Kc[:, :, c], dO[:, :, c]
+        gm, tl, R_, M_, T_, W_, P_ = (x[:, :, c] for x in (gamma, tail, R, M, Tinv, W, P))
+        KS, QS = k_ @ S0, q_ @ S0
+        Y = Vc[:, :, c] - gm[..., None] * KS
+        U = M_ @ Y
+        # S' = gamma_C S + K^T diag(d) U
+        dUd = k_ @ G                                   # d(diag(d) U)
+        dU = tl[..., None] * dUd
+        dK[:, :, c] += (tl[..., None] * U) @ G.transpose(-1, -2)
+        dtail = (U * dUd).sum(-1) * tl                 # through d_t = exp(gc_C - gc_t)
+        dgc[:, :, c] -= dtail
+        dgc[:, :, c, -1] += dtail.sum(-1) + (S0 * G).sum((-1, -2)) * gm[..., -1]
+        # O = dO'-weighted: diag(gamma) Q S + W Y
+        dgamma = (QS * do).sum(-1)
+        dQ[:, :, c] += gm[..., None] * (do @ S0.transpose(-1, -2))
+        dW = do @ Y.transpose(-1, -2)
+        dY = W_.transpose(-1, -2) @ do + M_.transpose(-1, -2) @ dU
+        dM = dU @ Y.transpose(-1, -2) + P_.transpose(-1, -2) @ dW
+        dP = dW @ M_.transpose(-1, -2)
+        # Y = V - diag(gamma) K S
+        dV[:, :, c] = dY
+        dgamma -= (KS * dY).sum(-1)
+        dK[:, :, c] -= gm[..., None] * (dY @ S0.transpose(-1, -2))
+        dgc[:, :, c] += dgamma * gm
+        # M = T diag(beta), T = (I + A)^-1, A = strict_lower(diag(beta) R * K K^T)
+        dbeta[:, :, c] += (dM * T_).sum(-2)
+        dT = dM * bp[:, :, c, None, :]
+        dA = (-T_.transpose(-1, -2) @ dT @ T_.transpose(-1, -2)).tril(-1)
+        dbeta[:, :, c] += (dA * R_ * KK[:, :, c]).sum(-1)
+        dKK = dA * bp[:, :, c, :, None] * R_
+        dK[:, :, c] += (dKK + dKK.transpose(-1, -2)) @ k_
+        # P = lower(R * Q K^T)
+        dQK = (dP * R_).tril()
+        dQ[:, :, c] += dQK @ k_
+        dK[:, :, c] += dQK.transpose(-1, -2) @ q_
+        F = (dA * bp[:, :, c, :, None] * KK[:, :, c] + dP.tril() * QK[:, :, c]) * R_
+        dgc[:, :, c] += F.sum(-1) - F.sum(-2)
+        # the state before the chunk
+        G = gm[..., -1, None, None] * G + q_.transpose(-1, -2) @ (gm[..., None] * do) - k_.transpose(-1, -2) @ (gm[..., None] * dY)
+    dg = dgc.flip(-1).cumsum(-1).flip(-1)               # gc = cumsum(g) within a chunk
+    undo = lambda x: x.permute(0, 2, 3, 1).reshape(B, n * chunk, H)[:, :T]  # noqa: E731
+    return unchunk(dQ), unchunk(dK), unchunk(dV), undo(dg), undo(dbeta), G
+
+
 def rwkv7_grad(q, k, v, w, a, b, d_o, checkpoints, d_state=None, scale=1.0, want_d_state0=False):
     """The delta_rule_grad op in float64, by autograd through `rwkv7`: RWKV-7's gradients
     (dq, dw, dk, da, db, dv, d_state0) for output gradient d_o and final-state gradient d_state,

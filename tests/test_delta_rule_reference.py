@@ -75,6 +75,31 @@ def test_the_chunked_kinds_algorithm_is_the_recurrence(T, decay):
     torch.testing.assert_close(got_s, want_s, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("T", [1, 16, 37, 50])
+@pytest.mark.parametrize("decay", ["near1", "near0"])
+def test_the_chunked_adjoint_is_autograd_of_the_recurrence(T, decay):
+    """reference.gated_delta_rule_chunked_grad (the explicit chunk-by-chunk adjoint a chunked
+    backward kernel would compute) equals float64 autograd through the step-by-step recurrence:
+    every input, the initial state, with the final state's gradient in."""
+    g = torch.Generator().manual_seed(T + 7)
+    B, H, K, V = 2, 2, 8, 6
+    q, k = torch.randn(B, T, H, K, generator=g, dtype=torch.float64), torch.randn(B, T, H, K, generator=g, dtype=torch.float64)
+    k = torch.nn.functional.normalize(k, dim=-1)
+    v = torch.randn(B, T, H, V, generator=g, dtype=torch.float64)
+    gate = -torch.rand(B, T, H, generator=g, dtype=torch.float64) * (0.05 if decay == "near1" else 8.0)
+    beta = torch.rand(B, T, H, generator=g, dtype=torch.float64)
+    state = torch.randn(B, H, K, V, generator=g, dtype=torch.float64)
+    d_o = torch.randn(B, T, H, V, generator=g, dtype=torch.float64)
+    d_state = torch.randn(B, H, K, V, generator=g, dtype=torch.float64)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, gate, beta, state)]
+    o, final = reference.gated_delta_rule(*leaves[:5], state=leaves[5], scale=0.6)
+    want = torch.autograd.grad((o * d_o).sum() + (final * d_state).sum(), leaves)
+    got = reference.gated_delta_rule_chunked_grad(q, k, v, gate, beta, d_o, state=state, d_state=d_state, scale=0.6,
+                                                  chunk=16)
+    for name, x, y in zip(("dq", "dk", "dv", "dg", "dbeta", "d_state0"), got, want):
+        torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-9, msg=name)
+
+
 def test_gated_delta_chunk_matrices_are_lower_triangular():
     """M and W vanish above the diagonal (the kernels skip those blocks), M's diagonal is beta."""
     g = torch.Generator().manual_seed(1)
