@@ -419,10 +419,15 @@ def gated_delta_rule_chunked(q, k, v, g, beta, state=None, scale=None, chunk: in
 
 
 def gated_delta_rule_chunked_grad(q, k, v, g, beta, d_o, state=None, d_state=None, scale=None, chunk: int = 64):
-    """Gated DeltaNet's gradients by the chunked algorithm's explicit adjoint, in float64: what a
-    chunked backward kernel computes (the chunks in reverse, each from the state before it, as
-    the forward's checkpoints hold it). Per chunk, with G the gradient of the state after it and
-    the forward's Y, U (gated_delta_rule_chunked), dO' = scale dO, d_t = exp(gc_C - gc_t):
+    """Gated DeltaNet's gradients by the chunked algorithm's explicit adjoint, in float64, in the
+    three stages a chunked backward would run (each chunk from the state before it, as the
+    forward's checkpoints hold it):
+      1. every chunk at once: the state gradient's step as an affine map, G_before = Phi G + Psi,
+         Phi = gamma_C I - K^T diag(gamma) M^T diag(d) K,  Psi = Q^T diag(gamma) dO' - K^T diag(gamma) W^T dO';
+      2. the chunks in reverse, one K x K times K x V product each: the state gradient after every chunk;
+      3. every chunk at once: the inputs' gradients from it.
+    Per chunk, with G the gradient of the state after it and the forward's Y, U
+    (gated_delta_rule_chunked), dO' = scale dO, d_t = exp(gc_C - gc_t):
         dU = diag(d) K G                      dY = W^T dO' + M^T dU      dV = dY
         dW = dO' Y^T      dM = dU Y^T + P^T dW      dP = dW M^T
         dT = dM diag(beta)    dA = strict_lower(-T^T dT T^T)     (T = (I + A)^-1, M = T diag(beta))
@@ -445,7 +450,8 @@ def gated_delta_rule_chunked_grad(q, k, v, g, beta, d_o, state=None, d_state=Non
         return x.permute(0, 2, 3, 1, 4).reshape(B, n * chunk, H, x.shape[-1])[:, :T]
 
     Q, Kc, Vc, dO = chunks(q), chunks(k), chunks(v), chunks(d_o) * scale
-    gp, bp = (torch.nn.functional.pad(x.to(f64), (0, 0, 0, pad)).view(B, n, chunk, H).permute(0, 3, 1, 2) for x in (g, beta))
+    gp, bp = (torch.nn.functional.pad(x.to(f64), (0, 0, 0, pad)).view(B, n, chunk, H).permute(0, 3, 1, 2)
+              for x in (g, beta))
     gc = gp.cumsum(-1)
     R = (gc[..., :, None] - gc[..., None, :]).tril().exp().tril()
     KK, QK = Kc @ Kc.transpose(-1, -2), Q @ Kc.transpose(-1, -2)
@@ -463,12 +469,26 @@ def gated_delta_rule_chunked_grad(q, k, v, g, beta, d_o, state=None, d_state=Non
     for c in range(n):
         before.append(S)
         Y = Vc[:, :, c] - gamma[:, :, c, :, None] * (Kc[:, :, c] @ S)
-        S = gamma[:, :, c, -1, None, None] * S + Kc[:, :, c].transpose(-1, -2) @ (tail[:, :, c, :, None] * (M[:, :, c] @ Y))
+        U = M[:, :, c] @ Y
+        S = gamma[:, :, c, -1, None, None] * S + Kc[:, :, c].transpose(-1, -2) @ (tail[:, :, c, :, None] * U)
+    # Stage 1: G_before = Phi G + Psi per chunk (dY = W^T dO' + M^T diag(d) K G is affine in G).
+    gd = gamma[..., None] * dO                                           # diag(gamma) dO'
+    MdK = M.transpose(-1, -2) @ (tail[..., None] * Kc)                   # M^T diag(d) K
+    Phi = (gamma[..., -1, None, None] * torch.eye(K, dtype=f64, device=q.device)
+           - Kc.transpose(-1, -2) @ (gamma[..., None] * MdK))
+    Psi = Q.transpose(-1, -2) @ gd - Kc.transpose(-1, -2) @ (gamma[..., None] * (W.transpose(-1, -2) @ dO))
+    # Stage 2: the state gradient after every chunk, the chunks in reverse.
     G = torch.zeros(B, H, K, V, dtype=f64, device=q.device) if d_state is None else d_state.to(f64).clone()
+    after = [None] * n
+    for c in reversed(range(n)):
+        after[c] = G
+        G = Phi[:, :, c] @ G + Psi[:, :, c]
+    d_state0 = G
+    # Stage 3: the inputs' gradients, every chunk from its G (a loop here; independent chunks).
     dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(Kc), torch.zeros_like(Vc)
     dgc, dbeta = torch.zeros_like(gc), torch.zeros_like(bp)
-    for c in reversed(range(n)):
-        S0, q_, k_, do = before[c], Q[:, :, c], Kc[:, :, c], dO[:, :, c]
+    for c in range(n):
+        G, S0, q_, k_, do = after[c], before[c], Q[:, :, c], Kc[:, :, c], dO[:, :, c]
         gm, tl, R_, M_, T_, W_, P_ = (x[:, :, c] for x in (gamma, tail, R, M, Tinv, W, P))
         KS, QS = k_ @ S0, q_ @ S0
         Y = Vc[:, :, c] - gm[..., None] * KS
@@ -505,11 +525,9 @@ def gated_delta_rule_chunked_grad(q, k, v, g, beta, d_o, state=None, d_state=Non
         dK[:, :, c] += dQK.transpose(-1, -2) @ q_
         F = (dA * bp[:, :, c, :, None] * KK[:, :, c] + dP.tril() * QK[:, :, c]) * R_
         dgc[:, :, c] += F.sum(-1) - F.sum(-2)
-        # the state before the chunk
-        G = gm[..., -1, None, None] * G + q_.transpose(-1, -2) @ (gm[..., None] * do) - k_.transpose(-1, -2) @ (gm[..., None] * dY)
     dg = dgc.flip(-1).cumsum(-1).flip(-1)               # gc = cumsum(g) within a chunk
     undo = lambda x: x.permute(0, 2, 3, 1).reshape(B, n * chunk, H)[:, :T]  # noqa: E731
-    return unchunk(dQ), unchunk(dK), unchunk(dV), undo(dg), undo(dbeta), G
+    return unchunk(dQ), unchunk(dK), unchunk(dV), undo(dg), undo(dbeta), d_state0
 
 
 def rwkv7_grad(q, k, v, w, a, b, d_o, checkpoints, d_state=None, scale=1.0, want_d_state0=False):

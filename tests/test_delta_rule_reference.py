@@ -83,7 +83,7 @@ def test_the_chunked_adjoint_is_autograd_of_the_recurrence(T, decay):
     every input, the initial state, with the final state's gradient in."""
     g = torch.Generator().manual_seed(T + 7)
     B, H, K, V = 2, 2, 8, 6
-    q, k = torch.randn(B, T, H, K, generator=g, dtype=torch.float64), torch.randn(B, T, H, K, generator=g, dtype=torch.float64)
+    q, k = (torch.randn(B, T, H, K, generator=g, dtype=torch.float64) for _ in range(2))
     k = torch.nn.functional.normalize(k, dim=-1)
     v = torch.randn(B, T, H, V, generator=g, dtype=torch.float64)
     gate = -torch.rand(B, T, H, generator=g, dtype=torch.float64) * (0.05 if decay == "near1" else 8.0)
