@@ -368,6 +368,52 @@ def gated_delta_rule(q, k, v, g, beta, state=None, scale=None, dtype=torch.float
     return out, S
 
 
+def rwkv7_chunked(r, w, k, v, a, b, state=None, scale=1.0, chunk: int = 64):
+    """RWKV-7 by chunks in float64 (what `rwkv7` computes step by step): the blueprint of a
+    chunked kind for its per-channel decay. Within a chunk, with S the state before it, lc the
+    chunk's cumulative log decay per channel up to step t (inclusive) and le up to t - 1, the
+    steps' sa vectors z_t = S_{t-1}^T a_t solve a unit lower-triangular system:
+        (I - L_ab) Z = (a * exp(le)) S + L_ak V,
+        L_xy[t, j] = sum_c x_tc y_jc exp(le_tc - lc_jc)   (j < t)
+    then, with the same sums taken from lc_t (j <= t) as N_xy,
+        O = scale ((r * exp(lc)) S + N_rb Z + N_rk V)
+        S <- exp(lc_C) * S + (b * exp(lc_C - lc))^T Z + (k * exp(lc_C - lc))^T V.
+    Every exponent is of a difference of cumulative log decays, <= 0. The per-channel factor
+    inside L and N is what keeps them from being one product of two matrices (Gated DeltaNet's
+    scalar decay factors out)."""
+    B, T, H, K = r.shape
+    V = v.shape[-1]
+    f64 = torch.float64
+    pad = -T % chunk
+    n = (T + pad) // chunk
+
+    def chunks(x):  # [B, T, H, F] -> [B, H, n, C, F], zero-padded (w: no decay past the end)
+        return torch.nn.functional.pad(x.to(f64), (0, 0, 0, 0, 0, pad)).view(B, n, chunk, H, -1).permute(0, 3, 1, 2, 4)
+
+    r, w, k, v, a, b = (chunks(x) for x in (r, w, k, v, a, b))
+    lc = w.cumsum(-2)
+    le = lc - w
+
+    def pairs(x, y, lx, strict):  # sum_c x_tc y_jc exp(lx_tc - lc_jc), masked to j < t or j <= t
+        mask = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril(-1 if strict else 0)
+        expo = (lx[..., :, None, :] - lc[..., None, :, :]).masked_fill(~mask[..., None], float("-inf"))
+        return torch.einsum("...tc,...jc,...tjc->...tj", x, y, expo.exp())
+
+    L_ab, L_ak = pairs(a, b, le, True), pairs(a, k, le, True)
+    N_rb, N_rk = pairs(r, b, lc, False), pairs(r, k, lc, False)
+    eye = torch.eye(chunk, dtype=f64, device=r.device)
+    inverse = torch.linalg.solve_triangular(eye - L_ab, eye.expand_as(L_ab), upper=False, unitriangular=True)
+    S = (torch.zeros(B, H, K, V, dtype=f64, device=r.device) if state is None else state.to(f64).clone())
+    out = torch.empty(B, H, n, chunk, V, dtype=f64, device=r.device)
+    for c in range(n):
+        Z = inverse[:, :, c] @ ((a[:, :, c] * le[:, :, c].exp()) @ S + L_ak[:, :, c] @ v[:, :, c])
+        out[:, :, c] = scale * ((r[:, :, c] * lc[:, :, c].exp()) @ S + N_rb[:, :, c] @ Z + N_rk[:, :, c] @ v[:, :, c])
+        tail = (lc[:, :, c, -1:] - lc[:, :, c]).exp()
+        S = (lc[:, :, c, -1, :, None].exp() * S + (b[:, :, c] * tail).transpose(-1, -2) @ Z
+             + (k[:, :, c] * tail).transpose(-1, -2) @ v[:, :, c])
+    return out.permute(0, 2, 3, 1, 4).reshape(B, n * chunk, H, V)[:, :T], S
+
+
 def gated_delta_chunk_matrices(q, k, g, beta, chunk: int = 64):
     """The chunked kinds' first kernel (templates/delta_rule/chunked.cu.j2, prepare_kernel) in
     float64, per chunk of `chunk` steps (the last zero-padded: no decay, no correction): gc, the

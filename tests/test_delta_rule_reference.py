@@ -100,6 +100,27 @@ def test_the_chunked_adjoint_is_autograd_of_the_recurrence(T, decay):
         torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-9, msg=name)
 
 
+@pytest.mark.parametrize("T", [1, 15, 16, 40])
+@pytest.mark.parametrize("decay", ["rwkv", "strong"])
+def test_rwkv7_by_chunks_is_the_recurrence(T, decay):
+    """reference.rwkv7_chunked (the per-channel-decay chunked form) equals the step-by-step
+    recurrence in float64, over partial chunks, with the state in: decays as RWKV-7 makes them
+    (log w in [-0.61, 0]) and strong ones (log w down to -20 a step, cumulative products far
+    below float64's range, taken as differences of logs)."""
+    g = torch.Generator().manual_seed(T + 3)
+    B, H, K, V = 2, 2, 8, 6
+    r, k = (torch.randn(B, T, H, K, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(B, T, H, V, generator=g, dtype=torch.float64)
+    kk = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=g, dtype=torch.float64), dim=-1)
+    iclr = torch.rand(B, T, H, K, generator=g, dtype=torch.float64)
+    w = -torch.rand(B, T, H, K, generator=g, dtype=torch.float64) * (0.6065 if decay == "rwkv" else 20.0)
+    state = torch.randn(B, H, K, V, generator=g, dtype=torch.float64)
+    want_o, want_s = reference.rwkv7(r, w, k, v, -kk, kk * iclr, state=state, scale=0.8)
+    got_o, got_s = reference.rwkv7_chunked(r, w, k, v, -kk, kk * iclr, state=state, scale=0.8, chunk=16)
+    torch.testing.assert_close(got_o, want_o, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(got_s, want_s, rtol=1e-10, atol=1e-10)
+
+
 def test_gated_delta_chunk_matrices_are_lower_triangular():
     """M and W vanish above the diagonal (the kernels skip those blocks), M's diagonal is beta."""
     g = torch.Generator().manual_seed(1)
