@@ -368,6 +368,22 @@ def gated_delta_rule(q, k, v, g, beta, state=None, scale=None, dtype=torch.float
     return out, S
 
 
+def _to_chunks(x, chunk: int):
+    """[B, T, H, ...] -> [B, H, n, chunk, ...] in float64, zero-padded to whole chunks (a padded
+    step has no decay, no correction and no output)."""
+    x = x.to(torch.float64)
+    B, T, H = x.shape[:3]
+    pad = -T % chunk
+    x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 3) + (0, 0, 0, pad))
+    return x.view(B, (T + pad) // chunk, chunk, H, *x.shape[3:]).movedim(3, 1)
+
+
+def _from_chunks(x, T: int):
+    """_to_chunks' inverse, the padding dropped."""
+    x = x.movedim(1, 3)
+    return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])[:, :T]
+
+
 def rwkv7_chunked(r, w, k, v, a, b, state=None, scale=1.0, chunk: int = 64):
     """RWKV-7 by chunks in float64 (what `rwkv7` computes step by step): the blueprint of a
     chunked kind for its per-channel decay. Within a chunk, with S the state before it, lc the
@@ -384,13 +400,8 @@ def rwkv7_chunked(r, w, k, v, a, b, state=None, scale=1.0, chunk: int = 64):
     B, T, H, K = r.shape
     V = v.shape[-1]
     f64 = torch.float64
-    pad = -T % chunk
-    n = (T + pad) // chunk
-
-    def chunks(x):  # [B, T, H, F] -> [B, H, n, C, F], zero-padded (w: no decay past the end)
-        return torch.nn.functional.pad(x.to(f64), (0, 0, 0, 0, 0, pad)).view(B, n, chunk, H, -1).permute(0, 3, 1, 2, 4)
-
-    r, w, k, v, a, b = (chunks(x) for x in (r, w, k, v, a, b))
+    r, w, k, v, a, b = (_to_chunks(x, chunk) for x in (r, w, k, v, a, b))
+    n = r.shape[2]
     lc = w.cumsum(-2)
     le = lc - w
 
@@ -411,7 +422,24 @@ def rwkv7_chunked(r, w, k, v, a, b, state=None, scale=1.0, chunk: int = 64):
         tail = (lc[:, :, c, -1:] - lc[:, :, c]).exp()
         S = (lc[:, :, c, -1, :, None].exp() * S + (b[:, :, c] * tail).transpose(-1, -2) @ Z
              + (k[:, :, c] * tail).transpose(-1, -2) @ v[:, :, c])
-    return out.permute(0, 2, 3, 1, 4).reshape(B, n * chunk, H, V)[:, :T], S
+    return _from_chunks(out, T), S
+
+
+def _gated_delta_chunk_parts(q, k, g, beta, chunk: int) -> dict:
+    """Per chunk, in float64: q, k, beta chunked ([B, H, n, C, K] and [B, H, n, C]); gc, the
+    cumulative log decay; R = exp(gc_t - gc_j) (j <= t, else 0); K K^T and Q K^T;
+    A[t, j] = beta_t R k_t . k_j (j < t); T = (I + A)^-1; M = T diag(beta); P = R * Q K^T
+    (j <= t); W = P M."""
+    q, k, g, beta = (_to_chunks(x, chunk) for x in (q, k, g, beta))
+    gc = g.cumsum(-1)
+    R = (gc[..., :, None] - gc[..., None, :]).tril().exp().tril()
+    KK, QK = k @ k.transpose(-1, -2), q @ k.transpose(-1, -2)
+    eye = torch.eye(chunk, dtype=torch.float64, device=q.device)
+    A = (beta[..., :, None] * R * KK).tril(-1)
+    T = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True)
+    M = T * beta[..., None, :]
+    P = (QK * R).tril()
+    return {"q": q, "k": k, "beta": beta, "gc": gc, "R": R, "KK": KK, "QK": QK, "T": T, "M": M, "P": P, "W": P @ M}
 
 
 def gated_delta_chunk_matrices(q, k, g, beta, chunk: int = 64):
@@ -420,21 +448,8 @@ def gated_delta_chunk_matrices(q, k, g, beta, chunk: int = 64):
     chunk's cumulative log decay; M = (I + A)^-1 diag(beta) with A[t, j] = beta_t exp(gc_t - gc_j)
     k_t . k_j (j < t); W = (mask(Q K^T) exp(gc_t - gc_j)) M (mask: j <= t). Returns (gc, M, W),
     [B, H, chunks, chunk] and [B, H, chunks, chunk, chunk] twice."""
-    q, k, g, beta = (x.to(torch.float64) for x in (q, k, g, beta))
-    B, T, H, K = q.shape
-    pad = -T % chunk
-    q, k = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k))
-    g, beta = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (g, beta))
-    n = (T + pad) // chunk
-    q, k = (x.view(B, n, chunk, H, K).permute(0, 3, 1, 2, 4) for x in (q, k))   # [B, H, n, C, K]
-    g, beta = (x.view(B, n, chunk, H).permute(0, 3, 1, 2) for x in (g, beta))     # [B, H, n, C]
-    gc = g.cumsum(-1)
-    ratio = (gc[..., :, None] - gc[..., None, :]).tril().exp()                     # exp(gc_t - gc_j), j <= t
-    eye = torch.eye(chunk, dtype=torch.float64, device=q.device)
-    A = (beta[..., :, None] * ratio * (k @ k.transpose(-1, -2))).tril(-1)
-    M = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True) * beta[..., None, :]
-    W = ((q @ k.transpose(-1, -2)) * ratio).tril() @ M
-    return gc, M, W
+    parts = _gated_delta_chunk_parts(q, k, g, beta, chunk)
+    return parts["gc"], parts["M"], parts["W"]
 
 
 def gated_delta_rule_chunked(q, k, v, g, beta, state=None, scale=None, chunk: int = 64):
@@ -447,10 +462,8 @@ def gated_delta_rule_chunked(q, k, v, g, beta, state=None, scale=None, chunk: in
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
     gc, M, W = gated_delta_chunk_matrices(q, k, g, beta, chunk)
-    pad = -T % chunk
-    n = (T + pad) // chunk
-    q, k, v = (torch.nn.functional.pad(x.to(torch.float64), (0, 0, 0, 0, 0, pad)).view(B, n, chunk, H, -1)
-               .permute(0, 3, 1, 2, 4) for x in (q, k, v))
+    q, k, v = (_to_chunks(x, chunk) for x in (q, k, v))
+    n = q.shape[2]
     S = (torch.zeros(B, H, K, V, dtype=torch.float64, device=q.device) if state is None
          else state.to(torch.float64).clone())
     out = torch.empty(B, H, n, chunk, V, dtype=torch.float64, device=q.device)
@@ -461,7 +474,7 @@ def gated_delta_rule_chunked(q, k, v, g, beta, state=None, scale=None, chunk: in
         out[:, :, c] = scale * (gamma * (q[:, :, c] @ S) + W[:, :, c] @ Y)
         tail = (gc[:, :, c, -1:] - gc[:, :, c]).exp()[..., None]               # exp(gc_C - gc_t)
         S = gc[:, :, c, -1].exp()[..., None, None] * S + k[:, :, c].transpose(-1, -2) @ (tail * U)
-    return out.permute(0, 2, 3, 1, 4).reshape(B, n * chunk, H, V)[:, :T], S
+    return _from_chunks(out, T), S
 
 
 def gated_delta_rule_chunked_grad(q, k, v, g, beta, d_o, state=None, d_state=None, scale=None, chunk: int = 64):
@@ -486,27 +499,11 @@ def gated_delta_rule_chunked_grad(q, k, v, g, beta, d_o, state=None, d_state=Non
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
     f64 = torch.float64
-    pad = -T % chunk
-    n = (T + pad) // chunk
-
-    def chunks(x):  # [B, T, H, F] -> [B, H, n, C, F], zero-padded
-        return torch.nn.functional.pad(x.to(f64), (0, 0, 0, 0, 0, pad)).view(B, n, chunk, H, -1).permute(0, 3, 1, 2, 4)
-
-    def unchunk(x):  # the inverse, the padding dropped
-        return x.permute(0, 2, 3, 1, 4).reshape(B, n * chunk, H, x.shape[-1])[:, :T]
-
-    Q, Kc, Vc, dO = chunks(q), chunks(k), chunks(v), chunks(d_o) * scale
-    gp, bp = (torch.nn.functional.pad(x.to(f64), (0, 0, 0, pad)).view(B, n, chunk, H).permute(0, 3, 1, 2)
-              for x in (g, beta))
-    gc = gp.cumsum(-1)
-    R = (gc[..., :, None] - gc[..., None, :]).tril().exp().tril()
-    KK, QK = Kc @ Kc.transpose(-1, -2), Q @ Kc.transpose(-1, -2)
-    eye = torch.eye(chunk, dtype=f64, device=q.device)
-    A = (bp[..., :, None] * R * KK).tril(-1)
-    Tinv = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True)
-    M = Tinv * bp[..., None, :]
-    P = (QK * R).tril()
-    W = P @ M
+    parts = _gated_delta_chunk_parts(q, k, g, beta, chunk)
+    Q, Kc, bp, gc, R, KK, QK, Tinv, M, P, W = (parts[x] for x in ("q", "k", "beta", "gc", "R", "KK", "QK", "T", "M",
+                                                                  "P", "W"))
+    Vc, dO = _to_chunks(v, chunk), _to_chunks(d_o, chunk) * scale
+    n = Q.shape[2]
     gamma = gc.exp()
     tail = (gc[..., -1:] - gc).exp()
     # The states before each chunk (the forward's checkpoints).
@@ -572,8 +569,8 @@ def gated_delta_rule_chunked_grad(q, k, v, g, beta, d_o, state=None, d_state=Non
         F = (dA * bp[:, :, c, :, None] * KK[:, :, c] + dP.tril() * QK[:, :, c]) * R_
         dgc[:, :, c] += F.sum(-1) - F.sum(-2)
     dg = dgc.flip(-1).cumsum(-1).flip(-1)               # gc = cumsum(g) within a chunk
-    undo = lambda x: x.permute(0, 2, 3, 1).reshape(B, n * chunk, H)[:, :T]  # noqa: E731
-    return unchunk(dQ), unchunk(dK), unchunk(dV), undo(dg), undo(dbeta), d_state0
+    return (_from_chunks(dQ, T), _from_chunks(dK, T), _from_chunks(dV, T), _from_chunks(dg, T),
+            _from_chunks(dbeta, T), d_state0)
 
 
 def rwkv7_grad(q, k, v, w, a, b, d_o, checkpoints, d_state=None, scale=1.0, want_d_state0=False):
