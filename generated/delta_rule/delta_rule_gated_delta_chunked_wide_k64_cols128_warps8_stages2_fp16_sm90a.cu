@@ -36,7 +36,7 @@ constexpr int COLS = 128;           // value columns per CTA
 constexpr int WARPS = 8;
 constexpr int STAGES = 2;       // chunks of input in flight (1: loaded between two barriers)
 constexpr int CTAS_PER_SM = 1;
-constexpr int CHUNK = 64;                    // steps per chunk: four 16-row m-tiles
+constexpr int CHUNK = 64;                    // steps per chunk: a 16-row m-tile per row warp
 constexpr int THREADS = 32 * WARPS;
 constexpr int ROW_WARPS = CHUNK / 16;        // warps along a chunk's steps ...
 constexpr int COL_WARPS = WARPS / ROW_WARPS;  // ... and along its value columns
@@ -108,7 +108,7 @@ __device__ __forceinline__ void l2_normalize_row(T* tile, int row) {
 // ---- prepare: M = (I + A)^-1 diag(beta), W and gc of one chunk ---------------------------------
 
 constexpr int PREP_THREADS = 128;
-constexpr int APITCH = CHUNK + 4;  // floats between rows of A (16-byte aligned rows)
+constexpr int APITCH = 68;  // floats between rows of A (16-byte aligned rows)
 constexpr bool A_OVER_TILES = false;
 static_assert((A_OVER_TILES ? 2 : 1) * CHUNK * APITCH * 4 <= 2 * KeyTile::BYTES, "T (and A) in fp32 fit over the k and q tiles");
 static_assert(MixTile::BYTES <= CHUNK * APITCH * 4, "W fits over A");
