@@ -1,36 +1,39 @@
 """Every Gated DeltaNet forward instance of a shape's key bucket (shipped, and the bench-role
 ones where `python -m codegen build --bench` built them), forced, beside
 flash-linear-attention 0.6's chunk kernel (bf16, state in and out); prints ms, the ratio and the
-instance the dispatch picks. What the chunked kind's grid and dispatch rules are chosen from.
+instance the dispatch picks. What the chunked kinds' grids and dispatch rules are chosen from.
 
   python -m bench.gated_delta_kinds
 """
+from __future__ import annotations
+
 import sys
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import attngen  # noqa: E402
 from attngen import delta_rule  # noqa: E402
-from bench.delta_rule import make_inputs  # noqa: E402
-from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # noqa: E402
-for (B, T, H, K) in [(8, 4096, 16, 128), (4, 8192, 32, 128), (1, 4096, 8, 128), (8, 2048, 16, 64)]:
-    q, k, v, g, beta, s = make_inputs("gated_delta", B, T, H, K, torch.bfloat16)
-    args = (q, k, v, g, beta, None, s, delta_rule.variant("gated_delta"), K ** -0.5, True, None)
-    names = [n for n in delta_rule.instances() + delta_rule.OP.bench_instances()
-             if "gated_delta" in n and f"_k{K}_" in n and n.endswith("_bf16_sm90a")]
-    res = {}
-    for n in names:
-        res[n.replace("delta_rule_gated_delta_", "").replace("_bf16_sm90a", "")] = triton.testing.do_bench(lambda: delta_rule.delta_rule_with(n, *args), warmup=5, rep=30)
-    f = lambda: chunk_gated_delta_rule(q, k, v, g=g, beta=beta.to(q.dtype), initial_state=s, output_final_state=True)
-    f()
-    fla = triton.testing.do_bench(f, warmup=5, rep=30)
-    pick = delta_rule.OP.select(*args)
-    o, st = attngen.gated_delta_rule(q, k, v, g, beta, state=s)
-    of, sf = f()
-    err = ((o.float() - of.float()).norm() / of.float().norm()).item()
-    print(f"B{B} T{T} H{H} K{K}: fla chunk {fla:.3f} ms; dispatch {pick}; rel diff vs fla {err:.2e}")
-    for n, t in sorted(res.items(), key=lambda x: x[1]):
-        print(f"   {n:45s} {t:.3f} ms  {fla / t:.2f}x fla")
+from bench.causal_linear import do_bench  # noqa: E402
+from bench.delta_rule import impl_fn, make_inputs, time_candidates  # noqa: E402
+
+SHAPES = [(8, 4096, 16, 128), (4, 8192, 32, 128), (1, 4096, 8, 128), (8, 2048, 16, 64)]
+
+
+def main():
+    for B, T, H, K in SHAPES:
+        inputs = make_inputs("gated_delta", B, T, H, K, torch.bfloat16)
+        q, k, v, g, beta, s = inputs
+        fla = impl_fn("fla_chunk", "gated_delta")
+        fla_ms = do_bench(lambda: fla(*inputs))
+        ours, theirs = impl_fn("attngen", "gated_delta")(*inputs)[0].float(), fla(*inputs)[0].float()
+        pick = delta_rule.OP.select(q, k, v, g, beta, None, s, delta_rule.variant("gated_delta"), K ** -0.5, True, None)
+        print(f"B{B} T{T} H{H} K{K}: fla chunk {fla_ms:.3f} ms; dispatch {pick}; "
+              f"rel diff vs fla {((ours - theirs).norm() / theirs.norm()).item():.2e}")
+        for name, ms in sorted(time_candidates("gated_delta", K, inputs).items(), key=lambda x: x[1]):
+            print(f"   {name.replace('delta_rule_gated_delta_', '').replace('_bf16_sm90a', ''):45s} {ms:.3f} ms  "
+                  f"{fla_ms / ms:.2f}x fla")
+
+
+if __name__ == "__main__":
+    main()
