@@ -36,7 +36,9 @@ void check(const Args& a) {
     check_tensor(op + "beta (argument a)", a.a, q, at::kFloat, {B, T, H}, "[B, T, H] (gated_delta)");
     if (a.b) fail_value(op + "b must be None for gated_delta");
   }
-  if (a.qk_l2norm && a.variant != kVariantGatedDelta) fail_value(op + "qk_l2norm is for gated_delta only");
+  if (a.qk_l2norm && a.variant != kVariantGatedDelta) {
+    fail_value(op + "qk_l2norm is for gated_delta only, got it with rwkv7 (normalise r and k before the call)");
+  }
   if (a.checkpoints) {
     const at::Tensor& c = *a.checkpoints;
     const std::vector<int64_t> want{B, H, (T + kCheckpointEvery - 1) / kCheckpointEvery, q.size(3), a.v.size(3)};
