@@ -12,7 +12,9 @@ S'_t = alpha_t S'_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T.
 
 With a gradient wanted, the forward also saves the state every `checkpoint_every()` steps; the
 backward (specs/delta_rule_grad.yaml) rebuilds the states in between and walks time in reverse.
-It is written for RWKV-7; Gated DeltaNet is RWKV-7 with tied vectors (w = g on every key, a = k,
+It is written for RWKV-7. Gated DeltaNet's backward runs by chunks from CHUNKED_BACKWARD_FROM_T
+steps (attngen/gated_delta_chunked_grad.py, the checkpoints being the states before its chunks);
+below that, Gated DeltaNet is RWKV-7 with tied vectors (w = g on every key, a = k,
 b = -alpha beta k, v scaled by beta), so its gradients are RWKV-7's mapped back through the ties
 (`_gated_delta_backward`), with the tied vectors made in fp32.
 """
@@ -24,8 +26,13 @@ import torch
 
 from ._checks import check_tensor
 from ._ops import Op, exported_constant
+from .gated_delta_chunked_grad import gated_delta_chunked_backward
 
 OP = Op("delta_rule")
+# Gated DeltaNet's backward runs by chunks (gated_delta_chunked_grad: batched torch products and
+# a reverse scan over chunks) from this many steps, the recurrent delta_rule_grad kernel on
+# RWKV-7's tied vectors below it.
+CHUNKED_BACKWARD_FROM_T = 64
 GRAD = Op("delta_rule_grad")
 _registered = False
 
@@ -90,10 +97,14 @@ def _backward(ctx, d_o, d_state, _d_checkpoints):
         dq, dw, dk, da, db, dv, ds0 = GRAD(q, k, v, w, a, b, d_o.to(q.dtype), checkpoints, d_state, ctx.scale,
                                            ctx.has_state)
         grads = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dw.to(w.dtype), da.to(a.dtype), db.to(b.dtype)
+    elif q.shape[1] >= CHUNKED_BACKWARD_FROM_T:
+        *grads, ds0 = gated_delta_chunked_backward(q, k, v, w, a, d_o, checkpoints, d_state, ctx.scale,
+                                                   ctx.has_state, checkpoint_every())
+        grads.append(None)  # b: unused by gated_delta
     else:
         *grads, ds0 = _gated_delta_backward(q, k, v, w, a, d_o, checkpoints, d_state, ctx.scale, ctx.has_state,
                                             GRAD)
-        grads.append(None)  # b: unused by gated_delta
+        grads.append(None)
     return (*grads, ds0 if ctx.has_state else None, None, None, None)
 
 

@@ -68,6 +68,21 @@ def have_fla() -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
+FLA_GUARD_NOTE = ("fla refuses its gated chunk backward under Triton >= 3.4, < 3.7.1 on Hopper (its issue 640: "
+                  "wrong results); the guard was lifted to time it, and its gradient's error against ours is shown")
+
+
+def lift_fla_triton_guard(exc: RuntimeError) -> bool:
+    """fla 0.6's chunk_bwd_dqkwg raises under the Triton this machine has (its #640); lift that
+    guard (a module flag it reads at call time) so that its backward can be timed. True if this
+    was that error."""
+    if "#640" not in str(exc):
+        return False
+    import fla.ops.common.chunk_o as chunk_o
+    chunk_o.TRITON_ABOVE_3_7_1 = True
+    return True
+
+
 def time_candidates(variant, K, inputs) -> dict:
     """Every bf16 instance of this variant and key bucket, shipped or bench-role (`python -m
     codegen build --bench`), forced on the shape: what the kinds' grids are chosen from."""
@@ -151,7 +166,13 @@ def run(only: str | None = None) -> tuple[list, str | None]:
         ours = None
         for name in names:
             try:
-                row["train_ms"][name], grad = time_training(impl_fn(name, variant), inputs)
+                try:
+                    row["train_ms"][name], grad = time_training(impl_fn(name, variant), inputs)
+                except RuntimeError as exc:
+                    if not (name == "fla_chunk" and lift_fla_triton_guard(exc)):
+                        raise
+                    row.setdefault("train_notes", {})[name] = FLA_GUARD_NOTE
+                    row["train_ms"][name], grad = time_training(impl_fn(name, variant), inputs)
             except Exception as exc:  # noqa: BLE001 - a peer without a backward is recorded
                 row["train_ms"][name] = None
                 row.setdefault("train_errors", {})[name] = str(exc).splitlines()[0][:200]
@@ -206,6 +227,8 @@ def markdown(rows, missing, meta) -> str:
     for row in rows:
         for name, why in row.get("train_errors", {}).items():
             lines.append(f"- {row['variant']} {', '.join(map(str, row['shape']))}: {name} backward failed: {why}")
+        for name, why in row.get("train_notes", {}).items():
+            lines.append(f"- {row['variant']} {', '.join(map(str, row['shape']))}: {name}: {why}")
     lines += ["", "Every bf16 instance of the shape's key bucket, forced (ms; the shipped kinds and the bench-role "
               "`candidates` kind):", ""]
     for row in rows:

@@ -310,15 +310,22 @@ def test_backward_through_the_op(dtype, variant, T, K, V):
         assert rel_err(x, y) <= tol, f"d{name}: rel err {rel_err(x, y):.2e}"
 
 
-def test_long_sequence_backward_bf16():
-    """RWKV-7 over 4097 steps (65 checkpoint windows, the last one step long), bf16."""
-    inputs = rwkv7_inputs(1, 4097, 2, 64, 64, torch.bfloat16, "near1", seed=9)
-    state = torch.randn(1, 2, 64, 64, device="cuda") * 0.1
+@pytest.mark.parametrize("variant,K", [("rwkv7", 64), ("gated_delta", 128)])
+def test_long_sequence_backward_bf16(variant, K):
+    """Over 4097 steps (65 checkpoint windows, the last one step long), bf16: RWKV-7's
+    recurrent backward, Gated DeltaNet's chunked one (65 chunks, the last of one step)."""
+    make, fn, ref, names = ((rwkv7_inputs, attngen.rwkv7, reference.rwkv7, ("r", "w", "k", "v", "a", "b"))
+                            if variant == "rwkv7" else
+                            (gated_inputs, attngen.gated_delta_rule, reference.gated_delta_rule,
+                             ("q", "k", "v", "g", "beta")))
+    assert variant == "rwkv7" or 4097 >= delta_rule.CHUNKED_BACKWARD_FROM_T
+    inputs = make(1, 4097, 2, K, 64, torch.bfloat16, "near1", seed=9)
+    state = torch.randn(1, 2, K, 64, device="cuda") * 0.1
     d_o = torch.randn(1, 4097, 2, 64, device="cuda").to(torch.bfloat16)
-    d_state = torch.randn(1, 2, 64, 64, device="cuda")
-    got = loss_grads(attngen.rwkv7, inputs, state, d_o, d_state)
-    want = loss_grads(reference.rwkv7, [x.double() for x in inputs], state.double(), d_o.double(), d_state.double())
-    for name, x, y in zip(("r", "w", "k", "v", "a", "b", "state"), got, want):
+    d_state = torch.randn(1, 2, K, 64, device="cuda")
+    got = loss_grads(fn, inputs, state, d_o, d_state)
+    want = loss_grads(ref, [x.double() for x in inputs], state.double(), d_o.double(), d_state.double())
+    for name, x, y in zip((*names, "state"), got, want):
         assert rel_err(x, y) <= 1e-2, f"d{name}: rel err {rel_err(x, y):.2e}"
 
 
@@ -355,13 +362,15 @@ def test_torch_compile_fullgraph():
     torch.testing.assert_close(fn(q, k, v, gate, beta), attngen.gated_delta_rule(q, k, v, gate, beta)[0] * 2)
 
 
-def test_torch_compile_fullgraph_training_step():
-    """Forward and loss compiled in one graph (its backward through AOTAutograd) give eager's
-    gradients."""
-    inputs = rwkv7_inputs(2, 70, 3, 64, 64, torch.float32, seed=6)
+@pytest.mark.parametrize("variant", ["rwkv7", "gated_delta"])
+def test_torch_compile_fullgraph_training_step(variant):
+    """Forward and loss compiled in one graph (its backward through AOTAutograd: for Gated
+    DeltaNet the chunked backward's torch products) give eager's gradients."""
+    make, fn = (rwkv7_inputs, attngen.rwkv7) if variant == "rwkv7" else (gated_inputs, attngen.gated_delta_rule)
+    inputs = make(2, 70, 3, 64, 64, torch.float32, seed=6)
 
     def loss(*x):
-        o, s = attngen.rwkv7(*x)
+        o, s = fn(*x)
         return o.square().sum() + s.sum()
     compiled = torch.compile(loss, fullgraph=True)
     grads = []
@@ -369,5 +378,5 @@ def test_torch_compile_fullgraph_training_step():
         leaves = [x.detach().clone().requires_grad_() for x in inputs]
         fn(*leaves).backward()
         grads.append([x.grad for x in leaves])
-    for name, x, y in zip("rwkvab", *grads):
+    for name, x, y in zip(range(len(inputs)), *grads):
         assert rel_err(x, y) <= 1e-6, name
