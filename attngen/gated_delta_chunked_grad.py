@@ -1,7 +1,8 @@
 """Gated DeltaNet's backward by chunks, composed of batched torch products (no generated
 kernel yet): the explicit adjoint of the chunked kinds' algorithm that
 `reference.gated_delta_rule_chunked_grad` writes out step by step in float64, here over every
-chunk at once in float32, with the states before each chunk taken from the forward's
+chunk at once in float32 (products on TF32 tensor cores for 16-bit inputs), with the states
+before each chunk taken from the forward's
 checkpoints (a chunk is the checkpoint interval: the forward saves the state before each).
 
 Three stages, as a generated backward would run them:
@@ -9,10 +10,13 @@ Three stages, as a generated backward would run them:
      G_before = Phi G_after + Psi;
   2. the chunks in reverse: one [K, K] x [K, V] product a chunk (torch.baddbmm over B * H);
   3. every chunk at once: the inputs' gradients from G_after and the state before the chunk.
-Stages 1 and 3 run over slabs of chunks (`_SLAB_ELEMENTS`) so that their float32 temporaries
-stay within a bounded size whatever B * T * H.
+The chunks' [C, C] matrices (T, M, W, ...) are made once for both batched stages; these run
+over slabs of chunks (`_SLAB_ELEMENTS`) so that their [C, V] and [K, V] temporaries stay within
+a bounded size whatever B * T * H.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -35,7 +39,7 @@ def _unchunked(x: torch.Tensor, B: int, H: int, T: int) -> torch.Tensor:
 
 def _chunk_matrices(q, k, gc, beta):
     """Per chunk: R = exp(gc_t - gc_j) (j <= t, else 0), K K^T, Q K^T, T = (I + A)^-1 with
-    A[t, j] = beta_t R k_t . k_j (j < t), M = T diag(beta), P = R * Q K^T (j <= t)."""
+    A[t, j] = beta_t R k_t . k_j (j < t), M = T diag(beta), P = R * Q K^T (j <= t), W = P M."""
     chunk = gc.shape[-1]
     diff = gc[:, :, None] - gc[:, None, :]
     lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
@@ -44,24 +48,24 @@ def _chunk_matrices(q, k, gc, beta):
     eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
     A = (beta[:, :, None] * R * KK).tril(-1)
     Tinv = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True)
-    return R, KK, QK, Tinv, Tinv * beta[:, None, :], (QK * R).tril()
+    M, P = Tinv * beta[:, None, :], (QK * R).tril()
+    return R, KK, QK, Tinv, M, P, P @ M
 
 
-def _state_step(q, k, gc, beta, d_o):
+def _state_step(q, k, gc, d_o, mats):
     """Stage 1 for a slab: (Phi [N, K, K], Psi [N, K, V]) with
     Phi = gamma_C I - K^T diag(gamma) M^T diag(d) K and Psi = Q^T diag(gamma) dO - K^T diag(gamma) W^T dO
-    (dO already scaled; gamma = exp(gc), d = exp(gc_C - gc))."""
-    R, KK, QK, Tinv, M, P = _chunk_matrices(q, k, gc, beta)
+    (dO already scaled; gamma = exp(gc), d = exp(gc_C - gc); mats: the slab's _chunk_matrices)."""
+    R, KK, QK, Tinv, M, P, W = mats
     gamma, tail = gc.exp(), (gc[:, -1:] - gc).exp()
     gk = (gamma[..., None] * k).transpose(-1, -2)                       # K^T diag(gamma)
     phi = -(gk @ (M.transpose(-1, -2) @ (tail[..., None] * k)))
     phi.diagonal(dim1=-2, dim2=-1).add_(gamma[:, -1:])
-    W = P @ M
-    psi = (gamma[..., None] * q).transpose(-1, -2) @ d_o - gk @ (W.transpose(-1, -2) @ d_o)
+    psi = torch.baddbmm((gamma[..., None] * q).transpose(-1, -2) @ d_o, gk, W.transpose(-1, -2) @ d_o, alpha=-1)
     return phi, psi
 
 
-def _input_grads(q, k, v, gc, beta, d_o, S, G):
+def _input_grads(q, k, v, gc, beta, d_o, S, G, mats):
     """Stage 3 for a slab: (dq, dk, dv, dg, dbeta) of its chunks from the state S before each and
     the state gradient G after it (dO already scaled). The terms, per chunk (d_t = exp(gc_C - gc_t)):
         Y = V - diag(gamma) K S,  U = M Y,  dU = diag(d) K G,  dY = W^T dO + M^T dU,  dV = dY,
@@ -69,15 +73,14 @@ def _input_grads(q, k, v, gc, beta, d_o, S, G):
         dQ = diag(gamma) dO S^T + (dP * R) K,
         dK = diag(d) U G^T - diag(gamma) dY S^T + (dA' + dA'^T) K + (dP * R)^T Q  (dA' = dA beta_t R),
     and gc's gradient from gamma, d and R; g's is its reverse cumulative sum within the chunk."""
-    R, KK, QK, Tinv, M, P = _chunk_matrices(q, k, gc, beta)
+    R, KK, QK, Tinv, M, P, W = mats
     gamma, tail = gc.exp(), (gc[:, -1:] - gc).exp()
     KS, QS = k @ S, q @ S
     Y = v - gamma[..., None] * KS
     U = M @ Y
     dUd = k @ G                                   # the gradient of diag(d) U
     dU = tail[..., None] * dUd
-    W = P @ M
-    dY = W.transpose(-1, -2) @ d_o + M.transpose(-1, -2) @ dU
+    dY = torch.baddbmm(W.transpose(-1, -2) @ d_o, M.transpose(-1, -2), dU)
     dW = d_o @ Y.transpose(-1, -2)
     dM = dU @ Y.transpose(-1, -2) + P.transpose(-1, -2) @ dW
     dP = dW @ M.transpose(-1, -2)
@@ -98,6 +101,23 @@ def _input_grads(q, k, v, gc, beta, d_o, S, G):
     return dq, dk, dY, dg, dbeta
 
 
+@contextlib.contextmanager
+def _tf32_products(enabled: bool):
+    """float32 products on TF32 tensor cores while the inputs are 16-bit (their gradients are
+    held to 1e-2; TF32's 10-bit mantissa with float32 accumulation stays far inside it). It sets
+    torch's process-wide matmul precision for the duration (not thread-safe, as torch's own flag
+    is not)."""
+    if not enabled:
+        yield
+        return
+    saved = torch.backends.cuda.matmul.fp32_precision
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = saved
+
+
 def _slabs(count: int, per_item: int):
     step = max(1, _SLAB_ELEMENTS // max(per_item, 1))
     return [slice(i, min(i + step, count)) for i in range(0, count, step)]
@@ -114,29 +134,37 @@ def gated_delta_chunked_backward(q, k, v, g, beta, d_o, checkpoints, d_state, sc
     V = v.shape[-1]
     n = (T + every - 1) // every
     assert checkpoints.shape == (B, H, n, K, V), (checkpoints.shape, (B, H, n, K, V))
+    if n == 0:  # no steps: no gradient but the state's, which passes through
+        d_state0 = torch.zeros(B, H, K, V, dtype=dtype, device=q.device) if d_state is None else d_state.to(dtype)
+        return (*(torch.zeros_like(x) for x in (q, k, v, g, beta)), d_state0 if want_d_state0 else None)
     qc, kc, vc = (_chunked(x, n, every, dtype) for x in (q, k, v))
     dO = _chunked(d_o, n, every, dtype).mul_(scale)
     gc, bc = _chunked(g, n, every, dtype).cumsum(-1), _chunked(beta, n, every, dtype)
     N = B * H * n
-    phi = torch.empty(N, K, K, dtype=dtype, device=q.device)
-    psi = torch.empty(N, K, V, dtype=dtype, device=q.device)
-    for s in _slabs(N, K * max(K, V)):
-        phi[s], psi[s] = _state_step(qc[s], kc[s], gc[s], bc[s], dO[s])
-    # Stage 2: after[c] = G after chunk c; G before chunk c = Phi[c] after[c] + Psi[c].
-    phi, psi = phi.view(B * H, n, K, K), psi.view(B * H, n, K, V)
-    after = torch.empty(B * H, n, K, V, dtype=dtype, device=q.device)
-    G = (torch.zeros(B * H, K, V, dtype=dtype, device=q.device) if d_state is None
-         else d_state.to(dtype).reshape(B * H, K, V))
-    for c in reversed(range(n)):
-        after[:, c] = G
-        G = torch.baddbmm(psi[:, c], phi[:, c], G)
-    del phi, psi
-    S = checkpoints.to(dtype).reshape(N, K, V)
-    after = after.view(N, K, V)
-    dq, dk, dv = torch.empty_like(qc), torch.empty_like(kc), torch.empty_like(vc)
-    dg, dbeta = torch.empty_like(gc), torch.empty_like(bc)
-    for s in _slabs(N, K * V):
-        dq[s], dk[s], dv[s], dg[s], dbeta[s] = _input_grads(qc[s], kc[s], vc[s], gc[s], bc[s], dO[s], S[s],
-                                                            after[s])
+    with _tf32_products(q.dtype != torch.float32 and dtype == torch.float32):
+        mats = _chunk_matrices(qc, kc, gc, bc)
+        # Stage 1, then stage 2 in (chunk, b * h) order: after[c] = G after chunk c (contiguous
+        # for baddbmm's out), G before chunk c = Phi[c] after[c] + Psi[c].
+        phi = torch.empty(B * H, n, K, K, dtype=dtype, device=q.device)
+        psi = torch.empty(B * H, n, K, V, dtype=dtype, device=q.device)
+        for s in _slabs(N, K * max(K, V)):
+            phi.view(N, K, K)[s], psi.view(N, K, V)[s] = _state_step(qc[s], kc[s], gc[s], dO[s],
+                                                                      [x[s] for x in mats])
+        after = torch.empty(n, B * H, K, V, dtype=dtype, device=q.device)
+        if d_state is None:
+            after[-1].zero_()
+        else:
+            after[-1].copy_(d_state.reshape(B * H, K, V))
+        for c in reversed(range(1, n)):
+            torch.baddbmm(psi[:, c], phi[:, c], after[c], out=after[c - 1])
+        G = torch.baddbmm(psi[:, 0], phi[:, 0], after[0]) if n else after[-1]
+        del phi, psi
+        S = checkpoints.to(dtype).reshape(N, K, V)
+        after = after.transpose(0, 1).reshape(N, K, V)
+        dq, dk, dv = torch.empty_like(qc), torch.empty_like(kc), torch.empty_like(vc)
+        dg, dbeta = torch.empty_like(gc), torch.empty_like(bc)
+        for s in _slabs(N, K * V):
+            dq[s], dk[s], dv[s], dg[s], dbeta[s] = _input_grads(qc[s], kc[s], vc[s], gc[s], bc[s], dO[s], S[s],
+                                                                after[s], [x[s] for x in mats])
     grads = [_unchunked(x, B, H, T).to(t.dtype) for x, t in ((dq, q), (dk, k), (dv, v), (dg, g), (dbeta, beta))]
     return (*grads, G.view(B, H, K, V) if want_d_state0 else None)

@@ -54,20 +54,24 @@ def stage_ms(inputs) -> dict:
     n = ckpt.shape[2]
     qc, kc, vc, dO = (chunked._chunked(x, n, every, torch.float32) for x in (q, k, v, d_o))
     gc, bc = chunked._chunked(g, n, every, torch.float32).cumsum(-1), chunked._chunked(beta, n, every, torch.float32)
-    phi, psi = chunked._state_step(qc, kc, gc, bc, dO)
     S, G = ckpt.reshape(-1, K, v.shape[-1]), torch.randn_like(ckpt).reshape(-1, K, v.shape[-1])
-    phi_bh, psi_bh = phi.view(B * H, n, K, K), psi.view(B * H, n, K, -1)
+    times = {"whole": do_bench(lambda: chunked.gated_delta_chunked_backward(q, k, v, g, beta, d_o, ckpt, d_s,
+                                                                             K ** -0.5, True, every)),
+             "chunking": do_bench(lambda: [chunked._chunked(x, n, every, torch.float32) for x in (q, k, v, d_o)])}
+    with chunked._tf32_products(True):
+        mats = chunked._chunk_matrices(qc, kc, gc, bc)
+        phi, psi = chunked._state_step(qc, kc, gc, dO, mats)
+        phi_bh, psi_bh = phi.view(B * H, n, K, K), psi.view(B * H, n, K, -1)
 
-    def scan():
-        x = d_s.reshape(B * H, K, -1)
-        for c in reversed(range(n)):
-            x = torch.baddbmm(psi_bh[:, c], phi_bh[:, c], x)
-    return {"whole": do_bench(lambda: chunked.gated_delta_chunked_backward(q, k, v, g, beta, d_o, ckpt, d_s,
-                                                                            K ** -0.5, True, every)),
-            "chunking": do_bench(lambda: [chunked._chunked(x, n, every, torch.float32) for x in (q, k, v, d_o)]),
-            "stage1_state_step": do_bench(lambda: chunked._state_step(qc, kc, gc, bc, dO)),
-            "stage2_scan": do_bench(scan),
-            "stage3_input_grads": do_bench(lambda: chunked._input_grads(qc, kc, vc, gc, bc, dO, S, G))}
+        def scan():
+            x = d_s.reshape(B * H, K, -1)
+            for c in reversed(range(n)):
+                x = torch.baddbmm(psi_bh[:, c], phi_bh[:, c], x)
+        times.update({"chunk_matrices": do_bench(lambda: chunked._chunk_matrices(qc, kc, gc, bc)),
+                      "stage1_state_step": do_bench(lambda: chunked._state_step(qc, kc, gc, dO, mats)),
+                      "stage2_scan": do_bench(scan),
+                      "stage3_input_grads": do_bench(lambda: chunked._input_grads(qc, kc, vc, gc, bc, dO, S, G, mats))})
+    return times
 
 
 def profile_lines(inputs, top: int = 25) -> list[str]:
