@@ -31,8 +31,10 @@ from .gated_delta_chunked_grad import gated_delta_chunked_backward
 OP = Op("delta_rule")
 # Gated DeltaNet's backward runs by chunks (gated_delta_chunked_grad: batched torch products and
 # a reverse scan over chunks) from this many steps, the recurrent delta_rule_grad kernel on
-# RWKV-7's tied vectors below it.
-CHUNKED_BACKWARD_FROM_T = 64
+# RWKV-7's tied vectors below it. Forward + backward, B8 H16 K=V=128 bf16 on the H100
+# (bench/results/h100/gated_delta_backward.md, commit 506159f): by chunks 0.80x the recurrent
+# kernel's speed at T = 256, 1.70x at 1024, 1.81x at 4096; the crossover lies between.
+CHUNKED_BACKWARD_FROM_T = 512
 GRAD = Op("delta_rule_grad")
 _registered = False
 

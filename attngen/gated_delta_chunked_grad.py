@@ -1,8 +1,7 @@
 """Gated DeltaNet's backward by chunks, composed of batched torch products (no generated
 kernel yet): the explicit adjoint of the chunked kinds' algorithm that
 `reference.gated_delta_rule_chunked_grad` writes out step by step in float64, here over every
-chunk at once in float32 (products on TF32 tensor cores for 16-bit inputs), with the states
-before each chunk taken from the forward's
+chunk at once in float32, with the states before each chunk taken from the forward's
 checkpoints (a chunk is the checkpoint interval: the forward saves the state before each).
 
 Three stages, as a generated backward would run them:
@@ -15,8 +14,6 @@ over slabs of chunks (`_SLAB_ELEMENTS`) so that their [C, V] and [K, V] temporar
 a bounded size whatever B * T * H.
 """
 from __future__ import annotations
-
-import contextlib
 
 import torch
 
@@ -101,23 +98,6 @@ def _input_grads(q, k, v, gc, beta, d_o, S, G, mats):
     return dq, dk, dY, dg, dbeta
 
 
-@contextlib.contextmanager
-def _tf32_products(enabled: bool):
-    """float32 products on TF32 tensor cores while the inputs are 16-bit (their gradients are
-    held to 1e-2; TF32's 10-bit mantissa with float32 accumulation stays far inside it). It sets
-    torch's process-wide matmul precision for the duration (not thread-safe, as torch's own flag
-    is not)."""
-    if not enabled:
-        yield
-        return
-    saved = torch.backends.cuda.matmul.fp32_precision
-    torch.backends.cuda.matmul.fp32_precision = "tf32"
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.fp32_precision = saved
-
-
 def _slabs(count: int, per_item: int):
     step = max(1, _SLAB_ELEMENTS // max(per_item, 1))
     return [slice(i, min(i + step, count)) for i in range(0, count, step)]
@@ -141,30 +121,29 @@ def gated_delta_chunked_backward(q, k, v, g, beta, d_o, checkpoints, d_state, sc
     dO = _chunked(d_o, n, every, dtype).mul_(scale)
     gc, bc = _chunked(g, n, every, dtype).cumsum(-1), _chunked(beta, n, every, dtype)
     N = B * H * n
-    with _tf32_products(q.dtype != torch.float32 and dtype == torch.float32):
-        mats = _chunk_matrices(qc, kc, gc, bc)
-        # Stage 1, then stage 2 in (chunk, b * h) order: after[c] = G after chunk c (contiguous
-        # for baddbmm's out), G before chunk c = Phi[c] after[c] + Psi[c].
-        phi = torch.empty(B * H, n, K, K, dtype=dtype, device=q.device)
-        psi = torch.empty(B * H, n, K, V, dtype=dtype, device=q.device)
-        for s in _slabs(N, K * max(K, V)):
-            phi.view(N, K, K)[s], psi.view(N, K, V)[s] = _state_step(qc[s], kc[s], gc[s], dO[s],
-                                                                      [x[s] for x in mats])
-        after = torch.empty(n, B * H, K, V, dtype=dtype, device=q.device)
-        if d_state is None:
-            after[-1].zero_()
-        else:
-            after[-1].copy_(d_state.reshape(B * H, K, V))
-        for c in reversed(range(1, n)):
-            torch.baddbmm(psi[:, c], phi[:, c], after[c], out=after[c - 1])
-        G = torch.baddbmm(psi[:, 0], phi[:, 0], after[0]) if n else after[-1]
-        del phi, psi
-        S = checkpoints.to(dtype).reshape(N, K, V)
-        after = after.transpose(0, 1).reshape(N, K, V)
-        dq, dk, dv = torch.empty_like(qc), torch.empty_like(kc), torch.empty_like(vc)
-        dg, dbeta = torch.empty_like(gc), torch.empty_like(bc)
-        for s in _slabs(N, K * V):
-            dq[s], dk[s], dv[s], dg[s], dbeta[s] = _input_grads(qc[s], kc[s], vc[s], gc[s], bc[s], dO[s], S[s],
-                                                                after[s], [x[s] for x in mats])
+    mats = _chunk_matrices(qc, kc, gc, bc)
+    # Stage 1, then stage 2 in (chunk, b * h) order: after[c] = G after chunk c (contiguous
+    # for baddbmm's out), G before chunk c = Phi[c] after[c] + Psi[c].
+    phi = torch.empty(B * H, n, K, K, dtype=dtype, device=q.device)
+    psi = torch.empty(B * H, n, K, V, dtype=dtype, device=q.device)
+    for s in _slabs(N, K * max(K, V)):
+        phi.view(N, K, K)[s], psi.view(N, K, V)[s] = _state_step(qc[s], kc[s], gc[s], dO[s],
+                                                                  [x[s] for x in mats])
+    after = torch.empty(n, B * H, K, V, dtype=dtype, device=q.device)
+    if d_state is None:
+        after[-1].zero_()
+    else:
+        after[-1].copy_(d_state.reshape(B * H, K, V))
+    for c in reversed(range(1, n)):
+        torch.baddbmm(psi[:, c], phi[:, c], after[c], out=after[c - 1])
+    G = torch.baddbmm(psi[:, 0], phi[:, 0], after[0])
+    del phi, psi
+    S = checkpoints.to(dtype).reshape(N, K, V)
+    after = after.transpose(0, 1).reshape(N, K, V)
+    dq, dk, dv = torch.empty_like(qc), torch.empty_like(kc), torch.empty_like(vc)
+    dg, dbeta = torch.empty_like(gc), torch.empty_like(bc)
+    for s in _slabs(N, K * V):
+        dq[s], dk[s], dv[s], dg[s], dbeta[s] = _input_grads(qc[s], kc[s], vc[s], gc[s], bc[s], dO[s], S[s],
+                                                            after[s], [x[s] for x in mats])
     grads = [_unchunked(x, B, H, T).to(t.dtype) for x, t in ((dq, q), (dk, k), (dv, v), (dg, g), (dbeta, beta))]
     return (*grads, G.view(B, H, K, V) if want_d_state0 else None)

@@ -24,7 +24,7 @@ from bench import run_meta  # noqa: E402
 from bench.causal_linear import do_bench  # noqa: E402
 from bench.delta_rule import impl_fn, make_inputs, time_training  # noqa: E402
 
-SWEEP = [(8, T, 16, 128) for T in (64, 128, 256, 1024, 4096)]
+SWEEP = [(8, T, 16, 128) for T in (64, 256, 384, 512, 1024, 4096)] + [(1, T, 8, 128) for T in (512, 2048)]
 SHAPES = [(8, 4096, 16, 128), (4, 8192, 32, 128)]
 
 
@@ -58,19 +58,18 @@ def stage_ms(inputs) -> dict:
     times = {"whole": do_bench(lambda: chunked.gated_delta_chunked_backward(q, k, v, g, beta, d_o, ckpt, d_s,
                                                                              K ** -0.5, True, every)),
              "chunking": do_bench(lambda: [chunked._chunked(x, n, every, torch.float32) for x in (q, k, v, d_o)])}
-    with chunked._tf32_products(True):
-        mats = chunked._chunk_matrices(qc, kc, gc, bc)
-        phi, psi = chunked._state_step(qc, kc, gc, dO, mats)
-        phi_bh, psi_bh = phi.view(B * H, n, K, K), psi.view(B * H, n, K, -1)
+    mats = chunked._chunk_matrices(qc, kc, gc, bc)
+    phi, psi = chunked._state_step(qc, kc, gc, dO, mats)
+    phi_bh, psi_bh = phi.view(B * H, n, K, K), psi.view(B * H, n, K, -1)
 
-        def scan():
-            x = d_s.reshape(B * H, K, -1)
-            for c in reversed(range(n)):
-                x = torch.baddbmm(psi_bh[:, c], phi_bh[:, c], x)
-        times.update({"chunk_matrices": do_bench(lambda: chunked._chunk_matrices(qc, kc, gc, bc)),
-                      "stage1_state_step": do_bench(lambda: chunked._state_step(qc, kc, gc, dO, mats)),
-                      "stage2_scan": do_bench(scan),
-                      "stage3_input_grads": do_bench(lambda: chunked._input_grads(qc, kc, vc, gc, bc, dO, S, G, mats))})
+    def scan():
+        x = d_s.reshape(B * H, K, -1)
+        for c in reversed(range(n)):
+            x = torch.baddbmm(psi_bh[:, c], phi_bh[:, c], x)
+    times.update({"chunk_matrices": do_bench(lambda: chunked._chunk_matrices(qc, kc, gc, bc)),
+                  "stage1_state_step": do_bench(lambda: chunked._state_step(qc, kc, gc, dO, mats)),
+                  "stage2_scan": do_bench(scan),
+                  "stage3_input_grads": do_bench(lambda: chunked._input_grads(qc, kc, vc, gc, bc, dO, S, G, mats))})
     return times
 
 

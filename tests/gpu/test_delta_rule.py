@@ -292,6 +292,19 @@ def test_backward_through_the_op(dtype, variant, T, K, V):
     """attngen.rwkv7 / gated_delta_rule differentiated by torch against float64 autograd of the
     reference on the same inputs: every input's gradient and the initial state's, with the
     final state in the loss; strided inputs; gradients in the inputs' dtypes."""
+    check_backward(dtype, variant, T, K, V)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T,K,V", [(1, 64, 64), (64, 128, 64), (65, 64, 128), (200, 128, 128)])
+def test_gated_delta_chunked_backward_through_the_op(dtype, T, K, V, monkeypatch):
+    """The same with Gated DeltaNet's backward by chunks at every length (it runs from
+    delta_rule.CHUNKED_BACKWARD_FROM_T steps): one step, a whole chunk, a chunk and a step."""
+    monkeypatch.setattr(delta_rule, "CHUNKED_BACKWARD_FROM_T", 0)
+    check_backward(dtype, "gated_delta", T, K, V)
+
+
+def check_backward(dtype, variant, T, K, V):
     B, H = 2, 3
     make, fn, ref = ((rwkv7_inputs, attngen.rwkv7, reference.rwkv7) if variant == "rwkv7" else
                      (gated_inputs, attngen.gated_delta_rule, reference.gated_delta_rule))
@@ -363,11 +376,12 @@ def test_torch_compile_fullgraph():
 
 
 @pytest.mark.parametrize("variant", ["rwkv7", "gated_delta"])
-def test_torch_compile_fullgraph_training_step(variant):
+def test_torch_compile_fullgraph_training_step(variant, monkeypatch):
     """Forward and loss compiled in one graph (its backward through AOTAutograd: for Gated
     DeltaNet the chunked backward's torch products) give eager's gradients."""
     make, fn = (rwkv7_inputs, attngen.rwkv7) if variant == "rwkv7" else (gated_inputs, attngen.gated_delta_rule)
     inputs = make(2, 70, 3, 64, 64, torch.float32, seed=6)
+    monkeypatch.setattr(delta_rule, "CHUNKED_BACKWARD_FROM_T", 64)  # Gated DeltaNet's by chunks (2 of them)
 
     def loss(*x):
         o, s = fn(*x)
