@@ -12,8 +12,8 @@ S'_t = alpha_t S'_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T.
 
 With a gradient wanted, the forward also saves the state every `checkpoint_every()` steps; the
 backward (specs/delta_rule_grad.yaml) rebuilds the states in between and walks time in reverse.
-It is written for RWKV-7. Gated DeltaNet's backward runs by chunks from CHUNKED_BACKWARD_FROM_T
-steps (attngen/gated_delta_chunked_grad.py, the checkpoints being the states before its chunks);
+It is written for RWKV-7. Gated DeltaNet's backward runs by chunks on long sequences
+(`use_chunked_backward`; attngen/gated_delta_chunked_grad.py, the checkpoints being the states before its chunks);
 below that, Gated DeltaNet is RWKV-7 with tied vectors (w = g on every key, a = k,
 b = -alpha beta k, v scaled by beta), so its gradients are RWKV-7's mapped back through the ties
 (`_gated_delta_backward`), with the tied vectors made in fp32.
@@ -30,11 +30,18 @@ from .gated_delta_chunked_grad import gated_delta_chunked_backward
 
 OP = Op("delta_rule")
 # Gated DeltaNet's backward runs by chunks (gated_delta_chunked_grad: batched torch products and
-# a reverse scan over chunks) from this many steps, the recurrent delta_rule_grad kernel on
-# RWKV-7's tied vectors below it. Forward + backward, B8 H16 K=V=128 bf16 on the H100
-# (bench/results/h100/gated_delta_backward.md, commit 506159f): by chunks 0.80x the recurrent
-# kernel's speed at T = 256, 1.70x at 1024, 1.81x at 4096; the crossover lies between.
+# a reverse scan over chunks) from T steps and B * H * T head-steps, the recurrent
+# delta_rule_grad kernel on RWKV-7's tied vectors below. Forward + backward, K=V=128 bf16 on the
+# H100 (bench/results/h100/gated_delta_backward.md, commit aa76899), by chunks against the
+# recurrent kernel: B8 H16 at T 256 0.66x, 384 0.96x, 512 1.31x, 1024 1.89x, 4096 2.01x; B1 H8
+# at T 512 0.32x, 2048 0.93x (its ~4.5 ms floor is a hundred torch calls' host time).
 CHUNKED_BACKWARD_FROM_T = 512
+CHUNKED_BACKWARD_FROM_STEPS = 8 * 16 * 512
+
+
+def use_chunked_backward(B: int, T: int, H: int) -> bool:
+    """Whether Gated DeltaNet's backward at this size runs by chunks (see the constants above)."""
+    return T >= CHUNKED_BACKWARD_FROM_T and B * H * T >= CHUNKED_BACKWARD_FROM_STEPS
 GRAD = Op("delta_rule_grad")
 _registered = False
 
@@ -99,7 +106,7 @@ def _backward(ctx, d_o, d_state, _d_checkpoints):
         dq, dw, dk, da, db, dv, ds0 = GRAD(q, k, v, w, a, b, d_o.to(q.dtype), checkpoints, d_state, ctx.scale,
                                            ctx.has_state)
         grads = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dw.to(w.dtype), da.to(a.dtype), db.to(b.dtype)
-    elif q.shape[1] >= CHUNKED_BACKWARD_FROM_T:
+    elif use_chunked_backward(q.shape[0], q.shape[1], q.shape[2]):
         *grads, ds0 = gated_delta_chunked_backward(q, k, v, w, a, d_o, checkpoints, d_state, ctx.scale,
                                                    ctx.has_state, checkpoint_every())
         grads.append(None)  # b: unused by gated_delta

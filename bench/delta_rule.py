@@ -88,10 +88,10 @@ def time_candidates(variant, K, inputs) -> dict:
     codegen build --bench`), forced on the shape: what the kinds' grids are chosen from."""
     if variant == "rwkv7":
         r, w, k, v, a, b, s = inputs
-        args = (r, k, v, w, a, b, s, delta_rule.variant("rwkv7"), 1.0, True, None)
+        args = (r, k, v, w, a, b, s, delta_rule.variant("rwkv7"), 1.0, True, None, False)
     else:
         q, k, v, g, beta, s = inputs
-        args = (q, k, v, g, beta, None, s, delta_rule.variant("gated_delta"), K ** -0.5, True, None)
+        args = (q, k, v, g, beta, None, s, delta_rule.variant("gated_delta"), K ** -0.5, True, None, False)
     names = [n for n in delta_rule.OP.instances() + delta_rule.OP.bench_instances()
              if n.startswith(f"delta_rule_{variant}_") and f"_k{K}_" in n and n.endswith("_bf16_sm90a")]
     return {n: do_bench(lambda: delta_rule.delta_rule_with(n, *args)) for n in sorted(names)}

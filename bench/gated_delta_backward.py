@@ -1,6 +1,6 @@
 """Gated DeltaNet's backward, bf16: the chunked backward (attngen/gated_delta_chunked_grad.py)
 against the recurrent kernel on RWKV-7's tied vectors (what runs below
-delta_rule.CHUNKED_BACKWARD_FROM_T), over T at B8 H16 K=V=128 and on the issue's shapes; where
+delta_rule.use_chunked_backward), over T at B8 H16 K=V=128 and on the issue's shapes; where
 the chunked backward's time goes (its three stages, and torch.profiler's kernels); its peak
 memory. Forward + backward as bench.delta_rule times it (state in and out, every input and the
 initial state differentiable).
@@ -28,18 +28,17 @@ SWEEP = [(8, T, 16, 128) for T in (64, 256, 384, 512, 1024, 4096)] + [(1, T, 8, 
 SHAPES = [(8, 4096, 16, 128), (4, 8192, 32, 128)]
 
 
-def train_ms(inputs, chunked_from: int) -> tuple[float, float, torch.Tensor]:
-    """(forward + backward ms, peak GiB over the step, dq) with the chunked backward from T =
-    chunked_from."""
-    saved = delta_rule.CHUNKED_BACKWARD_FROM_T
-    delta_rule.CHUNKED_BACKWARD_FROM_T = chunked_from
+def train_ms(inputs, by_chunks: bool) -> tuple[float, float, torch.Tensor]:
+    """(forward + backward ms, peak GiB over the step, dq) with the backward by chunks or not."""
+    saved = delta_rule.use_chunked_backward
+    delta_rule.use_chunked_backward = lambda B, T, H: by_chunks
     try:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         ms, grad = time_training(impl_fn("attngen", "gated_delta"), inputs)
         peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
     finally:
-        delta_rule.CHUNKED_BACKWARD_FROM_T = saved
+        delta_rule.use_chunked_backward = saved
     return ms, peak, grad
 
 
@@ -94,19 +93,19 @@ def main():
     parser.add_argument("--out", default="bench/results/h100")
     out = Path(parser.parse_args().out)
     out.mkdir(parents=True, exist_ok=True)
-    never, started = 1 << 62, time.time()
+    started = time.time()
     result = {"sweep": [], "shapes": []}
     for B, T, H, K in SWEEP:
         inputs = make_inputs("gated_delta", B, T, H, K, torch.bfloat16)
-        ch, ch_peak, g1 = train_ms(inputs, 0)
-        rec, rec_peak, g2 = train_ms(inputs, never)
+        ch, ch_peak, g1 = train_ms(inputs, True)
+        rec, rec_peak, g2 = train_ms(inputs, False)
         row = {"shape": [B, T, H, K], "chunked_ms": ch, "recurrent_ms": rec, "chunked_peak_gib": ch_peak,
                "recurrent_peak_gib": rec_peak, "dq_rel_diff": ((g1 - g2).norm() / g2.norm()).item()}
         result["sweep"].append(row)
         print(row, flush=True)
     for B, T, H, K in SHAPES:
         inputs = make_inputs("gated_delta", B, T, H, K, torch.bfloat16)
-        ms, peak, _ = train_ms(inputs, 0)
+        ms, peak, _ = train_ms(inputs, True)
         row = {"shape": [B, T, H, K], "train_ms": ms, "peak_gib": peak, "stages_ms": stage_ms(inputs),
                "profile": profile_lines(inputs)}
         result["shapes"].append(row)

@@ -299,8 +299,8 @@ def test_backward_through_the_op(dtype, variant, T, K, V):
 @pytest.mark.parametrize("T,K,V", [(1, 64, 64), (64, 128, 64), (65, 64, 128), (200, 128, 128)])
 def test_gated_delta_chunked_backward_through_the_op(dtype, T, K, V, monkeypatch):
     """The same with Gated DeltaNet's backward by chunks at every length (it runs from
-    delta_rule.CHUNKED_BACKWARD_FROM_T steps): one step, a whole chunk, a chunk and a step."""
-    monkeypatch.setattr(delta_rule, "CHUNKED_BACKWARD_FROM_T", 0)
+    delta_rule.use_chunked_backward says): one step, a whole chunk, a chunk and a step."""
+    monkeypatch.setattr(delta_rule, "use_chunked_backward", lambda B, T, H: True)
     check_backward(dtype, "gated_delta", T, K, V)
 
 
@@ -324,14 +324,14 @@ def check_backward(dtype, variant, T, K, V):
 
 
 @pytest.mark.parametrize("variant,K", [("rwkv7", 64), ("gated_delta", 128)])
-def test_long_sequence_backward_bf16(variant, K):
+def test_long_sequence_backward_bf16(variant, K, monkeypatch):
     """Over 4097 steps (65 checkpoint windows, the last one step long), bf16: RWKV-7's
     recurrent backward, Gated DeltaNet's chunked one (65 chunks, the last of one step)."""
     make, fn, ref, names = ((rwkv7_inputs, attngen.rwkv7, reference.rwkv7, ("r", "w", "k", "v", "a", "b"))
                             if variant == "rwkv7" else
                             (gated_inputs, attngen.gated_delta_rule, reference.gated_delta_rule,
                              ("q", "k", "v", "g", "beta")))
-    assert variant == "rwkv7" or 4097 >= delta_rule.CHUNKED_BACKWARD_FROM_T
+    monkeypatch.setattr(delta_rule, "use_chunked_backward", lambda B, T, H: True)
     inputs = make(1, 4097, 2, K, 64, torch.bfloat16, "near1", seed=9)
     state = torch.randn(1, 2, K, 64, device="cuda") * 0.1
     d_o = torch.randn(1, 4097, 2, 64, device="cuda").to(torch.bfloat16)
@@ -379,12 +379,12 @@ def test_torch_compile_fullgraph():
 def test_torch_compile_fullgraph_training_step(variant, monkeypatch):
     """Forward and loss compiled in one graph (its backward through AOTAutograd: for Gated
     DeltaNet the chunked backward's torch products) give eager's gradients."""
-    make, fn = (rwkv7_inputs, attngen.rwkv7) if variant == "rwkv7" else (gated_inputs, attngen.gated_delta_rule)
+    make, op = (rwkv7_inputs, attngen.rwkv7) if variant == "rwkv7" else (gated_inputs, attngen.gated_delta_rule)
     inputs = make(2, 70, 3, 64, 64, torch.float32, seed=6)
-    monkeypatch.setattr(delta_rule, "CHUNKED_BACKWARD_FROM_T", 64)  # Gated DeltaNet's by chunks (2 of them)
+    monkeypatch.setattr(delta_rule, "use_chunked_backward", lambda B, T, H: True)  # Gated DeltaNet's: 2 chunks
 
     def loss(*x):
-        o, s = fn(*x)
+        o, s = op(*x)
         return o.square().sum() + s.sum()
     compiled = torch.compile(loss, fullgraph=True)
     grads = []
