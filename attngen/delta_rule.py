@@ -148,11 +148,70 @@ def _wants_grad(tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
-def _run(op_name: str, tensors: dict, variant_name: str, scale: float, return_state: bool, qk_l2norm: bool = False):
+def _packed_rows(op_name: str, first: str, x: torch.Tensor, cu_seqlens) -> tuple[torch.Tensor, int, int]:
+    """With cu_seqlens: (the row of a flattened [N, Tmax] batch each packed step goes to, N,
+    Tmax), after the checks that read cu_seqlens on the host (they synchronize): a 1-D integer
+    tensor starting at 0, never decreasing, ending at the packed steps of `first` ([1, T, H, ...])."""
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 \
+            or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        got = (f"{cu_seqlens.dtype} of shape {list(cu_seqlens.shape)}" if isinstance(cu_seqlens, torch.Tensor)
+               else type(cu_seqlens).__name__)
+        raise ValueError(f"{op_name}: cu_seqlens must be a 1-D int32 or int64 tensor of N + 1 offsets, got {got}")
+    if not isinstance(x, torch.Tensor) or x.dim() < 3 or x.shape[0] != 1:
+        got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{op_name}: with cu_seqlens the sequences are packed along T of a batch of one: {first} "
+                         f"must be [1, T, H, ...], got {got}")
+    host = cu_seqlens.tolist()
+    lengths = [end - start for start, end in zip(host, host[1:])]
+    if host[0] != 0:
+        raise ValueError(f"{op_name}: cu_seqlens[0] = {host[0]}; it must be 0")
+    if any(n < 0 for n in lengths):
+        i = next(i for i, n in enumerate(lengths) if n < 0)
+        raise ValueError(f"{op_name}: cu_seqlens decreases at index {i + 1} ({host[i]} -> {host[i + 1]})")
+    if host[-1] != x.shape[1]:
+        raise ValueError(f"{op_name}: cu_seqlens[-1] = {host[-1]} does not match the {x.shape[1]} packed steps of "
+                         f"{first}")
+    N, longest, T = len(lengths), max(lengths, default=0), x.shape[1]
+    cu = cu_seqlens.to(x.device, torch.int64)
+    seq = torch.repeat_interleave(torch.arange(N, device=x.device), cu[1:] - cu[:-1], output_size=T)
+    return torch.arange(T, device=x.device) - cu[seq] + seq * longest, N, longest
+
+
+def _run_packed(op_name: str, tensors: dict, cu_seqlens, run):
+    """Sequences packed along T (cu_seqlens) run as a zero-padded batch [N, Tmax, H, ...], their
+    outputs packed back: `run` takes the padded tensors (the state as given, [N, H, K, V]) and
+    returns (o, final state). Exact: a padded step follows its sequence's last and changes
+    nothing (log decay 0, no correction, no key, no value), so the final state is the
+    sequence's, and its rows of o are dropped. Differentiable (index_copy in, index_select out).
+    The cost is that of N x Tmax steps, whatever the lengths."""
+    first = next(iter(tensors))
+    rows, N, longest = _packed_rows(op_name, first, tensors[first], cu_seqlens)
+    packed_shape = tensors[first].shape[:2]
+
+    def pad(name, x):
+        if x is None or name == "state":
+            return x
+        if not isinstance(x, torch.Tensor) or x.dim() < 3 or x.shape[:2] != packed_shape:
+            got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{op_name}: with cu_seqlens {name} must be packed as {first} is, "
+                             f"[{packed_shape[0]}, {packed_shape[1]}, H, ...], got {got}")
+        out = x.new_zeros(N * longest, *x.shape[2:]).index_copy(0, rows, x[0])
+        return out.view(N, longest, *x.shape[2:])
+
+    o, s = run({name: pad(name, t) for name, t in tensors.items()})
+    return o.reshape(N * longest, *o.shape[2:]).index_select(0, rows)[None], s
+
+
+def _run(op_name: str, tensors: dict, variant_name: str, scale: float, return_state: bool, qk_l2norm: bool = False,
+         cu_seqlens=None):
     """Every tensor on a CUDA device (what needs no extension to say), then the op, whose
     generated checks name anything else: through attngen::delta_rule_train (which saves the
     checkpoints) where a gradient is wanted, straight to the op otherwise. `qk_l2norm` (the
-    kernels normalise q and k) only without a gradient: the backward takes q and k normalised."""
+    kernels normalise q and k) only without a gradient: the backward takes q and k normalised.
+    With cu_seqlens, the packed sequences run as one padded batch (_run_packed)."""
+    if cu_seqlens is not None:
+        return _run_packed(op_name, tensors, cu_seqlens,
+                           lambda padded: _run(op_name, padded, variant_name, scale, return_state, qk_l2norm))
     first = next(iter(tensors.values()))
     for name, t in tensors.items():
         if t is not None:
@@ -170,22 +229,26 @@ def _run(op_name: str, tensors: dict, variant_name: str, scale: float, return_st
 
 def rwkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
           b: torch.Tensor, state: Optional[torch.Tensor] = None, scale: float = 1.0,
-          return_state: bool = True):
+          return_state: bool = True, cu_seqlens: Optional[torch.Tensor] = None):
     """RWKV-7's wkv: (o [B, T, H, V], final state [B, H, K, V] float32, or None).
 
     r, w, k, a, b: [B, T, H, K]; v: [B, T, H, V]; all of one dtype (fp32, fp16 or bf16; the
     state and the arithmetic are fp32). w is the log of the decay (w <= 0); as RWKV-LM passes
     them, a = -kk and b = kk * iclr. state: [B, H, K, V] float32 (default zeros). Any strides
     with a contiguous last dim. Differentiable in every input and the initial state, and
-    through the returned state.
+    through the returned state. cu_seqlens (int32 or int64 [N + 1], as flash-linear-attention
+    takes it): N sequences packed along T of a batch of one, sequence i in steps cu_seqlens[i]
+    .. cu_seqlens[i + 1] - 1, each from its own initial state; state and the final state are
+    then [N, H, K, V].
     """
     return _run("rwkv7", {"r": r, "k": k, "v": v, "w": w, "a": a, "b": b, "state": state}, "rwkv7",
-                float(scale), bool(return_state))
+                float(scale), bool(return_state), cu_seqlens=cu_seqlens)
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      state: Optional[torch.Tensor] = None, scale: Optional[float] = None,
-                     use_qk_l2norm: bool = False, return_state: bool = True):
+                     use_qk_l2norm: bool = False, return_state: bool = True,
+                     cu_seqlens: Optional[torch.Tensor] = None):
     """Gated DeltaNet: (o [B, T, H, V], final state [B, H, K, V] float32, or None).
 
     q, k: [B, T, H, K]; v: [B, T, H, V] (K and V may differ); one dtype (fp32, fp16, bf16).
@@ -193,7 +256,8 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     use_qk_l2norm normalises q and k over K first (in fp32, rounded back to their dtype): inside
     the kernels when no gradient is wanted, by torch before them otherwise (so that autograd
     differentiates the normalisation). Differentiable in every input and the initial state, and
-    through the returned state.
+    through the returned state. cu_seqlens packs N sequences along T of a batch of one, as in
+    `rwkv7` (state and the final state [N, H, K, V]).
     """
     in_kernel = use_qk_l2norm and not _wants_grad((q, k, v, g, beta, state))
     if use_qk_l2norm and not in_kernel:
@@ -202,7 +266,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     g = g.float() if isinstance(g, torch.Tensor) else g
     beta = beta.float() if isinstance(beta, torch.Tensor) else beta
     return _run("gated_delta_rule", {"q": q, "k": k, "v": v, "g": g, "beta": beta, "b": None, "state": state},
-                "gated_delta", float(scale), bool(return_state), in_kernel)
+                "gated_delta", float(scale), bool(return_state), in_kernel, cu_seqlens)
 
 
 def instances() -> list[str]:

@@ -368,6 +368,20 @@ def gated_delta_rule(q, k, v, g, beta, state=None, scale=None, dtype=torch.float
     return out, S
 
 
+def delta_rule_packed(fn, inputs, cu_seqlens, state=None, **kwargs):
+    """`fn` (rwkv7 or gated_delta_rule above) over sequences packed along T of a batch of one, as
+    flash-linear-attention's cu_seqlens packs them: each sequence run alone from its own initial
+    state (state [N, H, K, V], default zeros). inputs [1, T, H, ...] -> (o [1, T, H, V], final
+    states [N, H, K, V])."""
+    bounds = [int(x) for x in cu_seqlens]
+    outs, finals = [], []
+    for i, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        o, s = fn(*(x[:, start:end] for x in inputs), state=None if state is None else state[i:i + 1], **kwargs)
+        outs.append(o)
+        finals.append(s)
+    return torch.cat(outs, 1), torch.cat(finals, 0)
+
+
 def _to_chunks(x, chunk: int):
     """[B, T, H, ...] -> [B, H, n, chunk, ...] in float64, zero-padded to whole chunks (a padded
     step has no decay, no correction and no output)."""

@@ -355,6 +355,43 @@ def test_chunked_training_hands_the_state_and_its_gradient_over():
         assert rel_err(x, y) <= 1e-5, name
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("variant,lengths,K,by_chunks", [
+    ("rwkv7", [0, 1, 7, 65, 0, 130, 3], 64, False),
+    ("gated_delta", [0, 1, 7, 65, 0, 130, 3], 128, False),
+    ("gated_delta", [300, 0, 1, 577, 64], 64, True),   # bf16: the chunked forward kind and backward
+])
+def test_packed_sequences(dtype, variant, lengths, K, by_chunks, monkeypatch):
+    """cu_seqlens: sequences of 0, 1 and odd lengths packed along T of a batch of one, each from
+    its own initial state, against the float64 reference run on each alone: the output, the
+    final states and the gradients of every input and initial state."""
+    make, fn, ref = ((rwkv7_inputs, attngen.rwkv7, reference.rwkv7) if variant == "rwkv7" else
+                     (gated_inputs, attngen.gated_delta_rule, reference.gated_delta_rule))
+    monkeypatch.setattr(delta_rule, "use_chunked_backward", lambda B, T, H: by_chunks)
+    N, H, V, T = len(lengths), 2, 64, sum(lengths)
+    cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+    inputs = make(1, T, H, K, V, dtype, seed=T)
+    state = torch.randn(N, H, K, V, device="cuda") * 0.1
+    d_o, d_state = torch.randn(1, T, H, V, device="cuda").to(dtype), torch.randn(N, H, K, V, device="cuda")
+    poison(T * H * V + N * H * K * V)
+    got = loss_grads(lambda *x, state: fn(*x, state=state, scale=0.5, cu_seqlens=cu), inputs, state, d_o, d_state)
+    want = loss_grads(lambda *x, state: reference.delta_rule_packed(ref, x, cu, state=state, scale=0.5),
+                      [x.double() for x in inputs], state.double(), d_o.double(), d_state.double())
+    with torch.no_grad():
+        o, final = fn(*inputs, state=state, scale=0.5, cu_seqlens=cu)
+        ref_o, ref_final = reference.delta_rule_packed(ref, inputs, cu, state=state, scale=0.5)
+    tol = TOL[dtype]
+    assert o.shape == (1, T, H, V) and final.shape == (N, H, K, V)
+    assert rel_err(o, ref_o) <= tol and rel_err(final, ref_final) <= tol
+    empty = lengths.index(0)
+    assert rel_err(final[empty], state[empty]) <= 1e-6, "an empty sequence's final state is its initial state"
+    names = ("r", "w", "k", "v", "a", "b") if variant == "rwkv7" else ("q", "k", "v", "g", "beta")
+    for name, x, y, leaf in zip((*names, "state"), got, want, (*inputs, state)):
+        assert x.dtype == leaf.dtype and x.shape == leaf.shape, name
+        limit = max(TOL[leaf.dtype], 1e-5) if leaf.dtype != torch.float32 else 2e-5
+        assert rel_err(x, y) <= limit, f"d{name}: rel err {rel_err(x, y):.2e}"
+
+
 def test_backward_inputs_the_grad_op_refuses_are_named():
     r, w, k, v, a, b = rwkv7_inputs(1, 100, 2, 64, 64, torch.bfloat16)
     ckpt = torch.zeros(delta_rule.checkpoint_shape(1, 100, 2, 64, 64), device="cuda")
