@@ -84,7 +84,9 @@ __device__ __forceinline__ void load_rows(T* tile, const T* src, int64_t stride,
 
 // With qk_l2norm: row `row` of a q or k tile divided by its L2 norm (at least kL2Floor) in fp32,
 // rounded back to T, as torch.nn.functional.normalize(x.float()).to(x.dtype) leaves it (both
-// kernels normalize the tiles they load, the same way). A thread per row.
+// kernels normalize the tiles they load, the same way). A thread per row. It multiplies by the
+// norm's reciprocal (within an ulp of fp32 division, before the rounding to T): an IEEE
+// division per element sat on the walk's serial path.
 __device__ __forceinline__ void l2_normalize_row(T* tile, int row) {
   float squares = 0.f;
 #pragma unroll 1  // a chunk walk's state is live around it: no room for a row in registers
@@ -94,13 +96,13 @@ __device__ __forceinline__ void l2_normalize_row(T* tile, int row) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) squares = fmaf(to_float(x[e]), to_float(x[e]), squares);
   }
-  const float norm = fmaxf(sqrtf(squares), kL2Floor);
+  const float inverse = 1.f / fmaxf(sqrtf(squares), kL2Floor);
 #pragma unroll 1
   for (int c = 0; c < KB; c += 8) {
     uint4 piece = *reinterpret_cast<const uint4*>(tile + KeyTile::offset(row, c));  // smem: norm_piece_read
     T* x = reinterpret_cast<T*>(&piece);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = from_float<T>(to_float(x[e]) / norm);
+    for (int e = 0; e < 8; ++e) x[e] = from_float<T>(to_float(x[e]) * inverse);
     *reinterpret_cast<uint4*>(tile + KeyTile::offset(row, c)) = piece;  // smem: norm_piece_write
   }
 }
