@@ -385,10 +385,13 @@ def test_packed_sequences(dtype, variant, lengths, K, by_chunks, monkeypatch):
     assert rel_err(o, ref_o) <= tol and rel_err(final, ref_final) <= tol
     empty = lengths.index(0)
     assert rel_err(final[empty], state[empty]) <= 1e-6, "an empty sequence's final state is its initial state"
+    # Every gradient, g's and beta's (fp32 leaves) too, is bounded by the call's dtype: past 256
+    # steps the 16-bit forward is the chunked kind, whose 16-bit records set the checkpoints'
+    # accuracy (dg 9.0e-4 on the H200 at b676602), as in test_long_sequence_backward_bf16.
+    limit = 2e-5 if dtype == torch.float32 else TOL[dtype]
     names = ("r", "w", "k", "v", "a", "b") if variant == "rwkv7" else ("q", "k", "v", "g", "beta")
     for name, x, y, leaf in zip((*names, "state"), got, want, (*inputs, state)):
         assert x.dtype == leaf.dtype and x.shape == leaf.shape, name
-        limit = max(TOL[leaf.dtype], 1e-5) if leaf.dtype != torch.float32 else 2e-5
         assert rel_err(x, y) <= limit, f"d{name}: rel err {rel_err(x, y):.2e}"
 
 
