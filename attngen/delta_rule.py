@@ -31,10 +31,11 @@ from .gated_delta_chunked_grad import gated_delta_chunked_backward
 OP = Op("delta_rule")
 # Gated DeltaNet's backward runs by chunks (gated_delta_chunked_grad: batched torch products and
 # a reverse scan over chunks) from T steps and B * H * T head-steps, the recurrent
-# delta_rule_grad kernel on RWKV-7's tied vectors below. Forward + backward, K=V=128 bf16 on the
-# H100 (bench/results/h100/gated_delta_backward.md, commit aa76899), by chunks against the
-# recurrent kernel: B8 H16 at T 256 0.66x, 384 0.96x, 512 1.31x, 1024 1.89x, 4096 2.01x; B1 H8
-# at T 512 0.32x, 2048 0.93x (its ~4.5 ms floor is a hundred torch calls' host time).
+# delta_rule_grad kernel on RWKV-7's tied vectors below. Forward + backward, K=V=128 bf16, by
+# chunks against the recurrent kernel: B8 H16 at T 256 0.86x, 384 1.19x, 512 1.50x, 1024 2.07x,
+# 4096 2.21x; B1 H8 at T 512 0.38x, 2048 1.07x (its ~4.2 ms floor is a hundred torch calls'
+# host time). Measured on an H200 (bench/results/h200/gated_delta_backward.md, commit b676602);
+# an H100 run at aa76899, whose file was not kept, put the crossover at the same place.
 CHUNKED_BACKWARD_FROM_T = 512
 CHUNKED_BACKWARD_FROM_STEPS = 8 * 16 * 512
 
