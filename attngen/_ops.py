@@ -8,6 +8,8 @@ this class needs nothing per op but its name.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from . import _ext, _jit
@@ -16,7 +18,27 @@ BENCH_NAMESPACE = "attngen_bench"   # the benchmark extension's ops (bench-role 
 _AXIS_VALUES: dict = {}
 
 
-@torch.compiler.assume_constant_result
+def constant_result(fn):
+    """torch.compiler.assume_constant_result without importing torch._dynamo when attngen is
+    imported: that import took 4.4 s of a 12 s second process on the H100 machine
+    (bench/results/h100/first_use_profile.txt); on the 2-core CPU machine, `import attngen` after
+    torch took 1.02-1.18 s with it and 0.017 s without.
+    The mark is the attribute torch's own decorator sets (torch/_dynamo/decorators.py);
+    tests/unit/test_import_time.py checks that the two agree, so a torch that marks otherwise
+    fails there, not silently under torch.compile. Where torch._dynamo is already imported,
+    torch's decorator itself is applied."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    return mark_constant(fn)
+
+
+def mark_constant(fn):
+    """The mark torch.compiler.assume_constant_result leaves on `fn`, set without torch._dynamo."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@constant_result
 def _axis_values(op: str, axis: str) -> tuple:
     """The values of `axis` in the order `op`'s int argument numbers them, read from the extension
     once. A constant to torch.compile, which cannot trace an op that returns strings (fullgraph
@@ -30,7 +52,7 @@ def _axis_values(op: str, axis: str) -> tuple:
 _CONSTANTS: dict = {}
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def exported_constant(name: str) -> int:
     """An int a family exports from the extension (its `exported_constants`: the delta rule's
     checkpoint interval, the decode kinds' query-token limit), read once; a constant to

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from ._checks import check_tensor
-from ._ops import Op, exported_constant
+from ._ops import Op, constant_result, exported_constant
 from .gated_delta_chunked_grad import gated_delta_chunked_backward
 
 OP = Op("delta_rule")
@@ -63,7 +63,7 @@ def checkpoint_shape(B: int, T: int, H: int, K: int, V: int, every: int | None =
     return (B, H, (T + every - 1) // every, K, V)
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def _register() -> bool:
     """attngen::delta_rule_train: the forward that saves its checkpoints, with its fake
     implementation and its autograd formula (once per process; run at trace time under
