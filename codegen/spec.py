@@ -4,7 +4,7 @@ Every problem is a SpecError naming file:line, the field and what was expected.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dc_field
 from pathlib import Path
 
 from . import expr
@@ -18,7 +18,8 @@ from .yamlloc import LocDict, LocList, load_located
 TOP_KEYS = {"family", "arch", "op", "axes", "kernels", "dispatch", "tune"}
 REQUIRED_TOP_KEYS = TOP_KEYS - {"tune"}
 TUNE_KEYS = {"dtypes", "buckets", "kernels"}
-BUCKET_KEYS = {"name", "when", "shape"}
+BUCKET_KEYS = {"name", "when", "shape", "axes"}
+BUCKET_REQUIRED = {"name", "when", "shape"}
 OP_KEYS = {"name", "schema", "doc", "outputs", "key", "dispatch_axes", "args"}
 KERNEL_KEYS = {"template", "doc", "role", "grid", "where", "covers", "prefer"}
 # A kind's role: dispatched by the rules (the default); `fallback`, which an instance built on
@@ -52,11 +53,16 @@ class Rule:
 
 @dataclass(frozen=True)
 class Bucket:
-    """A shape bucket the tuned dispatch distinguishes, timed on its representative shape."""
+    """A shape bucket the tuned dispatch distinguishes, timed on its representative shape.
+    `axes` fixes axis values (besides dtype) for this bucket: its candidates are timed at them
+    and its winner serves only them (the delta rule's variant: an RWKV-7 winner is not
+    Gated DeltaNet's). Axes it leaves free take the family's TunePlan value when timed, and the
+    winner serves every value of them."""
     name: str
     when: expr.Expr
     shape: dict           # runtime shape: B, H, L, E, M
     line: int
+    axes: dict = dc_field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -284,6 +290,20 @@ def _load_kernels(ctx: _Ctx, doc: LocDict, fam, op, axes: dict, templates_dir: P
     return out
 
 
+def _bucket_axes(ctx: _Ctx, node: LocDict, axes: dict, field: str) -> dict:
+    """A bucket's `axes:`: values of the spec's axes other than dtype (tune.dtypes says those)."""
+    if "axes" not in node:
+        return {}
+    fixed = ctx.mapping(node["axes"], node.line_of("axes"), f"{field}.axes")
+    for axis, value in fixed.items():
+        if axis == "dtype" or axis not in axes:
+            ctx.fail(fixed.line_of(axis), f"{field}.axes.{axis}",
+                     f"expected an axis of the spec other than dtype ({[a for a in axes if a != 'dtype']})")
+        if value not in axes[axis]:
+            ctx.fail(fixed.line_of(axis), f"{field}.axes.{axis}", f"expected one of {list(axes[axis])}, got {value!r}")
+    return dict(fixed)
+
+
 def _load_tune(ctx: _Ctx, doc: LocDict, fam, op, axes: dict, kernels: dict, templates_dir: Path) -> TuneSpec:
     tune = ctx.mapping(doc["tune"], doc.line_of("tune"), "tune")
     ctx.keys(tune, TUNE_KEYS, TUNE_KEYS, "tune")
@@ -295,7 +315,7 @@ def _load_tune(ctx: _Ctx, doc: LocDict, fam, op, axes: dict, kernels: dict, temp
     for i, node in enumerate(buckets_node):
         field = f"tune.buckets[{i}]"
         node = ctx.mapping(node, buckets_node.line_of(i), field)
-        ctx.keys(node, BUCKET_KEYS, BUCKET_KEYS, field)
+        ctx.keys(node, BUCKET_KEYS, BUCKET_REQUIRED, field)
         name = ctx.string(node, "name", f"{field}.name")
         if not name.isidentifier() or name in names:
             ctx.fail(node.line_of("name"), f"{field}.name", f"expected a new identifier, got {name!r}")
@@ -306,7 +326,7 @@ def _load_tune(ctx: _Ctx, doc: LocDict, fam, op, axes: dict, kernels: dict, temp
         for dim, size in shape.items():
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 ctx.fail(shape.line_of(dim), f"{field}.shape.{dim}", f"expected a positive integer, got {_kind(size)}")
-        buckets.append(Bucket(name, when, dict(shape), node.line_of("name")))
+        buckets.append(Bucket(name, when, dict(shape), node.line_of("name"), _bucket_axes(ctx, node, axes, field)))
     kinds = _load_kernels(ctx, tune, fam, op, axes, templates_dir, base=kernels, prefix="tune.kernels")
     return TuneSpec(dtypes, tuple(buckets), kinds)
 

@@ -30,7 +30,9 @@ def write(path: Path, header: dict, entries: list[dict]) -> None:
     path.write_text(text)
 
 
-def tuned_instances(spec: Spec, entry: LocDict, file: str) -> list[KernelInstance]:
+def tuned_instances(spec: Spec, entry: LocDict, file: str, fixed: dict | None = None) -> list[KernelInstance]:
+    """The instances a table entry adds: its kind and params for each dtype it serves and each
+    value of the other axes, or only the value its bucket fixes (`fixed`, the bucket's axes)."""
     kind = spec.kernels.get(entry["kind"])
     if kind is None:
         raise SpecError(file, entry.line_of("kind"), "kind", f"unknown kernel kind {entry['kind']!r} in {spec.file}")
@@ -39,8 +41,11 @@ def tuned_instances(spec: Spec, entry: LocDict, file: str) -> list[KernelInstanc
         raise SpecError(file, entry.line_of("params"), "params",
                         f"expected exactly the parameters {list(kind.grid)} of kind {kind.name!r}")
     # The winner serves every value of the axes other than dtype (direction, keys): the same
-    # code walking the other way or with the other axis as output.
-    axes = [[(axis, value) for value in (entry["serves"] if axis == "dtype" else values)]
+    # code walking the other way or with the other axis as output; but of an axis its bucket
+    # fixes (the delta rule's variant), only the value it was timed at.
+    fixed = fixed or {}
+    axes = [[(axis, value) for value in (entry["serves"] if axis == "dtype" else
+                                         (fixed[axis],) if axis in fixed else values)]
             for axis, values in spec.axes.items()]
     return [KernelInstance(family=spec.family, op=spec.op.name, kind=kind.name, template=kind.template,
                            arch=spec.arch, axes=combo, params=tuple((p, params[p]) for p in kind.grid),
@@ -73,7 +78,7 @@ def load_rules(spec: Spec, path: Path, lower, display: str | None = None) -> tup
             raise SpecError(file, entry.line_of("bucket"), f"buckets[{i}].bucket",
                             f"no bucket {entry['bucket']!r} in {spec.file}; expected one of {list(buckets)}")
         lowered = []
-        for inst in tuned_instances(spec, entry, file):
+        for inst in tuned_instances(spec, entry, file, buckets[entry["bucket"]].axes):
             try:
                 lowered.append(lower(inst))
             except Rejected as rej:

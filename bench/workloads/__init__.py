@@ -3,6 +3,8 @@ runs on the GPU (codegen's tuner starts it as a separate process and never impor
 planning half, the dispatch variables of a bucket's shape, is the family's TunePlan in
 codegen/families/<family>.py). One module per family, with the same names:
 
+  (shape: a bucket's dims, and the values of the axes the bucket fixes with `axes:`, such as
+  the delta rule's variant)
   check_shape(shape)
                   a small shape of the same coverage, for the correctness check before timing
   inputs(torch, ops, shape, dtype, seed)

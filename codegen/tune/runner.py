@@ -37,13 +37,14 @@ def _simplicity(spec, inst) -> tuple:
     return (kinds.index(inst.kind), inst.d["threads"], inst.d["smem_bytes"], inst.name)
 
 
-def _smallest_buckets(spec, cands, runtime: dict, dtype: str) -> list:
-    """The candidates covering `runtime`, keeping per kind only its smallest bucket (the
-    `prefer:` order): a larger bucket only adds zero-filled work, and dispatch tries the
-    smallest first anyway."""
+def _smallest_buckets(spec, cands, runtime: dict, axes: dict) -> list:
+    """The candidates of `axes` (dtype and the bucket's timed axes) covering `runtime`, keeping
+    per kind only its smallest bucket (the `prefer:` order): a larger bucket only adds
+    zero-filled work, and dispatch tries the smallest first anyway."""
     out = []
     for kind in spec.kernels:
-        members = [c for c in cands if c.kind == kind and c.a["dtype"] == dtype and dispatch.covers(spec, c, runtime)]
+        members = [c for c in cands if c.kind == kind and all(c.a[a] == v for a, v in axes.items())
+                   and dispatch.covers(spec, c, runtime)]
         if members:
             best = min(tuple(c.p[k] for k in spec.kernels[kind].prefer) for c in members)
             out += [c for c in members if tuple(c.p[k] for k in spec.kernels[kind].prefer) == best]
@@ -103,10 +104,10 @@ def _add_defaults(spec, built, cands, dev: Device) -> dict:
     """The instance the default rules pick per (bucket, dtype), added to the candidates so
     that every winner's speed-up over the default is measured in the same run."""
     names, defaults = {c.name for c in cands}, {}
-    tuned_axes = family(spec.family).tune.axes
     for bucket in spec.tune.buckets:
         for dtype in spec.tune.dtypes:
-            inst = dispatch.select(spec, built, _runtime(spec, bucket, dtype, dev), {"dtype": dtype, **tuned_axes})
+            axes = {"dtype": dtype, **candidates.timed_axes(spec, bucket)}
+            inst = dispatch.select(spec, built, _runtime(spec, bucket, dtype, dev), axes)
             defaults[(bucket.name, dtype)] = inst
             if inst is not None and inst.name not in names:
                 cands.append(inst)
@@ -120,15 +121,18 @@ def _plan(spec, cands, failed, sources, store, dev: Device):
     workload = _workload_source(pipeline.ROOT, spec)
     for bucket in spec.tune.buckets:
         for dtype in spec.tune.dtypes:
-            for inst in _smallest_buckets(spec, cands, _runtime(spec, bucket, dtype, dev), dtype):
+            axes = {"dtype": dtype, **candidates.timed_axes(spec, bucket)}
+            for inst in _smallest_buckets(spec, cands, _runtime(spec, bucket, dtype, dev), axes):
+                # The workload reads the axis values a bucket fixes beside its dims (the delta
+                # rule's variant); the other families' shapes stay their dims.
                 job = {"id": f"{bucket.name}|{dtype}|{inst.name}", "family": spec.family, "name": inst.name,
-                       "shape": bucket.shape, "dtype": dtype}
+                       "shape": {**bucket.shape, **bucket.axes}, "dtype": dtype}
                 if inst.name in failed:
                     results[job["id"]] = {"median_ms": math.inf, "spread_ms": 0.0, "note": failed[inst.name]}
                     continue
                 # The workload's code is part of what was timed: editing it re-times everything.
                 job["key"] = cache.key(inst.name, sources[inst.name] + workload, dev.compiler, dev.torch, spec.arch,
-                                       dev.name, bucket.shape)
+                                       dev.name, job["shape"])
                 hit = store.get(job["key"])
                 if hit is not None:
                     results[job["id"]] = hit

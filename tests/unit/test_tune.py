@@ -182,11 +182,13 @@ def test_runner_end_to_end_on_cpu_resumes_from_the_cache(tmp_path):
     assert [e["instance"] for e in doc2["buckets"]] == [e["instance"] for e in doc["buckets"]]
 
 
-@pytest.mark.parametrize("family", ["rwkv", "rwkv_grad", "paged"])
+@pytest.mark.parametrize("family", ["rwkv", "rwkv_grad", "paged", "delta_rule"])
 def test_runner_tunes_every_family_and_its_table_dispatches(tmp_path, family):
-    """rwkv and paged through the same tuner (their workloads give the dispatch variables):
-    every bucket gets a winner, measured beside the default rules' pick, and the written table
-    loads back as rules that dispatch the winner on the bucket's shape, for every axis value."""
+    """rwkv, paged and the delta rule through the same tuner (their workloads give the dispatch
+    variables): every bucket gets a winner, measured beside the default rules' pick at the
+    bucket's axis values, and the written table loads back as rules that dispatch the winner on
+    the bucket's shape, for every axis value it serves (only the variant a delta-rule bucket
+    fixes)."""
     import zlib
 
     import yaml
@@ -207,6 +209,11 @@ def test_runner_tunes_every_family_and_its_table_dispatches(tmp_path, family):
     runner.run(spec_file, root=tmp_path, device=dev, build_fn=fake_build, measure_fn=fake_measure,
                out_dir=str(tmp_path / "out"))
     assert timed and all(job["family"] == family for job in timed)
+    spec = pipeline.load([spec_file])[0]
+    for job in timed:   # the workload is told the axis values its bucket fixes, beside the dims
+        bucket = next(b for b in spec.tune.buckets if job["id"].startswith(b.name + "|"))
+        assert job["shape"] == {**bucket.shape, **bucket.axes}
+        assert all(f"_{value}_" in job["name"] for value in bucket.axes.values()), job["name"]
     spec, built = [sb for sb in pipeline.lower(pipeline.expand(pipeline.load()), use_tuned=False) if sb[0].family == family][0]
     plan = families.family(family).tune
     path = tmp_path / "tuned" / "sm_90a" / f"{family}.yaml"
@@ -219,9 +226,59 @@ def test_runner_tunes_every_family_and_its_table_dispatches(tmp_path, family):
         bucket = next(b for b in spec.tune.buckets if b.name == entry["bucket"])
         runtime = plan.runtime(bucket.shape, DTYPE_BYTES[entry["dtype"]], 132)
         assert bucket.when.evaluate(runtime), bucket.name   # the bucket's own shape falls in it
-        default = dispatch.select(spec, built, runtime, {"dtype": entry["dtype"], **plan.axes})
+        default = dispatch.select(spec, built, runtime, {"dtype": entry["dtype"], **candidates.timed_axes(spec, bucket)})
         assert default is not None and entry["default"] == default.name and entry["default_ms"] is not None
         for served in entry["serves"]:
-            for axes in ({**dict(i.axes), "dtype": served} for i in extra if i.kind == entry["kind"]):
+            for axes in ({**dict(i.axes), "dtype": served} for i in extra
+                         if i.kind == entry["kind"] and all(i.a[a] == v for a, v in bucket.axes.items())):
                 pick = dispatch.select(tuned, built + extra, runtime, axes)
                 assert (pick.kind, dict(pick.params)) == (entry["kind"], entry["params"]), (bucket.name, axes)
+
+
+def _delta_rule():
+    spec, built = [sb for sb in pipeline.lower(pipeline.expand(pipeline.load()), use_tuned=False)
+                   if sb[0].family == "delta_rule"][0]
+    return spec, built
+
+
+def test_a_bucket_that_fixes_the_variant_times_and_serves_only_it(tmp_path):
+    """specs/delta_rule.yaml's buckets each fix the variant: the candidates hold both variants,
+    each bucket is timed at its own, and a table entry adds instances of that variant only, so
+    an RWKV-7 call of the same shape keeps the default rules."""
+    from codegen import lower
+    spec, built = _delta_rule()
+    cands, _ = candidates.candidates(spec)
+    assert {c.a["variant"] for c in cands} == {"rwkv7", "gated_delta"}
+    assert all(c.a["variant"] == "gated_delta" for c in cands if c.kind == "chunked")
+    for bucket in spec.tune.buckets:
+        assert set(candidates.timed_axes(spec, bucket)) == {"variant"} and bucket.axes, bucket.name
+    params = {"k": 128, "cols": 32, "tph": 4, "chunk": 16}
+    path = tmp_path / "tuned.yaml"
+    table.write(path, {"device": "test"}, [{"bucket": "gated_k128_short", "dtype": "bf16", "serves": ["bf16", "fp16"],
+                                            "kind": "recurrent", "params": params, "instance": "x"}])
+    extra, rules = table.load_rules(spec, path, lower.lower_one)
+    assert {(i.a["variant"], i.a["dtype"]) for i in extra} == {("gated_delta", "bf16"), ("gated_delta", "fp16")}
+    tuned = table.attach(spec, rules)
+    runtime = families.family("delta_rule").tune.runtime({"B": 8, "H": 16, "T": 128, "K": 128, "V": 128}, 2, 132)
+    gated = dispatch.select(tuned, built + extra, runtime, {"dtype": "bf16", "variant": "gated_delta"})
+    rwkv7 = dispatch.select(tuned, built + extra, runtime, {"dtype": "bf16", "variant": "rwkv7"})
+    assert dict(gated.params) == params
+    assert rwkv7 == dispatch.select(spec, built, runtime, {"dtype": "bf16", "variant": "rwkv7"})
+    assert dict(rwkv7.params) != params
+
+
+@pytest.mark.parametrize("axes,field,message", [
+    ("{dtype: bf16}", "axes.dtype", "an axis of the spec other than dtype"),
+    ("{flavour: x}", "axes.flavour", "an axis of the spec other than dtype"),
+    ("{variant: deltanet}", "axes.variant", "expected one of ['rwkv7', 'gated_delta'], got 'deltanet'"),
+])
+def test_bucket_axes_errors_name_the_line(tmp_path, axes, field, message):
+    text = (ROOT / "specs" / "delta_rule.yaml").read_text()
+    old = "      axes: {variant: rwkv7}\n      when: \"K > 32 and K <= 64 and BH * V < 64 * sm_count\""
+    assert old in text
+    bad = tmp_path / "delta_rule.yaml"
+    bad.write_text(text.replace(old, old.replace("{variant: rwkv7}", axes), 1))
+    with pytest.raises(SpecError) as info:
+        pipeline.load([str(bad)])
+    line = text[:text.index(old)].count("\n") + 1
+    assert info.value.field == f"tune.buckets[0].{field}" and info.value.line == line and message in str(info.value)
