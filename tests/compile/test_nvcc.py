@@ -50,7 +50,7 @@ def test_every_instance_compiles_without_spills(cubins):
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("family", ["causal_linear", "rwkv", "rwkv_grad", "paged", "flash_attention", "flash_attention_grad"])
+@pytest.mark.parametrize("family", __import__("codegen.families", fromlist=["names"]).names())
 def test_host_dispatch_compiles(family):
     if shutil.which("c++") is None:
         pytest.skip("no host C++ compiler")
