@@ -398,7 +398,35 @@ def _from_chunks(x, T: int):
     return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])[:, :T]
 
 
-def rwkv7_chunked(r, w, k, v, a, b, state=None, scale=1.0, chunk: int = 64):
+def rwkv7_chunk_pairs(x, y, lx, lc, strict: bool, sub: int = 16):
+    """Per chunk, sum_c x_tc y_jc exp(lx_tc - lc_jc) for j < t (strict) or j <= t: x, y, lx, lc
+    [..., C, K] -> [..., C, C], the way a tensor-core kernel would form it, by sub-chunks of
+    `sub` steps. lc is the chunk's cumulative log decay (non-increasing), lx lc or lc shifted by
+    a step. For a key block jb before the query block, the decay between t and j passes through
+    e, lc at jb's last step, as two factors each at most 1:
+        (x_t exp(lx_t - e)) . (y_j exp(e - lc_j)),
+    one [sub, K] x [K, sub] product per block pair (the right factor once per key block). A
+    diagonal block is taken term by term: a reference point inside it would put a factor
+    above 1, e^80 after 16 steps of log decay -5, past fp32's range."""
+    C = x.shape[-2]
+    if C % sub:
+        raise ValueError(f"rwkv7_chunk_pairs: the chunk ({C} steps) is not a whole number of {sub}-step sub-chunks")
+    out = x.new_zeros(*x.shape[:-1], C)
+    inside = torch.ones(sub, sub, dtype=torch.bool, device=x.device).tril(-1 if strict else 0)
+    for i in range(C // sub):
+        rows = slice(i * sub, (i + 1) * sub)
+        expo = (lx[..., rows, None, :] - lc[..., None, rows, :]).masked_fill(~inside[..., None], float("-inf"))
+        out[..., rows, rows] = torch.einsum("...tc,...jc,...tjc->...tj", x[..., rows, :], y[..., rows, :], expo.exp())
+        for jb in range(i):
+            cols = slice(jb * sub, (jb + 1) * sub)
+            e = lc[..., (jb + 1) * sub - 1, None, :]
+            left = x[..., rows, :] * (lx[..., rows, :] - e).exp()
+            right = y[..., cols, :] * (e - lc[..., cols, :]).exp()
+            out[..., rows, cols] = left @ right.transpose(-1, -2)
+    return out
+
+
+def rwkv7_chunked(r, w, k, v, a, b, state=None, scale=1.0, chunk: int = 64, sub: int | None = None):
     """RWKV-7 by chunks in float64 (what `rwkv7` computes step by step): the blueprint of a
     chunked kind for its per-channel decay. Within a chunk, with S the state before it, lc the
     chunk's cumulative log decay per channel up to step t (inclusive) and le up to t - 1, the
@@ -410,19 +438,19 @@ def rwkv7_chunked(r, w, k, v, a, b, state=None, scale=1.0, chunk: int = 64):
         S <- exp(lc_C) * S + (b * exp(lc_C - lc))^T Z + (k * exp(lc_C - lc))^T V.
     Every exponent is of a difference of cumulative log decays, <= 0. The per-channel factor
     inside L and N is what keeps them from being one product of two matrices (Gated DeltaNet's
-    scalar decay factors out)."""
+    scalar decay factors out); by sub-chunks (`sub` steps, rwkv7_chunk_pairs) they are one
+    product per pair of sub-chunks off the diagonal, whose factors stay at most 1, and term by
+    term on it. sub=None forms them term by term throughout."""
     B, T, H, K = r.shape
     V = v.shape[-1]
     f64 = torch.float64
     r, w, k, v, a, b = (_to_chunks(x, chunk) for x in (r, w, k, v, a, b))
     n = r.shape[2]
     lc = w.cumsum(-2)
-    le = lc - w
+    le = torch.nn.functional.pad(lc[..., :-1, :], (0, 0, 1, 0))  # up to t - 1: lc shifted, not lc - w (exactly lc_{t-1})
 
     def pairs(x, y, lx, strict):  # sum_c x_tc y_jc exp(lx_tc - lc_jc), masked to j < t or j <= t
-        mask = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril(-1 if strict else 0)
-        expo = (lx[..., :, None, :] - lc[..., None, :, :]).masked_fill(~mask[..., None], float("-inf"))
-        return torch.einsum("...tc,...jc,...tjc->...tj", x, y, expo.exp())
+        return rwkv7_chunk_pairs(x, y, lx, lc, strict, sub or chunk)
 
     L_ab, L_ak = pairs(a, b, le, True), pairs(a, k, le, True)
     N_rb, N_rk = pairs(r, b, lc, False), pairs(r, k, lc, False)

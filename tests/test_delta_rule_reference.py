@@ -121,6 +121,49 @@ def test_rwkv7_by_chunks_is_the_recurrence(T, decay):
     torch.testing.assert_close(got_s, want_s, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("decay", ["rwkv", "strong"])
+@pytest.mark.parametrize("strict", [True, False])
+def test_rwkv7_pairs_by_sub_chunks_are_the_sums(decay, strict):
+    """rwkv7_chunk_pairs by 16-step sub-chunks (products of factors at most 1 off the diagonal
+    blocks) equals the sums it stands for, taken term by term, over a 64-step chunk; and every
+    factor it exponentiates off the diagonal is at most 1."""
+    g = torch.Generator().manual_seed(11)
+    C, K = 64, 8
+    x, y = (torch.randn(3, C, K, generator=g, dtype=torch.float64) for _ in range(2))
+    w = -torch.rand(3, C, K, generator=g, dtype=torch.float64) * (0.6065 if decay == "rwkv" else 20.0)
+    lc = w.cumsum(-2)
+    lx = torch.nn.functional.pad(lc[:, :-1], (0, 0, 1, 0)) if strict else lc   # lc up to t - 1, or to t
+    t, j = torch.arange(C)[:, None], torch.arange(C)[None, :]
+    keep = (j < t) if strict else (j <= t)
+    expo = (lx[:, :, None] - lc[:, None]).masked_fill(~keep[..., None], float("-inf"))
+    want = torch.einsum("ntc,njc,ntjc->ntj", x, y, expo.exp())
+    torch.testing.assert_close(reference.rwkv7_chunk_pairs(x, y, lx, lc, strict, sub=16), want, rtol=1e-12, atol=1e-12)
+    for i in range(1, C // 16):   # the exponents of both factors, for every block pair off the diagonal
+        for jb in range(i):
+            e = lc[:, (jb + 1) * 16 - 1, None]
+            assert (lx[:, i * 16:(i + 1) * 16] - e).max() <= 0 and (e - lc[:, jb * 16:(jb + 1) * 16]).max() <= 0
+    with pytest.raises(ValueError, match="not a whole number of 16-step sub-chunks"):
+        reference.rwkv7_chunk_pairs(x[:, :40], y[:, :40], lx[:, :40], lc[:, :40], strict, sub=16)
+
+
+@pytest.mark.parametrize("T", [1, 17, 64, 100])
+def test_rwkv7_by_sub_chunked_chunks_is_the_recurrence(T):
+    """The chunked form with its pair sums by sub-chunks (64-step chunks of four 16-step
+    sub-chunks) equals the step-by-step recurrence, strong decays included."""
+    g = torch.Generator().manual_seed(T)
+    B, H, K, V = 1, 2, 8, 6
+    r, k = (torch.randn(B, T, H, K, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(B, T, H, V, generator=g, dtype=torch.float64)
+    kk = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=g, dtype=torch.float64), dim=-1)
+    iclr = torch.rand(B, T, H, K, generator=g, dtype=torch.float64)
+    w = -torch.rand(B, T, H, K, generator=g, dtype=torch.float64) * torch.tensor([0.6065, 20.0]).repeat(K // 2)
+    state = torch.randn(B, H, K, V, generator=g, dtype=torch.float64)
+    want_o, want_s = reference.rwkv7(r, w, k, v, -kk, kk * iclr, state=state, scale=0.8)
+    got_o, got_s = reference.rwkv7_chunked(r, w, k, v, -kk, kk * iclr, state=state, scale=0.8, chunk=64, sub=16)
+    torch.testing.assert_close(got_o, want_o, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(got_s, want_s, rtol=1e-10, atol=1e-10)
+
+
 def test_gated_delta_chunk_matrices_are_lower_triangular():
     """M and W vanish above the diagonal (the kernels skip those blocks), M's diagonal is beta."""
     g = torch.Generator().manual_seed(1)
