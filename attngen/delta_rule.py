@@ -240,7 +240,8 @@ def rwkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a:
     through the returned state. cu_seqlens (int32 or int64 [N + 1], as flash-linear-attention
     takes it): N sequences packed along T of a batch of one, sequence i in steps cu_seqlens[i]
     .. cu_seqlens[i + 1] - 1, each from its own initial state; state and the final state are
-    then [N, H, K, V].
+    then [N, H, K, V]. The offsets are read on the host (a synchronization; under torch.compile a
+    graph break), and the sequences run as one zero-padded [N, max length] batch.
     """
     return _run("rwkv7", {"r": r, "k": k, "v": v, "w": w, "a": a, "b": b, "state": state}, "rwkv7",
                 float(scale), bool(return_state), cu_seqlens=cu_seqlens)
