@@ -271,6 +271,70 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                 "gated_delta", float(scale), bool(return_state), in_kernel, cu_seqlens)
 
 
+def kda_as_rwkv7(q, k, v, g, beta):
+    """Kimi Delta Attention's step as RWKV-7's on tied vectors: (r, w, k, v', a, b) = (q, g, k,
+    beta v, exp(g) k, -beta k), made in fp32 and rounded to q's dtype, q and k repeated over the
+    value heads of their group. RWKV-7's sa = S^T a then reads exp(g) k against the state before
+    the decay, which is k against the decayed state, as KDA's correction does; b sa^T + k v'^T is
+    its beta k (v - S^T k)^T."""
+    H, HV = q.shape[2], v.shape[2]
+    if HV != H:
+        q, k = (x.repeat_interleave(HV // H, dim=2) for x in (q, k))
+    def wide(x):  # at least fp32 (float64 stays: the references run this too)
+        return x.to(torch.promote_types(x.dtype, torch.float32))
+    gf, kf, bf = wide(g), wide(k), wide(beta)[..., None]
+    dtype = q.dtype
+    return q, gf.to(dtype), k, (bf * wide(v)).to(dtype), (gf.exp() * kf).to(dtype), (-bf * kf).to(dtype)
+
+
+def _check_kda(q, k, v, g, beta) -> None:
+    """KDA's shapes (what the rwkv7 op would not name in KDA's terms)."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        check_tensor("kda", name, x, q if x is not q else None)
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"kda: q, k and v must share one dtype of float32, float16, bfloat16, got {q.dtype}, "
+                         f"{k.dtype}, {v.dtype}")
+    if q.dim() != 4 or k.shape != q.shape:
+        raise ValueError(f"kda: q and k must be [B, T, H, K] alike, got {list(q.shape)} and {list(k.shape)}")
+    B, T, H, K = q.shape
+    if v.dim() != 4 or v.shape[:2] != (B, T) or v.shape[2] % max(H, 1):
+        raise ValueError(f"kda: v must be [B={B}, T={T}, HV, V] with HV a multiple of H={H}, got {list(v.shape)}")
+    HV = v.shape[2]
+    if g.shape != (B, T, HV, K):
+        raise ValueError(f"kda: g must be [B, T, HV, K] = {[B, T, HV, K]} (log decay per key channel), got "
+                         f"{list(g.shape)}")
+    if beta.shape != (B, T, HV):
+        raise ValueError(f"kda: beta must be [B, T, HV] = {[B, T, HV]}, got {list(beta.shape)}")
+
+
+def kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+        state: Optional[torch.Tensor] = None, scale: Optional[float] = None, use_qk_l2norm: bool = False,
+        return_state: bool = True, cu_seqlens: Optional[torch.Tensor] = None):
+    """Kimi Delta Attention (KDA, Gated DeltaNet with a per-channel gate), as
+    flash-linear-attention's chunk_kda / naive_recurrent_kda: (o [B, T, HV, V], final state
+    [B, HV, K, V] float32, or None).
+
+        S <- diag(exp(g_t)) S;  u = beta_t (v_t - S^T k_t);  S <- S + k_t u^T;  o_t = scale S^T q_t
+
+    q, k: [B, T, H, K] of one dtype (fp32, fp16, bf16); v: [B, T, HV, V] of that dtype, HV a
+    multiple of H (grouped values); g: [B, T, HV, K], the log decay per key channel (<= 0);
+    beta: [B, T, HV]. scale defaults to K^-0.5. use_qk_l2norm normalises q and k over K first
+    (in fp32, rounded to their dtype). state, cu_seqlens, return_state: as `rwkv7`.
+
+    It runs on RWKV-7's kernels, KDA being RWKV-7 on tied vectors (`kda_as_rwkv7`: w = g,
+    a = exp(g) k, b = -beta k, v scaled by beta), made in fp32 and rounded to q's dtype (g and
+    the tied vectors carry that rounding in 16-bit storage). Differentiable in every input and the
+    initial state: autograd goes through the ties and RWKV-7's backward. Plain DeltaNet is
+    `gated_delta_rule` with g = 0.
+    """
+    _check_kda(q, k, v, g, beta)
+    if use_qk_l2norm:
+        q, k = (torch.nn.functional.normalize(x.float(), dim=-1).to(x.dtype) for x in (q, k))
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    r, w, k, v, a, b = kda_as_rwkv7(q, k, v, g, beta)
+    return rwkv7(r, w, k, v, a, b, state=state, scale=float(scale), return_state=return_state, cu_seqlens=cu_seqlens)
+
+
 def instances() -> list[str]:
     return OP.instances()
 

@@ -368,6 +368,28 @@ def gated_delta_rule(q, k, v, g, beta, state=None, scale=None, dtype=torch.float
     return out, S
 
 
+def kda(q, k, v, g, beta, state=None, scale=None, dtype=torch.float64):
+    """Kimi Delta Attention (Gated DeltaNet with a per-channel gate) in `dtype`, state
+    S[b, h, key, value], as flash-linear-attention's naive_recurrent_kda runs it:
+    S <- diag(exp(g)) S; u = beta (v - S^T k); S <- S + k u^T; o = scale S^T q. q, k [B, T, H, K],
+    v [B, T, HV, V], g [B, T, HV, K] (log decay per key channel), beta [B, T, HV]; HV a multiple
+    of H (grouped values: q and k serve HV / H value heads each) -> (o [B, T, HV, V], final
+    state [B, HV, K, V]). scale defaults to K^-0.5."""
+    q, k, v, g, beta = (x.to(dtype) for x in (q, k, v, g, beta))
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    q, k = (x.repeat_interleave(HV // H, dim=2) for x in (q, k))
+    scale = K ** -0.5 if scale is None else scale
+    S = torch.zeros(B, HV, K, V, dtype=dtype, device=q.device) if state is None else state.to(dtype).clone()
+    out = torch.empty(B, T, HV, V, dtype=dtype, device=q.device)
+    for t in range(T):
+        S = g[:, t].exp()[..., None] * S
+        u = beta[:, t][..., None] * (v[:, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, t]))
+        S = S + k[:, t][..., None] * u[:, :, None, :]
+        out[:, t] = scale * torch.einsum("bhkv,bhk->bhv", S, q[:, t])
+    return out, S
+
+
 def delta_rule_packed(fn, inputs, cu_seqlens, state=None, **kwargs):
     """`fn` (rwkv7 or gated_delta_rule above) over sequences packed along T of a batch of one, as
     flash-linear-attention's cu_seqlens packs them: each sequence run alone from its own initial

@@ -1,4 +1,4 @@
-"""The delta-rule forward and forward+backward (RWKV-7, Gated DeltaNet) beside
+"""The delta-rule forward and forward+backward (RWKV-7, Gated DeltaNet, KDA) beside
 flash-linear-attention 0.6's chunk and fused_recurrent kernels, bf16, state in and out fp32, on
 the shapes of the delta-rule issue. Each peer's output (and first input's gradient) is compared
 with ours on the same inputs (rel err, reported). Writes delta_rule.json and delta_rule.md under
@@ -23,9 +23,11 @@ from attngen import delta_rule  # noqa: E402
 from bench import run_meta  # noqa: E402
 from bench.causal_linear import do_bench, geomean  # noqa: E402
 
-# (variant, B, T, H, K): K = V. Decode-like and training shapes of issue 31.
+# (variant, B, T, H, K): K = V. Decode-like and training shapes of issue 31; KDA (on RWKV-7's
+# kernels) at Kimi Linear's head size, one value head per q, k head.
 SHAPES = [("rwkv7", 8, 4096, 64, 64), ("rwkv7", 1, 54, 32, 64),
-          ("gated_delta", 8, 4096, 16, 128), ("gated_delta", 4, 8192, 32, 128)]
+          ("gated_delta", 8, 4096, 16, 128), ("gated_delta", 4, 8192, 32, 128),
+          ("kda", 8, 4096, 16, 128)]
 
 
 def make_inputs(variant, B, T, H, K, dtype, seed=0):
@@ -39,7 +41,7 @@ def make_inputs(variant, B, T, H, K, dtype, seed=0):
         xs = (rand(B, T, H, K), w, rand(B, T, H, K) / K ** 0.5, rand(B, T, H, K), -kk, kk * iclr)
         return [x.to(dtype) for x in xs] + [state]
     k = torch.nn.functional.normalize(rand(B, T, H, K), dim=-1)
-    gate = -torch.exp(rand(B, T, H) - 3)
+    gate = -torch.exp(rand(B, T, H, *((K,) if variant == "kda" else ())) - 3)   # KDA: per key channel
     beta = torch.rand(B, T, H, device="cuda", generator=g)
     return [rand(B, T, H, K).to(dtype), k.to(dtype), rand(B, T, H, K).to(dtype), gate, beta, state]
 
@@ -49,13 +51,18 @@ def impl_fn(name, variant):
     if name == "attngen":
         if variant == "rwkv7":
             return lambda r, w, k, v, a, b, s: attngen.rwkv7(r, w, k, v, a, b, state=s)
-        return lambda q, k, v, g, beta, s: attngen.gated_delta_rule(q, k, v, g, beta, state=s)
+        op = attngen.kda if variant == "kda" else attngen.gated_delta_rule
+        return lambda q, k, v, g, beta, s: op(q, k, v, g, beta, state=s)
     if variant == "rwkv7":
         from fla.ops.rwkv7 import chunk_rwkv7, fused_recurrent_rwkv7
         f = chunk_rwkv7 if name == "fla_chunk" else fused_recurrent_rwkv7
         return lambda r, w, k, v, a, b, s: f(r, w, k, v, a, b, scale=1.0, initial_state=s, output_final_state=True)
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-    f = chunk_gated_delta_rule if name == "fla_chunk" else fused_recurrent_gated_delta_rule
+    if variant == "kda":
+        from fla.ops.kda import chunk_kda, fused_recurrent_kda
+        f = chunk_kda if name == "fla_chunk" else fused_recurrent_kda
+    else:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+        f = chunk_gated_delta_rule if name == "fla_chunk" else fused_recurrent_gated_delta_rule
     return lambda q, k, v, g, beta, s: f(q, k, v, g=g, beta=beta.to(q.dtype), initial_state=s, output_final_state=True)
 
 
@@ -185,7 +192,7 @@ def run(only: str | None = None, forced: bool = True, on_row=None) -> tuple[list
                 ours = grad
             elif ours is not None:
                 row["grad_rel_err_vs_attngen"][name] = ((grad - ours).norm() / ours.norm()).item()
-        if forced:
+        if forced and variant != "kda":   # KDA runs RWKV-7's instances, forced on RWKV-7's rows
             row["forced_ms"] = time_candidates(variant, K, inputs)
             row["grad_forced_ms"] = time_grad_candidates(variant, K, inputs)
         rows.append(row)
@@ -254,7 +261,7 @@ def markdown(rows, missing, meta) -> str:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "h100"))
-    parser.add_argument("--only", choices=["rwkv7", "gated_delta"], help="one variant's shapes")
+    parser.add_argument("--only", choices=["rwkv7", "gated_delta", "kda"], help="one variant's shapes")
     parser.add_argument("--no-forced", action="store_true",
                         help="skip forcing every instance of the key bucket (the peers and the dispatched kinds only)")
     args = parser.parse_args()

@@ -395,6 +395,50 @@ def test_packed_sequences(dtype, variant, lengths, K, by_chunks, monkeypatch):
         assert rel_err(x, y) <= limit, f"d{name}: rel err {rel_err(x, y):.2e}"
 
 
+def kda_inputs(B, T, H, HV, K, V, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, T, H, K, device="cuda", generator=g)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device="cuda", generator=g), dim=-1)
+    v = torch.randn(B, T, HV, V, device="cuda", generator=g)
+    gate = log_decays((B, T, HV, K), "mixed", g)
+    beta = torch.rand(B, T, HV, device="cuda", generator=g)
+    return [q.to(dtype), k.to(dtype), v.to(dtype), gate, beta]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,K,HV", [(1, 64, 2), (65, 64, 4), (300, 128, 2)])
+def test_kda_forward_and_backward(dtype, T, K, HV):
+    """attngen.kda (RWKV-7's kernels on KDA's tied vectors) against the float64 KDA recurrence:
+    output, final state and every gradient, with grouped values (HV value heads over H = 1 or 2
+    q, k heads), state in and out."""
+    H = 2 if HV == 4 else 1
+    inputs = kda_inputs(2, T, H, HV, K, 64, dtype, seed=T)
+    state = torch.randn(2, HV, K, 64, device="cuda") * 0.1
+    d_o, d_state = torch.randn(2, T, HV, 64, device="cuda").to(dtype), torch.randn(2, HV, K, 64, device="cuda")
+    poison(2 * T * HV * 64 + 2 * HV * K * 64)
+    got = loss_grads(lambda *x, state: attngen.kda(*x, state=state, scale=0.5), inputs, state, d_o, d_state)
+    want = loss_grads(lambda *x, state: reference.kda(*x, state=state, scale=0.5), [x.double() for x in inputs],
+                      state.double(), d_o.double(), d_state.double())
+    with torch.no_grad():
+        o, final = attngen.kda(*inputs, state=state, scale=0.5)
+        ref_o, ref_final = reference.kda(*inputs, state=state, scale=0.5)
+    tol = TOL[dtype]
+    assert rel_err(o, ref_o) <= tol and rel_err(final, ref_final) <= tol
+    limit = 2e-5 if dtype == torch.float32 else TOL[dtype]
+    for name, x, y in zip(("q", "k", "v", "g", "beta", "state"), got, want):
+        assert rel_err(x, y) <= limit, f"d{name}: rel err {rel_err(x, y):.2e}"
+
+
+def test_kda_matches_flash_linear_attention():
+    """Beside fla's chunk_kda on the same bf16 inputs (where fla is importable)."""
+    fla_kda = pytest.importorskip("fla.ops.kda")
+    q, k, v, gate, beta = kda_inputs(2, 300, 2, 4, 128, 128, torch.bfloat16, seed=5)
+    state = torch.randn(2, 4, 128, 128, device="cuda") * 0.1
+    o, final = attngen.kda(q, k, v, gate, beta, state=state)
+    o_fla, final_fla = fla_kda.chunk_kda(q, k, v, gate, beta.to(q.dtype), initial_state=state, output_final_state=True)
+    assert rel_err(o, o_fla.float()) <= 2e-2 and rel_err(final, final_fla.float()) <= 2e-2
+
+
 def test_backward_inputs_the_grad_op_refuses_are_named():
     r, w, k, v, a, b = rwkv7_inputs(1, 100, 2, 64, 64, torch.bfloat16)
     ckpt = torch.zeros(delta_rule.checkpoint_shape(1, 100, 2, 64, 64), device="cuda")
