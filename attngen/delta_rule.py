@@ -183,11 +183,12 @@ def _run_packed(op_name: str, tensors: dict, cu_seqlens, run):
     outputs packed back: `run` takes the padded tensors (the state as given, [N, H, K, V]) and
     returns (o, final state). Exact: a padded step follows its sequence's last and changes
     nothing (log decay 0, no correction, no key, no value), so the final state is the
-    sequence's, and its rows of o are dropped. Differentiable (index_copy in, index_select out).
-    The cost is that of N x Tmax steps, whatever the lengths."""
+    sequence's, and its rows of o are dropped. Differentiable (index_copy in, index_select out;
+    equal lengths are views, no copy). The cost is that of N x Tmax steps, whatever the lengths."""
     first = next(iter(tensors))
     rows, N, longest = _packed_rows(op_name, first, tensors[first], cu_seqlens)
     packed_shape = tensors[first].shape[:2]
+    equal = N * longest == packed_shape[1]   # equal lengths: the packed rows are the batch, viewed
 
     def pad(name, x):
         if x is None or name == "state":
@@ -196,11 +197,14 @@ def _run_packed(op_name: str, tensors: dict, cu_seqlens, run):
             got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{op_name}: with cu_seqlens {name} must be packed as {first} is, "
                              f"[{packed_shape[0]}, {packed_shape[1]}, H, ...], got {got}")
+        if equal:
+            return x[0].unflatten(0, (N, longest))
         out = x.new_zeros(N * longest, *x.shape[2:]).index_copy(0, rows, x[0])
         return out.view(N, longest, *x.shape[2:])
 
     o, s = run({name: pad(name, t) for name, t in tensors.items()})
-    return o.reshape(N * longest, *o.shape[2:]).index_select(0, rows)[None], s
+    o = o.reshape(N * longest, *o.shape[2:])
+    return (o if equal else o.index_select(0, rows))[None], s
 
 
 def _run(op_name: str, tensors: dict, variant_name: str, scale: float, return_state: bool, qk_l2norm: bool = False,

@@ -74,6 +74,29 @@ def test_the_padded_batch_equals_each_sequence_alone(variant):
     torch.testing.assert_close(state_leaf.grad, want_state.grad, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("variant", ["rwkv7", "gated_delta"])
+def test_equal_lengths_run_as_views(variant):
+    """Equal lengths take the batch as a view of the packed rows (no padding copy): the same
+    outputs, states and gradients as each sequence alone, and the op sees strided views."""
+    inputs, state, cu = _packed_inputs(variant, [6, 6, 6])
+    seen = {}
+
+    def run(padded):
+        seen.update(padded)
+        fn = _reference(variant)
+        return fn(*(padded[name] for name in inputs), state=padded["state"], scale=0.7)
+    leaves = {name: x.clone().requires_grad_() for name, x in inputs.items()}
+    got_o, got_s = _run_packed(variant, {**leaves, "state": state}, cu, run)
+    first = next(iter(inputs))
+    assert seen[first].shape[:2] == (3, 6) and seen[first]._base is not None   # a view, not a copy
+    want_o, want_s = reference.delta_rule_packed(_reference(variant), list(inputs.values()), cu, state=state,
+                                                 scale=0.7)
+    torch.testing.assert_close(got_o, want_o)
+    torch.testing.assert_close(got_s, want_s)
+    got_o.sum().backward()
+    assert all(leaf.grad is not None and leaf.grad.shape == inputs[name].shape for name, leaf in leaves.items())
+
+
 def test_the_packed_reference_is_the_batched_one_on_equal_lengths():
     """reference.delta_rule_packed on N equal lengths is the [N, T] batch it packs."""
     inputs, state, cu = _packed_inputs("gated_delta", [5, 5, 5])
