@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
 # benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_rwkv_grad / tune_paged / tune_delta_rule a cold and a warm
-# tuning run of the family (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench, delta_tests/delta_bench, flash_tests/flash_grad_tests/flash_bench, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# tuning run of the family (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench, delta_tests/delta_bench/delta_quick/delta_backward_bench, flash_tests/flash_grad_tests/flash_bench, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last.
 set -uo pipefail
@@ -49,6 +49,9 @@ want jit_bench && step jit_bench python3 -m bench.jit_first_use --out "$OUT/r"
 want core_tests && step core_tests python3 -m pytest -q -m gpu tests/gpu/test_core.py -p no:cacheprovider -s
 want first_use && step first_use bash bench/first_use.sh "$OUT/r/first_use" && cp "$OUT/r/first_use/first_use.md" "$OUT/"
 want delta_bench && step delta_bench python3 -m bench.delta_rule ${BENCH_ARGS:-} --out "$OUT/r"
+# Without the benchmark extension: the peers and the dispatched kinds only (no forced instances).
+want delta_quick && step delta_quick python3 -m bench.delta_rule --no-forced ${BENCH_ARGS:-} --out "$OUT/r"
+want delta_backward_bench && step delta_backward_bench python3 -m bench.gated_delta_backward --out "$OUT/r"
 want flash_bench && step flash_bench python3 -m bench.flash_attention ${BENCH_ARGS:-} --out "$OUT/r"
 want flash_grad_bench && step flash_grad_bench python3 -m bench.flash_attention_grad --out "$OUT/r"
 want paged_attention_bench && step paged_attention_bench python3 -m bench.paged_attention --out "$OUT/r"
@@ -86,7 +89,7 @@ if want retune; then
   cp tuned/sm_90a/causal_linear.yaml "$OUT/r/tuned_second.yaml"
 fi
 tar -czf "$OUT/all.tgz" -C "$OUT/r" .
-cp "$OUT/r/causal_linear.md" "$OUT/r/chunked_vs_recurrent.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/flash_attention.md" "$OUT/r/flash_attention_grad.md" "$OUT/r/bank_check.md" "$OUT/r/jit_first_use.md" "$OUT/r/paged_attention.md" "$OUT/r/paged_attention.json" "$OUT/" 2>/dev/null
+cp "$OUT/r/causal_linear.md" "$OUT/r/chunked_vs_recurrent.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/flash_attention.md" "$OUT/r/flash_attention_grad.md" "$OUT/r/bank_check.md" "$OUT/r/jit_first_use.md" "$OUT/r/paged_attention.md" "$OUT/r/paged_attention.json" "$OUT/r/delta_rule.md" "$OUT/r/gated_delta_backward.md" "$OUT/" 2>/dev/null
 echo
 echo "| step | rc | seconds |"
 echo "|---|---|---|"
