@@ -324,7 +324,10 @@ def _load_tune(ctx: _Ctx, doc: LocDict, fam, op, axes: dict, kernels: dict, temp
         shape = ctx.mapping(node["shape"], node.line_of("shape"), f"{field}.shape")
         ctx.keys(shape, set(fam.tune.shape_dims), set(fam.tune.shape_dims), f"{field}.shape")
         for dim, size in shape.items():
-            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            if dim in fam.tune.flags:
+                if size not in (0, 1) or isinstance(size, bool):
+                    ctx.fail(shape.line_of(dim), f"{field}.shape.{dim}", f"expected 0 or 1 (a switch), got {_kind(size)}")
+            elif not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 ctx.fail(shape.line_of(dim), f"{field}.shape.{dim}", f"expected a positive integer, got {_kind(size)}")
         buckets.append(Bucket(name, when, dict(shape), node.line_of("name"), _bucket_axes(ctx, node, axes, field)))
     kinds = _load_kernels(ctx, tune, fam, op, axes, templates_dir, base=kernels, prefix="tune.kernels")

@@ -34,6 +34,7 @@ class TunePlan:
     shape_dims: tuple[str, ...]
     runtime: Callable[[dict, int, int], dict] | None   # (shape, dtype_bytes, sm_count) -> key variables; None: not tuned yet
     axes: Mapping[str, str] = field(default_factory=dict)
+    flags: tuple[str, ...] = ()   # shape dims that are switches (0 or 1: flash attention's causal), not sizes
 
 
 @dataclass(frozen=True)

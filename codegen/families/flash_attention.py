@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..arch import MAX_REGS, WGMMA_N, Arch
 from ..instance import KernelInstance
-from ..passes import Rejected, banks
+from ..passes import Rejected, banks, vectorize
 from ..passes.tiles import atoms_bank_accesses, bank_accesses, layout, pitch, plain_layout
 from . import Family, Lowering, TunePlan
 
@@ -202,6 +202,13 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
     })
 
 
+def _tune_runtime(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
+    """The key of contiguous [B, L, H, D] inputs of a bucket's shape (bench/workloads/flash_attention.py)."""
+    return {"D": shape["D"], "B": shape["B"], "Hq": shape["Hq"], "Hkv": shape["Hkv"], "G": shape["Hq"] // shape["Hkv"],
+            "Lq": shape["Lq"], "Lk": shape["Lk"], "align": vectorize.contiguous_align(dtype_bytes, shape["D"]),
+            "sm_count": sm_count, "causal": shape["causal"]}
+
+
 FAMILY = Family(
     name="flash_attention",
     axes={"dtype": ("fp16", "bf16")},
@@ -219,6 +226,6 @@ FAMILY = Family(
                    "flash_attention/forward_common.cuh.j2": "flash_attention/forward_common.cuh",
                    "flash_attention/epilogue.cuh.j2": "flash_attention/epilogue.cuh",
                    "flash_attention/op_impl.h.j2": "flash_attention/op_impl.h"},
-    tune=TunePlan(("B", "Hq", "Hkv", "Lq", "Lk", "D"), runtime=None),   # no tuning workload yet
+    tune=TunePlan(("B", "Hq", "Hkv", "Lq", "Lk", "D", "causal"), _tune_runtime, flags=("causal",)),
     jit_params={"D": "d"},
 )

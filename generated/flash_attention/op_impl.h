@@ -131,6 +131,7 @@ void fill_key(const Args& a, const Outputs&, Key& key) {
   key.Lk = packed(a) ? a.max_seqlen_k : a.k.size(1);
   key.align = vector_align(a);
   key.sm_count = detail::sm_count(a.q.device().index(), "flash_attention");
+  key.causal = a.window_right == 0 ? 1 : 0;
 }
 
 // The strides of a [B, L, H, D] or packed [tokens, H, D] tensor: batch (0 when packed: each

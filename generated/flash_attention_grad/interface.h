@@ -28,6 +28,7 @@ struct Key {
   int64_t Lk;  // key rows (the longest sequence when packed)
   int64_t align;  // largest vector width (elements) that every pointer, stride and D allow
   int64_t sm_count;  // multiprocessors on the current device
+  int64_t causal;  // 1 where no query sees a key after its own position (window_right == 0), else 0
   DType dtype;  // the dtype of q
 };
 

@@ -182,7 +182,7 @@ def test_runner_end_to_end_on_cpu_resumes_from_the_cache(tmp_path):
     assert [e["instance"] for e in doc2["buckets"]] == [e["instance"] for e in doc["buckets"]]
 
 
-@pytest.mark.parametrize("family", ["rwkv", "rwkv_grad", "paged", "delta_rule"])
+@pytest.mark.parametrize("family", ["rwkv", "rwkv_grad", "paged", "delta_rule", "flash_attention"])
 def test_runner_tunes_every_family_and_its_table_dispatches(tmp_path, family):
     """rwkv, paged and the delta rule through the same tuner (their workloads give the dispatch
     variables): every bucket gets a winner, measured beside the default rules' pick at the
@@ -282,3 +282,20 @@ def test_bucket_axes_errors_name_the_line(tmp_path, axes, field, message):
         pipeline.load([str(bad)])
     line = text[:text.index(old)].count("\n") + 1
     assert info.value.field == f"tune.buckets[0].{field}" and info.value.line == line and message in str(info.value)
+
+
+def test_a_switch_dim_takes_0_or_1(tmp_path):
+    """flash_attention's bucket shapes carry `causal` (a TunePlan flag): 0 is allowed there, 2 is
+    named at its line; a size dim still must be positive."""
+    text = (ROOT / "specs" / "flash_attention.yaml").read_text()
+    old = "shape: {B: 4, Hq: 48, Hkv: 48, Lq: 4096, Lk: 4096, D: 64, causal: 1}"
+    assert old in text
+    line = text[:text.index(old)].count("\n") + 1
+    for bad, field, message in ((old.replace("causal: 1", "causal: 2"), "causal", "expected 0 or 1 (a switch)"),
+                                (old.replace("B: 4", "B: 0"), "B", "expected a positive integer")):
+        path = tmp_path / "flash_attention.yaml"
+        path.write_text(text.replace(old, bad, 1))
+        with pytest.raises(SpecError) as info:
+            pipeline.load([str(path)])
+        assert info.value.field == f"tune.buckets[0].shape.{field}" and info.value.line == line
+        assert message in str(info.value)
