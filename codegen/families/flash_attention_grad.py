@@ -22,6 +22,7 @@ from ..instance import KernelInstance
 from ..passes import Rejected, banks
 from ..passes.tiles import CHUNK, atoms_layout, layout, pitch, plain_layout
 from . import Family, Lowering, TunePlan
+from .flash_attention import _tune_runtime as forward_tune_runtime
 
 BACKWARD = "flash_attention_grad/backward.cu.j2"
 BACKWARD_WGMMA = "flash_attention_grad/backward_wgmma.cu.j2"
@@ -222,6 +223,7 @@ FAMILY = Family(
                    "flash_attention/forward_common.cuh.j2": "flash_attention_grad/forward_common.cuh",
                    "flash_attention_grad/backward_common.cuh.j2": "flash_attention_grad/backward_common.cuh",
                    "flash_attention_grad/op_impl.h.j2": "flash_attention_grad/op_impl.h"},
-    tune=TunePlan(("B", "Hq", "Hkv", "Lq", "Lk", "D"), runtime=None),   # no tuning workload yet
+    # The backward's key is the forward's (op_checks.h.j2 fills both), and so is its bucket's.
+    tune=TunePlan(("B", "Hq", "Hkv", "Lq", "Lk", "D", "causal"), forward_tune_runtime, flags=("causal",)),
     jit_params={"D": "d"},
 )

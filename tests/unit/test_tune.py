@@ -182,10 +182,11 @@ def test_runner_end_to_end_on_cpu_resumes_from_the_cache(tmp_path):
     assert [e["instance"] for e in doc2["buckets"]] == [e["instance"] for e in doc["buckets"]]
 
 
-@pytest.mark.parametrize("family", ["rwkv", "rwkv_grad", "paged", "delta_rule", "flash_attention"])
+@pytest.mark.parametrize("family", ["rwkv", "rwkv_grad", "paged", "delta_rule", "flash_attention",
+                                    "flash_attention_grad"])
 def test_runner_tunes_every_family_and_its_table_dispatches(tmp_path, family):
-    """rwkv, paged and the delta rule through the same tuner (their workloads give the dispatch
-    variables): every bucket gets a winner, measured beside the default rules' pick at the
+    """Every tuned family but causal linear (above) through the same tuner (their workloads give
+    the dispatch variables): every bucket gets a winner, measured beside the default rules' pick at the
     bucket's axis values, and the written table loads back as rules that dispatch the winner on
     the bucket's shape, for every axis value it serves (only the variant a delta-rule bucket
     fixes)."""
