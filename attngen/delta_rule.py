@@ -275,6 +275,18 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                 "gated_delta", float(scale), bool(return_state), in_kernel, cu_seqlens)
 
 
+def delta_net(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+              state: Optional[torch.Tensor] = None, scale: Optional[float] = None, use_qk_l2norm: bool = False,
+              return_state: bool = True, cu_seqlens: Optional[torch.Tensor] = None):
+    """DeltaNet, the delta rule with no decay, as flash-linear-attention's chunk_delta_rule:
+    u = beta_t (v_t - S^T k_t); S <- S + k_t u^T; o_t = scale S^T q_t. `gated_delta_rule` with
+    g = 0 (its kernels, its backward); the arguments are gated_delta_rule's without g."""
+    if not isinstance(beta, torch.Tensor):
+        raise ValueError(f"delta_net: beta must be a torch.Tensor, got {type(beta).__name__}")
+    return gated_delta_rule(q, k, v, torch.zeros_like(beta, dtype=torch.float32), beta, state=state, scale=scale,
+                            use_qk_l2norm=use_qk_l2norm, return_state=return_state, cu_seqlens=cu_seqlens)
+
+
 def kda_as_rwkv7(q, k, v, g, beta):
     """Kimi Delta Attention's step as RWKV-7's on tied vectors: (r, w, k, v', a, b) = (q, g, k,
     beta v, exp(g) k, -beta k), made in fp32 and rounded to q's dtype, q and k repeated over the
@@ -329,7 +341,7 @@ def kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta
     a = exp(g) k, b = -beta k, v scaled by beta), made in fp32 and rounded to q's dtype (g and
     the tied vectors carry that rounding in 16-bit storage). Differentiable in every input and the
     initial state: autograd goes through the ties and RWKV-7's backward. Plain DeltaNet is
-    `gated_delta_rule` with g = 0.
+    `delta_net` (`gated_delta_rule` with g = 0).
     """
     _check_kda(q, k, v, g, beta)
     if use_qk_l2norm:

@@ -85,3 +85,20 @@ def test_cpu_tensors_are_named_in_kdas_terms():
     q, k, v, g, beta, _ = (x.float() for x in _inputs())
     with pytest.raises(ValueError, match="kda: q must be a CUDA tensor, got device cpu"):
         attngen.kda(q, k, v, g, beta)
+
+
+def test_delta_net_is_the_undecayed_delta_rule():
+    """delta_net hands gated_delta_rule g = 0: the float64 reference with g = 0 is the plain
+    delta rule S <- S + beta k (v - S^T k)^T, and the CPU tensors reach gated_delta_rule's check."""
+    q, k, v, _, beta, state = _inputs(H=2, HV=2)
+    out, final = reference.gated_delta_rule(q, k, v, torch.zeros_like(beta), beta, state=state, scale=0.5)
+    S = state.clone()
+    for t in range(q.shape[1]):
+        u = beta[:, t, :, None] * (v[:, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, t]))
+        S = S + k[:, t, :, :, None] * u[:, :, None, :]
+        torch.testing.assert_close(out[:, t], 0.5 * torch.einsum("bhkv,bhk->bhv", S, q[:, t]))
+    torch.testing.assert_close(final, S)
+    with pytest.raises(ValueError, match="gated_delta_rule: q must be a CUDA tensor, got device cpu"):
+        attngen.delta_net(q.float(), k.float(), v.float(), beta.float())
+    with pytest.raises(ValueError, match="delta_net: beta must be a torch.Tensor, got NoneType"):
+        attngen.delta_net(q.float(), k.float(), v.float(), None)
