@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
 # benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_rwkv_grad / tune_paged / tune_delta_rule / tune_flash_attention / tune_flash_attention_grad a cold and a warm
-# tuning run of the family (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench, delta_tests/delta_bench/delta_quick/delta_backward_bench, flash_tests/flash_grad_tests/flash_bench, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# tuning run of the family (TUNE_WARM=0: the cold one only) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench, delta_tests/delta_bench/delta_quick/delta_backward_bench, flash_tests/flash_grad_tests/flash_bench, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last.
 set -uo pipefail
@@ -13,12 +13,13 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 status=()
+JOBS=${JOBS:-$(nproc)}  # compile jobs: every core of the machine
 STEPS=${STEPS:-gpu_tests memcheck racecheck bench rwkv_bench paged_bench flash_bench tune_compare}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 step() {  # step NAME COMMAND...: run, log to $OUT/r/NAME.log, remember exit status and seconds
   local name=$1; shift
   local t0=$SECONDS
-  "$@" > "$OUT/r/$name.log" 2>&1
+  timeout "${STEP_S:-1800}" "$@" > "$OUT/r/$name.log" 2>&1  # STEP_S caps each step (exit 124 when it ran out)
   local rc=$?
   status+=("$name|$rc|$((SECONDS - t0))")
   tail -n 3 "$OUT/r/$name.log"
@@ -26,10 +27,10 @@ step() {  # step NAME COMMAND...: run, log to $OUT/r/NAME.log, remember exit sta
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/r/device.txt"
 if [ "${BUILD:-1}" = 1 ]; then  # BUILD=0: the steps need no default build (the tune steps build their own)
-  step build python3 -m codegen build -j 16 || tail -50 "$OUT/r/build.log"
+  step build python3 -m codegen build -j "$JOBS" || tail -50 "$OUT/r/build.log"
 fi
 # The benchmark extension (bench-role kinds, forced side by side with the dispatched ones).
-if want bench || want paged_bench || want flash_bench || want flash_grad_bench || want delta_bench || want bench_build; then step bench_build python3 -m codegen build --bench -j 16; fi
+if want bench || want paged_bench || want flash_bench || want flash_grad_bench || want delta_bench || want bench_build; then step bench_build python3 -m codegen build --bench -j "$JOBS"; fi
 want gpu_tests && step gpu_tests python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider
 want memcheck && step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py ${SANITIZE:-}
 want racecheck && step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py ${SANITIZE:-}
@@ -74,8 +75,8 @@ want tune_compare && step tune_compare python3 -m bench.tune_compare --out "$OUT
 for fam in causal_linear rwkv rwkv_grad paged delta_rule flash_attention flash_attention_grad; do  # tune_<family>: a cold tune (its cache cleared), then a warm one
   if want "tune_$fam"; then
     rm -rf "build/tune/$fam"
-    step "tune_$fam" python3 -m codegen tune "specs/$fam.yaml" -j 16 --out "$OUT/r/tune"
-    step "tune_${fam}_warm" python3 -m codegen tune "specs/$fam.yaml" -j 16 --out "$OUT/r/tune_warm"
+    step "tune_$fam" python3 -m codegen tune "specs/$fam.yaml" -j "$JOBS" --out "$OUT/r/tune"
+    if [ "${TUNE_WARM:-1}" = 1 ]; then step "tune_${fam}_warm" python3 -m codegen tune "specs/$fam.yaml" -j "$JOBS" --out "$OUT/r/tune_warm"; fi
     cp "tuned/sm_90a/$fam.yaml" "$OUT/r/tune/tuned_$fam.yaml"
     cat "$OUT/r/tune/tune_$fam.md"
   fi
