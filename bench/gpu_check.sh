@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
 # benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_rwkv_grad / tune_paged / tune_delta_rule / tune_flash_attention / tune_flash_attention_grad a cold and a warm
-# tuning run of the family (TUNE_WARM=0: the cold one only) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench, delta_tests/delta_bench/delta_quick/delta_backward_bench, flash_tests/flash_grad_tests/flash_bench, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# tuning run of the family (TUNE_WARM=0: the cold one only) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving, delta_tests/delta_bench/delta_quick/delta_backward_bench, flash_tests/flash_grad_tests/flash_bench, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last.
 set -uo pipefail
@@ -56,6 +56,7 @@ want delta_backward_bench && step delta_backward_bench python3 -m bench.gated_de
 want flash_bench && step flash_bench python3 -m bench.flash_attention ${BENCH_ARGS:-} --out "$OUT/r"
 want flash_grad_bench && step flash_grad_bench python3 -m bench.flash_attention_grad --out "$OUT/r"
 want paged_attention_bench && step paged_attention_bench python3 -m bench.paged_attention --out "$OUT/r"
+want paged_serving && step paged_serving python3 -m bench.paged_serving --out "$OUT/r"
 if want bank_check; then  # the bank model against ncu's per-instruction counts (bench/bank_check.py)
   W="$OUT/r/banks"; mkdir -p "$W"
   step bank_prepare python3 -m bench.bank_check --prepare --work "$W"
@@ -81,6 +82,11 @@ for fam in causal_linear rwkv rwkv_grad paged delta_rule flash_attention flash_a
     cat "$OUT/r/tune/tune_$fam.md"
   fi
 done
+# After a tune in this call: the new table's dispatch generated and built, then timed and tested
+# (regen, then paged_serving_tuned / paged_tests_tuned), before the machine and its table go back.
+if want regen; then step regen bash -c "python3 -m codegen gen && python3 -m codegen build -j $JOBS"; fi
+want paged_serving_tuned && step paged_serving_tuned python3 -m bench.paged_serving --out "$OUT/r/tuned"
+want paged_tests_tuned && step paged_tests_tuned python3 -m pytest -q -m gpu tests/gpu/test_paged.py -p no:cacheprovider
 if want retune; then
   cp bench/results/h100/tune_causal_linear.json "$OUT/r/tune_first.json"
   rm -rf build/tune

@@ -171,8 +171,9 @@ def candidates(kv_e: int = 0) -> list:
 
 
 def short(name: str) -> str:
-    """warps4_tile64_stages3_waves2_fill90_rows4_pdl1 out of a grouped_mma instance name."""
-    return "_".join(part for part in name.split("_") if part.startswith(("warps", "tile", "stages", "waves", "fill", "rows", "pdl")))
+    """warps4_tile64_stages3_waves2_fill90_unsplit0_part256_rows4_pdl1 out of a grouped_mma instance name."""
+    return "_".join(part for part in name.split("_")
+                    if part.startswith(("warps", "tile", "stages", "waves", "fill", "unsplit", "part", "rows", "pdl")))
 
 
 def query_table() -> list:

@@ -6,6 +6,7 @@
                                                 render, dispatch)
   python -m codegen build [--target T] [-j N]   ninja build (extension, or cubins without CUDA torch)
   python -m codegen tune  SPEC [--out DIR]      autotune SPEC's grids on the GPU -> tuned/<arch>/
+  python -m codegen tune --reselect RUN.json    choose again from a run's measurements (no GPU)
   python -m codegen report [--out DIR]          static resource report of the built cubins (no GPU; build/report)
 
 A bad spec exits with status 2 and a message naming file:line and the field.
@@ -95,8 +96,11 @@ def _cmd_dump(args) -> int:
 
 
 def _cmd_tune(args) -> int:
-    from .tune.runner import run
-    run(args.spec, args.jobs, args.out)
+    from .tune.runner import reselect, run
+    if args.reselect:
+        reselect(args.spec, args.out)
+    else:
+        run(args.spec, args.jobs, args.out)
     return 0
 
 
@@ -143,6 +147,9 @@ def main(argv=None) -> int:
     p.add_argument("spec")
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.add_argument("--out", default=None, help="report directory (default bench/results/<gpu>)")
+    p.add_argument("--reselect", action="store_true",
+                   help="SPEC is a tuning run's tune_<spec>.json: choose the winners again from its measurements "
+                        "(no GPU) and rewrite the table and report (next to the JSON unless --out)")
     p.set_defaults(func=_cmd_tune)
     p = sub.add_parser("report")
     p.add_argument("--out", default=None, help="directory of report.md/.json (default build/report; the committed "

@@ -221,8 +221,8 @@ def _direct_fp8_accesses(d: int, swizzle: int) -> list:
 
 def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
-    d, warps, tile, stages, mt, waves, fill, min_part, kv_e = (
-        p[k] for k in ("d", "warps", "tile", "stages", "mt", "waves", "fill", "min_part", "kv_e"))
+    d, warps, tile, stages, mt, waves, fill, unsplit, min_part, kv_e = (
+        p[k] for k in ("d", "warps", "tile", "stages", "mt", "waves", "fill", "unsplit", "min_part", "kv_e"))
     if inst.dtype_bytes != 2:
         raise Rejected("d", f"tensor-core kinds take 16-bit operands, not {inst.a['dtype']}")
     if d % 16:
@@ -262,6 +262,9 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
                       arch.regs_per_sm // (threads * min(MAX_REGS, regs)), arch.max_ctas_per_sm)
     if ctas_per_sm < 1:
         raise Rejected("stages", f"{smem} bytes of shared memory leave no room for one CTA per SM")
+    if unsplit > ctas_per_sm:
+        raise Rejected("unsplit", f"unsplit={unsplit} CTAs per SM for an unsplit launch, but {ctas_per_sm} fit on an SM "
+                                  f"(no launch could run whole contexts)")
 
     # The tiles: fills and ldmatrix reads as in flash attention (rows padded by a chunk where
     # they are not whole 128-byte lines); fp8 rows land raw (d bytes) and each warp widens its
@@ -327,7 +330,7 @@ FAMILY = Family(
                           "tile": "int", "stages": "int", "part": "int0", "merge_rows": "int0", "pdl": "int0"},
                          _lower_decode),
         DECODE_MMA: Lowering({"d": "int", "warps": "int", "tile": "int", "stages": "int", "mt": "int",
-                              "waves": "int0", "fill": "int0", "min_part": "int", "kv_e": "int0",
+                              "waves": "int0", "fill": "int0", "unsplit": "int0", "min_part": "int", "kv_e": "int0",
                               "merge_rows": "int", "pdl": "int0"}, _lower_mma),
     },
     support_files={"paged/params.cuh.j2": "paged/params.cuh",

@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 
 
-def markdown(header: dict, entries: list[dict], seconds: float) -> str:
+def markdown(header: dict, entries: list[dict], seconds: float | None) -> str:
+    """seconds: the run's duration (None: the winners were chosen again from a run's measurements)."""
+    took = (f"this run took {seconds:.0f} s." if seconds is not None
+            else f"winners chosen again on {header.get('reselected')} from that run's measurements.")
     lines = [f"# Tuning {header['spec']} on {header['device']}", "",
              f"{header['date']}, torch {header['torch']}, CUDA {header['cuda']}, {header['compiler']}; "
              f"{header['candidates']} candidates ({header['rejected_by_passes']} rejected by the passes, "
-             f"{header['failed_to_build']} failed to build); {header['timing']}; this run took {seconds:.0f} s.", "",
+             f"{header['failed_to_build']} failed to build); {header['timing']}; {took}", "",
              "| bucket | dtype | winner | ms | spread | default rules | ms | speed-up |", "|---|---|---|---|---|---|---|---|"]
     for e in entries:
         speed = f"{e['speedup_vs_default']:.2f}x" if e.get("speedup_vs_default") else "-"

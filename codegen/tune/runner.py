@@ -167,8 +167,8 @@ def _choose_all(spec, cands, results, defaults):
                                      _simplicity(spec, by_name[jid[len(prefix):]]), r.get("note", ""),
                                      r.get("jitter_ms"))
                   for jid, r in results.items() if jid.startswith(prefix)]
-            choice = select.choose(ms)
             default = defaults[(bucket.name, dtype)]
+            choice = select.choose(ms, default.name if default else None)
             default_ms = next((m.median_ms for m in ms if default is not None and m.name == default.name), math.inf)
             rows.append({"bucket": bucket.name, "dtype": dtype, "shape": bucket.shape,
                          "measurements": [m.__dict__ for m in ms],
@@ -223,14 +223,46 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None, *, 
               "candidates": len(cands), "rejected_by_passes": len(rejected), "failed_to_build": len(failed),
               "measured_now": len(todo),
               "timing": "triton.testing.do_bench median of 3 repeats (spread = max - min), inputs rotated beyond L2"}
+    out = Path(out_dir) if out_dir else root / "bench" / "results" / ("h100" if "H100" in dev.name else "gpu")
+    _write(spec, root, header, entries, rows, out, time.monotonic() - t_start)
+    return header
+
+
+def _write(spec, root: Path, header: dict, entries: list, rows: list, out: Path, seconds: float | None) -> None:
+    """The tuned table, and the run's JSON (every measurement), Markdown and heat map under `out`."""
     path = table.table_path(root, spec)
     table.write(path, header, entries)
-    out = Path(out_dir) if out_dir else root / "bench" / "results" / ("h100" if "H100" in dev.name else "gpu")
     out.mkdir(parents=True, exist_ok=True)
     (out / f"tune_{spec.stem}.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1, default=str))
-    md = report.markdown(header, entries, time.monotonic() - t_start)
+    md = report.markdown(header, entries, seconds)
     (out / f"tune_{spec.stem}.md").write_text(md)
     report.heat_map(rows, out / f"tune_{spec.stem}.png", spec.family)
     print(md)
     print(f"tune: wrote {path}; run `make gen` to emit its dispatch")
+
+
+def reselect(run_json: str, out_dir: str | None = None, *, root: Path = pipeline.ROOT) -> dict:
+    """The tuned table chosen again from a tuning run's recorded measurements (its
+    tune_<spec>.json), with no GPU: for a change of the selection rules (codegen/tune/select.py)
+    or of what the spec's dispatch picks by default. The header keeps the run's device, date
+    and counts; `reselected` records the day of the new choice."""
+    run = json.loads(Path(run_json).read_text())
+    header = dict(run["header"])
+    spec = pipeline.load([header["spec"]])[0]
+    dev = Device(header["device"], header["sm_count"], header["torch"], header["cuda"], header["compiler"])
+    built = pipeline.lower(pipeline.expand([spec]), use_tuned=False)[0][1]
+    cands, _ = candidates.candidates(spec)
+    defaults = _add_defaults(spec, built, cands, dev)
+    names = {c.name for c in cands}
+    results = {}
+    for row in run["rows"]:
+        for m in row["measurements"]:
+            if m["name"] not in names:
+                raise SystemExit(f"tune: {run_json}: {m['name']} is no longer a candidate of {spec.file}; tune again")
+            results[f"{row['bucket']}|{row['dtype']}|{m['name']}"] = {
+                "median_ms": m["median_ms"], "spread_ms": m["spread_ms"], "note": m.get("note", ""),
+                "jitter_ms": m.get("jitter_ms")}
+    entries, rows = _choose_all(spec, cands, results, defaults)
+    header["reselected"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    _write(spec, root, header, entries, rows, Path(out_dir) if out_dir else Path(run_json).parent, None)
     return header

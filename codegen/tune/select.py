@@ -10,7 +10,12 @@ The spread that counts is the jitter: the smaller gap between the middle repeat 
 neighbours. One repeat thrown off by the host (a launch-bound shape whose CPU side stalled once)
 leaves the median and the jitter where they were but can widen max - min tenfold; on the H100
 (paged tune, 2 seqs x 8 kv heads) a candidate with repeats near 0.022 and 0.040 ms "tied" the
-0.022-ms fastest through its 0.019-ms spread and, being simpler, won at 0.74x the default."""
+0.022-ms fastest through its 0.019-ms spread and, being simpler, won at 0.74x the default.
+
+Where the default rules' own pick is among the tied, it wins: a tie with what dispatch does
+already is no reason for a rule, and a tied winner of another instance adds a kernel to every
+build for nothing (the first flash attention tunes, H200: three rows of 20 went to a simpler
+point at 0.998-1.006x the default, two of them instances outside the default grid)."""
 from __future__ import annotations
 
 import math
@@ -45,12 +50,14 @@ class Choice:
     tied: tuple           # names within the spread of the fastest (the winner among them)
 
 
-def choose(measurements: list[Measurement]) -> Choice | None:
+def choose(measurements: list[Measurement], default: str | None = None) -> Choice | None:
+    """The winner: the default rules' pick (`default`) if tied with the fastest, else the
+    simplest of the tied."""
     ok = sorted((m for m in measurements if m.ok), key=lambda m: (m.median_ms, m.simplicity))
     if not ok:
         return None
     fastest = ok[0]
     tied = [m for m in ok if m.median_ms - fastest.median_ms <= max(m.noise, fastest.noise)]
-    winner = min(tied, key=lambda m: m.simplicity)
+    winner = next((m for m in tied if m.name == default), None) or min(tied, key=lambda m: m.simplicity)
     others = [m for m in ok if m.name != winner.name]
     return Choice(winner, others[0] if others else None, tuple(sorted(m.name for m in tied)))

@@ -45,6 +45,17 @@ def test_one_outlying_repeat_does_not_make_a_slower_candidate_tie():
     assert select.choose([m("simple_slow", 0.0397, 0.0187), m("fast", 0.0221, 0.0001, simple=1)]).winner.name == "simple_slow"
 
 
+def test_a_tie_with_the_default_rules_pick_keeps_it():
+    # The first flash_attention tune (H200): a simpler point within the jitter of the default
+    # rules' pick would have become a rule and a new instance for nothing.
+    tied = [m("default", 1.0852, 0.01, simple=3), m("simpler", 1.0875, 0.01, simple=0)]
+    assert select.choose(tied).winner.name == "simpler"
+    assert select.choose(tied, default="default").winner.name == "default"
+    # Clear of the noise, the fastest still wins over the default.
+    assert select.choose([m("default", 1.20, 0.001, simple=0), m("fast", 1.00, 0.001, simple=1)],
+                         default="default").winner.name == "fast"
+
+
 def test_failed_candidates_never_win():
     choice = select.choose([m("broken", math.inf), m("slow", 9.0)])
     assert choice.winner.name == "slow"
@@ -180,6 +191,55 @@ def test_runner_end_to_end_on_cpu_resumes_from_the_cache(tmp_path):
     assert len(timed) == 10
     doc2 = __import__("yaml").safe_load((tmp_path / "tuned" / "sm_90a" / "causal_linear.yaml").read_text())
     assert [e["instance"] for e in doc2["buckets"]] == [e["instance"] for e in doc["buckets"]]
+
+
+def test_reselect_chooses_again_from_a_runs_measurements(tmp_path, monkeypatch):
+    """`tune --reselect RUN.json` (no GPU): the same measurements give the same table, and a
+    changed selection rule is applied to them without timing anything."""
+    import yaml
+
+    from codegen.tune import runner
+    dev = runner.Device("Test GPU", 132, "2.x", "13.0", "nvcc test")
+    fake_build = lambda spec, cands, jobs: (tmp_path / "fake.so", {}, {c.name: c.name for c in cands})  # noqa: E731
+
+    def fake_measure(jobs, so_path, on_result):
+        for job in jobs:
+            on_result(job, {"median_ms": _cost(job), "spread_ms": 0.0, "note": "", "jitter_ms": 0.0})
+
+    spec_file = str(ROOT / "specs" / "causal_linear.yaml")
+    runner.run(spec_file, root=tmp_path, device=dev, build_fn=fake_build, measure_fn=fake_measure,
+               out_dir=str(tmp_path / "out"))
+    path = tmp_path / "tuned" / "sm_90a" / "causal_linear.yaml"
+    first = yaml.safe_load(path.read_text())
+    run_json = tmp_path / "out" / "tune_causal_linear.json"
+    header = runner.reselect(str(run_json), str(tmp_path / "again"), root=tmp_path)
+    again = yaml.safe_load(path.read_text())
+    assert header["device"] == "Test GPU" and "reselected" in header
+    assert [(e["bucket"], e["instance"], e["time_ms"]) for e in again["buckets"]] == \
+        [(e["bucket"], e["instance"], e["time_ms"]) for e in first["buckets"]]
+    assert "chosen again" in (tmp_path / "again" / "tune_causal_linear.md").read_text()
+    # A rule that always takes the slowest: every bucket's winner changes to its slowest measurement.
+    monkeypatch.setattr(select, "choose", lambda ms, default=None: select.Choice(max(ms, key=lambda x: x.median_ms),
+                                                                                 None, ()))
+    runner.reselect(str(run_json), str(tmp_path / "slowest"), root=tmp_path)
+    slowest = yaml.safe_load(path.read_text())
+    rows = {(r["bucket"], r["dtype"]): r for r in __import__("json").loads(run_json.read_text())["rows"]}
+    for e in slowest["buckets"]:
+        assert e["time_ms"] == round(max(x["median_ms"] for x in rows[(e["bucket"], e["dtype"])]["measurements"]), 5)
+
+
+def test_reselect_refuses_a_run_of_candidates_the_spec_no_longer_has(tmp_path):
+    import json
+
+    from codegen.tune import runner
+    run = {"header": {"spec": "specs/delta_rule.yaml", "device": "Test GPU", "sm_count": 132, "torch": "2.x",
+                      "cuda": "13.0", "compiler": "nvcc"},
+           "rows": [{"bucket": "gated_k64", "dtype": "bf16", "measurements": [
+               {"name": "delta_rule_gated_delta_chunked_k64_cols96_warps8_stages2_bf16_sm90a", "median_ms": 1.0,
+                "spread_ms": 0.0}]}]}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    with pytest.raises(SystemExit, match="cols96.*no longer a candidate.*tune again"):
+        runner.reselect(str(tmp_path / "run.json"), str(tmp_path), root=tmp_path)
 
 
 @pytest.mark.parametrize("family", ["rwkv", "rwkv_grad", "paged", "delta_rule", "flash_attention",
