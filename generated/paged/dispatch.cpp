@@ -1374,7 +1374,7 @@ const Entry* paged_decode_select(const Key& key) {
       if (kEntries[297].covers(key)) return row(297);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
-  // specs/paged.yaml:192: when G * Q >= 3 or KVE > 0 -> grouped_mma
+  // specs/paged.yaml:193: when G * Q >= 3 or KVE > 0 -> grouped_mma
   if ((((key.G * key.Q) >= 3) || (key.KVE > 0))) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[210].covers(key)) return row(210);  // paged_grouped_mma_d64_warps4_tile64_stages2_mt2_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
@@ -1467,7 +1467,7 @@ const Entry* paged_decode_select(const Key& key) {
       if (kEntries[281].covers(key)) return row(281);  // paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
     }
   }
-  // specs/paged.yaml:199: when L <= 512 -> single_pass
+  // specs/paged.yaml:200: when L <= 512 -> single_pass
   if ((key.L <= 512)) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[0].covers(key)) return row(0);  // paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a
@@ -1581,7 +1581,7 @@ const Entry* paged_decode_select(const Key& key) {
       if (kEntries[104].covers(key)) return row(104);  // paged_single_pass_d256_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part0_merge_rows0_pdl0_bf16_sm90a
     }
   }
-  // specs/paged.yaml:201: when True -> split_k
+  // specs/paged.yaml:202: when True -> split_k
   if (true) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[105].covers(key)) return row(105);  // paged_split_k_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp32_sm90a
