@@ -111,8 +111,9 @@ Split split_of(const Params& p) {
   // h100/paged.md, commit 2633a6c): 256 CTAs at G 16, 64 seqs read 2.06 / 2.63 TB/s unsplit
   // against 1.74 / 2.46 in 3 partitions at contexts 1024 / 4096.
   const int64_t busiest = (ctas + p.sm_count - 1) / p.sm_count;
-  // Not with fewer than UNSPLIT CTAs an SM (spec knob `unsplit`): at one CTA an SM the issue 30
-  // shapes read 1.74-1.77 TB/s unsplit, 1.82-2.13 split (H100; figures in specs/paged.yaml).
+  // Not with fewer than UNSPLIT CTAs an SM (spec knob `unsplit`): 32 x 4 and 16 x 8 (sequence,
+  // kv head) pairs read 1.77 / 1.74 TB/s unsplit at one CTA an SM, 1.82 / 2.13 under the tuned
+  // gqa_mid winner that splits them (H100; specs/paged.yaml, README).
   if (WAVES <= 1 && ctas <= slots && ctas * 100 >= FILL * busiest * p.sm_count && ctas >= UNSPLIT * p.sm_count)
     return split_with(capacity, 1);
   const int64_t most = capacity / MIN_PART > 1 ? capacity / MIN_PART : 1;
