@@ -3,8 +3,10 @@ chunked prefill onto a cached context, and batches mixing them with decode token
 
 The generated `flash_attention` kernels read k and v from the cache's pages (a block_table and
 the keys of each sequence, as FlashAttention-3's page_table and seqused_k), so every forward
-kind serves it: the Hopper warp-specialized kernels gather each tile's rows with cp.async as
-they do for packed batches. q is packed [total_q, Hq, D] with cu_seqlens_q; the cache is what
+kind serves it: the Hopper warp-specialized kernels load each key tile inside a context as TMA
+boxes of whole pages, and the tile where a context ends with cp.async (its rows past the end
+zero-filled, so nothing outside the context reaches the output); the other kinds copy with
+cp.async. q is packed [total_q, Hq, D] with cu_seqlens_q; the cache is what
 `paged_decode` takes (NHD [blocks, block_size, Hkv, D] or HND [blocks, Hkv, block_size, D],
 viewed as NHD without a copy). Query token i of sequence s sits at position
 context_lens[s] - q_len[s] + i of its context and, with causal, sees the cache up to it.

@@ -75,6 +75,14 @@ def gather_sdpa(paged, S, N, ctx):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+def copies_twin(instance: str):
+    """The dispatched warp-specialized instance's twin that loads every tile by cp.async (tma0, a
+    bench-role candidate: `python -m codegen build --bench`), to time the pages' TMA boxes against
+    it; None without the benchmark extension or such a twin."""
+    twin = instance.replace("_hopper_ws_", "_hopper_ws_candidates_").replace("_tma1_", "_tma0_")
+    return twin if twin != instance and twin in fa.OP.bench_instances() else None
+
+
 def measure(S, N, before) -> dict:
     paged, contiguous = case(S, N, before, seed=S + N)
     q, k, v, cu_q, cu_k, max_q, ctx = contiguous
@@ -87,6 +95,10 @@ def measure(S, N, before) -> dict:
     times = {"paged": do_bench(lambda: pa.paged_attention(**paged, validate=False)),
              "varlen": do_bench(lambda: fa.flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, ctx, causal=True,
                                                                   validate=False))}
+    copies = copies_twin(row["instance"])
+    if copies is not None:
+        row["copies_instance"] = copies
+        times["copies"] = do_bench(lambda: pa.paged_attention(**paged, validate=False, instance=copies))
     try:
         times["gather_sdpa"] = do_bench(lambda: gather_sdpa(paged, S, N, ctx))
     except (RuntimeError, torch.OutOfMemoryError) as exc:
@@ -95,6 +107,8 @@ def measure(S, N, before) -> dict:
         row[f"{name}_ms"] = ms
         row[f"{name}_tflops"] = work / ms / 1e9
     row["paged_vs_varlen"] = times["varlen"] / times["paged"]
+    if "copies" in times:
+        row["paged_vs_copies"] = times["copies"] / times["paged"]
     if "gather_sdpa" in times:
         row["paged_vs_gather_sdpa"] = times["gather_sdpa"] / times["paged"]
     return row
@@ -144,14 +158,18 @@ def markdown(rows, decode, meta) -> str:
              "flash_attention_varlen on the same keys stored contiguously; `gather+SDPA`: torch gathers the pages "
              "and runs SDPA. TFLOP/s over the visible (query, key) pairs. `python -m bench.paged_attention`.", "",
              "| S | query tokens | context | paged TFLOP/s | varlen TFLOP/s | paged / varlen | gather+SDPA TFLOP/s "
-             "| paged vs gather+SDPA | max diff vs varlen |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| paged vs gather+SDPA | pages by cp.async TFLOP/s | TMA boxes vs cp.async | max diff vs varlen |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         sdpa = f"{r['gather_sdpa_tflops']:.0f}" if "gather_sdpa_tflops" in r else r.get("gather_sdpa_error", "-")
         vs = f"{r['paged_vs_gather_sdpa']:.2f}x" if "paged_vs_gather_sdpa" in r else "-"
+        copies = f"{r['copies_tflops']:.0f} | {r['paged_vs_copies']:.2f}x" if "copies_tflops" in r else "- | -"
         lines.append(f"| {r['S']} | {r['N']} | {r['context']} | {r['paged_tflops']:.0f} | {r['varlen_tflops']:.0f} | "
-                     f"{r['paged_vs_varlen']:.3f}x | {sdpa} | {vs} | {r['diff_vs_varlen']:.2e} |")
+                     f"{r['paged_vs_varlen']:.3f}x | {sdpa} | {vs} | {copies} | {r['diff_vs_varlen']:.2e} |")
     lines += ["", f"Instance: `{rows[0]['instance']}`." if rows else ""]
+    if rows and "copies_instance" in rows[0]:
+        lines += ["", f"Pages by cp.async: `{rows[0]['copies_instance']}` (the same schedule, every tile copied by "
+                  "the producer's threads: what the paged path did before the pages' TMA boxes)."]
     if decode:
         lines += ["", "Decode-shaped batches (Q query tokens per sequence): the cache read (K and V of every "
                   "context once) per second, paged_attention's prefill kernels beside paged_decode's.", "",

@@ -4,8 +4,9 @@
 (batch, head); S = Q K^T is a wgmma with both operands in shared memory, stored as
 128-byte-swizzled atoms (wgmma.cuh), and O += P V a wgmma with the weights in registers and V
 read transposed. `hopper_ws` (forward_ws.cu.j2) computes the same products in a warp-specialized
-CTA: a producer warpgroup fills the K/V ring (one thread issuing TMA boxes with `tma`, its 128
-threads issuing cp.async without, or for packed batches), signals mbarriers and hands its
+CTA: a producer warpgroup fills the K/V ring (one thread issuing TMA boxes with `tma`, one box
+per page of a paged cache, its 128 threads issuing cp.async without, for packed batches and for
+the tile where a paged context ends), signals mbarriers and hands its
 registers to the consumers (setmaxnreg); the consumer warpgroups only compute, take turns at the tensor cores
 (`pingpong`) and can run a tile's P V during the next tile's softmax (`overlap`); CTAs are
 persistent over the query blocks. `mma_sync` (forward.cu.j2) is the FlashAttention-2 algorithm: a CTA owns
@@ -197,7 +198,7 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank": bank,
         "producer_regs": producer_regs, "consumer_regs": consumer_regs,
-        "loads_doc": "TMA, cp.async for packed batches" if tma else "cp.async",
+        "loads_doc": "TMA, a box per page of a paged cache, cp.async for packed batches" if tma else "cp.async",
         "threads_param": "warpgroups", "smem_param": "stages",
     })
 

@@ -3,7 +3,7 @@
 // Instance flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
 //   kind hopper_ws: warp-specialized persistent FlashAttention forward on wgmma: a producer warpgroup and mbarrier-handed K/V stages, consumer warpgroups taking turns at the tensor cores, P V of a tile during the next tile's softmax
 //   384 threads: 2 consumer warpgroups x 64 query rows (216 registers each), then a producer
-//   warpgroup (64 registers) that streams K/V tiles of 128 rows through a 2-stage ring (TMA, cp.async for packed batches,
+//   warpgroup (64 registers) that streams K/V tiles of 128 rows through a 2-stage ring (TMA, a box per page of a paged cache, cp.async for packed batches,
 //   completion on mbarriers);
 //   P V of a tile runs during the softmax of the next; the consumer warpgroups take turns issuing their MMAs;
 //   164944 bytes of shared memory (128-byte-swizzled atoms, 1 KB for alignment, the barriers)
@@ -21,7 +21,10 @@
 // SM's instructions, and the consumers' softmax competed with it for issue slots (ncu, B1 H48
 // N16384 d64: 5285 warp instructions and 2311 cycles per 128 x 128 tile, 44% tensor-pipe
 // activity). One thread issues a TMA box per atom instead. Packed (varlen) batches keep the
-// cp.async copies: a box would read the next sequence's rows where this one ends.
+// cp.async copies: a box would read the next sequence's rows where this one ends. A paged cache
+// (paged_attention) takes one box per page and atom for every key tile inside the context, and
+// cp.async for the tile where the context ends (its rows past the end are zero-filled; a page's
+// slots past the context may hold anything, NaN included, and P V would carry it).
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -74,9 +77,17 @@ struct Barriers {
 constexpr size_t SMEM = 1024 + QTile::BYTES + STAGES * 2 * KVTile::BYTES + sizeof(Barriers);
 static_assert(SMEM == 164944, "lowering and template agree on shared memory");
 
-// Tensor maps of q, k and v for TMA loads (tma.cuh), boxes of a tile's rows x one atom.
+// Tensor maps of q, k and v for TMA loads (tma.cuh), boxes of a tile's rows x one atom; for a
+// paged cache, k and v map [pages, page rows, Hkv, D] in boxes of a page's rows (at most a tile's).
 struct Maps {
   CUtensorMap q, k, v;
+};
+
+// How the producer loads a launch's tiles, chosen by the launcher from the call.
+enum class Loads : int {
+  copies,  // cp.async by the producer's 128 threads
+  tma,     // fixed lengths: one thread, one box per atom of Q, K and V
+  pages,   // a paged cache: K and V tiles inside the context by a box per page, the rest by cp.async
 };
 
 // The producer warpgroup's copy of ROWS rows of D elements into a tile of atoms: thread `tid`
@@ -125,6 +136,32 @@ __device__ __forceinline__ void copy_kv_rows(T* tile, const KVRows<T>& src, int 
       cp_async_zfill<16>(tile + Tile::offset(row, col), row < valid ? from : src.base, row < valid);  // smem: cp_async_fill
     }
   }
+}
+
+// Key (or value) rows n0 .. n0 + BLOCK_N - 1 of a sequence, all inside its context, from a paged
+// cache into `tile` by TMA, their landing counted on `full` (128 arrivals a phase, one per producer
+// thread): lane j of the first warp loads the id of the tile's j-th page and issues that page's
+// boxes (a page's rows, or the tile's where pages are longer), one per atom, into rows
+// j * box_rows ..; lane 0 announces the bytes first and every other producer thread just arrives.
+__device__ __forceinline__ void load_pages(T* tile, const CUtensorMap& map, const int32_t* pages, int page_shift,
+                                           int kv_head, int n0, int tid, uint64_t* full) {
+  if (tid < 32) {
+    const int page_rows = 1 << page_shift;
+    const int box_rows = page_rows < BLOCK_N ? page_rows : BLOCK_N, boxes = BLOCK_N / box_rows;  // <= 32: pages >= 8 rows
+    const int row = n0 + tid * box_rows;
+    const int page = tid < boxes ? pages[row >> page_shift] : 0;
+    if (tid == 0) pipeline::arrive_expect_bytes(full, KVTile::BYTES);
+    __syncwarp();  // the bytes are announced before any box can land
+    if (tid < boxes) {
+#pragma unroll
+      for (int a = 0; a < D / 64; ++a) {
+        pipeline::tma_load_4d(tile + a * BLOCK_N * 64 + tid * box_rows * 64, &map, a * 64, row & (page_rows - 1),
+                              kv_head, page, full);
+      }
+    }
+    if (tid == 0) return;
+  }
+  pipeline::arrive(full);
 }
 
 // Work: query blocks of 128 rows of one (head, batch), walked by persistent CTAs (one per SM)
@@ -211,11 +248,61 @@ __device__ __forceinline__ void produce_by_tma(const Params& p, const Maps& maps
   }
 }
 
-// `by_tma`: the launcher made the maps (TMA instance, fixed lengths, strides TMA accepts);
-// otherwise the producer's 128 threads copy with cp.async.
+// The producer's loop run by its 128 threads: K and V tiles and the Q blocks by cp.async; with
+// PAGES (a paged cache with its maps) the key tiles inside the context by load_pages. Two
+// instantiations rather than a run-time branch in one loop: the producer runs on
+// 64 registers, and a loop holding both ways' state spilled (ptxas, CUDA 13.0: 8-52 bytes at d128).
+template <bool PAIRED, bool PAGES>
+__device__ __forceinline__ void produce_by_copies(const Params& p, const Maps& maps, const Schedule<PAIRED>& schedule,
+                                                  T* q_tile, T* k_ring, T* v_ring, Barriers& bars) {
+  const int tid = threadIdx.x % 128;
+  int t = 0, q_uses = 0;  // tiles and Q blocks loaded so far: ring positions and Q phases
+  for (int unit = blockIdx.x; unit < schedule.units; unit += gridDim.x)
+  for (int half = 0; half < schedule.PER_UNIT; ++half) {
+    Work w;
+    if (!schedule.block(unit, half, w)) continue;
+    const Sequence seq = sequence_of(p, w.b);
+    if (w.m0 >= seq.lq) continue;
+    const Block<BLOCK_M, BLOCK_N, PAIRED> block(p, seq, w.m0);
+    if (block.tiles == 0) continue;  // the consumers write zero rows and never read Q
+    const int kv_head = w.h / static_cast<int>(p.Hq / p.Hkv);
+    for (int it = 0; it < block.tiles; ++it, ++t) {
+      const int stage = t % STAGES, use = t / STAGES;
+      const int n0 = (block.tile0 + it) * BLOCK_N;
+      const bool boxes = PAGES && n0 + BLOCK_N <= seq.lk;  // past the context, rows must read as zeros
+      if (use > 0) pipeline::wait(&bars.k_empty[stage], (use - 1) & 1);
+      if (boxes) {
+        load_pages(k_ring + stage * KVTile::ELEMS, maps.k, p.block_table + w.b * p.bt_stride, p.page_shift, kv_head,
+                   n0, tid, &bars.k_full[stage]);
+      } else {
+        copy_kv_rows<KVTile, BLOCK_N>(k_ring + stage * KVTile::ELEMS, key_rows<T>(p, w.b, seq, kv_head), n0,
+                                      seq.lk - n0, tid);
+        pipeline::arrive_on_copies(&bars.k_full[stage]);
+      }
+      if (it == 0) {
+        const T* q = static_cast<const T*>(p.q) + w.b * p.q_sb + (seq.q_row0 + w.m0) * p.q_sl + w.h * p.q_sh;
+        if (q_uses > 0) pipeline::wait(&bars.q_empty, (q_uses - 1) & 1);
+        copy_rows<QTile, BLOCK_M>(q_tile, q, p.q_sl, seq.lq - w.m0, tid);
+        pipeline::arrive_on_copies(&bars.q_full);
+        ++q_uses;
+      }
+      if (use > 0) pipeline::wait(&bars.v_empty[stage], (use - 1) & 1);
+      if (boxes) {
+        load_pages(v_ring + stage * KVTile::ELEMS, maps.v, p.block_table + w.b * p.bt_stride, p.page_shift, kv_head,
+                   n0, tid, &bars.v_full[stage]);
+      } else {
+        copy_kv_rows<KVTile, BLOCK_N>(v_ring + stage * KVTile::ELEMS, value_rows<T>(p, w.b, seq, kv_head), n0,
+                                      seq.lk - n0, tid);
+        pipeline::arrive_on_copies(&bars.v_full[stage]);
+      }
+    }
+  }
+}
+
+// `loads`: how the producer loads (Loads; the launcher made the maps it needs).
 template <bool WINDOW, bool EXTRAS>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-    forward_kernel(const Params p, const __grid_constant__ Maps maps, const bool by_tma) {
+    forward_kernel(const Params p, const __grid_constant__ Maps maps, const Loads loads) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // wgmma descriptors assume 1024-byte aligned atoms: align the base (the launch adds 1 KB).
   const uint32_t raw = mma::smem_addr(smem_raw);
@@ -229,8 +316,9 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
   // branch on the role below is not divergent (it would serialize every wgmma behind it).
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0), lane = threadIdx.x % 32;
 
+  const bool by_tma = loads == Loads::tma;
   if (threadIdx.x == 0) {
-    const int loaders = by_tma ? 1 : 128;  // arrivals per full phase: the TMA thread, or every copier
+    const int loaders = by_tma ? 1 : 128;  // arrivals per full phase: the TMA thread, or every producer thread
     pipeline::init(&bars.q_full, loaders);
     pipeline::init(&bars.q_empty, CONSUMERS * 4);
     for (int s = 0; s < STAGES; ++s) {
@@ -251,35 +339,10 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
       if (threadIdx.x % 128 == 0) produce_by_tma(p, maps, schedule, q_tile, k_ring, v_ring, bars);
       return;  // the CTA lives on with its consumers until every box has landed
     }
-    const int tid = threadIdx.x % 128;
-    int t = 0, q_uses = 0;  // tiles and Q blocks loaded so far: ring positions and Q phases
-    for (int unit = blockIdx.x; unit < schedule.units; unit += gridDim.x)
-    for (int half = 0; half < schedule.PER_UNIT; ++half) {
-      Work w;
-      if (!schedule.block(unit, half, w)) continue;
-      const Sequence seq = sequence_of(p, w.b);
-      if (w.m0 >= seq.lq) continue;
-      const Block<BLOCK_M, BLOCK_N, WINDOW> block(p, seq, w.m0);
-      if (block.tiles == 0) continue;  // the consumers write zero rows and never read Q
-      const int64_t kv_head = w.h / (p.Hq / p.Hkv);
-      const KVRows<T> k = key_rows<T>(p, w.b, seq, kv_head), v = value_rows<T>(p, w.b, seq, kv_head);
-      for (int it = 0; it < block.tiles; ++it, ++t) {
-        const int stage = t % STAGES, use = t / STAGES;
-        const int n0 = (block.tile0 + it) * BLOCK_N;
-        if (use > 0) pipeline::wait(&bars.k_empty[stage], (use - 1) & 1);
-        copy_kv_rows<KVTile, BLOCK_N>(k_ring + stage * KVTile::ELEMS, k, n0, seq.lk - n0, tid);
-        pipeline::arrive_on_copies(&bars.k_full[stage]);
-        if (it == 0) {
-          const T* q = static_cast<const T*>(p.q) + w.b * p.q_sb + (seq.q_row0 + w.m0) * p.q_sl + w.h * p.q_sh;
-          if (q_uses > 0) pipeline::wait(&bars.q_empty, (q_uses - 1) & 1);
-          copy_rows<QTile, BLOCK_M>(q_tile, q, p.q_sl, seq.lq - w.m0, tid);
-          pipeline::arrive_on_copies(&bars.q_full);
-          ++q_uses;
-        }
-        if (use > 0) pipeline::wait(&bars.v_empty[stage], (use - 1) & 1);
-        copy_kv_rows<KVTile, BLOCK_N>(v_ring + stage * KVTile::ELEMS, v, n0, seq.lk - n0, tid);
-        pipeline::arrive_on_copies(&bars.v_full[stage]);
-      }
+    if (loads == Loads::pages) {
+      produce_by_copies<WINDOW, true>(p, maps, schedule, q_tile, k_ring, v_ring, bars);
+    } else {
+      produce_by_copies<WINDOW, false>(p, maps, schedule, q_tile, k_ring, v_ring, bars);
     }
     cp_async_wait<0>();  // leave no copy in flight behind an exited warp
     return;
@@ -437,13 +500,23 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
   if (PINGPONG && wg == 0) pipeline::named_sync(TURN_BARRIER, 2 * 128);
 }
 
+constexpr bool BF16 = std::is_same<T, __nv_bfloat16>::value;
+
 // The maps of q (boxes of a block's rows), k and v (a tile's rows); false if the driver refuses
 // one (then the copies go by cp.async).
 bool make_maps(const Params& p, Maps& maps) {
-  constexpr bool BF16 = std::is_same<T, __nv_bfloat16>::value;
   return tma::encode_rows(&maps.q, BF16, p.q, p.B, p.Lq, p.Hq, D, p.q_sb, p.q_sl, p.q_sh, BLOCK_M) &&
          tma::encode_rows(&maps.k, BF16, p.k, p.B, p.Lk, p.Hkv, D, p.k_sb, p.k_sl, p.k_sh, BLOCK_N) &&
          tma::encode_rows(&maps.v, BF16, p.v, p.B, p.Lk, p.Hkv, D, p.v_sb, p.v_sl, p.v_sh, BLOCK_N);
+}
+
+// The maps of a paged k and v, [pages, page rows, Hkv, D] in boxes of a page's rows (a tile's
+// rows where pages are longer): page ids past the cache read zeros, not another buffer.
+bool make_page_maps(const Params& p, Maps& maps) {
+  const int64_t page_rows = int64_t{1} << p.page_shift;
+  const int box = static_cast<int>(std::min<int64_t>(page_rows, BLOCK_N));
+  return tma::encode_rows(&maps.k, BF16, p.k, p.num_pages, page_rows, p.Hkv, D, p.k_sp, p.k_sl, p.k_sh, box) &&
+         tma::encode_rows(&maps.v, BF16, p.v, p.num_pages, page_rows, p.Hkv, D, p.v_sp, p.v_sl, p.v_sh, box);
 }
 
 template <bool WINDOW, bool EXTRAS>
@@ -455,8 +528,13 @@ cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
   const int64_t ctas = std::min<int64_t>(units, p.sm_count * MIN_BLOCKS);
   const dim3 grid(static_cast<unsigned>(ctas));
   Maps maps{};
-  const bool by_tma = TMA && p.cu_seqlens_q == nullptr && make_maps(p, maps);
-  return launch_kernel(forward_kernel<WINDOW, EXTRAS>, p, grid, THREADS, SMEM, stream, maps, by_tma);
+  Loads loads = Loads::copies;
+  if (TMA && p.cu_seqlens_q == nullptr && make_maps(p, maps)) {
+    loads = Loads::tma;
+  } else if (TMA && p.block_table != nullptr && make_page_maps(p, maps)) {
+    loads = Loads::pages;
+  }
+  return launch_kernel(forward_kernel<WINDOW, EXTRAS>, p, grid, THREADS, SMEM, stream, maps, loads);
 }
 
 }  // namespace

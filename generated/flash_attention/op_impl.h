@@ -240,6 +240,7 @@ void fill_pages(const Args& a, Params& p) {
   p.bt_stride = a.block_table->stride(0);
   p.k_sb = 0, p.k_sp = a.k.stride(0), p.k_sl = a.k.stride(1), p.k_sh = a.k.stride(2);
   p.v_sb = 0, p.v_sp = a.v.stride(0), p.v_sl = a.v.stride(1), p.v_sh = a.v.stride(2);
+  p.num_pages = a.k.size(0);
   int shift = 0;
   while ((int64_t{1} << shift) < a.k.size(1)) ++shift;
   p.page_shift = shift;

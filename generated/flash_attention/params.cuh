@@ -39,6 +39,7 @@ struct Params {
   const int32_t* block_table;
   const int32_t* seqused_k;      // [B]
   int64_t bt_stride, k_sp, v_sp;
+  int64_t num_pages;             // pages in k (and v): the extent of a page's TMA map
   int page_shift;
   const float* alibi;            // [Hq] fp32 slopes, or null
   int64_t B, Hq, Hkv, Lq, Lk;

@@ -4,7 +4,8 @@ with flash-attn's bound (at most 2x the error of torch in the storage dtype, plu
 batches mixing 1, 2, 17, 300 and 2049 query tokens with contexts of 1 to 5000 tokens (a pure
 prefill, a context of exactly one block), both cache layouts, block sizes 8, 16, 32, GQA groups
 1, 4, 7, 8, head sizes 64, 96, 128, 256; every compiled forward instance forced on a paged
-batch; window, soft cap, ALiBi; the lse; outputs poisoned; a bad block id caught by validate."""
+batch; NaN in every cache slot outside the contexts (pages of 8 to 256 rows); window, soft cap,
+ALiBi; the lse; outputs poisoned; a bad block id caught by validate."""
 import importlib
 import math
 
@@ -76,6 +77,30 @@ def test_every_forward_instance_reads_pages(name, row):
     D, dtype = row["params"]["d"], {"bf16": torch.bfloat16, "fp16": torch.float16}[row["dtype"]]
     case, layout = paged_case([(1, 1), (130, 700), (64, 64), (3, 16)], 8, 2, D, dtype, block_size=16, seed=D)
     check(case, layout, name, instance=name)
+
+
+def poison_outside_contexts(case, layout, seqs):
+    """NaN in every cache slot outside the sequences' contexts: the tails of their last pages and
+    the pages no sequence holds."""
+    k, v, table, bs = case["k_cache"], case["v_cache"], case["block_table"], case["k_cache"].shape[1 if layout == "NHD" else 2]
+    used = torch.zeros(k.shape[0], bs, dtype=torch.bool, device=k.device)
+    for s, (_, n) in enumerate(seqs):
+        for j in range((n + bs - 1) // bs):
+            used[table[s, j].item(), : min(bs, n - j * bs)] = True
+    outside = ~used if layout == "NHD" else ~used[:, None, :].expand(-1, k.shape[1], -1)
+    k[outside], v[outside] = float("nan"), float("nan")
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("block_size, layout", [(8, "HND"), (16, "NHD"), (128, "NHD"), (256, "HND")])
+def test_cache_slots_outside_the_contexts_are_never_read(D, block_size, layout):
+    """The Hopper kernels take a key tile inside a context as TMA boxes of whole pages (a tile's rows
+    where pages are longer): with NaN in every slot outside the contexts, the tile where a context
+    ends must still leave its page's tail out of P V, and no box may start past a page."""
+    seqs = [(300, 300), (17, 1000), (1, 129), (130, 700), (64, 64), (5, 256)]
+    case, layout = paged_case(seqs, 8, 2, D, torch.bfloat16, block_size, layout, seed=block_size + D)
+    poison_outside_contexts(case, layout, seqs)
+    check(case, layout, f"D={D} block {block_size} {layout}, NaN outside the contexts")
 
 
 @pytest.mark.parametrize("options", [dict(window=(100, 0)), dict(soft_cap=20.0), dict(causal=False),
