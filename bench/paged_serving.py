@@ -77,10 +77,10 @@ def group_table() -> list:
     return rows
 
 
-def _kernel_us(fn, calls: int = 50) -> float:
-    """The CUDA kernels' durations per call, summed (the profiler's device time). With PDL the
-    merge starts while the decode grid runs and waits in it, so the sum can exceed the graph's
-    time per call."""
+def _kernel_us(fn, calls: int = 50) -> dict:
+    """Each CUDA kernel's duration per call (the profiler's device time), by kernel name (the
+    decode grid, the merge). With PDL the merge starts while the decode grid runs and waits in it,
+    so their sum can exceed the graph's time per call."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -88,8 +88,8 @@ def _kernel_us(fn, calls: int = 50) -> float:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    total = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0)  # the kernels alone
-    return total / calls
+    return {e.key.split("(")[0].split("::")[-1][:40]: e.device_time_total / calls
+            for e in prof.key_averages() if e.device_time_total > 0}  # the kernels alone
 
 
 def small_table() -> list:
@@ -136,7 +136,8 @@ def small_table() -> list:
         graph.replay()
         torch.cuda.synchronize()
         row["graph_us"] = do_bench(graph.replay) * 1e3 / 20
-        row["kernel_us"] = _kernel_us(call)
+        row["kernels_us"] = _kernel_us(call)
+        row["kernel_us"] = sum(row["kernels_us"].values())
         row["graph_tbps"] = _tbps(nbytes, row["graph_us"] / 1e3)
         row["candidates_graph_us"] = {}
         for name in (n for n in candidates() if "_mt1_" in n):
@@ -180,6 +181,8 @@ def markdown(meta: dict, copy: float, mid: list, groups: list, small: list) -> s
         out.append(f"| {r['S']} | {r['Hq']} / {r['Hkv']} | {r['context']} | {r['eager_us']:.1f} | "
                    f"{r['eager_host_us']:.1f} | **{r['graph_us']:.1f}** | {r['kernel_us']:.1f} | {r['graph_tbps']:.2f} | "
                    f"`{r['instance']}` |")
+    out += ["", "Kernel durations per call (us): " + "; ".join(
+        f"S {r['S']}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.get("kernels_us", {}).items()) for r in small)]
     for r in small:
         if r["candidates_graph_us"]:
             out += ["", f"S {r['S']}: candidates forced, CUDA graph us per call: " + ", ".join(

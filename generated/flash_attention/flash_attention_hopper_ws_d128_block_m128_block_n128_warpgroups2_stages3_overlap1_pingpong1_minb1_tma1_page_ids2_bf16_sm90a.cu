@@ -138,25 +138,36 @@ __device__ __forceinline__ void copy_kv_rows(T* tile, const KVRows<T>& src, int 
   }
 }
 
-// Key (or value) rows n0 .. n0 + BLOCK_N - 1 of a sequence, all inside its context, from a paged
-// cache into `tile` by TMA, their landing counted on `full` (128 arrivals a phase, one per producer
-// thread): lane j of the first warp loads the id of the tile's j-th page and issues that page's
-// boxes (a page's rows, or the tile's where pages are longer), one per atom, into rows
+// A key tile of a paged cache by TMA: lane j of the producer's first warp holds the id of the
+// tile's j-th page (tile_page), loaded before the producer waits for the ring slot so that its
+// latency hides behind the wait, and used for both K and V.
+struct PageBoxes {
+  int page_rows, box_rows, boxes;  // a box: a page's rows, or a tile's where pages are longer; boxes <= 32 (pages >= 8 rows)
+  __device__ __forceinline__ explicit PageBoxes(int page_shift) {
+    page_rows = 1 << page_shift;
+    box_rows = page_rows < BLOCK_N ? page_rows : BLOCK_N;
+    boxes = BLOCK_N / box_rows;
+  }
+  // The id of the page lane `tid` loads for the tile at key n0 (0 for lanes without a box).
+  __device__ __forceinline__ int tile_page(const int32_t* pages, int page_shift, int n0, int tid) const {
+    return tid < boxes ? pages[(n0 + tid * box_rows) >> page_shift] : 0;
+  }
+};
+
+// Key (or value) rows n0 .. n0 + BLOCK_N - 1 of a sequence, all inside its context, into `tile`
+// by TMA, their landing counted on `full` (128 arrivals a phase, one per producer thread): lane j
+// of the first warp issues the boxes of the tile's j-th page `page`, one per atom, into rows
 // j * box_rows ..; lane 0 announces the bytes first and every other producer thread just arrives.
-__device__ __forceinline__ void load_pages(T* tile, const CUtensorMap& map, const int32_t* pages, int page_shift,
-                                           int kv_head, int n0, int tid, uint64_t* full) {
+__device__ __forceinline__ void load_pages(T* tile, const CUtensorMap& map, const PageBoxes& pb, int page, int kv_head,
+                                           int n0, int tid, uint64_t* full) {
   if (tid < 32) {
-    const int page_rows = 1 << page_shift;
-    const int box_rows = page_rows < BLOCK_N ? page_rows : BLOCK_N, boxes = BLOCK_N / box_rows;  // <= 32: pages >= 8 rows
-    const int row = n0 + tid * box_rows;
-    const int page = tid < boxes ? pages[row >> page_shift] : 0;
     if (tid == 0) pipeline::arrive_expect_bytes(full, KVTile::BYTES);
     __syncwarp();  // the bytes are announced before any box can land
-    if (tid < boxes) {
+    if (tid < pb.boxes) {
+      const int row = (n0 + tid * pb.box_rows) & (pb.page_rows - 1);
 #pragma unroll
       for (int a = 0; a < D / 64; ++a) {
-        pipeline::tma_load_4d(tile + a * BLOCK_N * 64 + tid * box_rows * 64, &map, a * 64, row & (page_rows - 1),
-                              kv_head, page, full);
+        pipeline::tma_load_4d(tile + a * BLOCK_N * 64 + tid * pb.box_rows * 64, &map, a * 64, row, kv_head, page, full);
       }
     }
     if (tid == 0) return;
@@ -266,14 +277,15 @@ __device__ __forceinline__ void produce_by_copies(const Params& p, const Maps& m
     const Block<BLOCK_M, BLOCK_N, PAIRED> block(p, seq, w.m0);
     if (block.tiles == 0) continue;  // the consumers write zero rows and never read Q
     const int kv_head = w.h / static_cast<int>(p.Hq / p.Hkv);
+    const PageBoxes pb(PAGES ? p.page_shift : 0);
     for (int it = 0; it < block.tiles; ++it, ++t) {
       const int stage = t % STAGES, use = t / STAGES;
       const int n0 = (block.tile0 + it) * BLOCK_N;
       const bool boxes = PAGES && n0 + BLOCK_N <= seq.lk;  // past the context, rows must read as zeros
+      const int page = boxes ? pb.tile_page(p.block_table + w.b * p.bt_stride, p.page_shift, n0, tid) : 0;
       if (use > 0) pipeline::wait(&bars.k_empty[stage], (use - 1) & 1);
       if (boxes) {
-        load_pages(k_ring + stage * KVTile::ELEMS, maps.k, p.block_table + w.b * p.bt_stride, p.page_shift, kv_head,
-                   n0, tid, &bars.k_full[stage]);
+        load_pages(k_ring + stage * KVTile::ELEMS, maps.k, pb, page, kv_head, n0, tid, &bars.k_full[stage]);
       } else {
         copy_kv_rows<KVTile, BLOCK_N>(k_ring + stage * KVTile::ELEMS, key_rows<T>(p, w.b, seq, kv_head), n0,
                                       seq.lk - n0, tid);
@@ -288,8 +300,7 @@ __device__ __forceinline__ void produce_by_copies(const Params& p, const Maps& m
       }
       if (use > 0) pipeline::wait(&bars.v_empty[stage], (use - 1) & 1);
       if (boxes) {
-        load_pages(v_ring + stage * KVTile::ELEMS, maps.v, p.block_table + w.b * p.bt_stride, p.page_shift, kv_head,
-                   n0, tid, &bars.v_full[stage]);
+        load_pages(v_ring + stage * KVTile::ELEMS, maps.v, pb, page, kv_head, n0, tid, &bars.v_full[stage]);
       } else {
         copy_kv_rows<KVTile, BLOCK_N>(v_ring + stage * KVTile::ELEMS, value_rows<T>(p, w.b, seq, kv_head), n0,
                                       seq.lk - n0, tid);
