@@ -47,8 +47,7 @@ def _is_pow2(x: int) -> bool:
 
 def _merge(p: dict, split: bool, arch: Arch) -> dict:
     """The merge's knobs (split.cuh): `merge_rows` query rows per CTA, each by d / 4 threads
-    reading float4s; `pdl` launches it as a programmatic dependent of the decode grid, and the decode
-    grid as one of the kernel before it (sm_90; split.cuh's launch_dependent)."""
+    reading float4s; `pdl` launches it as a programmatic dependent of the decode grid (sm_90)."""
     rows, pdl, d = p["merge_rows"], p["pdl"], p["d"]
     if not split:
         if rows or pdl:
@@ -59,7 +58,7 @@ def _merge(p: dict, split: bool, arch: Arch) -> dict:
         raise Rejected("merge_rows", f"merge_rows={rows} must be a power of two with merge_rows * d / 4 = {threads} "
                                      f"threads <= {arch.max_threads_per_block}")
     if pdl not in (0, 1):
-        raise Rejected("pdl", f"pdl={pdl}: 1 launches the decode grid and the merge as programmatic dependents, 0 plainly")
+        raise Rejected("pdl", f"pdl={pdl}: 1 launches the merge as a programmatic dependent, 0 plainly")
     if pdl and arch.compute < 90:
         raise Rejected("pdl", f"pdl=1 needs programmatic dependent launch (sm_90 and later), not {arch.name}")
     return {"pdl": "true" if pdl else "false", "merge_threads": threads}

@@ -44,7 +44,7 @@ constexpr int FILL = 90;           // ...whose last wave is this full (percent o
 constexpr int UNSPLIT = 0;     // whole contexts unsplit only with this many CTAs per SM or more (0: any)
 constexpr int MIN_PART = 256;   // split: no partition shorter than this (tokens)
 constexpr int MERGE_ROWS = 1;  // split: query rows per CTA of the merge
-constexpr bool PDL = true;            // split: the merge and this grid launched as programmatic dependents
+constexpr bool PDL = true;            // split: the merge launched as a programmatic dependent
 constexpr int CTAS_PER_SM = 2;  // occupancy (shared memory, threads) from the lowering
 constexpr int KV_E = 5;           // fp8 cache: exponent bits (4: e4m3, 5: e5m2); 0: the cache holds T
 constexpr bool FP8 = KV_E != 0;
@@ -378,14 +378,9 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
   float* factor = reinterpret_cast<float*>(q_tile + QTile::ELEMS);  // FP8_DIRECT: q's row scales, inverted; smem buffer: factor
   T* wide = reinterpret_cast<T*>(factor + FACTOR_FLOATS);  // FP8 widened: the K and V tiles; smem buffer: wide
   C* ring = reinterpret_cast<C*>(wide + WIDE_ELEMS);  // smem buffer: ring
-  // With PDL this grid may start before the kernel ahead of it on the stream ends (launch_dependent):
-  // nothing is read or written before that kernel has finished. Then the merge may launch once
-  // every CTA of this grid has started: its CTAs take the slots the last wave leaves, and wait
-  // there for this grid to finish (split.cuh).
-  if constexpr (PDL) {
-    wait_for_primary_grid();
-    allow_dependent_launch();
-  }
+  // The merge may launch once every CTA of this grid has started: its CTAs take the slots the
+  // last wave leaves, and wait there for this grid to finish (split.cuh).
+  if constexpr (PDL) allow_dependent_launch();
   const int64_t seq = blockIdx.x;
   const unsigned group = group_size(p), blocks = row_blocks(p);
   const unsigned kv_head = blockIdx.y / blocks, rb = blockIdx.y % blocks, query_tokens = static_cast<unsigned>(p.Q);
@@ -619,7 +614,8 @@ cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt2_waves1_fill9
     const cudaError_t err = cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  cudaError_t err = launch_dependent(decode_kernel, grid, dim3(THREADS), smem, stream, PDL, p, split);
+  decode_kernel<<<grid, THREADS, smem, stream>>>(p, split);
+  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || split.parts == 1) return err;
   return launch_merge<T, D, MERGE_ROWS, PDL>(merge_params(p, split.parts, split.part_tokens), stream);
 }

@@ -30,7 +30,7 @@ constexpr int STAGES = 3;     // stages of the cp.async ring
 constexpr int PART = 0;         // tokens per partition (split kinds)
 constexpr bool SPLIT = false;
 constexpr int MERGE_ROWS = 0;   // split: query rows per CTA of the merge
-constexpr bool PDL = false;                 // split: the merge and this grid launched as programmatic dependents
+constexpr bool PDL = false;                 // split: the merge launched as a programmatic dependent
 constexpr int TZ = 4;             // token slots: slot z takes tokens z, z + TZ, ...
 constexpr int SCORES = 8;     // tokens per thread per stage
 constexpr int PIECES = D / VEC;            // 16-byte pieces per row
@@ -78,14 +78,9 @@ __host__ __device__ __forceinline__ unsigned packs_per_group(const Params& p) {
 __global__ void __launch_bounds__(THREADS, 1) decode_kernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* ring = reinterpret_cast<T*>(smem_raw);  // smem buffer: ring
-  // With PDL this grid may start before the kernel ahead of it on the stream ends (launch_dependent):
-  // nothing is read or written before that kernel has finished. Then the merge may launch once
-  // every CTA of this grid has started: its CTAs take the slots the last wave leaves, and wait
-  // there for this grid to finish (split.cuh).
-  if constexpr (PDL) {
-    wait_for_primary_grid();
-    allow_dependent_launch();
-  }
+  // The merge may launch once every CTA of this grid has started: its CTAs take the slots the
+  // last wave leaves, and wait there for this grid to finish (split.cuh).
+  if constexpr (PDL) allow_dependent_launch();
   const int64_t seq = blockIdx.x;
   // 32-bit index arithmetic: a 64-bit division is a call (its stack frame showed as spills).
   const unsigned G = group_size(p), packs = packs_per_group(p);
@@ -335,7 +330,8 @@ cudaError_t launch_paged_single_pass_d112_vec8_tx16_heads4_hpt2_threads128_tile3
     const cudaError_t err = cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  const cudaError_t err = launch_dependent(decode_kernel, grid, dim3(THREADS), smem, stream, PDL, p);
+  decode_kernel<<<grid, THREADS, smem, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   return merge_partitions_of(p, parts, stream);
 }

@@ -3,8 +3,7 @@
 // Split-K: the workspace a split launch leaves its partitions in, and the kernel that merges
 // them. The merge is a template each decode instance instantiates with its own knobs (rows per
 // CTA, programmatic dependent launch: spec axes `merge_rows`, `pdl`), so it is swept and tuned
-// with the decode kernel it follows. With `pdl` the decode grid too is a programmatic dependent
-// of the kernel before it (launch_dependent), so back-to-back calls hide a launch each.
+// with the decode kernel it follows.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -63,7 +62,6 @@ namespace {
 // are visible (griddepcontrol.wait) before touching the workspace.
 template <typename T, int D, int ROWS, bool PDL>
 __global__ void __launch_bounds__(ROWS * D / 4) merge_partitions(const MergeParams p) {
-  if constexpr (PDL) allow_dependent_launch();  // the next decode grid may launch (it waits for this one)
   constexpr int LANES = D / 4;
   static_assert(D % 4 == 0 && ROWS > 0, "a row's threads read whole float4s; at least one row per CTA");
   const int64_t s = blockIdx.x;
@@ -93,30 +91,20 @@ __global__ void __launch_bounds__(ROWS * D / 4) merge_partitions(const MergePara
   store_floats<4>(static_cast<T*>(p.out) + s * p.out_ss + r * p.out_sr + c, acc);
 }
 
-// `kernel` on `stream`; with `pdl` as a programmatic dependent of what precedes it there
-// (cudaLaunchAttributeProgrammaticStreamSerialization): it may launch while that grid's last
-// CTAs run, and waits for it (wait_for_primary_grid) before touching memory it wrote or reads.
-template <typename... Params, typename... Args>
-cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                             bool pdl, const Args&... args) {
+// Launched right behind the decode grid on the same stream; with PDL as its programmatic
+// dependent (cudaLaunchAttributeProgrammaticStreamSerialization).
+template <typename T, int D, int ROWS, bool PDL>
+cudaError_t launch_merge(const MergeParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
+  config.gridDim = dim3(static_cast<unsigned>(p.S), static_cast<unsigned>((p.rows + ROWS - 1) / ROWS));
+  config.blockDim = dim3(ROWS * D / 4);
   config.stream = stream;
   cudaLaunchAttribute early[1];
   early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   early[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = early;
-  config.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, args...);
-}
-
-// Launched right behind the decode grid on the same stream; with PDL as its programmatic dependent.
-template <typename T, int D, int ROWS, bool PDL>
-cudaError_t launch_merge(const MergeParams& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>((p.rows + ROWS - 1) / ROWS));
-  return launch_dependent(merge_partitions<T, D, ROWS, PDL>, grid, dim3(ROWS * D / 4), 0, stream, PDL, p);
+  config.numAttrs = PDL ? 1 : 0;
+  return cudaLaunchKernelEx(&config, merge_partitions<T, D, ROWS, PDL>, p);
 }
 
 }  // namespace
