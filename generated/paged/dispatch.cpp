@@ -582,6 +582,10 @@ cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill9
 size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
@@ -594,22 +598,22 @@ cudaError_t launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_st
 size_t workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a(const Params&);
 cudaError_t launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&);
+cudaError_t launch_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&);
 
 namespace {
 
@@ -901,16 +905,18 @@ bool covers_284(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 
 bool covers_285(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_286(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_287(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
-bool covers_288(const Key& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
-bool covers_289(const Key& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
-bool covers_290(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
-bool covers_291(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_288(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_289(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_290(const Key& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_291(const Key& key) { return ((key.D == 128) && (((1 >= key.G) && ((2 * key.G) > 1)) || ((1 == 16) && (key.G > 16))) && ((key.align % 8) == 0) && (key.KVE == 0)); }
 bool covers_292(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_293(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_294(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_295(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_296(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_297(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_298(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
+bool covers_299(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 
 const Entry kEntries[] = {
     {"paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a", "dispatch", launch_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a, covers_0, workspace_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a},
@@ -1197,20 +1203,22 @@ const Entry kEntries[] = {
     {"paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a, covers_281, workspace_paged_grouped_mma_d256_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a},
     {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_282, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a},
     {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_283, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_284, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_285, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_286, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_287, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
-    {"paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a, covers_288, workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a},
-    {"paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a, covers_289, workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a, covers_290, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a, covers_291, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_292, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_293, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_294, workspace_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_295, workspace_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_284, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_285, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_286, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_287, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_288, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_289, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
+    {"paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a, covers_290, workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a},
+    {"paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a, covers_291, workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_292, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_293, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a, covers_294, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a, covers_295, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a},
     {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_296, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a},
     {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_297, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_298, workspace_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_299, workspace_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
 };
 constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
 
@@ -1293,67 +1301,85 @@ const Entry* paged_decode_select(const Key& key) {
       if (kEntries[283].covers(key)) return row(283);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
+  // tuned: tuned/sm_90a/paged.yaml: bucket mha_few_short: when Q == 1 and G <= 2 and KVE == 0 and S * Hkv <= sm_count and L <= 2048
+  if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && ((key.S * key.Hkv) <= key.sm_count) && (key.L <= 2048))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[284].covers(key)) return row(284);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[285].covers(key)) return row(285);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+    }
+  }
   // tuned: tuned/sm_90a/paged.yaml: bucket mha_short: when Q == 1 and G <= 2 and KVE == 0 and L <= 1024
   if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && (key.L <= 1024))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[284].covers(key)) return row(284);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[286].covers(key)) return row(286);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[285].covers(key)) return row(285);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[287].covers(key)) return row(287);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket mha_few_long: when Q == 1 and G <= 2 and KVE == 0 and S * Hkv < sm_count and L > 8192
   if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && ((key.S * key.Hkv) < key.sm_count) && (key.L > 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[286].covers(key)) return row(286);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[288].covers(key)) return row(288);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[287].covers(key)) return row(287);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[289].covers(key)) return row(289);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket mha: when Q == 1 and G <= 2 and KVE == 0 and L <= 8192
   if (((key.Q == 1) && (key.G <= 2) && (key.KVE == 0) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[288].covers(key)) return row(288);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[290].covers(key)) return row(290);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[289].covers(key)) return row(289);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[291].covers(key)) return row(291);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_tiny: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv <= 32 and L <= 8192
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && ((key.S * key.Hkv) <= 32) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[282].covers(key)) return row(282);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[292].covers(key)) return row(292);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[283].covers(key)) return row(283);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[293].covers(key)) return row(293);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/paged.yaml: bucket gqa_few_short: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv <= sm_count and L <= 2048
+  if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && ((key.S * key.Hkv) <= key.sm_count) && (key.L <= 2048))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[284].covers(key)) return row(284);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[285].covers(key)) return row(285);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_short: when Q == 1 and G <= 8 and KVE == 0 and L <= 1024
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && (key.L <= 1024))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[290].covers(key)) return row(290);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a
+      if (kEntries[294].covers(key)) return row(294);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[291].covers(key)) return row(291);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a
+      if (kEntries[295].covers(key)) return row(295);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_few_long: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv < sm_count and L > 8192
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && ((key.S * key.Hkv) < key.sm_count) && (key.L > 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[292].covers(key)) return row(292);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[284].covers(key)) return row(284);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[293].covers(key)) return row(293);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[285].covers(key)) return row(285);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_mid: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv <= 2 * sm_count and L <= 8192
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && ((key.S * key.Hkv) <= (2 * key.sm_count)) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[294].covers(key)) return row(294);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[288].covers(key)) return row(288);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[295].covers(key)) return row(295);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[289].covers(key)) return row(289);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa: when Q == 1 and G <= 8 and KVE == 0 and L <= 8192
@@ -1372,6 +1398,15 @@ const Entry* paged_decode_select(const Key& key) {
     }
     if (key.dtype == DType::kFP16) {
       if (kEntries[297].covers(key)) return row(297);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/paged.yaml: bucket gqa16_few_short: when Q == 1 and G > 8 and G <= 16 and KVE == 0 and S * Hkv <= sm_count and L < 2048
+  if (((key.Q == 1) && (key.G > 8) && (key.G <= 16) && (key.KVE == 0) && ((key.S * key.Hkv) <= key.sm_count) && (key.L < 2048))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[298].covers(key)) return row(298);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[299].covers(key)) return row(299);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // specs/paged.yaml:193: when G * Q >= 3 or KVE > 0 -> grouped_mma
@@ -1408,12 +1443,13 @@ const Entry* paged_decode_select(const Key& key) {
       if (kEntries[238].covers(key)) return row(238);  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[239].covers(key)) return row(239);  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[283].covers(key)) return row(283);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[285].covers(key)) return row(285);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[287].covers(key)) return row(287);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[291].covers(key)) return row(291);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a
-      if (kEntries[293].covers(key)) return row(293);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[295].covers(key)) return row(295);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[285].covers(key)) return row(285);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[287].covers(key)) return row(287);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[289].covers(key)) return row(289);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[293].covers(key)) return row(293);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[295].covers(key)) return row(295);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a
       if (kEntries[297].covers(key)) return row(297);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[299].covers(key)) return row(299);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[240].covers(key)) return row(240);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[241].covers(key)) return row(241);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[242].covers(key)) return row(242);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
@@ -1453,12 +1489,13 @@ const Entry* paged_decode_select(const Key& key) {
       if (kEntries[274].covers(key)) return row(274);  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[275].covers(key)) return row(275);  // paged_grouped_mma_d128_warps4_tile128_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[282].covers(key)) return row(282);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[284].covers(key)) return row(284);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[286].covers(key)) return row(286);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[290].covers(key)) return row(290);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a
-      if (kEntries[292].covers(key)) return row(292);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[294].covers(key)) return row(294);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[284].covers(key)) return row(284);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[286].covers(key)) return row(286);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[288].covers(key)) return row(288);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[292].covers(key)) return row(292);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[294].covers(key)) return row(294);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a
       if (kEntries[296].covers(key)) return row(296);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[298].covers(key)) return row(298);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[276].covers(key)) return row(276);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[277].covers(key)) return row(277);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[278].covers(key)) return row(278);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
@@ -1646,7 +1683,7 @@ const Entry* paged_decode_select(const Key& key) {
       if (kEntries[162].covers(key)) return row(162);  // paged_split_k_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[163].covers(key)) return row(163);  // paged_split_k_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[164].covers(key)) return row(164);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[289].covers(key)) return row(289);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[291].covers(key)) return row(291);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[165].covers(key)) return row(165);  // paged_split_k_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[166].covers(key)) return row(166);  // paged_split_k_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[167].covers(key)) return row(167);  // paged_split_k_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_fp16_sm90a
@@ -1684,7 +1721,7 @@ const Entry* paged_decode_select(const Key& key) {
       if (kEntries[197].covers(key)) return row(197);  // paged_split_k_d128_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[198].covers(key)) return row(198);  // paged_split_k_d128_vec8_tx16_heads2_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[199].covers(key)) return row(199);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[288].covers(key)) return row(288);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[290].covers(key)) return row(290);  // paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[200].covers(key)) return row(200);  // paged_split_k_d192_vec8_tx16_heads16_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[201].covers(key)) return row(201);  // paged_split_k_d192_vec8_tx16_heads8_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[202].covers(key)) return row(202);  // paged_split_k_d192_vec8_tx16_heads4_hpt2_threads128_tile32_stages3_part512_merge_rows1_pdl1_bf16_sm90a
