@@ -30,7 +30,8 @@ fa = importlib.import_module("attngen.flash_attention")
 
 # B, H, N, D: the softmax shapes of ANCHORS.md (each causal and not)
 SHAPES = [(4, 48, 1024, 64), (4, 48, 4096, 64), (1, 48, 16384, 64),
-          (4, 24, 1024, 128), (4, 24, 4096, 128), (1, 24, 16384, 128)]
+          (4, 24, 1024, 128), (4, 24, 4096, 128), (1, 24, 16384, 128),
+          (4, 32, 2048, 96), (2, 16, 4096, 256)]   # issue 32's weak head sizes
 PEERS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
@@ -51,12 +52,12 @@ def sdpa(backend, q, k, v, causal):
                                               is_causal=causal).transpose(1, 2)
 
 
-def run(quick: bool):
+def run(quick: bool, head_sizes=None):
     rows = []
     peak = matmul_tflops()
     print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s", flush=True)
     names = fa.instances() + fa.OP.bench_instances()   # the bench-role ones: `codegen build --bench`
-    for B, H, N, D in SHAPES:
+    for B, H, N, D in (shape for shape in SHAPES if not head_sizes or shape[3] in head_sizes):
         g = torch.Generator(device="cuda").manual_seed(N + D)
         q, k, v = (torch.randn(B, N, H, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
         mine = [n for n in names if fa.instance_head_size(n) == D and n.endswith("_bf16_sm90a")]
@@ -142,10 +143,11 @@ def plot(rows, path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skip timing every instance forced")
+    ap.add_argument("--head-sizes", type=int, nargs="*", help="only the shapes of these head sizes")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "h100"))
     args = ap.parse_args()
     t0 = time.time()
-    peak, rows = run(args.quick)
+    peak, rows = run(args.quick, args.head_sizes)
     meta = run_meta(t0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,9 @@ if [ "${BUILD:-1}" = 1 ]; then  # BUILD=0: the steps need no default build (the 
   step build python3 -m codegen build -j "$JOBS" || tail -50 "$OUT/r/build.log"
 fi
 # The benchmark extension (bench-role kinds, forced side by side with the dispatched ones).
-if want bench || want paged_bench || want flash_bench || want flash_grad_bench || want delta_bench || want bench_build; then step bench_build python3 -m codegen build --bench -j "$JOBS"; fi
+# BENCH_SPECS="specs/a.yaml ...": only those specs' bench-role kinds (a shorter build).
+bench_specs=(); for s in ${BENCH_SPECS:-}; do bench_specs+=(--spec "$s"); done
+if want bench || want paged_bench || want flash_bench || want flash_grad_bench || want delta_bench || want bench_build; then step bench_build python3 -m codegen build --bench -j "$JOBS" "${bench_specs[@]}"; fi
 want gpu_tests && step gpu_tests python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider
 want memcheck && step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py ${SANITIZE:-}
 want racecheck && step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py ${SANITIZE:-}

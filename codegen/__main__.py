@@ -107,7 +107,10 @@ def _cmd_tune(args) -> int:
 def _cmd_build(args) -> int:
     from .build import build, build_bench
     if args.bench:
-        return build_bench(args.jobs)
+        return build_bench(args.jobs, args.spec)
+    if args.spec:
+        print("error: --spec selects the benchmark extension's specs: it needs --bench", file=sys.stderr)
+        return 2
     return build(args.target, args.jobs)
 
 
@@ -141,6 +144,8 @@ def main(argv=None) -> int:
     p.add_argument("--target", default=None)
     p.add_argument("--bench", action="store_true",
                    help="the benchmark extension instead (bench-role kinds, build/bench/; op namespace attngen_bench)")
+    p.add_argument("--spec", action="append", default=None,
+                   help="with --bench: only this spec's bench-role kinds (repeatable; default every spec)")
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.set_defaults(func=_cmd_build)
     p = sub.add_parser("tune")

@@ -94,11 +94,12 @@ def ninja_command(targets, jobs=None, ninja_file="generated/build.ninja", keep_g
     return cmd + list(targets)
 
 
-def build_bench(jobs: int | None = None) -> int:
-    """The benchmark extension: bench-role kinds rendered into build/bench/generated and linked as
-    build/bench/lib/attngen_bench_ext.so (needs a CUDA build of torch)."""
+def build_bench(jobs: int | None = None, specs: list[str] | None = None) -> int:
+    """The benchmark extension: bench-role kinds (of `specs`, default every spec) rendered into
+    build/bench/generated and linked as build/bench/lib/attngen_bench_ext.so (needs a CUDA build
+    of torch)."""
     from .pipeline import BENCH_LAYOUT, generate_bench
-    lowered, _ = generate_bench()
+    lowered, _ = generate_bench(specs or None)
     count = sum(len(insts) for _, insts in lowered)
     print(f"bench: {count} bench-role instances into {BENCH_LAYOUT.build}/", flush=True)
     return build("extension", jobs, ninja_file=f"{BENCH_LAYOUT.gen}/build.ninja")
