@@ -114,7 +114,11 @@ class Op:
         return _axis_values(self.name, axis).index(value)
 
     def bench_instances(self) -> list[str]:
-        """The benchmark extension's instances of this op ([] where it is not built)."""
+        """The benchmark extension's instances of this op ([] where it is not built, or built
+        without this op's spec: `codegen build --bench --spec ...`)."""
         if not _ext.load_bench():
             return []
-        return list(getattr(getattr(torch.ops, BENCH_NAMESPACE), f"{self.name}_instances")("bench"))
+        namespace = getattr(torch.ops, BENCH_NAMESPACE)
+        if not hasattr(namespace, f"{self.name}_instances"):
+            return []
+        return list(getattr(namespace, f"{self.name}_instances")("bench"))
