@@ -209,37 +209,37 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64_long: when D == 64 and Lk >= 2048
   if (((key.D == 64) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[17].covers(key)) return row(17);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
-    }
-    if (key.dtype == DType::kFP16) {
-      if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
-    }
-  }
-  // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64: when D == 64
-  if ((key.D == 64)) {
-    if (key.dtype == DType::kBF16) {
       if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
       if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
     }
   }
-  // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_gqa_long: when D == 128 and G >= 4 and causal == 0 and Lk >= 2048
-  if (((key.D == 128) && (key.G >= 4) && (key.causal == 0) && (key.Lk >= 2048))) {
+  // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64: when D == 64
+  if ((key.D == 64)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[17].covers(key)) return row(17);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
     }
   }
-  // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_causal_long: when D == 128 and causal == 1 and Lk >= 2048
-  if (((key.D == 128) && (key.causal == 1) && (key.Lk >= 2048))) {
+  // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_gqa_long: when D == 128 and G >= 4 and causal == 0 and Lk >= 2048
+  if (((key.D == 128) && (key.G >= 4) && (key.causal == 0) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
       if (kEntries[22].covers(key)) return row(22);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
       if (kEntries[23].covers(key)) return row(23);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_causal_long: when D == 128 and causal == 1 and Lk >= 2048
+  if (((key.D == 128) && (key.causal == 1) && (key.Lk >= 2048))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_causal: when D == 128 and causal == 1
@@ -254,10 +254,10 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_long: when D == 128 and Lk >= 2048
   if (((key.D == 128) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[22].covers(key)) return row(22);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
+      if (kEntries[23].covers(key)) return row(23);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128: when D == 128
@@ -272,19 +272,19 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d256_causal: when D == 256 and causal == 1
   if (((key.D == 256) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[13].covers(key)) return row(13);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[10].covers(key)) return row(10);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_fp16_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d256: when D == 256
   if ((key.D == 256)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[13].covers(key)) return row(13);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[10].covers(key)) return row(10);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_fp16_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
     }
   }
   // specs/flash_attention.yaml:326: when True -> hopper_ws
