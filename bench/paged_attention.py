@@ -181,10 +181,39 @@ def markdown(rows, decode, meta) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(rows, path) -> bool:
+    """Prefill TFLOP/s per shape: paged, varlen on contiguous rows, torch gather + SDPA."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    labels = [f"{r['S']} x {r['N']}\nctx {r['context']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.27
+    for i, (key, name) in enumerate((("paged", "paged_attention"), ("varlen", "flash_attention_varlen (contiguous)"),
+                                     ("gather_sdpa", "gather + SDPA"))):
+        ax.bar([x + (i - 1) * width for x in range(len(rows))], [r.get(f"{key}_tflops", 0) for r in rows], width, label=name)
+    ax.set_xticks(range(len(rows)), labels, fontsize=8)
+    ax.set_ylabel("TFLOP/s (visible pairs)")
+    ax.set_title("Prefill over a paged cache, bf16 D128, Hq 32 / Hkv 8, causal")
+    ax.set_ylim(0, 1.3 * max(r.get("varlen_tflops", 0) for r in rows))
+    ax.legend(fontsize=8, ncol=3, loc="upper center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "h100"))
+    ap.add_argument("--plot-only", action="store_true", help="redraw paged_attention.png from --out's JSON")
     args = ap.parse_args()
+    if args.plot_only:
+        out = Path(args.out)
+        plot(json.loads((out / "paged_attention.json").read_text())["rows"], out / "paged_attention.png")
+        return
     t0 = time.time()
     rows, decode = run()
     meta = run_meta(t0)
@@ -192,6 +221,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     (out / "paged_attention.json").write_text(json.dumps({"meta": meta, "rows": rows, "decode": decode}, indent=1) + "\n")
     (out / "paged_attention.md").write_text(markdown(rows, decode, meta))
+    plot(rows, out / "paged_attention.png")
     print((out / "paged_attention.md").read_text())
 
 
