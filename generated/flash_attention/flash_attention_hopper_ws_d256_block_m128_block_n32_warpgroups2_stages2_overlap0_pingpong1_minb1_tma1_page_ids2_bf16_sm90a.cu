@@ -141,8 +141,9 @@ __device__ __forceinline__ void copy_kv_rows(T* tile, const KVRows<T>& src, int 
 // A key tile of a paged cache by TMA: lane j of the producer's first warp holds the id of the
 // tile's j-th page (tile_page), loaded before the producer waits for the ring slot so that its
 // latency hides behind the wait, and used for both K and V.
+static_assert(BLOCK_N / 8 <= 32, "a tile's page boxes, one per lane of a warp (pages have at least 8 rows)");
 struct PageBoxes {
-  int page_rows, box_rows, boxes;  // a box: a page's rows, or a tile's where pages are longer; boxes <= 32 (pages >= 8 rows)
+  int page_rows, box_rows, boxes;  // a box: a page's rows, or a tile's where pages are longer
   __device__ __forceinline__ explicit PageBoxes(int page_shift) {
     page_rows = 1 << page_shift;
     box_rows = page_rows < BLOCK_N ? page_rows : BLOCK_N;
