@@ -79,14 +79,29 @@ def _lower_mma_sync(inst: KernelInstance, arch: Arch) -> KernelInstance:
     })
 
 
-def _check_wgmma_tiles(inst: KernelInstance, arch: Arch) -> None:
-    """What both wgmma kernels need of the target, the dtype and the tile shapes."""
+def tile_columns(d: int) -> int:
+    """Columns of the warp-specialized kernel's shared tiles and output accumulator: the head size
+    rounded up to whole 64-column (128-byte) swizzle atoms. The columns past d are zeros (TMA's
+    out-of-range fill, cp.async's zero fill); Q K^T stops at d, P V computes them and the
+    epilogue drops them. At d96 P V does a third more work than the head needs; the spec's
+    hopper_ws comment has what that costs against the mma.sync kernel d96 ran on before."""
+    return -(-d // 64) * 64
+
+
+def _check_wgmma_tiles(inst: KernelInstance, arch: Arch, padded: bool = False) -> None:
+    """What both wgmma kernels need of the target, the dtype and the tile shapes; `padded`: the
+    kernel pads the head size to whole atoms (tile_columns), so any multiple of the k-step does."""
     d, block_m, block_n, warpgroups = (inst.p[k] for k in ("d", "block_m", "block_n", "warpgroups"))
     if not arch.name.endswith("a"):
         raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
     if inst.dtype_bytes != 2:
         raise Rejected("d", f"tensor-core kinds take 16-bit operands, not {inst.a['dtype']}")
-    if d % 64 or d not in WGMMA_N:
+    if padded:
+        if d % 16 or tile_columns(d) not in WGMMA_N:
+            raise Rejected("d", f"d={d}: Q K^T steps 16 columns at a time, and the tiles' {tile_columns(d)} columns "
+                                f"(whole 64-column atoms) must be an N that wgmma.cuh instantiates "
+                                f"({', '.join(map(str, WGMMA_N))})")
+    elif d % 64 or d not in WGMMA_N:
         raise Rejected("d", f"d={d}: rows of 128-byte swizzle atoms need a multiple of 64 that wgmma.cuh "
                             f"instantiates as N ({', '.join(map(str, WGMMA_N))})")
     if block_m != 64 * warpgroups:
@@ -162,7 +177,7 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
     """forward_ws.cu.j2: `warpgroups` consumer warpgroups and a producer warpgroup. The ring has a
     full and an empty mbarrier per stage for K and for V, and one for Q; with `overlap` a
     tile's packed weights stay in registers while the next tile's scores are computed."""
-    _check_wgmma_tiles(inst, arch)
+    _check_wgmma_tiles(inst, arch, padded=True)
     p = inst.p
     d, block_m, block_n, warpgroups, stages, overlap, pingpong, minb, tma = (
         p[k] for k in ("d", "block_m", "block_n", "warpgroups", "stages", "overlap", "pingpong", "minb", "tma"))
@@ -178,25 +193,26 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("pingpong", "pingpong needs at least 2 consumer warpgroups to take turns")
     if stages < 2:
         raise Rejected("stages", f"stages={stages}: the ring needs at least 2")
-    rows_per_copier = block_n * d // 8 // 128   # key rows each producer thread copies per tile
+    cols = tile_columns(d)
+    rows_per_copier = block_n * cols // 8 // 128   # key rows each producer thread copies per tile
     if p["page_ids"] < 1 or rows_per_copier % p["page_ids"]:
         raise Rejected("page_ids", f"page_ids={p['page_ids']}: the page ids a producer thread loads together must "
                                    f"divide the {rows_per_copier} rows it copies per tile")
     threads = (warpgroups + 1) * 128
     producer_regs, consumer_regs = _register_split(warpgroups, minb, arch)
     weights = block_n // 4 if overlap else 0     # held while the next scores are computed
-    regs = block_n // 2 + d // 2 + weights + WGMMA_REG_OVERHEAD
+    regs = block_n // 2 + cols // 2 + weights + WGMMA_REG_OVERHEAD
     if regs > consumer_regs:
         raise Rejected("block_n", f"about {regs} registers per consumer thread (scores {block_n // 2}, output "
-                                  f"{d // 2}, weights {weights}) exceed the {consumer_regs} that {warpgroups} "
+                                  f"{cols // 2}, weights {weights}) exceed the {consumer_regs} that {warpgroups} "
                                   f"consumer warpgroups get at minb={minb}")
     barriers = (2 + 4 * stages) * MBARRIER_BYTES
-    smem = 1024 + (block_m + stages * 2 * block_n) * d * 2 + barriers
+    smem = 1024 + (block_m + stages * 2 * block_n) * cols * 2 + barriers
     _check_smem(smem, minb, arch)
-    bank = banks.model(atoms_bank_accesses(d, block_m, staged_epilogue=False),
-                       unpadded=atoms_bank_accesses(d, block_m, staged_epilogue=False, offset=plain_layout(d)))
+    bank = banks.model(atoms_bank_accesses(cols, block_m, staged_epilogue=False),
+                       unpadded=atoms_bank_accesses(cols, block_m, staged_epilogue=False, offset=plain_layout(cols)))
     return inst.with_derived({
-        "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank": bank,
+        "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank": bank, "tile_cols": cols,
         "producer_regs": producer_regs, "consumer_regs": consumer_regs,
         "loads_doc": "TMA, a box per page of a paged cache, cp.async for packed batches" if tma else "cp.async",
         "threads_param": "warpgroups", "smem_param": "stages",

@@ -49,8 +49,9 @@ __device__ __forceinline__ void store_rows(const Params& p, const Sequence& seq,
 
 // Epilogue of one warp straight from its registers: normalize its rows, write their
 // log-sum-exp and the rows as 4-byte pairs (a quad writes 16 contiguous bytes of a row per
-// 8-column tile), for kernels whose shared tiles are already in use again.
-template <typename T, int MT, int DT>
+// 8-column tile), for kernels whose shared tiles are already in use again. The first DS of the
+// accumulator's DT column tiles are the head's (the rest pad it to whole swizzle atoms).
+template <typename T, int MT, int DT, int DS = DT>
 __device__ __forceinline__ void store_rows_direct(const Params& p, const Sequence& seq, int64_t b, int64_t h, int m0,
                                                   int row0, const float (&acc)[MT][DT][4],
                                                   const float (&row_max)[2 * MT], const float (&row_sum)[2 * MT],
@@ -69,7 +70,7 @@ __device__ __forceinline__ void store_rows_direct(const Params& p, const Sequenc
       if (lane % 4 == 0) lse_out[row] = lse[2 * mt + hh];
       T* dst = out + row * p.o_sl + lane % 4 * 2;
 #pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
+      for (int dt = 0; dt < DS; ++dt) {
         *reinterpret_cast<uint32_t*>(dst + dt * 8) =
             mma::pack2<T>(acc[mt][dt][2 * hh] * scale_row, acc[mt][dt][2 * hh + 1] * scale_row);
       }

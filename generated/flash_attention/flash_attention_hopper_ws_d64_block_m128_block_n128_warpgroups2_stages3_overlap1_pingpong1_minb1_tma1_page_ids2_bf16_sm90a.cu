@@ -40,6 +40,10 @@ namespace {
 
 using T = __nv_bfloat16;
 constexpr int D = 64;                   // head size
+// Columns of the shared tiles and the output accumulator: D in whole 64-column swizzle atoms.
+// Columns D .. D_TILE - 1 land as zeros (TMA's out-of-range fill, cp.async's zero fill); Q K^T
+// stops at D, P V computes them along with the rest, and the epilogue does not store them.
+constexpr int D_TILE = 64;
 constexpr int BLOCK_M = 128;       // query rows per CTA: 64 per consumer warpgroup
 constexpr int BLOCK_N = 128;       // key/value rows per tile
 constexpr int CONSUMERS = 2;  // consumer warpgroups
@@ -55,18 +59,20 @@ constexpr int THREADS = (CONSUMERS + 1) * 128;
 // launch allots 65536 / THREADS each, which would spill a consumer's output and scores.
 constexpr int PRODUCER_REGS = 64, CONSUMER_REGS = 216;
 constexpr int NT = BLOCK_N / 8;                // 8-column score tiles
-constexpr int DT = D / 8;                      // 8-column output tiles
+constexpr int DT = D_TILE / 8;                 // 8-column output tiles
+constexpr int DT_STORED = D / 8;               // those the epilogue stores
 constexpr int KD = D / 16;                     // k-steps of q . k
 constexpr int KN = BLOCK_N / 16;               // k-steps of p . v
-static_assert(THREADS == 384 && BLOCK_M == 64 * CONSUMERS && BLOCK_N % 16 == 0 && D % 64 == 0, "tile shape");
+static_assert(THREADS == 384 && BLOCK_M == 64 * CONSUMERS && BLOCK_N % 16 == 0 && D % 16 == 0 && D_TILE % 64 == 0 &&
+              D <= D_TILE, "tile shape");
 // Named barriers 1 + w: warpgroup w's turn to issue MMAs (pingpong).
 constexpr int TURN_BARRIER = 1;
 
-using QTile = wgmma::Atoms<BLOCK_M, D>;
-using KVTile = wgmma::Atoms<BLOCK_N, D>;
+using QTile = wgmma::Atoms<BLOCK_M, D_TILE>;
+using KVTile = wgmma::Atoms<BLOCK_N, D_TILE>;
 constexpr uint32_t GROUP_BYTES = 8 * 128;       // 8 rows of one atom: the stride byte offset
 using ScoreMma = wgmma::Mma<BLOCK_N, T>;
-using OutputMma = wgmma::Mma<D, T>;
+using OutputMma = wgmma::Mma<D_TILE, T>;
 
 // Shared memory after the 1 KB-aligned tiles: the mbarriers of the Q tile and of each stage.
 struct Barriers {
@@ -91,13 +97,14 @@ enum class Loads : int {
 };
 
 // The producer warpgroup's copy of ROWS rows of D elements into a tile of atoms: thread `tid`
-// keeps one 16-byte column and walks rows 128 / (D / 8) apart, so it holds two pointers and a
-// row, not an unrolled set of addresses (the producer runs on 64 registers). Rows at or past
-// `valid` are zero-filled and never read.
+// keeps one 16-byte column of D_TILE and walks rows 128 / (D_TILE / 8) apart, so it holds two
+// pointers and a row, not an unrolled set of addresses (the producer runs on 64 registers).
+// Rows at or past `valid`, and columns past D, are zero-filled.
 template <class Tile, int ROWS>
 __device__ __forceinline__ void copy_rows(T* tile, const T* src, int64_t ld, int valid, int tid) {
-  constexpr int CHUNKS = D / 8, STEP = 128 / CHUNKS;
+  constexpr int CHUNKS = D_TILE / 8, STEP = 128 / CHUNKS;
   const int col = tid % CHUNKS * 8;
+  if (col >= D) valid = 0;
   int row = tid / CHUNKS;
   const T* from = src + row * ld + col;
 #pragma unroll 2
@@ -115,9 +122,10 @@ __device__ __forceinline__ void copy_kv_rows(T* tile, const KVRows<T>& src, int 
     copy_rows<Tile, ROWS>(tile, src.base + n0 * src.ld, src.ld, valid, tid);
     return;
   }
-  constexpr int CHUNKS = D / 8, STEP = 128 / CHUNKS, PER = ROWS / STEP, BATCH = PAGE_IDS < PER ? PAGE_IDS : PER;
+  constexpr int CHUNKS = D_TILE / 8, STEP = 128 / CHUNKS, PER = ROWS / STEP, BATCH = PAGE_IDS < PER ? PAGE_IDS : PER;
   static_assert(ROWS % STEP == 0 && PER % BATCH == 0, "whole rows per copier");
   const int col = tid % CHUNKS * 8, first = tid / CHUNKS;
+  if (col >= D) valid = 0;  // the atoms' columns past the head: zeros
   const int in_page = (1 << src.page_shift) - 1;
   // BATCH page ids loaded together, then their copies (the spec's page_ids says why; holding the
   // tile's page ids in one lane each with shuffles spilled 8-56 bytes in the producer).
@@ -167,7 +175,7 @@ __device__ __forceinline__ void load_pages(T* tile, const CUtensorMap& map, cons
     if (tid < pb.boxes) {
       const int row = (n0 + tid * pb.box_rows) & (pb.page_rows - 1);
 #pragma unroll
-      for (int a = 0; a < D / 64; ++a) {
+      for (int a = 0; a < D_TILE / 64; ++a) {
         pipeline::tma_load_4d(tile + a * BLOCK_N * 64 + tid * pb.box_rows * 64, &map, a * 64, row, kv_head, page, full);
       }
     }
@@ -236,7 +244,7 @@ __device__ __forceinline__ void produce_by_tma(const Params& p, const Maps& maps
       if (use > 0) pipeline::wait(&bars.k_empty[stage], (use - 1) & 1);
       pipeline::arrive_expect_bytes(&bars.k_full[stage], KVTile::BYTES);
 #pragma unroll
-      for (int a = 0; a < D / 64; ++a) {
+      for (int a = 0; a < D_TILE / 64; ++a) {
         pipeline::tma_load_4d(k_ring + stage * KVTile::ELEMS + a * BLOCK_N * 64, &maps.k, a * 64, n0, kv_head, w.b,
                               &bars.k_full[stage]);
       }
@@ -244,7 +252,7 @@ __device__ __forceinline__ void produce_by_tma(const Params& p, const Maps& maps
         if (q_uses > 0) pipeline::wait(&bars.q_empty, (q_uses - 1) & 1);
         pipeline::arrive_expect_bytes(&bars.q_full, QTile::BYTES);
 #pragma unroll
-        for (int a = 0; a < D / 64; ++a) {
+        for (int a = 0; a < D_TILE / 64; ++a) {
           pipeline::tma_load_4d(q_tile + a * BLOCK_M * 64, &maps.q, a * 64, w.m0, w.h, w.b, &bars.q_full);
         }
         ++q_uses;
@@ -252,7 +260,7 @@ __device__ __forceinline__ void produce_by_tma(const Params& p, const Maps& maps
       if (use > 0) pipeline::wait(&bars.v_empty[stage], (use - 1) & 1);
       pipeline::arrive_expect_bytes(&bars.v_full[stage], KVTile::BYTES);
 #pragma unroll
-      for (int a = 0; a < D / 64; ++a) {
+      for (int a = 0; a < D_TILE / 64; ++a) {
         pipeline::tma_load_4d(v_ring + stage * KVTile::ELEMS + a * BLOCK_N * 64, &maps.v, a * 64, n0, kv_head, w.b,
                               &bars.v_full[stage]);
       }
@@ -505,7 +513,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     }
     // Epilogue: normalize, write the log-sum-exp and the rows straight from registers (the Q
     // tile already holds the next block's rows).
-    store_rows_direct<T, 1, DT>(p, seq, w.b, w.h, w.m0, row0, acc, row_max, row_sum, log2_scale, lane);
+    store_rows_direct<T, 1, DT, DT_STORED>(p, seq, w.b, w.h, w.m0, row0, acc, row_max, row_sum, log2_scale, lane);
   }
   // Warpgroup 0 takes the turn warpgroup CONSUMERS - 1 handed it after its last MMAs: pingpong
   // leaves no arrival behind.

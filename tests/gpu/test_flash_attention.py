@@ -90,7 +90,7 @@ def test_matrix(D, dtype, causal):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 96, 128])
 @pytest.mark.parametrize("extras", [
     {"window": (100, 0)}, {"window": (32, 16)}, {"window": (-1, 40)}, {"window": (0, 0)},
     {"causal": True, "window": (50, -1)},

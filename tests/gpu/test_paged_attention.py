@@ -91,7 +91,7 @@ def poison_outside_contexts(case, layout, seqs):
     k[outside], v[outside] = float("nan"), float("nan")
 
 
-@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("D", [64, 96, 128, 256])
 @pytest.mark.parametrize("block_size, layout", [(8, "HND"), (16, "NHD"), (128, "NHD"), (256, "HND")])
 def test_cache_slots_outside_the_contexts_are_never_read(D, block_size, layout):
     """The Hopper kernels take a key tile inside a context as TMA boxes of whole pages (a tile's rows

@@ -1,7 +1,10 @@
 """The flash attention forward's lowering of the warp-specialized kind
 (codegen/families/flash_attention.py): the producer's and consumers' register split, the shared
-memory of the ring, and the d256 point with 32-key tiles that serves D 256."""
-from codegen import pipeline
+memory of the ring, the d256 point with 32-key tiles that serves D 256, and head sizes padded to
+whole swizzle atoms (d96, and others built on first use)."""
+import pytest
+
+from codegen import jit, pipeline
 from tests.conftest import ROOT
 
 SPEC = ROOT / "specs" / "flash_attention.yaml"
@@ -31,3 +34,28 @@ def test_d256_dispatches_to_the_warp_specialized_kind():
     text = (ROOT / "generated" / "flash_attention" / "dispatch.cpp").read_text()
     default_ws = text[text.index("when True -> hopper_ws\n"):text.index("when True -> hopper\n")]
     assert "flash_attention_hopper_ws_d256_block_m128_block_n32" in default_ws
+
+
+def test_d96_pads_its_tiles_to_whole_atoms():
+    """d96 runs d128's schedule on tiles of two 64-column atoms: the same registers and shared
+    memory as d128, the output accumulator 128 columns wide (the epilogue stores 96)."""
+    by_name = shipped()
+    name = "flash_attention_hopper_ws_d{}_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a"
+    d96, d128 = by_name[name.format(96)].d, by_name[name.format(128)].d
+    assert d96["tile_cols"] == 128 == d128["tile_cols"]
+    for field in ("regs_estimate", "smem_bytes", "consumer_regs"):
+        assert d96[field] == d128[field], field
+
+
+FLASH_KEY = {"B": 2, "Hq": 16, "Hkv": 16, "G": 1, "Lq": 1024, "Lk": 1024, "align": 8, "sm_count": 132, "causal": 0}
+
+
+@pytest.mark.parametrize("head, tile", [(80, 128), (160, 192), (192, 192)])
+def test_head_sizes_between_the_built_ones_reach_the_hopper_kind_on_first_use(head, tile):
+    inst = jit.plan(jit.spec_of("flash_attention"), {**FLASH_KEY, "D": head}, {"dtype": "bf16"}).inst
+    assert inst.kind == "hopper_ws" and inst.p["d"] == head and inst.d["tile_cols"] == tile
+
+
+def test_a_head_size_off_the_k_step_is_refused_with_the_reason():
+    with pytest.raises(jit.Unbuildable, match=r"d=72: Q K\^T steps 16 columns"):
+        jit.plan(jit.spec_of("flash_attention"), {**FLASH_KEY, "D": 72}, {"dtype": "bf16"})

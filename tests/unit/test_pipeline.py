@@ -290,7 +290,7 @@ def _warp_specialized(**over):
 def test_warp_specialized_pass_rejects_what_the_kernel_cannot_do():
     for over, param in [({"warpgroups": 1, "block_m": 64}, "pingpong"), ({"pingpong": 2}, "pingpong"),
                         ({"stages": 1}, "stages"), ({"block_m": 192}, "block_m"), ({"block_n": 80}, "block_n"),
-                        ({"d": 96}, "d"), ({"d": 256, "block_n": 128}, "block_n"),
+                        ({"d": 72}, "d"), ({"d": 320}, "d"), ({"d": 256, "block_n": 128}, "block_n"),
                         ({"warpgroups": 3, "block_m": 192, "d": 64}, "block_n"), ({"stages": 4}, "stages"),
                         ({"tma": 2}, "tma"), ({"page_ids": 3}, "page_ids"), ({"page_ids": 0}, "page_ids"),
                         ({"warpgroups": 5, "block_m": 320, "d": 64, "block_n": 64}, "block_m")]:
