@@ -23,6 +23,7 @@ from ..passes import Rejected, banks
 from ..passes.tiles import CHUNK, atoms_layout, layout, pitch, plain_layout
 from . import Family, Lowering, TunePlan
 from .flash_attention import _tune_runtime as forward_tune_runtime
+from .flash_attention import tile_columns
 
 BACKWARD = "flash_attention_grad/backward.cu.j2"
 BACKWARD_WGMMA = "flash_attention_grad/backward_wgmma.cu.j2"
@@ -155,9 +156,10 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
     if inst.dtype_bytes != 2:
         raise Rejected("d", f"tensor-core kinds take 16-bit operands, not {inst.a['dtype']}")
-    if d % 64 or d not in WGMMA_N:
-        raise Rejected("d", f"d={d}: rows of 128-byte swizzle atoms need a multiple of 64 that wgmma.cuh "
-                            f"instantiates as N ({', '.join(map(str, WGMMA_N))})")
+    cols = tile_columns(d)   # the tiles and dK, dV hold whole 64-column atoms; S^T and dP^T stop at d
+    if d % 16 or cols not in WGMMA_N:
+        raise Rejected("d", f"d={d}: S^T and dP^T step 16 columns at a time, and the tiles' {cols} columns (whole "
+                            f"64-column atoms) must be an N that wgmma.cuh instantiates ({', '.join(map(str, WGMMA_N))})")
     if block_n != 64 * warpgroups:
         raise Rejected("block_n", f"block_n={block_n}: each of the {warpgroups} warpgroups owns 64 keys "
                                   f"(block_n = {64 * warpgroups})")
@@ -171,11 +173,11 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         if block_m != 64:
             raise Rejected("dq_by_keys", f"dq_by_keys=1 gives each warpgroup the whole {block_m}-row tile: one "
                                          f"64-row wgmma takes block_m = 64")
-        dq_cols = d
+        dq_cols = cols
     else:
-        dq_cols = block_m * d // (warpgroups * 64)
-        if block_m * d % (warpgroups * 64) or dq_cols % 64 or dq_cols not in WGMMA_N or (block_m // 64) > warpgroups:
-            raise Rejected("block_m", f"block_m={block_m}: dQ ({block_m} x {d}) does not split into whole 64 x 64 "
+        dq_cols = block_m * cols // (warpgroups * 64)
+        if block_m * cols % (warpgroups * 64) or dq_cols % 64 or dq_cols not in WGMMA_N or (block_m // 64) > warpgroups:
+            raise Rejected("block_m", f"block_m={block_m}: dQ ({block_m} x {cols}) does not split into whole 64 x 64 "
                                       f"blocks over {warpgroups} warpgroups (dq_by_keys=1 splits the keys)")
     if dq_exchange not in (0, 1) or dq_exchange and not (dq_by_keys and warpgroups == 2 and dq_cols % 16 == 0):
         raise Rejected("dq_exchange", f"dq_exchange={dq_exchange}: 0, or 1 with dq_by_keys=1 and two warpgroups (the two "
@@ -187,24 +189,25 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
                                  f"{' when the next tile is read during this one' if overlap else ''}")
     threads = warpgroups * 128
     # dK + dV, and S^T + dP^T (their packed A fragments, half as many, take their place)
-    regs = d + block_m + WGMMA_REG_OVERHEAD
+    regs = cols + block_m + WGMMA_REG_OVERHEAD
     if regs > MAX_REGS:
-        raise Rejected("block_m", f"about {regs} registers per thread (dK and dV {d}, S^T and dP^T {block_m}) "
+        raise Rejected("block_m", f"about {regs} registers per thread (dK and dV {cols}, S^T and dP^T {block_m}) "
                                   f"exceed {MAX_REGS}")
     if regs * threads * minb > arch.regs_per_sm:
         raise Rejected("minb", f"minb={minb} CTAs of {threads} threads at about {regs} registers exceed the "
                                f"{arch.regs_per_sm} registers of an SM")
     exchange = dq_exchange * warpgroups * (dq_cols // 16) * 128 * 16   # float4 per thread and 8-column tile
-    smem = (2 * block_n * d + stages * 2 * block_m * d + (1 + overlap) * block_m * block_n) * 2 \
+    smem = (2 * block_n * cols + stages * 2 * block_m * cols + (1 + overlap) * block_m * block_n) * 2 \
         + stages * 2 * block_m * 4 + exchange + 1024
     if smem > arch.max_smem_per_block:
         raise Rejected("stages", f"{smem} bytes of shared memory exceed the {arch.max_smem_per_block} of a block")
     if minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
         raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {arch.smem_per_sm}")
-    bank = banks.model(_wgmma_accesses(d, block_m, block_n, atoms_layout(block_n), atoms_layout(block_m)),
-                       unpadded=_wgmma_accesses(d, block_m, block_n, plain_layout(d), plain_layout(block_n)))
+    bank = banks.model(_wgmma_accesses(cols, block_m, block_n, atoms_layout(block_n), atoms_layout(block_m)),
+                       unpadded=_wgmma_accesses(cols, block_m, block_n, plain_layout(cols), plain_layout(block_n)))
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "dq_rows": 64, "dq_cols": dq_cols, "regs_estimate": regs,
+        "tile_cols": cols,
         "bank": bank, "threads_param": "warpgroups", "smem_param": "stages",
     })
 

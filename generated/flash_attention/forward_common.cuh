@@ -108,13 +108,15 @@ struct Block {
 
 // Stage `ROWS` rows of `COLS` elements starting at `src` (row stride `ld`) into a tile, by
 // THREADS threads in 16-byte pieces; rows at or past `valid` are zero-filled and never read.
-template <class Tile, int ROWS, int COLS, int THREADS, typename T>
+// Only the first DATA columns are read from `src`: the rest (a head size padded to whole
+// swizzle atoms) are zero-filled.
+template <class Tile, int ROWS, int COLS, int THREADS, typename T, int DATA = COLS>
 __device__ __forceinline__ void load_rows(T* tile, const T* src, int64_t ld, int valid) {
   constexpr int CHUNKS = COLS / 8;
 #pragma unroll
   for (int i = threadIdx.x % THREADS; i < ROWS * CHUNKS; i += THREADS) {
     const int row = i / CHUNKS, col = i % CHUNKS * 8;
-    const bool ok = row < valid;
+    const bool ok = row < valid && col < DATA;
     cp_async_zfill<16>(tile + Tile::offset(row, col), src + (ok ? row * ld + col : 0), ok);  // smem: cp_async_fill
   }
 }

@@ -190,9 +190,10 @@ __device__ __forceinline__ void stage_stats(float* stat, const Scratch<D, BLOCK_
   }
 }
 
-// A warp's rows of dK and dV (MT 16-row m-tiles from row0 of the key block, NJ 8-column tiles
-// from col0), straight from accumulator fragments.
-template <typename T, int MT, int NJ>
+// A warp's rows of dK and dV (MT 16-row m-tiles from row0 of the key block, the first STORED of
+// NJ 8-column tiles from col0: the rest pad the head to whole swizzle atoms), straight from
+// accumulator fragments.
+template <typename T, int STORED, int MT, int NJ>
 __device__ __forceinline__ void store_key_rows(const Params& p, const Sequence& seq, int64_t b, int64_t kv_head,
                                                int n0, int row0, int col0, const float (&dk)[MT][NJ][4],
                                                const float (&dv)[MT][NJ][4], int lane) {
@@ -205,7 +206,7 @@ __device__ __forceinline__ void store_key_rows(const Params& p, const Sequence& 
       const int row = row0 + mt * 16 + lane / 4 + hh * 8;
       if (n0 + row >= seq.lk) continue;
 #pragma unroll
-      for (int j = 0; j < NJ; ++j) {
+      for (int j = 0; j < STORED; ++j) {
         const int col = col0 + j * 8 + lane % 4 * 2;
         *reinterpret_cast<uint32_t*>(dk_out + row * p.dk_sl + col) = mma::pack2<T>(dk[mt][j][2 * hh], dk[mt][j][2 * hh + 1]);
         *reinterpret_cast<uint32_t*>(dv_out + row * p.dv_sl + col) = mma::pack2<T>(dv[mt][j][2 * hh], dv[mt][j][2 * hh + 1]);

@@ -25,6 +25,10 @@ namespace {
 
 using T = __nv_bfloat16;
 constexpr int D = 64;                 // head size
+// Columns of the K, V, Q and dO tiles and of the dK, dV accumulators: D in whole 64-column
+// swizzle atoms. The columns past D are zero-filled; S^T and dP^T stop at D, dK, dV and dQ
+// compute them and leave them unstored.
+constexpr int D_TILE = 64;
 constexpr int BLOCK_N = 128;     // key/value rows per CTA: 64 per warpgroup
 constexpr int BLOCK_M = 64;     // query rows per tile
 constexpr int WARPGROUPS = 2;
@@ -37,7 +41,8 @@ constexpr int DS_BUFFERS = OVERLAP ? 2 : 1;
 constexpr int MIN_BLOCKS = 1;
 constexpr int THREADS = WARPGROUPS * 128;
 constexpr int NT = BLOCK_M / 8;              // 8-column (query) tiles of the transposed scores
-constexpr int DT = D / 8;                    // 8-column tiles of dK, dV
+constexpr int DT = D_TILE / 8;               // 8-column tiles of dK, dV
+constexpr int DT_STORED = D / 8;             // those stored
 constexpr int KD = D / 16;                   // k-steps of k . q and v . dO
 constexpr int KM = BLOCK_M / 16;             // k-steps of dV and dK
 constexpr int KN = BLOCK_N / 16;             // k-steps of dQ
@@ -58,16 +63,17 @@ constexpr int EXCHANGE_FLOATS = DQ_EXCHANGE ? WARPGROUPS * DQ_HALF * 128 * 4 : 0
 static_assert(LOOKAHEAD >= 1, "the ring holds the tiles in use and those in flight");
 static_assert(!DQ_EXCHANGE || (DQ_BY_KEYS && WARPGROUPS == 2), "the exchange pairs the two warpgroups' products");
 static_assert(BLOCK_N == 64 * WARPGROUPS && DQ_ROWS == 64 && DQ_COLS % 64 == 0 &&
-              BLOCK_M * D == (DQ_BY_KEYS ? 1 : WARPGROUPS) * DQ_ROWS * DQ_COLS, "tile shape");
+              BLOCK_M * D_TILE == (DQ_BY_KEYS ? 1 : WARPGROUPS) * DQ_ROWS * DQ_COLS && D % 16 == 0 && D <= D_TILE,
+              "tile shape");
 
-using KVTile = wgmma::Atoms<BLOCK_N, D>;
-using QTile = wgmma::Atoms<BLOCK_M, D>;
+using KVTile = wgmma::Atoms<BLOCK_N, D_TILE>;
+using QTile = wgmma::Atoms<BLOCK_M, D_TILE>;
 using STile = wgmma::Atoms<BLOCK_M, BLOCK_N>;   // dS: rows are queries, columns keys
 constexpr int STAGE_ELEMS = 2 * QTile::ELEMS;   // Q tile, then dO tile
 constexpr int STAT_FLOATS = 2 * BLOCK_M;        // per stage: lse (base 2), then delta
 constexpr uint32_t GROUP_BYTES = 8 * 128;       // 8 rows of one atom: the stride byte offset
 using ScoreMma = wgmma::Mma<BLOCK_M, T>;
-using GradMma = wgmma::Mma<D, T>;
+using GradMma = wgmma::Mma<D_TILE, T>;
 using DqMma = wgmma::Mma<DQ_COLS, T>;
 
 // Four 8 x 8 matrices of 16-bit elements (register i of every lane holds its part of matrix i,
@@ -108,8 +114,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
 
   const T* k = static_cast<const T*>(p.k) + b * p.k_sb + (seq.k_row0 + n0) * p.k_sl + kv_head * p.k_sh;
   const T* v = static_cast<const T*>(p.v) + b * p.v_sb + (seq.k_row0 + n0) * p.v_sl + kv_head * p.v_sh;
-  load_rows<KVTile, BLOCK_N, D, THREADS>(k_tile, k, p.k_sl, seq.lk - n0);
-  load_rows<KVTile, BLOCK_N, D, THREADS>(v_tile, v, p.v_sl, seq.lk - n0);
+  load_rows<KVTile, BLOCK_N, D_TILE, THREADS, T, D>(k_tile, k, p.k_sl, seq.lk - n0);
+  load_rows<KVTile, BLOCK_N, D_TILE, THREADS, T, D>(v_tile, v, p.v_sl, seq.lk - n0);
 
   // Iteration `it` visits query head kv_head * group + it / tiles, its tile kb.tile0 + it % tiles.
   auto issue_tile = [&](int it) {
@@ -118,8 +124,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     T* stage = ring + it % STAGES * STAGE_ELEMS;
     const T* q = static_cast<const T*>(p.q) + b * p.q_sb + (seq.q_row0 + m0) * p.q_sl + h * p.q_sh;
     const T* d_o = static_cast<const T*>(p.d_out) + b * p.do_sb + (seq.q_row0 + m0) * p.do_sl + h * p.do_sh;
-    load_rows<QTile, BLOCK_M, D, THREADS>(stage, q, p.q_sl, seq.lq - m0);
-    load_rows<QTile, BLOCK_M, D, THREADS>(stage + QTile::ELEMS, d_o, p.do_sl, seq.lq - m0);
+    load_rows<QTile, BLOCK_M, D_TILE, THREADS, T, D>(stage, q, p.q_sl, seq.lq - m0);
+    load_rows<QTile, BLOCK_M, D_TILE, THREADS, T, D>(stage + QTile::ELEMS, d_o, p.do_sl, seq.lq - m0);
     stage_stats(stats + it % STAGES * STAT_FLOATS, scratch, p, h, srow0, m0, seq.lq);
   };
 #pragma unroll
@@ -280,7 +286,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         if (i >= seq.lq) continue;
         float* dst = scratch.dq + (h * p.q_rows + srow0 + i) * D + dq_col0 + lane % 4 * 2;
 #pragma unroll
-        for (int j = J0; j < J0 + NJ; ++j) atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[0][j][2 * hh], dq[0][j][2 * hh + 1]));
+        for (int j = J0; j < J0 + NJ; ++j)
+          if (D == D_TILE || dq_col0 + j * 8 < D) atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[0][j][2 * hh], dq[0][j][2 * hh + 1]));
       }
     };
     using Zero = std::integral_constant<int, 0>;
@@ -338,7 +345,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   wgmma::hold(dv);
 
   // dK and dV rows of this warp, straight from the accumulators.
-  store_key_rows<T>(p, seq, b, kv_head, n0, row0, 0, dk, dv, lane);
+  store_key_rows<T, DT_STORED>(p, seq, b, kv_head, n0, row0, 0, dk, dv, lane);
 }
 
 template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>

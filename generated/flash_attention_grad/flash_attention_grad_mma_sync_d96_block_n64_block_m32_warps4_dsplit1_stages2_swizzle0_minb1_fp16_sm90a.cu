@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   cp_async_wait<0>();  // with no tile to visit, K and V were never waited for
 
   // dK and dV rows of this warp, straight from the accumulators.
-  store_key_rows<T>(p, seq, b, kv_head, n0, row0, dcol0, dk, dv, lane);
+  store_key_rows<T, DWT>(p, seq, b, kv_head, n0, row0, dcol0, dk, dv, lane);
 }
 
 template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>

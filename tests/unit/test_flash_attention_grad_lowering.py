@@ -28,6 +28,10 @@ def test_the_warps_split_of_the_products(tmp_path):
     d128 = by_name["flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_minb1_bf16_sm90a"]
     d64 = by_name["flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_minb1_bf16_sm90a"]
     assert (d128["dq_rows"], d128["dq_cols"]) == (64, 64) and (d64["dq_rows"], d64["dq_cols"]) == (64, 64)
+    # d96 on the wgmma kind: tiles and dK, dV padded to two 64-column atoms, d128's split and memory
+    d96 = by_name["flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_minb1_bf16_sm90a"]
+    assert d96["tile_cols"] == 128 and (d96["dq_cols"], d96["smem_bytes"], d96["regs_estimate"]) == (
+        d128["dq_cols"], d128["smem_bytes"], d128["regs_estimate"])
     # overlap: three stages of Q and dO, two dS buffers; the exchange: a float4 per thread and handed-over tile
     assert d64["smem_bytes"] == (2 * 128 * 64 + 3 * 2 * 64 * 64 + 2 * 64 * 128) * 2 + 3 * 2 * 64 * 4 + 2 * 4 * 128 * 16 + 1024
 
@@ -37,9 +41,9 @@ def test_the_warps_split_of_the_products(tmp_path):
      "kernels.mma_sync.grid.dsplit", "dsplit=3: it must divide warps=8"),
     ([("block_m: [32]", "block_m: [32, 40]"), ("(96, 64, 32, 4, 1)", "(96, 64, 40, 4, 1)")],
      "kernels.mma_sync.grid.block_m", "block_m=40 is not a multiple of 16"),
-    ([("((64, 1, 1, 3, 1), (128, 0, 0, 2, 0))", "((64, 1, 1, 2, 1), (128, 0, 0, 2, 0))")],
+    ([("((64, 1, 1, 3, 1), (96, 0, 0, 2, 0),", "((64, 1, 1, 2, 1), (96, 0, 0, 2, 0),")],
      "kernels.hopper.grid.stages", "stages=2: the cp.async ring needs at least 3"),
-    ([("((64, 1, 1, 3, 1), (128, 0, 0, 2, 0))", "((64, 1, 1, 3, 1), (128, 0, 1, 2, 0))")],
+    ([("(96, 0, 0, 2, 0), (128, 0, 0, 2, 0))", "(96, 0, 0, 2, 0), (128, 0, 1, 2, 0))")],
      "kernels.hopper.grid.dq_exchange", "dq_exchange=1: 0, or 1 with dq_by_keys=1"),
 ])
 def test_impossible_knobs_are_refused_at_their_spec(tmp_path, edits, field, message):
@@ -56,8 +60,8 @@ def test_impossible_knobs_are_refused_at_their_spec(tmp_path, edits, field, mess
 def test_a_d64_query_tile_the_warpgroups_cannot_split_is_refused(tmp_path):
     """dQ of a 64 x 64 tile does not split into whole 64-column atoms over two warpgroups: the
     column split is refused and names the knob that splits the keys instead."""
-    text = SPEC.replace('"(d, dq_by_keys, dq_exchange, stages, overlap) in ((64, 1, 1, 3, 1), (128, 0, 0, 2, 0))"',
-                        '"(d, dq_by_keys, dq_exchange, stages, overlap) in ((64, 0, 0, 2, 0), (128, 0, 0, 2, 0))"', 1)
+    text = SPEC.replace('"(d, dq_by_keys, dq_exchange, stages, overlap) in ((64, 1, 1, 3, 1), (96, 0, 0, 2, 0),',
+                        '"(d, dq_by_keys, dq_exchange, stages, overlap) in ((64, 0, 0, 2, 0), (96, 0, 0, 2, 0),', 1)
     assert text != SPEC
     with pytest.raises(SpecError) as info:
         lowered(text, tmp_path)
