@@ -1,11 +1,12 @@
 """`python -m bench.tune_worker EXTENSION.so`: the measuring side of `python -m codegen tune`,
 which starts it as its own process (the compiler never imports the runtime). Reads the jobs
-(JSON list on stdin: id, family, name, shape, dtype), writes one JSON line per result as it
-arrives ({"id", "result"}) on stdout.
+(JSON list on stdin: id, family, name, shape, dtype, timing), writes one JSON line per result as
+it arrives ({"id", "result"}) on stdout.
 
 Each candidate is checked against the float64 reference, then timed on the bucket's shape
 (CUDA-event medians via triton.testing.do_bench, warm-up, inputs rotated beyond L2, three
-repeats whose spread is recorded). The family's workload (bench/workloads/) makes the inputs
+repeats whose spread is recorded); a bucket with `timing: graph` times the replay of a CUDA
+graph holding one call per input set, divided by the sets. The family's workload (bench/workloads/) makes the inputs
 and calls the instance. One worker process per visible GPU."""
 from __future__ import annotations
 
@@ -42,6 +43,22 @@ def _timing_sets(torch, work, job: dict, dtype) -> list:
     return _SETS[key]
 
 
+def _graph_of(torch, calls):
+    """`calls` (one call per input set) captured in a CUDA graph after a warm-up on a side stream;
+    returns its replay. Engines replay small decode batches so: the host's issue time, which
+    eager calls pay per call, is not part of what the winner is chosen on."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            calls()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    return graph.replay
+
+
 def measure_one(job: dict) -> dict:
     """job: family, name, shape, dtype. Returns median_ms, spread_ms, note (inf when rejected)."""
     import torch
@@ -69,7 +86,12 @@ def measure_one(job: dict) -> dict:
         def call():
             state["i"] = (state["i"] + 1) % count
             work.run(ops, name, sets[state["i"]])
-        medians = [triton.testing.do_bench(call, warmup=10, rep=40, return_mode="median") for _ in range(REPEATS)]
+        if job.get("timing") == "graph":
+            call, per_replay = _graph_of(torch, lambda: [work.run(ops, name, x) for x in sets]), count
+        else:
+            per_replay = 1
+        medians = [triton.testing.do_bench(call, warmup=10, rep=40, return_mode="median") / per_replay
+                   for _ in range(REPEATS)]
         medians.sort()
         mid = len(medians) // 2
         return {"median_ms": medians[mid], "spread_ms": medians[-1] - medians[0],

@@ -18,7 +18,11 @@ from .yamlloc import LocDict, LocList, load_located
 TOP_KEYS = {"family", "arch", "op", "axes", "kernels", "dispatch", "tune"}
 REQUIRED_TOP_KEYS = TOP_KEYS - {"tune"}
 TUNE_KEYS = {"dtypes", "buckets", "kernels"}
-BUCKET_KEYS = {"name", "when", "shape", "axes"}
+BUCKET_KEYS = {"name", "when", "shape", "axes", "timing"}
+# How a bucket's candidates are timed: calls issued one after another from Python, or replayed
+# from a CUDA graph (what serving engines do with small decode batches, where the host's issue
+# time would otherwise hide the kernels' difference).
+BUCKET_TIMINGS = ("eager", "graph")
 BUCKET_REQUIRED = {"name", "when", "shape"}
 OP_KEYS = {"name", "schema", "doc", "outputs", "key", "dispatch_axes", "args"}
 KERNEL_KEYS = {"template", "doc", "role", "grid", "where", "covers", "prefer"}
@@ -63,6 +67,7 @@ class Bucket:
     shape: dict           # runtime shape: B, H, L, E, M
     line: int
     axes: dict = dc_field(default_factory=dict)
+    timing: str = "eager"  # BUCKET_TIMINGS
 
 
 @dataclass(frozen=True)
@@ -329,7 +334,11 @@ def _load_tune(ctx: _Ctx, doc: LocDict, fam, op, axes: dict, kernels: dict, temp
                     ctx.fail(shape.line_of(dim), f"{field}.shape.{dim}", f"expected 0 or 1 (a switch), got {_kind(size)}")
             elif not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 ctx.fail(shape.line_of(dim), f"{field}.shape.{dim}", f"expected a positive integer, got {_kind(size)}")
-        buckets.append(Bucket(name, when, dict(shape), node.line_of("name"), _bucket_axes(ctx, node, axes, field)))
+        timing = node.get("timing", "eager")
+        if timing not in BUCKET_TIMINGS:
+            ctx.fail(node.line_of("timing"), f"{field}.timing", f"expected one of {', '.join(BUCKET_TIMINGS)}, got {timing!r}")
+        buckets.append(Bucket(name, when, dict(shape), node.line_of("name"), _bucket_axes(ctx, node, axes, field),
+                              timing))
     kinds = _load_kernels(ctx, tune, fam, op, axes, templates_dir, base=kernels, prefix="tune.kernels")
     return TuneSpec(dtypes, tuple(buckets), kinds)
 

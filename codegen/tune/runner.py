@@ -126,13 +126,14 @@ def _plan(spec, cands, failed, sources, store, dev: Device):
                 # The workload reads the axis values a bucket fixes beside its dims (the delta
                 # rule's variant); the other families' shapes stay their dims.
                 job = {"id": f"{bucket.name}|{dtype}|{inst.name}", "family": spec.family, "name": inst.name,
-                       "shape": {**bucket.shape, **bucket.axes}, "dtype": dtype}
+                       "shape": {**bucket.shape, **bucket.axes}, "dtype": dtype, "timing": bucket.timing}
                 if inst.name in failed:
                     results[job["id"]] = {"median_ms": math.inf, "spread_ms": 0.0, "note": failed[inst.name]}
                     continue
                 # The workload's code is part of what was timed: editing it re-times everything.
+                timed = job["shape"] if bucket.timing == "eager" else {**job["shape"], "timing": bucket.timing}
                 job["key"] = cache.key(inst.name, sources[inst.name] + workload, dev.compiler, dev.torch, spec.arch,
-                                       dev.name, job["shape"])
+                                       dev.name, timed)
                 hit = store.get(job["key"])
                 if hit is not None:
                     results[job["id"]] = hit
@@ -222,7 +223,9 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None, *, 
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "candidates": len(cands), "rejected_by_passes": len(rejected), "failed_to_build": len(failed),
               "measured_now": len(todo),
-              "timing": "triton.testing.do_bench median of 3 repeats (spread = max - min), inputs rotated beyond L2"}
+              "timing": "triton.testing.do_bench median of 3 repeats (spread = max - min), inputs rotated beyond L2"
+                        + ("; buckets marked `timing: graph` replayed from a CUDA graph"
+                           if any(b.timing == "graph" for b in spec.tune.buckets) else "")}
     out = Path(out_dir) if out_dir else root / "bench" / "results" / ("h100" if "H100" in dev.name else "gpu")
     _write(spec, root, header, entries, rows, out, time.monotonic() - t_start)
     return header

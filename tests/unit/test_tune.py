@@ -274,6 +274,7 @@ def test_runner_tunes_every_family_and_its_table_dispatches(tmp_path, family):
     for job in timed:   # the workload is told the axis values its bucket fixes, beside the dims
         bucket = next(b for b in spec.tune.buckets if job["id"].startswith(b.name + "|"))
         assert job["shape"] == {**bucket.shape, **bucket.axes}
+        assert job["timing"] == bucket.timing   # replayed from a CUDA graph where the bucket says so
         assert all(f"_{value}_" in job["name"] for value in bucket.axes.values()), job["name"]
     spec, built = [sb for sb in pipeline.lower(pipeline.expand(pipeline.load()), use_tuned=False) if sb[0].family == family][0]
     plan = families.family(family).tune
@@ -360,3 +361,19 @@ def test_a_switch_dim_takes_0_or_1(tmp_path):
             pipeline.load([str(path)])
         assert info.value.field == f"tune.buckets[0].shape.{field}" and info.value.line == line
         assert message in str(info.value)
+
+
+def test_a_bucket_times_by_graph_replay_where_the_spec_says_and_nothing_else(tmp_path):
+    """paged's small decode batches are timed as engines run them (replayed from a CUDA graph);
+    a `timing:` the worker does not know is refused at its line."""
+    text = (ROOT / "specs" / "paged.yaml").read_text()
+    spec = pipeline.load([ROOT / "specs" / "paged.yaml"])[0]
+    graphed = {b.name for b in spec.tune.buckets if b.timing == "graph"}
+    assert graphed == {"mha_tiny", "gqa_single", "gqa_tiny"}
+    bad = tmp_path / "paged.yaml"
+    bad.write_text(text.replace("      timing: graph\n", "      timing: replay\n", 1))
+    with pytest.raises(SpecError) as info:
+        pipeline.load([bad])
+    line = next(i + 1 for i, row in enumerate(bad.read_text().splitlines()) if "timing: replay" in row)
+    assert info.value.field == "tune.buckets[0].timing" and "eager, graph" in info.value.message
+    assert info.value.line == line
