@@ -224,7 +224,7 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None, *, 
               "candidates": len(cands), "rejected_by_passes": len(rejected), "failed_to_build": len(failed),
               "measured_now": len(todo),
               "timing": "triton.testing.do_bench median of 3 repeats (spread = max - min), inputs rotated beyond L2"
-                        + ("; buckets marked `timing: graph` replayed from a CUDA graph"
+                        + ("; buckets marked `timing: graph` by replays of CUDA graphs of one call each"
                            if any(b.timing == "graph" for b in spec.tune.buckets) else "")}
     out = Path(out_dir) if out_dir else root / "bench" / "results" / ("h100" if "H100" in dev.name else "gpu")
     _write(spec, root, header, entries, rows, out, time.monotonic() - t_start)
