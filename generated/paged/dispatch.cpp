@@ -598,10 +598,6 @@ cudaError_t launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_st
 size_t workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a(const Params&);
 cudaError_t launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part64_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part64_kv_e0_merge_rows1_pdl1_bf16_sm90a(const Params&);
-cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part64_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part64_kv_e0_merge_rows1_pdl1_fp16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a(const Params&);
 cudaError_t launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a(const Params&, cudaStream_t);
@@ -915,8 +911,6 @@ bool covers_294(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 
 bool covers_295(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_296(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 bool covers_297(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
-bool covers_298(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
-bool covers_299(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && ((1 == 1) || ((key.Q * key.G) > 16)) && (0 == key.KVE)); }
 
 const Entry kEntries[] = {
     {"paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a", "dispatch", launch_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a, covers_0, workspace_paged_single_pass_d64_vec4_tx16_heads16_hpt2_threads128_tile32_stages3_part0_merge_rows0_pdl0_fp32_sm90a},
@@ -1211,14 +1205,12 @@ const Entry kEntries[] = {
     {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_289, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
     {"paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a, covers_290, workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_bf16_sm90a},
     {"paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a, covers_291, workspace_paged_split_k_d128_vec8_tx16_heads1_hpt1_threads128_tile32_stages3_part256_merge_rows1_pdl1_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part64_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part64_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_292, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part64_kv_e0_merge_rows1_pdl1_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part64_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part64_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_293, workspace_paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part64_kv_e0_merge_rows1_pdl1_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a, covers_294, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a, covers_295, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_296, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_297, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a},
-    {"paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_298, workspace_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a},
-    {"paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_299, workspace_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a, covers_292, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a, covers_293, workspace_paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_294, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_295, workspace_paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a},
+    {"paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a, covers_296, workspace_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a},
+    {"paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a", "dispatch", launch_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a, covers_297, workspace_paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a},
 };
 constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
 
@@ -1349,10 +1341,10 @@ const Entry* paged_decode_select(const Key& key) {
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_tiny: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv <= 32 and L <= 8192
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && ((key.S * key.Hkv) <= 32) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[292].covers(key)) return row(292);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part64_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[282].covers(key)) return row(282);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[293].covers(key)) return row(293);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part64_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[283].covers(key)) return row(283);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_few_short: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv <= sm_count and L <= 2048
@@ -1367,10 +1359,10 @@ const Entry* paged_decode_select(const Key& key) {
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_short: when Q == 1 and G <= 8 and KVE == 0 and L <= 1024
   if (((key.Q == 1) && (key.G <= 8) && (key.KVE == 0) && (key.L <= 1024))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[294].covers(key)) return row(294);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a
+      if (kEntries[292].covers(key)) return row(292);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[295].covers(key)) return row(295);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a
+      if (kEntries[293].covers(key)) return row(293);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa_few_long: when Q == 1 and G <= 8 and KVE == 0 and S * Hkv < sm_count and L > 8192
@@ -1403,19 +1395,19 @@ const Entry* paged_decode_select(const Key& key) {
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa16: when Q == 1 and G > 8 and G <= 16 and KVE == 0 and L >= 2048 and L <= 8192
   if (((key.Q == 1) && (key.G > 8) && (key.G <= 16) && (key.KVE == 0) && (key.L >= 2048) && (key.L <= 8192))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[296].covers(key)) return row(296);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[294].covers(key)) return row(294);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[297].covers(key)) return row(297);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[295].covers(key)) return row(295);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/paged.yaml: bucket gqa16_few_short: when Q == 1 and G > 8 and G <= 16 and KVE == 0 and S * Hkv <= sm_count and L < 2048
   if (((key.Q == 1) && (key.G > 8) && (key.G <= 16) && (key.KVE == 0) && ((key.S * key.Hkv) <= key.sm_count) && (key.L < 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[298].covers(key)) return row(298);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[296].covers(key)) return row(296);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[299].covers(key)) return row(299);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[297].covers(key)) return row(297);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
     }
   }
   // specs/paged.yaml:193: when G * Q >= 3 or KVE > 0 -> grouped_mma
@@ -1455,10 +1447,9 @@ const Entry* paged_decode_select(const Key& key) {
       if (kEntries[285].covers(key)) return row(285);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[287].covers(key)) return row(287);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[289].covers(key)) return row(289);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[293].covers(key)) return row(293);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part64_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[295].covers(key)) return row(295);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a
-      if (kEntries[297].covers(key)) return row(297);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a
-      if (kEntries[299].covers(key)) return row(299);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[293].covers(key)) return row(293);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_fp16_sm90a
+      if (kEntries[295].covers(key)) return row(295);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_fp16_sm90a
+      if (kEntries[297].covers(key)) return row(297);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[240].covers(key)) return row(240);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[241].covers(key)) return row(241);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e4_merge_rows1_pdl1_fp16_sm90a
       if (kEntries[242].covers(key)) return row(242);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e5_merge_rows1_pdl1_fp16_sm90a
@@ -1501,10 +1492,9 @@ const Entry* paged_decode_select(const Key& key) {
       if (kEntries[284].covers(key)) return row(284);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[286].covers(key)) return row(286);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[288].covers(key)) return row(288);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves2_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[292].covers(key)) return row(292);  // paged_grouped_mma_d128_warps4_tile64_stages3_mt1_waves1_fill90_unsplit0_min_part64_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[294].covers(key)) return row(294);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a
-      if (kEntries[296].covers(key)) return row(296);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a
-      if (kEntries[298].covers(key)) return row(298);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[292].covers(key)) return row(292);  // paged_grouped_mma_d128_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows4_pdl1_bf16_sm90a
+      if (kEntries[294].covers(key)) return row(294);  // paged_grouped_mma_d128_warps2_tile32_stages2_mt1_waves1_fill90_unsplit2_min_part512_kv_e0_merge_rows1_pdl1_bf16_sm90a
+      if (kEntries[296].covers(key)) return row(296);  // paged_grouped_mma_d128_warps2_tile32_stages3_mt1_waves1_fill90_unsplit0_min_part128_kv_e0_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[276].covers(key)) return row(276);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e0_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[277].covers(key)) return row(277);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e4_merge_rows1_pdl1_bf16_sm90a
       if (kEntries[278].covers(key)) return row(278);  // paged_grouped_mma_d192_warps4_tile64_stages2_mt1_waves1_fill90_unsplit0_min_part256_kv_e5_merge_rows1_pdl1_bf16_sm90a
