@@ -18,7 +18,7 @@ from .yamlloc import LocDict, LocList, load_located
 TOP_KEYS = {"family", "arch", "op", "axes", "kernels", "dispatch", "tune"}
 REQUIRED_TOP_KEYS = TOP_KEYS - {"tune"}
 TUNE_KEYS = {"dtypes", "buckets", "kernels"}
-BUCKET_KEYS = {"name", "when", "shape", "axes", "timing"}
+BUCKET_KEYS = {"name", "when", "shape", "axes", "timing", "also"}
 # How a bucket's candidates are timed: calls issued one after another from Python, or replayed
 # from a CUDA graph (what serving engines do with small decode batches, where the host's issue
 # time would otherwise hide the kernels' difference).
@@ -68,6 +68,14 @@ class Bucket:
     line: int
     axes: dict = dc_field(default_factory=dict)
     timing: str = "eager"  # BUCKET_TIMINGS
+    # More shapes the bucket's candidates are timed on: a candidate scores the geometric mean of
+    # its times over `shape` and these, so that the winner holds across the calls the bucket
+    # admits rather than on one shape whose near-ties flip from run to run.
+    also: tuple = ()
+
+    @property
+    def shapes(self) -> tuple:
+        return (self.shape, *self.also)
 
 
 @dataclass(frozen=True)
@@ -295,6 +303,20 @@ def _load_kernels(ctx: _Ctx, doc: LocDict, fam, op, axes: dict, templates_dir: P
     return out
 
 
+def _bucket_shape(ctx: _Ctx, fam, node, line: int, field: str) -> dict:
+    """A bucket's shape (its `shape:` or one of its `also:`): every dim of the family's tuning
+    plan, positive integers, 0 or 1 for the dims that are switches."""
+    shape = ctx.mapping(node, line, field)
+    ctx.keys(shape, set(fam.tune.shape_dims), set(fam.tune.shape_dims), field)
+    for dim, size in shape.items():
+        if dim in fam.tune.flags:
+            if size not in (0, 1) or isinstance(size, bool):
+                ctx.fail(shape.line_of(dim), f"{field}.{dim}", f"expected 0 or 1 (a switch), got {_kind(size)}")
+        elif not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            ctx.fail(shape.line_of(dim), f"{field}.{dim}", f"expected a positive integer, got {_kind(size)}")
+    return dict(shape)
+
+
 def _bucket_axes(ctx: _Ctx, node: LocDict, axes: dict, field: str) -> dict:
     """A bucket's `axes:`: values of the spec's axes other than dtype (tune.dtypes says those)."""
     if "axes" not in node:
@@ -326,19 +348,17 @@ def _load_tune(ctx: _Ctx, doc: LocDict, fam, op, axes: dict, kernels: dict, temp
             ctx.fail(node.line_of("name"), f"{field}.name", f"expected a new identifier, got {name!r}")
         names.add(name)
         when = ctx.expression(node["when"], set(op.key), node.line_of("when"), f"{field}.when")
-        shape = ctx.mapping(node["shape"], node.line_of("shape"), f"{field}.shape")
-        ctx.keys(shape, set(fam.tune.shape_dims), set(fam.tune.shape_dims), f"{field}.shape")
-        for dim, size in shape.items():
-            if dim in fam.tune.flags:
-                if size not in (0, 1) or isinstance(size, bool):
-                    ctx.fail(shape.line_of(dim), f"{field}.shape.{dim}", f"expected 0 or 1 (a switch), got {_kind(size)}")
-            elif not isinstance(size, int) or isinstance(size, bool) or size < 1:
-                ctx.fail(shape.line_of(dim), f"{field}.shape.{dim}", f"expected a positive integer, got {_kind(size)}")
+        shape = _bucket_shape(ctx, fam, node["shape"], node.line_of("shape"), f"{field}.shape")
+        also_node = node.get("also", [])
+        if not isinstance(also_node, list) or not also_node and "also" in node:
+            ctx.fail(node.line_of("also"), f"{field}.also", f"expected a non-empty list of shapes, got {_kind(also_node)}")
+        also = tuple(_bucket_shape(ctx, fam, item, also_node.line_of(k), f"{field}.also[{k}]")
+                     for k, item in enumerate(also_node))
         timing = node.get("timing", "eager")
         if timing not in BUCKET_TIMINGS:
             ctx.fail(node.line_of("timing"), f"{field}.timing", f"expected one of {', '.join(BUCKET_TIMINGS)}, got {timing!r}")
-        buckets.append(Bucket(name, when, dict(shape), node.line_of("name"), _bucket_axes(ctx, node, axes, field),
-                              timing))
+        buckets.append(Bucket(name, when, shape, node.line_of("name"), _bucket_axes(ctx, node, axes, field),
+                              timing, also))
     kinds = _load_kernels(ctx, tune, fam, op, axes, templates_dir, base=kernels, prefix="tune.kernels")
     return TuneSpec(dtypes, tuple(buckets), kinds)
 

@@ -122,11 +122,14 @@ def _plan(spec, cands, failed, sources, store, dev: Device):
     for bucket in spec.tune.buckets:
         for dtype in spec.tune.dtypes:
             axes = {"dtype": dtype, **candidates.timed_axes(spec, bucket)}
-            for inst in _smallest_buckets(spec, cands, _runtime(spec, bucket, dtype, dev), axes):
+            for inst, k in ((i, k) for i in _smallest_buckets(spec, cands, _runtime(spec, bucket, dtype, dev), axes)
+                            for k in range(len(bucket.shapes))):
                 # The workload reads the axis values a bucket fixes beside its dims (the delta
-                # rule's variant); the other families' shapes stay their dims.
-                job = {"id": f"{bucket.name}|{dtype}|{inst.name}", "family": spec.family, "name": inst.name,
-                       "shape": {**bucket.shape, **bucket.axes}, "dtype": dtype, "timing": bucket.timing}
+                # rule's variant); the other families' shapes stay their dims. Shape k > 0 of a
+                # bucket (its `also:`) is timed under the id's suffix |k.
+                job = {"id": f"{bucket.name}|{dtype}|{inst.name}" + (f"|{k}" if k else ""), "family": spec.family,
+                       "name": inst.name, "shape": {**bucket.shapes[k], **bucket.axes}, "dtype": dtype,
+                       "timing": bucket.timing}
                 if inst.name in failed:
                     results[job["id"]] = {"median_ms": math.inf, "spread_ms": 0.0, "note": failed[inst.name]}
                     continue
@@ -164,14 +167,22 @@ def _choose_all(spec, cands, results, defaults):
     for bucket in spec.tune.buckets:
         for dtype in spec.tune.dtypes:
             prefix = f"{bucket.name}|{dtype}|"
-            ms = [select.Measurement(jid[len(prefix):], r["median_ms"], r["spread_ms"],
-                                     _simplicity(spec, by_name[jid[len(prefix):]]), r.get("note", ""),
-                                     r.get("jitter_ms"))
-                  for jid, r in results.items() if jid.startswith(prefix)]
+            per_name: dict[str, dict] = {}   # candidate -> {shape index: Measurement}
+            for jid, r in results.items():
+                if jid.startswith(prefix):
+                    name, _, k = jid[len(prefix):].partition("|")
+                    per_name.setdefault(name, {})[int(k or 0)] = select.Measurement(
+                        name, r["median_ms"], r["spread_ms"], _simplicity(spec, by_name[name]), r.get("note", ""),
+                        r.get("jitter_ms"))
+            per_shape = {name: [by_k[k] for k in sorted(by_k)] for name, by_k in per_name.items()}
+            ms = [select.combine(shapes) for shapes in per_shape.values()]
             default = defaults[(bucket.name, dtype)]
             choice = select.choose(ms, default.name if default else None)
             default_ms = next((m.median_ms for m in ms if default is not None and m.name == default.name), math.inf)
             rows.append({"bucket": bucket.name, "dtype": dtype, "shape": bucket.shape,
+                         **({"also": list(bucket.also),
+                             "per_shape_ms": {name: [m.median_ms for m in shapes] for name, shapes in per_shape.items()}}
+                            if bucket.also else {}),
                          "measurements": [m.__dict__ for m in ms],
                          "winner": choice.winner.name if choice else None,
                          "default": default.name if default else None})
@@ -225,7 +236,9 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None, *, 
               "measured_now": len(todo),
               "timing": "triton.testing.do_bench median of 3 repeats (spread = max - min), inputs rotated beyond L2"
                         + ("; buckets marked `timing: graph` by replays of CUDA graphs of one call each"
-                           if any(b.timing == "graph" for b in spec.tune.buckets) else "")}
+                           if any(b.timing == "graph" for b in spec.tune.buckets) else "")
+                        + ("; a bucket with `also:` shapes scores the geometric mean over its shapes"
+                           if any(b.also for b in spec.tune.buckets) else "")}
     out = Path(out_dir) if out_dir else root / "bench" / "results" / ("h100" if "H100" in dev.name else "gpu")
     _write(spec, root, header, entries, rows, out, time.monotonic() - t_start)
     return header
@@ -266,6 +279,10 @@ def reselect(run_json: str, out_dir: str | None = None, *, root: Path = pipeline
                 "median_ms": m["median_ms"], "spread_ms": m["spread_ms"], "note": m.get("note", ""),
                 "jitter_ms": m.get("jitter_ms")}
     entries, rows = _choose_all(spec, cands, results, defaults)
+    recorded = {(r["bucket"], r["dtype"]): r for r in run["rows"]}   # the scores above are combined already:
+    for row in rows:                                                  # keep the run's times per shape
+        if "per_shape_ms" in recorded.get((row["bucket"], row["dtype"]), {}):
+            row["per_shape_ms"] = recorded[(row["bucket"], row["dtype"])]["per_shape_ms"]
     header["reselected"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     _write(spec, root, header, entries, rows, Path(out_dir) if out_dir else Path(run_json).parent, None)
     return header

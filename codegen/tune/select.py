@@ -61,3 +61,21 @@ def choose(measurements: list[Measurement], default: str | None = None) -> Choic
     winner = next((m for m in tied if m.name == default), None) or min(tied, key=lambda m: m.simplicity)
     others = [m for m in ok if m.name != winner.name]
     return Choice(winner, others[0] if others else None, tuple(sorted(m.name for m in tied)))
+
+
+def combine(per_shape: list[Measurement]) -> Measurement:
+    """One candidate's measurements on a bucket's shapes as one score: the geometric mean of its
+    medians (each shape weighs the same whatever its size), with its noise the largest relative
+    noise of any shape, scaled to that mean. Failed on any shape: failed."""
+    first = per_shape[0]
+    if len(per_shape) == 1:
+        return first
+    bad = next((m for m in per_shape if not m.ok), None)
+    if bad is not None:
+        return Measurement(first.name, math.inf, 0.0, first.simplicity, bad.note)
+    mean = math.exp(sum(math.log(m.median_ms) for m in per_shape) / len(per_shape))
+    spread = max(m.spread_ms / m.median_ms for m in per_shape) * mean
+    jitter = max((m.spread_ms if m.jitter_ms is None else m.jitter_ms) / m.median_ms for m in per_shape) * mean
+    return Measurement(first.name, mean, spread, first.simplicity, "; ".join(m.note for m in per_shape if m.note),
+                       jitter)
+

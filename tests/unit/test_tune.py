@@ -1,5 +1,6 @@
 """Unit tier for the tuner, on the CPU: selection and tie rules, the cache (resume, re-time
 only what changed), and the tuned table turned into dispatch rules by `make gen`."""
+import dataclasses
 import math
 from pathlib import Path
 
@@ -273,7 +274,8 @@ def test_runner_tunes_every_family_and_its_table_dispatches(tmp_path, family):
     spec = pipeline.load([spec_file])[0]
     for job in timed:   # the workload is told the axis values its bucket fixes, beside the dims
         bucket = next(b for b in spec.tune.buckets if job["id"].startswith(b.name + "|"))
-        assert job["shape"] == {**bucket.shape, **bucket.axes}
+        k = int(job["id"].rsplit("|", 1)[1]) if job["id"].count("|") == 3 else 0   # shape k of the bucket's
+        assert job["shape"] == {**bucket.shapes[k], **bucket.axes}                # shape and its `also:`
         assert job["timing"] == bucket.timing   # replayed from a CUDA graph where the bucket says so
         assert all(f"_{value}_" in job["name"] for value in bucket.axes.values()), job["name"]
     spec, built = [sb for sb in pipeline.lower(pipeline.expand(pipeline.load()), use_tuned=False) if sb[0].family == family][0]
@@ -287,7 +289,8 @@ def test_runner_tunes_every_family_and_its_table_dispatches(tmp_path, family):
     for entry in doc["buckets"]:
         bucket = next(b for b in spec.tune.buckets if b.name == entry["bucket"])
         runtime = plan.runtime(bucket.shape, DTYPE_BYTES[entry["dtype"]], 132)
-        assert bucket.when.evaluate(runtime), bucket.name   # the bucket's own shape falls in it
+        for shape in bucket.shapes:   # the bucket's own shapes fall in it
+            assert bucket.when.evaluate(plan.runtime(shape, DTYPE_BYTES[entry["dtype"]], 132)), bucket.name
         default = dispatch.select(spec, built, runtime, {"dtype": entry["dtype"], **candidates.timed_axes(spec, bucket)})
         assert default is not None and entry["default"] == default.name and entry["default_ms"] is not None
         for served in entry["serves"]:
@@ -376,4 +379,35 @@ def test_a_bucket_times_by_graph_replay_where_the_spec_says_and_nothing_else(tmp
         pipeline.load([bad])
     line = next(i + 1 for i, row in enumerate(bad.read_text().splitlines()) if "timing: replay" in row)
     assert info.value.field == "tune.buckets[0].timing" and "eager, graph" in info.value.message
+    assert info.value.line == line
+
+
+def test_a_bucket_with_more_shapes_scores_the_geometric_mean():
+    """A candidate fastest on the bucket's shape by a little but slow on its `also:` shapes loses
+    to one that holds on all three; a candidate that fails on one shape fails."""
+    from codegen.tune import runner
+    spec = pipeline.load([ROOT / "specs" / "paged.yaml"])[0]
+    bucket = next(b for b in spec.tune.buckets if b.also)
+    assert len(bucket.shapes) == 3
+    cands, _ = candidates.candidates(spec)
+    a, b, c = [x for x in cands if x.a["dtype"] == "bf16"][:3]
+    times = {a.name: (0.060, 0.100, 0.100), b.name: (0.0601, 0.050, 0.050), c.name: (0.050, 0.050, math.inf)}
+    results = {f"{bucket.name}|bf16|{name}" + (f"|{k}" if k else ""): {"median_ms": t, "spread_ms": 0.0}
+               for name, ts in times.items() for k, t in enumerate(ts)}
+    shaped = dataclasses.replace(spec, tune=dataclasses.replace(spec.tune, dtypes=("bf16",), buckets=(bucket,)))
+    entries, rows = runner._choose_all(shaped, cands, results, {(bucket.name, "bf16"): None})
+    assert entries[0]["instance"] == b.name
+    assert entries[0]["time_ms"] == round((0.0601 * 0.05 * 0.05) ** (1 / 3), 5)
+    assert rows[0]["per_shape_ms"][a.name] == [0.060, 0.100, 0.100]
+    assert math.isinf(next(m["median_ms"] for m in rows[0]["measurements"] if m["name"] == c.name))
+
+
+def test_a_bucket_shape_list_is_checked_at_its_line(tmp_path):
+    text = (ROOT / "specs" / "paged.yaml").read_text()
+    bad = tmp_path / "paged.yaml"
+    bad.write_text(text.replace("        - {S: 16, Hq: 40, Hkv: 8, D: 128, L: 2500}", "        - {S: 16, Hq: 40, Hkv: 8, D: 128, L: 0}", 1))
+    with pytest.raises(SpecError) as info:
+        pipeline.load([bad])
+    assert info.value.field.endswith(".also[0].L") and "positive integer" in info.value.message
+    line = next(i + 1 for i, row in enumerate(bad.read_text().splitlines()) if "L: 0}" in row)
     assert info.value.line == line
