@@ -80,12 +80,24 @@ def _lower_mma_sync(inst: KernelInstance, arch: Arch) -> KernelInstance:
 
 
 def tile_columns(d: int) -> int:
-    """Columns of the warp-specialized kernel's shared tiles and output accumulator: the head size
-    rounded up to whole 64-column (128-byte) swizzle atoms. The columns past d are zeros (TMA's
-    out-of-range fill, cp.async's zero fill); Q K^T stops at d, P V computes them and the
-    epilogue drops them. At d96 P V does a third more work than the head needs; the spec's
-    hopper_ws comment has what that costs against the mma.sync kernel d96 ran on before."""
+    """Columns of the padded Hopper kernels' shared tiles and head-wide accumulators (the
+    warp-specialized forward, the wgmma backward): the head size rounded up to whole 64-column
+    (128-byte) swizzle atoms. The columns past d are zeros (TMA's out-of-range fill, cp.async's
+    zero fill); the products over the head (Q K^T; the backward's S^T, dP^T) stop at d, the
+    others compute the pad columns and the epilogues drop them. At d96 P V does a third more work
+    than the head needs; the spec's hopper_ws comment has what that costs against the mma.sync
+    kernel d96 ran on before."""
     return -(-d // 64) * 64
+
+
+def padded_tile_columns(d: int, over_head: str) -> int:
+    """tile_columns(d), or Rejected naming d where the padded kernels cannot take it: `over_head`
+    says which products walk the head 16 columns at a time ("Q K^T steps")."""
+    cols = tile_columns(d)
+    if d % 16 or cols not in WGMMA_N:
+        raise Rejected("d", f"d={d}: {over_head} 16 columns at a time, and the tiles' {cols} columns (whole "
+                            f"64-column atoms) must be an N that wgmma.cuh instantiates ({', '.join(map(str, WGMMA_N))})")
+    return cols
 
 
 def _check_wgmma_tiles(inst: KernelInstance, arch: Arch, padded: bool = False) -> None:
@@ -97,10 +109,7 @@ def _check_wgmma_tiles(inst: KernelInstance, arch: Arch, padded: bool = False) -
     if inst.dtype_bytes != 2:
         raise Rejected("d", f"tensor-core kinds take 16-bit operands, not {inst.a['dtype']}")
     if padded:
-        if d % 16 or tile_columns(d) not in WGMMA_N:
-            raise Rejected("d", f"d={d}: Q K^T steps 16 columns at a time, and the tiles' {tile_columns(d)} columns "
-                                f"(whole 64-column atoms) must be an N that wgmma.cuh instantiates "
-                                f"({', '.join(map(str, WGMMA_N))})")
+        padded_tile_columns(d, "Q K^T steps")
     elif d % 64 or d not in WGMMA_N:
         raise Rejected("d", f"d={d}: rows of 128-byte swizzle atoms need a multiple of 64 that wgmma.cuh "
                             f"instantiates as N ({', '.join(map(str, WGMMA_N))})")

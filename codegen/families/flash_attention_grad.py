@@ -23,7 +23,7 @@ from ..passes import Rejected, banks
 from ..passes.tiles import CHUNK, atoms_layout, layout, pitch, plain_layout
 from . import Family, Lowering, TunePlan
 from .flash_attention import _tune_runtime as forward_tune_runtime
-from .flash_attention import tile_columns
+from .flash_attention import padded_tile_columns
 
 BACKWARD = "flash_attention_grad/backward.cu.j2"
 BACKWARD_WGMMA = "flash_attention_grad/backward_wgmma.cu.j2"
@@ -156,10 +156,7 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
     if inst.dtype_bytes != 2:
         raise Rejected("d", f"tensor-core kinds take 16-bit operands, not {inst.a['dtype']}")
-    cols = tile_columns(d)   # the tiles and dK, dV hold whole 64-column atoms; S^T and dP^T stop at d
-    if d % 16 or cols not in WGMMA_N:
-        raise Rejected("d", f"d={d}: S^T and dP^T step 16 columns at a time, and the tiles' {cols} columns (whole "
-                            f"64-column atoms) must be an N that wgmma.cuh instantiates ({', '.join(map(str, WGMMA_N))})")
+    cols = padded_tile_columns(d, "S^T and dP^T step")   # the tiles and dK, dV hold whole 64-column atoms
     if block_n != 64 * warpgroups:
         raise Rejected("block_n", f"block_n={block_n}: each of the {warpgroups} warpgroups owns 64 keys "
                                   f"(block_n = {64 * warpgroups})")
