@@ -12,9 +12,10 @@ S'_t = alpha_t S'_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T.
 
 With a gradient wanted, the forward also saves the state every `checkpoint_every()` steps; the
 backward (specs/delta_rule_grad.yaml) rebuilds the states in between and walks time in reverse.
-It is written for RWKV-7. Gated DeltaNet's backward runs by chunks on long sequences
-(`use_chunked_backward`; attngen/gated_delta_chunked_grad.py, the checkpoints being the states before its chunks);
-below that, Gated DeltaNet is RWKV-7 with tied vectors (w = g on every key, a = k,
+It is written for RWKV-7. Gated DeltaNet's backward in 16-bit storage runs on tensor cores by
+chunks (the gated_delta_grad op, specs/gated_delta_grad.yaml, the checkpoints being the states
+before its chunks); in fp32 it runs by chunks in torch on long sequences (`use_chunked_backward`;
+attngen/gated_delta_chunked_grad.py, the same algorithm); below that, Gated DeltaNet is RWKV-7 with tied vectors (w = g on every key, a = k,
 b = -alpha beta k, v scaled by beta), so its gradients are RWKV-7's mapped back through the ties
 (`_gated_delta_backward`), with the tied vectors made in fp32.
 """
@@ -44,6 +45,9 @@ def use_chunked_backward(B: int, T: int, H: int) -> bool:
     """Whether Gated DeltaNet's backward at this size runs by chunks (see the constants above)."""
     return T >= CHUNKED_BACKWARD_FROM_T and B * H * T >= CHUNKED_BACKWARD_FROM_STEPS
 GRAD = Op("delta_rule_grad")
+# Gated DeltaNet's backward on tensor cores (specs/gated_delta_grad.yaml): 16-bit inputs and the
+# head sizes its instances cover, at every length; fp32 and the rest take the two paths above.
+GATED_GRAD = Op("gated_delta_grad")
 _registered = False
 
 
@@ -107,14 +111,17 @@ def _backward(ctx, d_o, d_state, _d_checkpoints):
         dq, dw, dk, da, db, dv, ds0 = GRAD(q, k, v, w, a, b, d_o.to(q.dtype), checkpoints, d_state, ctx.scale,
                                            ctx.has_state)
         grads = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dw.to(w.dtype), da.to(a.dtype), db.to(b.dtype)
+        return (*grads, ds0 if ctx.has_state else None, None, None, None)
+    tensor_core_args = (q, k, v, w, a, d_o.to(q.dtype), checkpoints, d_state, ctx.scale, ctx.has_state)
+    if q.element_size() == 2 and GATED_GRAD.select(*tensor_core_args):  # its dtype axis: fp16, bf16
+        *grads, ds0 = GATED_GRAD(*tensor_core_args)
     elif use_chunked_backward(q.shape[0], q.shape[1], q.shape[2]):
         *grads, ds0 = gated_delta_chunked_backward(q, k, v, w, a, d_o, checkpoints, d_state, ctx.scale,
                                                    ctx.has_state, checkpoint_every())
-        grads.append(None)  # b: unused by gated_delta
     else:
         *grads, ds0 = _gated_delta_backward(q, k, v, w, a, d_o, checkpoints, d_state, ctx.scale, ctx.has_state,
                                             GRAD)
-        grads.append(None)
+    grads.append(None)  # b: unused by gated_delta
     return (*grads, ds0 if ctx.has_state else None, None, None, None)
 
 

@@ -105,10 +105,23 @@ def time_candidates(variant, K, inputs) -> dict:
 
 
 def time_grad_candidates(variant, K, inputs) -> dict:
-    """Every backward instance of the key bucket in the dtype the variant's backward runs (bf16
-    for RWKV-7; fp32 for Gated DeltaNet, whose backward takes its tied vectors in fp32), shipped
-    or bench-role, forced on the shape with the forward's checkpoints."""
+    """Every backward instance of the key bucket, shipped or bench-role, forced on the shape with
+    the forward's checkpoints: RWKV-7's delta_rule_grad instances in bf16; Gated DeltaNet's
+    tensor-core gated_delta_grad instances in bf16 (K = V) and the recurrent delta_rule_grad
+    ones on its tied vectors in fp32 (what fp32 inputs run)."""
     g = torch.Generator(device="cuda").manual_seed(8)
+    times = {}
+    if variant == "gated_delta":
+        q, k, v, gate, beta, s = inputs
+        B, T, H, _ = q.shape
+        ckpt = torch.empty(delta_rule.checkpoint_shape(B, T, H, K, v.shape[-1]), device="cuda")
+        delta_rule.OP(q, k, v, gate, beta, None, s, delta_rule.variant("gated_delta"), K ** -0.5, True, ckpt)
+        d_o = torch.randn(v.shape, device="cuda", generator=g).to(v.dtype)
+        d_s = torch.randn(s.shape, device="cuda", generator=g)
+        args = (q, k, v, gate, beta, d_o, ckpt, d_s, K ** -0.5, True)
+        names = [n for n in delta_rule.GATED_GRAD.instances() + delta_rule.GATED_GRAD.bench_instances()
+                 if f"_k{K}_v{v.shape[-1]}_" in n and n.endswith("_bf16_sm90a")]
+        times = {n: do_bench(lambda: delta_rule.GATED_GRAD.forced(n, *args)) for n in sorted(names)}
     if variant == "rwkv7":
         r, w, k, v, a, b, s = inputs
         scale, dtype = 1.0, "bf16"
@@ -124,7 +137,7 @@ def time_grad_candidates(variant, K, inputs) -> dict:
     args = (r, k, v, w, a, b, d_o, ckpt, d_s, scale, True)
     names = [n for n in delta_rule.GRAD.instances() + delta_rule.GRAD.bench_instances()
              if f"_k{K}_" in n and n.endswith(f"_{dtype}_sm90a")]
-    return {n: do_bench(lambda: delta_rule.GRAD.forced(n, *args)) for n in sorted(names)}
+    return times | {n: do_bench(lambda: delta_rule.GRAD.forced(n, *args)) for n in sorted(names)}
 
 
 def time_training(fn, inputs) -> tuple[float, torch.Tensor]:

@@ -33,6 +33,10 @@ namespace flash_attention_grad {
 struct Entry;
 bool flash_attention_grad_register_jit(const Entry* entry);
 }  // namespace flash_attention_grad
+namespace gated_delta_grad {
+struct Entry;
+bool gated_delta_grad_register_jit(const Entry* entry);
+}  // namespace gated_delta_grad
 namespace paged {
 struct Entry;
 bool paged_decode_register_jit(const Entry* entry);
@@ -64,6 +68,8 @@ void register_jit(const std::string& op, int64_t entry_function) {
     added = attngen::flash_attention::flash_attention_register_jit(static_cast<const attngen::flash_attention::Entry*>(entry));
   } else if (op == "flash_attention_grad") {
     added = attngen::flash_attention_grad::flash_attention_grad_register_jit(static_cast<const attngen::flash_attention_grad::Entry*>(entry));
+  } else if (op == "gated_delta_grad") {
+    added = attngen::gated_delta_grad::gated_delta_grad_register_jit(static_cast<const attngen::gated_delta_grad::Entry*>(entry));
   } else if (op == "paged_decode") {
     added = attngen::paged::paged_decode_register_jit(static_cast<const attngen::paged::Entry*>(entry));
   } else if (op == "wkv_scan") {

@@ -96,7 +96,7 @@ def _renamed(accesses: list, names: dict, buffers: tuple) -> list:
     return [banks.Access(names[a.name], a.width, a.address, buffers) for a in accesses if a.name in names]
 
 
-def _chunked_bank(k: int, cols: int, swizzle_k: int, swizzle_c: int, swizzle_m: int, threads: int) -> dict:
+def chunked_bank(k: int, cols: int, swizzle_k: int, swizzle_c: int, swizzle_m: int, threads: int) -> dict:
     """The chunked template's shared-memory accesses: the 16-bit tiles (q and k rows `k` wide;
     v, the state and the exchange tiles `cols` wide; M 64 wide) through ldmatrix, cp.async
     fills and 4-byte fragment reads and writes, and the fp32 scalars of both kernels."""
@@ -144,6 +144,23 @@ def _chunked_bank(k: int, cols: int, swizzle_k: int, swizzle_c: int, swizzle_m: 
                        unpadded=tile_accesses(lambda d, _swizzle: shared_tiles.plain_layout(d)) + scalars)
 
 
+def prepare_geometry(k: int, arch: Arch) -> dict:
+    """The chunk records' first kernel (templates/delta_rule/chunk_prepare.cuh.j2, padded tiles):
+    its threads, shared memory and CTAs per SM, for the forward's chunked kinds and the
+    backward's (gated_delta_grad). Its k and q tiles, M, A in fp32 (over the tiles where T and
+    A both fit there), beta, gc and three 16 x 16 blocks of E in fp32."""
+    steps = CHUNKED_STEPS
+    pitch_k, pitch_m = shared_tiles.pitch(k, 0), shared_tiles.pitch(steps, 0)
+    a_bytes = 4 * steps * A_PITCH
+    a_over_tiles = 2 * 2 * steps * pitch_k >= 2 * a_bytes  # T and A both fit over the k and q tiles
+    prep_smem = 2 * steps * (2 * pitch_k + pitch_m) + (0 if a_over_tiles else a_bytes) + 4 * (2 * steps + 3 * 256)
+    prep_regs = 128  # ptxas: 107-110 (the kernel is held to 65536 / (PREP_THREADS * its CTAs per SM))
+    prep_ctas_per_sm = min(arch.smem_per_sm // (prep_smem + arch.smem_reserved_per_cta),
+                           arch.regs_per_sm // (PREP_THREADS * prep_regs), 8)
+    return {"prep_threads": PREP_THREADS, "prep_smem_bytes": prep_smem, "chunk": steps, "a_pitch": A_PITCH,
+            "a_over_tiles": "true" if a_over_tiles else "false", "prep_ctas_per_sm": prep_ctas_per_sm}
+
+
 def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
     k, cols, warps, stages = (p[name] for name in ("k", "cols", "warps", "stages"))
@@ -181,12 +198,6 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
     # three 16 x 16 blocks of E in fp32.
     stage = 2 * steps * (2 * pitch_k + pitch_c + 2 * pitch_m) + 4 * steps
     smem = stages * stage + 2 * (k * pitch_c + 3 * steps * pitch_c)
-    a_bytes = 4 * steps * A_PITCH
-    a_over_tiles = 2 * 2 * steps * pitch_k >= 2 * a_bytes  # T and A both fit over the k and q tiles
-    prep_smem = 2 * steps * (2 * pitch_k + pitch_m) + (0 if a_over_tiles else a_bytes) + 4 * (2 * steps + 3 * 256)
-    prep_regs = 128  # ptxas: 107-110 (the kernel is held to 65536 / (PREP_THREADS * its CTAs per SM))
-    prep_ctas_per_sm = min(arch.smem_per_sm // (prep_smem + arch.smem_reserved_per_cta),
-                           arch.regs_per_sm // (PREP_THREADS * prep_regs), 8)
     threads = 32 * warps
     if smem > arch.max_smem_per_block:
         raise Rejected("stages", f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")
@@ -194,14 +205,12 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("warps", f"{threads} threads of about {regs} registers exceed an SM's {arch.regs_per_sm}")
     ctas_per_sm = min(arch.smem_per_sm // (smem + arch.smem_reserved_per_cta),
                       arch.regs_per_sm // (threads * max(regs, 64)), 8)
-    bank = _chunked_bank(k, cols, swizzle_k, swizzle_c, swizzle_m, threads)
+    bank = chunked_bank(k, cols, swizzle_k, swizzle_c, swizzle_m, threads)
     return inst.with_derived({
-        "threads": threads, "smem_bytes": smem, "prep_threads": PREP_THREADS, "prep_smem_bytes": prep_smem,
-        "chunk": CHUNKED_STEPS, "a_pitch": A_PITCH,
+        "threads": threads, "smem_bytes": smem, **prepare_geometry(k, arch),
         "warps_m": warps_m, "warps_n": warps_n, "ctas_per_sm": ctas_per_sm, "regs_estimate": regs,
         "swizzle_k": "true" if swizzle_k else "false", "swizzle_c": "true" if swizzle_c else "false",
         "swizzle_m": "true" if swizzle_m else "false",
-        "a_over_tiles": "true" if a_over_tiles else "false", "prep_ctas_per_sm": prep_ctas_per_sm,
         "bank": bank, "threads_param": "warps", "smem_param": "stages",
     })
 

@@ -60,9 +60,22 @@ constexpr int STAGE_BYTES = 2 * STAGE_ELEMS + 4 * CHUNK;
 constexpr int FIXED_BYTES = 2 * (StateTile::ELEMS + 3 * ColTile::ELEMS);
 static_assert(STAGES * STAGE_BYTES + FIXED_BYTES == 129536, "the pass and the kernel agree on shared memory");
 
-// One chunk's record in the workspace, per (b, h, chunk): M and W [CHUNK][CHUNK] in T, then gc.
+// The chunk records: M, W (and T where kRecordInverse) and gc of every chunk, by a first kernel.
+constexpr bool kRecordInverse = false;  // the forward reads M and W only
+// ---- The chunked Gated DeltaNet kinds' first kernel (templates/delta_rule/chunk_prepare.cuh.j2,
+// rendered into the forward's delta_rule/chunked.cu.j2 and the backward's
+// gated_delta_grad/chunked_grad.cu.j2, after these are
+// defined: T, KB, CHUNK, ROW_WARPS, KeyTile, MixTile, kRecordInverse, and a Params with the
+// forward's names for q, k, g (w), beta (a), their strides, T, H, K, qk_l2norm and workspace.
+// It solves each chunk's triangular system and writes the chunk's record to the workspace.
+// One chunk's record in the workspace, per (b, h, chunk): M and W [CHUNK][CHUNK] in T, the
+// inverse T = (I + A)^-1 too where the includer sets kRecordInverse (the backward reads it),
+// then gc (CHUNK floats).
 constexpr int MATRIX_BYTES = CHUNK * CHUNK * 2;
-constexpr int RECORD_BYTES = 2 * MATRIX_BYTES + CHUNK * 4;
+constexpr int RECORD_MATRICES = kRecordInverse ? 3 : 2;
+constexpr int GC_OFFSET = RECORD_MATRICES * MATRIX_BYTES;   // bytes into a record
+constexpr int RECORD_BYTES = GC_OFFSET + CHUNK * 4;
+constexpr int INVERSE_OFFSET = 2 * MATRIX_BYTES;             // T, where kRecordInverse
 static_assert(RECORD_BYTES % 16 == 0, "records are 16-byte aligned for cp.async");
 
 __device__ __forceinline__ unsigned char* chunk_record(const Params& p, int64_t bh, int64_t chunk) {
@@ -116,7 +129,6 @@ static_assert((A_OVER_TILES ? 2 : 1) * CHUNK * APITCH * 4 <= 2 * KeyTile::BYTES,
 static_assert(MixTile::BYTES <= CHUNK * APITCH * 4, "W fits over A");
 static_assert(PREP_THREADS == 32 * ROW_WARPS && PREP_THREADS == 2 * CHUNK,
               "a warp per 16 steps; a thread per column of T, per q or k row");
-static_assert(THREADS >= 2 * CHUNK, "a thread per q or k row");
 
 // A [CHUNK][CHUNK] tile in T to a record's matrix, row-major, in 16-byte pieces.
 __device__ __forceinline__ void copy_out(const T* tile, unsigned char* out) {
@@ -171,7 +183,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p
       gate += gc[31];  // smem: prep_scalar_read
       gc[tid] = gate;  // smem: prep_scalar_write
     }
-    reinterpret_cast<float*>(record + 2 * MATRIX_BYTES)[tid] = gate;
+    reinterpret_cast<float*>(record + GC_OFFSET)[tid] = gate;
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -283,14 +295,22 @@ __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p
     }
     __syncthreads();
   }
-  // M = T diag(beta) in T (zero above the diagonal), into the M tile, then the record in 16-byte pieces.
-  {
-    const int j = tid % CHUNK;
-    const float beta_j = beta[j];  // smem: prep_scalar_column
+  // M = T diag(beta) in T (zero above the diagonal), into the M tile, then the record in 16-byte
+  // pieces; where the record keeps T itself, T first, through the same tile.
+  const int j_col = tid % CHUNK;
+  const float beta_j = beta[j_col];  // smem: prep_scalar_column
+  if constexpr (kRecordInverse) {
     for (int t = tid / CHUNK; t < CHUNK; t += PREP_THREADS / CHUNK) {
-      const float x = t >= j ? t_mat[t * APITCH + j] * beta_j : 0.f;  // smem: prep_t_read
-      m_tile[MixTile::offset(t, j)] = from_float<T>(x);                // smem: prep_m_write
+      const float x = t >= j_col ? t_mat[t * APITCH + j_col] : 0.f;  // smem: prep_t_read
+      m_tile[MixTile::offset(t, j_col)] = from_float<T>(x);          // smem: prep_m_write
     }
+    __syncthreads();
+    copy_out(m_tile, record + INVERSE_OFFSET);
+    __syncthreads();  // the tile is read out before M goes over it
+  }
+  for (int t = tid / CHUNK; t < CHUNK; t += PREP_THREADS / CHUNK) {
+    const float x = t >= j_col ? t_mat[t * APITCH + j_col] * beta_j : 0.f;  // smem: prep_t_read
+    m_tile[MixTile::offset(t, j_col)] = from_float<T>(x);                   // smem: prep_m_write
   }
   __syncthreads();
   copy_out(m_tile, record);
@@ -328,6 +348,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p
   __syncthreads();
   copy_out(w_tile, record + MATRIX_BYTES);
 }
+static_assert(THREADS >= 2 * CHUNK, "a thread per q or k row");
+
 
 // ---- the chunks of one (b, h, value block), in order ------------------------------------------
 
@@ -371,7 +393,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
     }
     float* gc = reinterpret_cast<float*>(stage + 2 * STAGE_ELEMS);
     for (int i = threadIdx.x; i < CHUNK / 4; i += THREADS) {
-      cp_async_zfill<16>(gc + 4 * i, record + 2 * MATRIX_BYTES + 16 * i, true);  // smem: gc_fill
+      cp_async_zfill<16>(gc + 4 * i, record + GC_OFFSET + 16 * i, true);  // smem: gc_fill
     }
   };
 

@@ -277,6 +277,45 @@ def test_every_grad_instance():
     assert checked == 3 * len(family_manifest("delta_rule_grad")) >= 3 * 9 and not failures, "\n".join(failures[:20])
 
 
+GATED_GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "d_state0")
+
+
+def test_every_gated_delta_grad_instance():
+    """Each gated_delta_grad instance (the tensor-core backward) forced against the same
+    algorithm in float64 on the same forward checkpoints (attngen/gated_delta_chunked_grad.py,
+    itself held to float64 autograd by tests/test_gated_delta_chunked_grad.py): K and V at their
+    buckets and below, several value blocks of the walk, one step, one chunk, a chunk and a step,
+    a partial last chunk, decays near 1 and near 0, the final state's gradient in and the
+    initial state's out, outputs poisoned first."""
+    from attngen.gated_delta_chunked_grad import gated_delta_chunked_backward
+    failures, worst, checked = [], {}, 0
+    rows = family_manifest("gated_delta_grad")
+    for name, row in sorted(rows.items()):
+        dtype, kb, vb = DTYPES[row["dtype"]], row["params"]["k"], row["params"]["v"]
+        for T, K, V, regime in ((1, kb, vb, "mixed"), (64, kb - 8, vb, "near1"), (65, kb, vb - 24, "near0"),
+                                (300, kb, vb, "mixed")):
+            inputs = gated_inputs(2, T, 3, K, V, dtype, regime, seed=T + K + V)
+            state = torch.randn(2, 3, K, V, device="cuda") * 0.1
+            ckpt = checkpoints_of("gated_delta", inputs, state, 0.5)
+            q, k, v, gate, beta = inputs
+            d_o = torch.randn(v.shape, device="cuda").to(dtype)
+            d_state = torch.randn(state.shape, device="cuda")
+            want = gated_delta_chunked_backward(*(x.double() for x in (q, k, v, gate, beta, d_o)), ckpt.double(),
+                                                d_state.double(), 0.5, True, delta_rule.checkpoint_every(),
+                                                torch.float64)
+            poison(6 * 2 * T * 3 * max(K, V) + 4 * 2 * 3 * K * V * (T // 64 + 2))
+            got = delta_rule.GATED_GRAD.forced(name, q, k, v, gate, beta, d_o, ckpt, d_state, 0.5, True)
+            for what, x, y in zip(GATED_GRAD_NAMES, got, want):
+                err = rel_err(x, y)
+                worst[what] = max(worst.get(what, 0.0), err)
+                if not err <= TOL[dtype]:
+                    failures.append(f"{name} T={T} K={K} V={V} {regime} {what}: rel err {err:.2e}")
+            assert got[0].dtype == dtype and got[3].dtype == torch.float32
+            checked += 1
+    print("worst relative errors:", {k: f"{v:.1e}" for k, v in worst.items()})
+    assert checked == 4 * len(rows) >= 4 * 8 and not failures, "\n".join(failures[:20])
+
+
 def loss_grads(fn, inputs, state, d_o, d_state):
     """Gradients of (o * d_o).sum() + (final * d_state).sum() in every input and the state."""
     leaves = [x.detach().clone().requires_grad_() for x in (*inputs, state)]
