@@ -522,7 +522,10 @@ __global__ void __launch_bounds__(THREADS, 1) walk_kernel(const Params p) {
     __syncthreads();  // dU is whole
 
     // Phase 2: dY = M^T dU + scale W^T dO (M and W lower triangular: M^T and W^T have no blocks
-    // left of the diagonal); dY's rows to dv, -gamma dY and gamma scale dO for the update.
+    // left of the diagonal); dY's rows to dv, -gamma dY and gamma scale dO for the update, both
+    // divided by sigma = gamma_0, the chunk's largest decay (phase 3 multiplies it back in fp32):
+    // with fast decays gamma falls below fp16's normal range (6e-5) where it would keep a few bits.
+    const float gc_first = gc[0];  // smem: gc_broadcast
     {
       float ym[WCOLS / 8][4], yw[WCOLS / 8][4];
 #pragma unroll
@@ -550,7 +553,7 @@ __global__ void __launch_bounds__(THREADS, 1) walk_kernel(const Params p) {
       for (int j = 0; j < WCOLS / 8; ++j)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const float gamma = __expf(gc_row[hh]);
+          const float gamma = __expf(gc_row[hh] - gc_first);  // gamma_t / sigma <= 1
           const int at = ColTile::offset(t_lo + 8 * hh, cw0 + 8 * j + 2 * tq);
           const float dy0 = ym[j][2 * hh] + scale * yw[j][2 * hh], dy1 = ym[j][2 * hh + 1] + scale * yw[j][2 * hh + 1];
           const uint32_t o2 = *reinterpret_cast<const uint32_t*>(sdo + at);  // smem: col_fragment
@@ -573,8 +576,8 @@ __global__ void __launch_bounds__(THREADS, 1) walk_kernel(const Params p) {
     }
     __syncthreads();  // -gamma dY and gamma dO are whole; every read of G's tile is done
 
-    // Phase 3: G <- gamma_C G + K^T (-gamma dY) + Q^T (gamma scale dO).
-    const float gamma_end = __expf(gc_end);
+    // Phase 3: G <- sigma ((gamma_C / sigma) G + K^T (-gamma dY / sigma) + Q^T (gamma scale dO / sigma)).
+    const float gamma_end = __expf(gc_end - gc_first), sigma = __expf(gc_first);
 #pragma unroll
     for (int mi = 0; mi < SMT; ++mi)
 #pragma unroll
@@ -603,6 +606,12 @@ __global__ void __launch_bounds__(THREADS, 1) walk_kernel(const Params p) {
         }
       }
     }
+#pragma unroll
+    for (int mi = 0; mi < SMT; ++mi)
+#pragma unroll
+      for (int j = 0; j < SNT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) grad[mi][j][r] *= sigma;
   }
 
   if (p.d_s0) store_grad(p.d_s0 + bh * p.K * p.V);
@@ -933,7 +942,8 @@ __global__ void __launch_bounds__(THREADS, 1) grads_kernel(const Params p) {
           da_row[hh] += a * kk[j][2 * hh + e];
           const float a_prime = a * beta[t_lo + 8 * hh];                     // smem: gc_row_read
           da[j][2 * hh + e] = a_prime;
-          const float f = a_prime * kk[j][2 * hh + e] + dp[j][2 * hh + e] * qk[j][2 * hh + e];
+          // R's diagonal is exp(0): F's diagonal would add to both of dgc_t's sums and cancel.
+          const float f = col < row ? a_prime * kk[j][2 * hh + e] + dp[j][2 * hh + e] * qk[j][2 * hh + e] : 0.f;
           f_row[hh] += f;
           f_col[j][e] += f;
         }
@@ -955,33 +965,31 @@ __global__ void __launch_bounds__(THREADS, 1) grads_kernel(const Params p) {
   }
   __syncthreads();  // dA' is whole; every partial sum is in
 
-  // The scalars: dgc per step, then dg its reverse cumulative sum, and dbeta.
+  // The scalars. dg_s = sum_{t >= s} dgc_t (gc = cumsum(g)), where d_t = exp(gc_C - gc_t) puts
+  // -U_t . dU_t at step t and their sum at C - 1, and gamma_C puts gamma_C sum S * G there: taken
+  // together, dg_s = sum_{t >= s} (gamma_t (scale q_t S . dO_t - k_t S . dY_t) + F's row t sum - its
+  // column t sum) + sum_{u < s} U_u . dU_u + gamma_C sum S * G, which is summed as written (the
+  // last step's U . dU is O(1) where fast decays make dg small: adding and removing it loses dg).
   if (tid < CHUNK) {
     const int t = tid;
-    float u_du_all = 0.f;
-    if (t == CHUNK - 1) {
-      for (int s = 0; s < CHUNK; ++s) u_du_all += part[PART_U_DU * CHUNK + s] + part[(PART_U_DU + 1) * CHUNK + s];  // smem: part_read
-      float s_dot_g = 0.f;
-      for (int w = 0; w < WARPS; ++w) s_dot_g += sg[w];  // smem: part_read
-      u_du_all += __expf(gc[CHUNK - 1]) * s_dot_g;        // smem: part_read
-    }
     const float* col = part + t;
     const float gamma = __expf(gc[t]);  // smem: part_read
-    const float dgc = gamma * (scale * (col[PART_QS_DO * CHUNK] + col[(PART_QS_DO + 1) * CHUNK]) -  // smem: part_read
-                               (col[PART_KS_DY * CHUNK] + col[(PART_KS_DY + 1) * CHUNK])) -          // smem: part_read
-                      (col[PART_U_DU * CHUNK] + col[(PART_U_DU + 1) * CHUNK]) +                      // smem: part_read
+    const float own = gamma * (scale * (col[PART_QS_DO * CHUNK] + col[(PART_QS_DO + 1) * CHUNK]) -  // smem: part_read
+                               (col[PART_KS_DY * CHUNK] + col[(PART_KS_DY + 1) * CHUNK])) +          // smem: part_read
                       (col[PART_F_ROW * CHUNK] + col[(PART_F_ROW + 1) * CHUNK]) -                    // smem: part_read
                       (col[PART_F_COL * CHUNK] + col[(PART_F_COL + 1) * CHUNK] + col[(PART_F_COL + 2) * CHUNK] +
-                       col[(PART_F_COL + 3) * CHUNK]) +                                                // smem: part_read
-                      u_du_all;
-    part[PART_DGC * CHUNK + t] = dgc;  // smem: part_read
+                       col[(PART_F_COL + 3) * CHUNK]);                                                 // smem: part_read
+    part[PART_DGC * CHUNK + t] = own;  // smem: part_read
     const float dbeta = col[PART_DM_T * CHUNK] + col[(PART_DM_T + 1) * CHUNK] + col[(PART_DM_T + 2) * CHUNK] +
                         col[(PART_DM_T + 3) * CHUNK] + col[PART_DA_ROW * CHUNK] + col[(PART_DA_ROW + 1) * CHUNK];  // smem: part_read
     if (t < rows) p.dbeta[(b * p.T + t0 + t) * p.H + h] = dbeta;
   }
   __syncthreads();
   if (tid < CHUNK && tid < rows) {
-    float dg = 0.f;
+    float s_dot_g = 0.f;
+    for (int w = 0; w < WARPS; ++w) s_dot_g += sg[w];  // smem: part_read
+    float dg = __expf(gc[CHUNK - 1]) * s_dot_g;         // smem: part_read
+    for (int s = 0; s < tid; ++s) dg += part[PART_U_DU * CHUNK + s] + part[(PART_U_DU + 1) * CHUNK + s];  // smem: part_read
     for (int s = tid; s < CHUNK; ++s) dg += part[PART_DGC * CHUNK + s];  // smem: part_read
     p.dg[(b * p.T + t0 + tid) * p.H + h] = dg;
   }
