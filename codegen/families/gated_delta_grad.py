@@ -29,7 +29,7 @@ GRAD_SCALAR_ROWS = 24
 
 def _lower_chunked_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
-    k, v, cols, warps = (p[name] for name in ("k", "v", "cols", "warps"))
+    k, v, cols, warps, stages = (p[name] for name in ("k", "v", "cols", "warps", "stages"))
     if inst.dtype_bytes != 2:
         raise Rejected("k", f"the chunked backward runs on tensor cores from 16-bit operands, not {inst.a['dtype']}")
     if CHECKPOINT_EVERY != CHUNKED_STEPS:
@@ -46,10 +46,12 @@ def _lower_chunked_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     steps = CHUNKED_STEPS
     pitch_k, pitch_c, pitch_v, pitch_m = (shared_tiles.pitch(x, 0) for x in (k, cols, v, steps))
     threads = 32 * warps
-    # The walk: a ring of 2 stages of q, k, dO, M, W (16-bit) and gc; G rounded to 16 bits and
-    # four exchange tiles (dU, dV's staging, -gamma dY, gamma scale dO).
+    if stages not in (1, 2):
+        raise Rejected("stages", f"stages={stages}: the walk keeps one or two chunks of input in flight")
+    # The walk: a ring of `stages` chunks of q, k, dO, M, W (16-bit) and gc; G rounded to 16 bits
+    # and four exchange tiles (dU, dV's staging, -gamma dY, gamma scale dO).
     stage = 2 * steps * (2 * pitch_k + pitch_c + 2 * pitch_m) + 4 * steps
-    walk_smem = 2 * stage + 2 * (k * pitch_c + 4 * steps * pitch_c)
+    walk_smem = stages * stage + 2 * (k * pitch_c + 4 * steps * pitch_c)
     walk_regs = k * cols // threads + 2 * cols // 2 // 2 + WALK_REG_OVERHEAD
     if walk_regs > MAX_REGS:
         raise Rejected("cols", f"about {walk_regs} registers per thread in the reverse walk exceed {MAX_REGS}")
@@ -57,12 +59,14 @@ def _lower_chunked_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     # tiles of [CHUNK, CHUNK]; the scalars.
     grad_smem = (2 * (2 * steps * pitch_k + 4 * steps * pitch_v + 2 * k * pitch_v + 5 * steps * pitch_m)
                  + 4 * (GRAD_SCALAR_ROWS * steps + warps))
-    for name, smem in (("cols", walk_smem), ("v", grad_smem)):
+    for name, smem in (("stages", walk_smem), ("v", grad_smem)):
         if smem > arch.max_smem_per_block:
             raise Rejected(name, f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")
     # The forward's tile accesses (the column tiles modelled v wide: the walk's, cols wide, pad the
     # same way), then this template's own: the [CHUNK, CHUNK] tiles' 4-byte fragment reads and
     # writes, S and G converted from fp32 in 16-byte pieces, the per-warp partial sums.
+    if k * v // 8 % threads:
+        raise Rejected("v", f"the {k} x {v} slab is not whole rounds of {threads} 16-byte pieces")
     bank = chunked_bank(k, v, 0, 0, 0, threads)
     mix_fragment = next(a for a in shared_tiles.bank_accesses(steps, threads, shared_tiles.layout(steps, 0),
                                                               ("ring", "exchange"))
@@ -89,7 +93,8 @@ def _tune_runtime(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
 FAMILY = Family(
     name="gated_delta_grad",
     axes={"dtype": ("fp32", "fp16", "bf16")},
-    lowerings={CHUNKED_GRAD: Lowering({"k": "int", "v": "int", "cols": "int", "warps": "int"}, _lower_chunked_grad)},
+    lowerings={CHUNKED_GRAD: Lowering({"k": "int", "v": "int", "cols": "int", "warps": "int", "stages": "int"},
+                                      _lower_chunked_grad)},
     support_files={"gated_delta_grad/params.cuh.j2": "gated_delta_grad/params.cuh",
                    "gated_delta_grad/op_impl.h.j2": "gated_delta_grad/op_impl.h"},
     tune=TunePlan(("B", "H", "T", "K", "V"), None),
