@@ -185,6 +185,26 @@ def delta_rule_family():
         err = max(((x.double() - y).norm() / y.norm()).item() for x, y in zip(got, want))
         print(f"{name}: worst rel err {err:.2e}")
         assert err < 1e-4, (name, err)
+    # every tensor-core Gated DeltaNet backward instance: two chunks (the second short), K and V
+    # below their buckets, the walk's value columns over two CTAs where it has 64
+    from attngen.gated_delta_chunked_grad import gated_delta_chunked_backward  # noqa: E402
+    for name in delta_rule.GATED_GRAD.instances():
+        seen.add(name)
+        dtype = torch.bfloat16 if "_bf16_" in name else torch.float16
+        kb, vb = int(name.split("_k")[1].split("_")[0]), int(name.split("_v")[1].split("_")[0])
+        B, T, H, K, V = 1, 70, 2, kb - 8, vb - 24
+        q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, K, device="cuda"), dim=-1).to(dtype) for _ in range(2))
+        v, d_o = (torch.randn(B, T, H, V, device="cuda").to(dtype) for _ in range(2))
+        g, beta = -torch.rand(B, T, H, device="cuda"), torch.rand(B, T, H, device="cuda")
+        state = torch.randn(B, H, K, V, device="cuda") * 0.1
+        ckpt = torch.empty(delta_rule.checkpoint_shape(B, T, H, K, V), device="cuda")
+        delta_rule.OP(q, k, v, g, beta, None, state, delta_rule.variant("gated_delta"), 0.5, True, ckpt)
+        got = delta_rule.GATED_GRAD.forced(name, q, k, v, g, beta, d_o, ckpt, state, 0.5, True)
+        want = gated_delta_chunked_backward(*(x.double() for x in (q, k, v, g, beta, d_o, ckpt, state)), 0.5, True,
+                                            delta_rule.checkpoint_every(), torch.float64)
+        err = max(((x.double() - y).norm() / y.norm()).item() for x, y in zip(got, want))
+        print(f"{name}: worst rel err {err:.2e}")
+        assert err < 2e-2, (name, err)
 
 
 for family, run in (("causal_linear", causal_linear), ("rwkv", rwkv_family), ("paged", paged_family),
