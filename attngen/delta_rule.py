@@ -97,6 +97,10 @@ def _register() -> bool:
         q, k, v, w, a, b, state, variant_, scale, _every = inputs
         ctx.variant, ctx.scale, ctx.has_state = variant_, scale, state is not None
         ctx.save_for_backward(q, k, v, w, a, b, output[2])
+        # The checkpoints never get a gradient: without this autograd would zero one of their
+        # size (K*V fp32 per head and 64 steps) every backward; _backward takes None for o's
+        # and the final state's.
+        ctx.set_materialize_grads(False)
 
     train_op.register_autograd(_backward, setup_context=setup_context)
     _registered = True

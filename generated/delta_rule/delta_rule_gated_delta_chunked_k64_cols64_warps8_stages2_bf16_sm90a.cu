@@ -410,15 +410,20 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
                              ? p.state_in[b * p.s_sb + h * p.s_sh + key * p.s_sk + col * p.s_sv] : 0.f;
       }
   // The state in a contiguous [K, V] slab (checkpoints, the final state).
+  // A fragment's two adjacent columns as one 8-byte store (V is even where the chunked kinds run:
+  // align % 8): a warp's store then fills whole 32-byte sectors, where single floats filled
+  // each half-way (the checkpoints are the largest thing the training forward writes).
   auto store_state = [&](float* out) {
 #pragma unroll
     for (int i = 0; i < SMT; ++i)
 #pragma unroll
       for (int j = 0; j < SNT; ++j)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int64_t key = 16 * (wm * SMT + i) + g + 8 * (r / 2), col = col0 + 8 * (wn * SNT + j) + 2 * tq + r % 2;
-          if (key < p.K && col < p.V) out[key * p.V + col] = state[i][j][r];
+        for (int hh = 0; hh < 2; ++hh) {
+          const int64_t key = 16 * (wm * SMT + i) + g + 8 * hh, col = col0 + 8 * (wn * SNT + j) + 2 * tq;
+          if (key < p.K && col < p.V) {
+            *reinterpret_cast<float2*>(out + key * p.V + col) = make_float2(state[i][j][2 * hh], state[i][j][2 * hh + 1]);
+          }
         }
   };
   auto publish_state = [&]() {

@@ -152,17 +152,17 @@ def delta_rule_family():
         seen.add(name)
         dtype = torch.float32 if "_fp32_" in name else torch.bfloat16 if "_bf16_" in name else torch.float16
         kb = int(name.split("_k")[1].split("_")[0])
-        B, T, H, K, V = 1, 37, 2, kb - 4, 40
+        B, T, H, K, V = 1, 37, 2, kb - 8, 40  # K, V multiples of 8: the chunked kinds cover whole 16-byte rows
         q, k = (torch.randn(B, T, H, K, device="cuda").to(dtype) / K ** 0.5 for _ in range(2))
         v = torch.randn(B, T, H, V, device="cuda").to(dtype)
         state = torch.randn(B, H, K, V, device="cuda") * 0.1
         if "_rwkv7_" in name:
             w, a, b = (-torch.rand(B, T, H, K, device="cuda").to(dtype), -k, k * 0.5)
-            args = (q, k, v, w, a, b, state, delta_rule.variant("rwkv7"), 1.0, True, None)
+            args = (q, k, v, w, a, b, state, delta_rule.variant("rwkv7"), 1.0, True, None, False)
             ref, _ = reference.rwkv7(q, w, k, v, a, b, state=state)
         else:
             g, beta = -torch.rand(B, T, H, device="cuda"), torch.rand(B, T, H, device="cuda")
-            args = (q, k, v, g, beta, None, state, delta_rule.variant("gated_delta"), 0.5, True, None)
+            args = (q, k, v, g, beta, None, state, delta_rule.variant("gated_delta"), 0.5, True, None, False)
             ref, _ = reference.gated_delta_rule(q, k, v, g, beta, state=state, scale=0.5)
         out, _ = delta_rule.delta_rule_with(name, *args)
         err = ((out.double() - ref).norm() / ref.norm()).item()
