@@ -23,31 +23,56 @@ from __future__ import annotations
 
 from typing import Optional
 
+import re
+
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from ._checks import check_tensor
 from ._ops import Op, constant_result, exported_constant
 from .gated_delta_chunked_grad import gated_delta_chunked_backward
 
 OP = Op("delta_rule")
-# Gated DeltaNet's backward runs by chunks (gated_delta_chunked_grad: batched torch products and
-# a reverse scan over chunks) from T steps and B * H * T head-steps, the recurrent
-# delta_rule_grad kernel on RWKV-7's tied vectors below. Forward + backward, K=V=128 bf16, by
-# chunks against the recurrent kernel: B8 H16 at T 256 0.86x, 384 1.19x, 512 1.50x, 1024 2.07x,
-# 4096 2.21x; B1 H8 at T 512 0.38x, 2048 1.07x (its ~4.2 ms floor is a hundred torch calls'
-# host time). Measured on an H200 (bench/results/h200/gated_delta_backward.md, commit b676602);
-# an H100 run at aa76899, whose file was not kept, put the crossover at the same place.
+GRAD = Op("delta_rule_grad")
+# Gated DeltaNet's backward on tensor cores (specs/gated_delta_grad.yaml): 16-bit inputs and the
+# head sizes its instances cover, at every length. Forward + backward 1.29x / 1.33x fla's chunk
+# kernels at B8 T4096 H16 / B4 T8192 H32, K=V=128 bf16 (H100, bench/results/h100/delta_rule_gated_delta.md).
+GATED_GRAD = Op("gated_delta_grad")
+# fp32 Gated DeltaNet (and head sizes no tensor-core instance covers) runs its backward by
+# chunks in torch (gated_delta_chunked_grad: batched products and a reverse scan over chunks)
+# from T steps and B * H * T head-steps, the recurrent delta_rule_grad kernel on RWKV-7's tied
+# vectors below. Forward + backward, K=V=128 bf16, by chunks against the recurrent kernel: B8 H16
+# at T 256 0.86x, 384 1.19x, 512 1.50x, 1024 2.07x, 4096 2.21x; B1 H8 at T 512 0.38x, 2048 1.07x
+# (its ~4.2 ms floor is a hundred torch calls' host time). Measured on an H200
+# (bench/results/h200/gated_delta_backward.md, commit b676602), before the tensor-core backward.
 CHUNKED_BACKWARD_FROM_T = 512
 CHUNKED_BACKWARD_FROM_STEPS = 8 * 16 * 512
 
 
+_TENSOR_CORE_BUCKETS: list = []  # (k, v) of the built gated_delta_grad instances, read by _register
+
+
+def use_tensor_core_backward(args: tuple) -> bool:
+    """Whether Gated DeltaNet's backward runs on tensor cores (the gated_delta_grad op, given its
+    arguments): 16-bit inputs (the spec's dtype axis) and a call an instance covers, as its
+    dispatch says. A compiled graph's backward is traced with fake tensors, which have no data
+    pointer for the dispatch's alignment check: there the head sizes are held to the built
+    instances' buckets and to whole 16-byte rows (the covers' align % 8), and the op checks the
+    pointers when it runs (a call it cannot serve raises, naming why)."""
+    q, v = args[0], args[2]
+    if q.element_size() != 2:
+        return False
+    if torch.compiler.is_compiling() or is_fake(q):
+        K, V = q.shape[-1], v.shape[-1]
+        return K % 8 == 0 and V % 8 == 0 and any(K <= kb and V <= vb for kb, vb in _TENSOR_CORE_BUCKETS)
+    return bool(GATED_GRAD.select(*args))
+
+
 def use_chunked_backward(B: int, T: int, H: int) -> bool:
-    """Whether Gated DeltaNet's backward at this size runs by chunks (see the constants above)."""
+    """Whether Gated DeltaNet's backward at this size runs by chunks in torch (the constants above)."""
     return T >= CHUNKED_BACKWARD_FROM_T and B * H * T >= CHUNKED_BACKWARD_FROM_STEPS
-GRAD = Op("delta_rule_grad")
-# Gated DeltaNet's backward on tensor cores (specs/gated_delta_grad.yaml): 16-bit inputs and the
-# head sizes its instances cover, at every length; fp32 and the rest take the two paths above.
-GATED_GRAD = Op("gated_delta_grad")
+
+
 _registered = False
 
 
@@ -76,6 +101,9 @@ def _register() -> bool:
     if _registered:
         return True
     OP.packet()
+    # Read here, eagerly (under torch.compile too), for the traced backward's use_tensor_core_backward.
+    _TENSOR_CORE_BUCKETS[:] = sorted({(int(m[1]), int(m[2])) for m in
+                                      (re.search(r"_k(\d+)_v(\d+)_", name) for name in GATED_GRAD.instances()) if m})
 
     @torch.library.custom_op("attngen::delta_rule_train", mutates_args=())
     def train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, a: torch.Tensor,
@@ -117,7 +145,7 @@ def _backward(ctx, d_o, d_state, _d_checkpoints):
         grads = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dw.to(w.dtype), da.to(a.dtype), db.to(b.dtype)
         return (*grads, ds0 if ctx.has_state else None, None, None, None)
     tensor_core_args = (q, k, v, w, a, d_o.to(q.dtype), checkpoints, d_state, ctx.scale, ctx.has_state)
-    if q.element_size() == 2 and GATED_GRAD.select(*tensor_core_args):  # its dtype axis: fp16, bf16
+    if use_tensor_core_backward(tensor_core_args):
         *grads, ds0 = GATED_GRAD(*tensor_core_args)
     elif use_chunked_backward(q.shape[0], q.shape[1], q.shape[2]):
         *grads, ds0 = gated_delta_chunked_backward(q, k, v, w, a, d_o, checkpoints, d_state, ctx.scale,

@@ -339,8 +339,11 @@ def test_backward_through_the_op(dtype, variant, T, K, V):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("T,K,V", [(1, 64, 64), (64, 128, 64), (65, 64, 128), (200, 128, 128)])
 def test_gated_delta_chunked_backward_through_the_op(dtype, T, K, V, monkeypatch):
-    """The same with Gated DeltaNet's backward by chunks at every length (it runs from
-    delta_rule.use_chunked_backward says): one step, a whole chunk, a chunk and a step."""
+    """The same with Gated DeltaNet's backward by chunks in torch at every length (it runs where
+    delta_rule.use_chunked_backward says, and the tensor-core backward does not run: fp32, head
+    sizes no instance covers; here forced for 16-bit inputs too): one step, a whole chunk, a
+    chunk and a step."""
+    monkeypatch.setattr(delta_rule, "use_tensor_core_backward", lambda args: False)
     monkeypatch.setattr(delta_rule, "use_chunked_backward", lambda B, T, H: True)
     check_backward(dtype, "gated_delta", T, K, V)
 
@@ -371,7 +374,7 @@ def check_backward(dtype, variant, T, K, V):
 @pytest.mark.parametrize("variant,K", [("rwkv7", 64), ("gated_delta", 128)])
 def test_long_sequence_backward_bf16(variant, K, monkeypatch):
     """Over 4097 steps (65 checkpoint windows, the last one step long), bf16: RWKV-7's
-    recurrent backward, Gated DeltaNet's chunked one (65 chunks, the last of one step)."""
+    recurrent backward, Gated DeltaNet's tensor-core one (65 chunks, the last of one step)."""
     make, fn, ref, names = ((rwkv7_inputs, attngen.rwkv7, reference.rwkv7, ("r", "w", "k", "v", "a", "b"))
                             if variant == "rwkv7" else
                             (gated_inputs, attngen.gated_delta_rule, reference.gated_delta_rule,
@@ -524,4 +527,23 @@ def test_torch_compile_fullgraph_training_step(variant, monkeypatch):
         fn(*leaves).backward()
         grads.append([x.grad for x in leaves])
     for name, x, y in zip(range(len(inputs)), *grads):
+        assert rel_err(x, y) <= 1e-6, name
+
+
+def test_torch_compile_fullgraph_training_step_tensor_cores():
+    """16-bit Gated DeltaNet compiled in one graph with its loss: the backward AOTAutograd traces
+    (with fake tensors: use_tensor_core_backward decides from the head sizes there) runs the
+    tensor-core gated_delta_grad op, and gives eager's gradients."""
+    inputs = gated_inputs(2, 130, 3, 128, 64, torch.bfloat16, seed=6)
+
+    def loss(*x):
+        o, s = attngen.gated_delta_rule(*x)
+        return o.float().square().sum() + s.sum()
+    compiled = torch.compile(loss, fullgraph=True)
+    grads = []
+    for fn in (compiled, loss):
+        leaves = [x.detach().clone().requires_grad_() for x in inputs]
+        fn(*leaves).backward()
+        grads.append([x.grad for x in leaves])
+    for name, x, y in zip(("q", "k", "v", "g", "beta"), *grads):
         assert rel_err(x, y) <= 1e-6, name
