@@ -1,6 +1,7 @@
-"""Gated DeltaNet's backward, bf16: the chunked backward (attngen/gated_delta_chunked_grad.py)
-against the recurrent kernel on RWKV-7's tied vectors (what runs below
-delta_rule.use_chunked_backward), over T at B8 H16 K=V=128 and on the issue's shapes; where
+"""Gated DeltaNet's backward, bf16: its three paths side by side, the tensor-core op
+(gated_delta_grad, what 16-bit inputs run), the chunked backward in torch
+(attngen/gated_delta_chunked_grad.py) and the recurrent kernel on RWKV-7's tied vectors (the
+last two what fp32 runs, either side of delta_rule.use_chunked_backward), over T at B8 H16 K=V=128 and on the issue's shapes; where
 the chunked backward's time goes (its three stages, and torch.profiler's kernels); its peak
 memory. Forward + backward as bench.delta_rule times it (state in and out, every input and the
 initial state differentiable).
@@ -28,17 +29,20 @@ SWEEP = [(8, T, 16, 128) for T in (64, 256, 384, 512, 1024, 4096)] + [(1, T, 8, 
 SHAPES = [(8, 4096, 16, 128), (4, 8192, 32, 128)]
 
 
-def train_ms(inputs, by_chunks: bool) -> tuple[float, float, torch.Tensor]:
-    """(forward + backward ms, peak GiB over the step, dq) with the backward by chunks or not."""
-    saved = delta_rule.use_chunked_backward
-    delta_rule.use_chunked_backward = lambda B, T, H: by_chunks
+def train_ms(inputs, path: str) -> tuple[float, float, torch.Tensor]:
+    """(forward + backward ms, peak GiB over the step, dq) with the backward on `path`:
+    "tensor_cores", "chunks" (torch) or "recurrent"."""
+    saved = delta_rule.use_chunked_backward, delta_rule.use_tensor_core_backward
+    if path != "tensor_cores":
+        delta_rule.use_tensor_core_backward = lambda args: False
+        delta_rule.use_chunked_backward = lambda B, T, H: path == "chunks"
     try:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         ms, grad = time_training(impl_fn("attngen", "gated_delta"), inputs)
         peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
     finally:
-        delta_rule.use_chunked_backward = saved
+        delta_rule.use_chunked_backward, delta_rule.use_tensor_core_backward = saved
     return ms, peak, grad
 
 
@@ -97,15 +101,18 @@ def main():
     result = {"sweep": [], "shapes": []}
     for B, T, H, K in SWEEP:
         inputs = make_inputs("gated_delta", B, T, H, K, torch.bfloat16)
-        ch, ch_peak, g1 = train_ms(inputs, True)
-        rec, rec_peak, g2 = train_ms(inputs, False)
-        row = {"shape": [B, T, H, K], "chunked_ms": ch, "recurrent_ms": rec, "chunked_peak_gib": ch_peak,
-               "recurrent_peak_gib": rec_peak, "dq_rel_diff": ((g1 - g2).norm() / g2.norm()).item()}
+        tc, tc_peak, g0 = train_ms(inputs, "tensor_cores")
+        ch, ch_peak, g1 = train_ms(inputs, "chunks")
+        rec, rec_peak, g2 = train_ms(inputs, "recurrent")
+        row = {"shape": [B, T, H, K], "tensor_core_ms": tc, "chunked_ms": ch, "recurrent_ms": rec,
+               "tensor_core_peak_gib": tc_peak, "chunked_peak_gib": ch_peak, "recurrent_peak_gib": rec_peak,
+               "dq_rel_diff": ((g1 - g2).norm() / g2.norm()).item(),
+               "tensor_core_dq_rel_diff": ((g0 - g2).norm() / g2.norm()).item()}
         result["sweep"].append(row)
         print(row, flush=True)
     for B, T, H, K in SHAPES:
         inputs = make_inputs("gated_delta", B, T, H, K, torch.bfloat16)
-        ms, peak, _ = train_ms(inputs, True)
+        ms, peak, _ = train_ms(inputs, "chunks")
         row = {"shape": [B, T, H, K], "train_ms": ms, "peak_gib": peak, "stages_ms": stage_ms(inputs),
                "profile": profile_lines(inputs)}
         result["shapes"].append(row)
@@ -114,16 +121,20 @@ def main():
     (out / "gated_delta_backward.json").write_text(json.dumps(result, indent=1))
     lines = [f"# Gated DeltaNet forward + backward, bf16 ({result['meta'].get('device')}, commit "
              f"{result['meta'].get('commit')})", "",
-             "Chunked backward (batched torch products) vs the recurrent kernel on RWKV-7's tied vectors; ms = "
-             "triton do_bench median of forward + backward; peak = memory allocated above the inputs.", "",
-             "| B, T, H, K=V | chunked ms | recurrent ms | speedup | chunked peak GiB | recurrent peak GiB | dq rel diff |",
-             "|---|---|---|---|---|---|---|"]
+             "The tensor-core backward (gated_delta_grad), the chunked backward in torch (batched products) and "
+             "the recurrent kernel on RWKV-7's tied vectors; ms = triton do_bench median of forward + backward; "
+             "peak = memory allocated above the inputs; dq rel diff against the recurrent kernel's.", "",
+             "| B, T, H, K=V | tensor cores ms | chunked ms | recurrent ms | chunked speedup | tensor cores peak GiB | "
+             "chunked peak GiB | recurrent peak GiB | dq rel diff (tensor cores, chunked) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in result["sweep"]:
-        lines.append(f"| {', '.join(map(str, r['shape']))} | {r['chunked_ms']:.3f} | {r['recurrent_ms']:.3f} | "
-                     f"{r['recurrent_ms'] / r['chunked_ms']:.2f}x | {r['chunked_peak_gib']:.2f} | "
-                     f"{r['recurrent_peak_gib']:.2f} | {r['dq_rel_diff']:.1e} |")
+        lines.append(f"| {', '.join(map(str, r['shape']))} | {r['tensor_core_ms']:.3f} | {r['chunked_ms']:.3f} | "
+                     f"{r['recurrent_ms']:.3f} | {r['recurrent_ms'] / r['chunked_ms']:.2f}x | "
+                     f"{r['tensor_core_peak_gib']:.2f} | {r['chunked_peak_gib']:.2f} | {r['recurrent_peak_gib']:.2f} | "
+                     f"{r['tensor_core_dq_rel_diff']:.1e}, {r['dq_rel_diff']:.1e} |")
     for r in result["shapes"]:
-        lines += ["", f"## B, T, H, K=V = {', '.join(map(str, r['shape']))}: forward + backward {r['train_ms']:.3f} ms, "
+        lines += ["", f"## B, T, H, K=V = {', '.join(map(str, r['shape']))}: forward + backward by chunks in torch "
+                  f"{r['train_ms']:.3f} ms, "
                   f"peak {r['peak_gib']:.2f} GiB", "", "Backward stages alone (ms): " +
                   ", ".join(f"{k} {v:.3f}" for k, v in r["stages_ms"].items()), "", "```", *r["profile"], "```"]
     (out / "gated_delta_backward.md").write_text("\n".join(lines) + "\n")
