@@ -509,17 +509,12 @@ def test_torch_compile_fullgraph():
     torch.testing.assert_close(fn(q, k, v, gate, beta), attngen.gated_delta_rule(q, k, v, gate, beta)[0] * 2)
 
 
-@pytest.mark.parametrize("variant", ["rwkv7", "gated_delta"])
-def test_torch_compile_fullgraph_training_step(variant, monkeypatch):
-    """Forward and loss compiled in one graph (its backward through AOTAutograd: for Gated
-    DeltaNet the chunked backward's torch products) give eager's gradients."""
-    make, op = (rwkv7_inputs, attngen.rwkv7) if variant == "rwkv7" else (gated_inputs, attngen.gated_delta_rule)
-    inputs = make(2, 70, 3, 64, 64, torch.float32, seed=6)
-    monkeypatch.setattr(delta_rule, "use_chunked_backward", lambda B, T, H: True)  # Gated DeltaNet's: 2 chunks
-
+def assert_compiled_step_matches_eager(op, inputs, loss_of=lambda o: o.square().sum()):
+    """A loss over op's output and final state compiled in one graph (its backward through
+    AOTAutograd) gives eager's gradients in every input."""
     def loss(*x):
         o, s = op(*x)
-        return o.square().sum() + s.sum()
+        return loss_of(o) + s.sum()
     compiled = torch.compile(loss, fullgraph=True)
     grads = []
     for fn in (compiled, loss):
@@ -530,20 +525,18 @@ def test_torch_compile_fullgraph_training_step(variant, monkeypatch):
         assert rel_err(x, y) <= 1e-6, name
 
 
-def test_torch_compile_fullgraph_training_step_tensor_cores():
-    """16-bit Gated DeltaNet compiled in one graph with its loss: the backward AOTAutograd traces
-    (with fake tensors: use_tensor_core_backward decides from the head sizes there) runs the
-    tensor-core gated_delta_grad op, and gives eager's gradients."""
-    inputs = gated_inputs(2, 130, 3, 128, 64, torch.bfloat16, seed=6)
+@pytest.mark.parametrize("variant", ["rwkv7", "gated_delta"])
+def test_torch_compile_fullgraph_training_step(variant, monkeypatch):
+    """Forward and loss compiled in one graph give eager's gradients (for fp32 Gated DeltaNet the
+    chunked backward's torch products)."""
+    make, op = (rwkv7_inputs, attngen.rwkv7) if variant == "rwkv7" else (gated_inputs, attngen.gated_delta_rule)
+    monkeypatch.setattr(delta_rule, "use_chunked_backward", lambda B, T, H: True)  # Gated DeltaNet's: 2 chunks
+    assert_compiled_step_matches_eager(op, make(2, 70, 3, 64, 64, torch.float32, seed=6))
 
-    def loss(*x):
-        o, s = attngen.gated_delta_rule(*x)
-        return o.float().square().sum() + s.sum()
-    compiled = torch.compile(loss, fullgraph=True)
-    grads = []
-    for fn in (compiled, loss):
-        leaves = [x.detach().clone().requires_grad_() for x in inputs]
-        fn(*leaves).backward()
-        grads.append([x.grad for x in leaves])
-    for name, x, y in zip(("q", "k", "v", "g", "beta"), *grads):
-        assert rel_err(x, y) <= 1e-6, name
+
+def test_torch_compile_fullgraph_training_step_tensor_cores():
+    """The same for 16-bit Gated DeltaNet: the backward AOTAutograd traces (with fake tensors:
+    use_tensor_core_backward decides from the head sizes there) runs the tensor-core
+    gated_delta_grad op."""
+    assert_compiled_step_matches_eager(attngen.gated_delta_rule, gated_inputs(2, 130, 3, 128, 64, torch.bfloat16, seed=6),
+                                       lambda o: o.float().square().sum())
