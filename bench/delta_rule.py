@@ -122,6 +122,15 @@ def time_grad_candidates(variant, K, inputs) -> dict:
         names = [n for n in delta_rule.GATED_GRAD.instances() + delta_rule.GATED_GRAD.bench_instances()
                  if f"_k{K}_v{v.shape[-1]}_" in n and n.endswith("_bf16_sm90a")]
         times = {n: do_bench(lambda: delta_rule.GATED_GRAD.forced(n, *args)) for n in sorted(names)}
+        # A bench-role point has no GPU tier: its gradients against the dispatched instance's.
+        want = delta_rule.GATED_GRAD(*args)
+        for n in names:
+            got = delta_rule.GATED_GRAD.forced(n, *args)
+            diff = max(((x.double() - y.double()).norm() / y.double().norm().clamp_min(1e-30)).item()
+                       for x, y in zip(got, want))
+            if not diff <= 1e-2:
+                times[n] = float("nan")
+                print(f"{n}: gradients differ from the dispatched instance's by {diff:.1e}; its time is dropped")
     if variant == "rwkv7":
         r, w, k, v, a, b, s = inputs
         scale, dtype = 1.0, "bf16"

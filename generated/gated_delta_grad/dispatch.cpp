@@ -14,30 +14,30 @@
 namespace attngen {
 namespace gated_delta_grad {
 
-cudaError_t launch_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_fp16_sm90a(const Params&);
-cudaError_t launch_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_fp16_sm90a(const Params&);
-cudaError_t launch_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_fp16_sm90a(const Params&);
-cudaError_t launch_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_fp16_sm90a(const Params&);
-cudaError_t launch_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_bf16_sm90a(const Params&);
-cudaError_t launch_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_bf16_sm90a(const Params&);
-cudaError_t launch_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_bf16_sm90a(const Params&);
-cudaError_t launch_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_bf16_sm90a(const Params&);
-cudaError_t launch_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_fp16_sm90a(const Params&);
-cudaError_t launch_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_fp16_sm90a(const Params&);
-cudaError_t launch_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_bf16_sm90a(const Params&);
-cudaError_t launch_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_bf16_sm90a(const Params&);
+cudaError_t launch_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_warps8_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_warps8_fp16_sm90a(const Params&);
+cudaError_t launch_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_grad_warps8_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_grad_warps8_fp16_sm90a(const Params&);
+cudaError_t launch_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_grad_warps8_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_grad_warps8_fp16_sm90a(const Params&);
+cudaError_t launch_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_grad_warps8_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_grad_warps8_fp16_sm90a(const Params&);
+cudaError_t launch_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_warps8_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_warps8_bf16_sm90a(const Params&);
+cudaError_t launch_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_grad_warps8_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_grad_warps8_bf16_sm90a(const Params&);
+cudaError_t launch_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_grad_warps8_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_grad_warps8_bf16_sm90a(const Params&);
+cudaError_t launch_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_grad_warps8_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_grad_warps8_bf16_sm90a(const Params&);
+cudaError_t launch_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_grad_warps8_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_grad_warps8_fp16_sm90a(const Params&);
+cudaError_t launch_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_grad_warps8_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_grad_warps8_fp16_sm90a(const Params&);
+cudaError_t launch_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_grad_warps8_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_grad_warps8_bf16_sm90a(const Params&);
+cudaError_t launch_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_grad_warps8_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_grad_warps8_bf16_sm90a(const Params&);
 
 namespace {
 
@@ -55,18 +55,18 @@ bool covers_10(const Key& key) { return ((key.K <= 64) && (key.V <= 128) && (key
 bool covers_11(const Key& key) { return ((key.K <= 128) && (key.V <= 128) && (key.V > 64) && ((key.align % 8) == 0)); }
 
 const Entry kEntries[] = {
-    {"gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_fp16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_fp16_sm90a, covers_0, workspace_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_fp16_sm90a},
-    {"gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_fp16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_fp16_sm90a, covers_1, workspace_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_fp16_sm90a},
-    {"gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_fp16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_fp16_sm90a, covers_2, workspace_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_fp16_sm90a},
-    {"gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_fp16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_fp16_sm90a, covers_3, workspace_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_fp16_sm90a},
-    {"gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_bf16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_bf16_sm90a, covers_4, workspace_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_bf16_sm90a},
-    {"gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_bf16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_bf16_sm90a, covers_5, workspace_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_bf16_sm90a},
-    {"gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_bf16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_bf16_sm90a, covers_6, workspace_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_bf16_sm90a},
-    {"gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_bf16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_bf16_sm90a, covers_7, workspace_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_bf16_sm90a},
-    {"gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_fp16_sm90a", "dispatch", launch_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_fp16_sm90a, covers_8, workspace_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_fp16_sm90a},
-    {"gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_fp16_sm90a", "dispatch", launch_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_fp16_sm90a, covers_9, workspace_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_fp16_sm90a},
-    {"gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_bf16_sm90a", "dispatch", launch_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_bf16_sm90a, covers_10, workspace_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_bf16_sm90a},
-    {"gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_bf16_sm90a", "dispatch", launch_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_bf16_sm90a, covers_11, workspace_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_bf16_sm90a},
+    {"gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_warps8_fp16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_warps8_fp16_sm90a, covers_0, workspace_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_warps8_fp16_sm90a},
+    {"gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_grad_warps8_fp16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_grad_warps8_fp16_sm90a, covers_1, workspace_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_grad_warps8_fp16_sm90a},
+    {"gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_grad_warps8_fp16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_grad_warps8_fp16_sm90a, covers_2, workspace_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_grad_warps8_fp16_sm90a},
+    {"gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_grad_warps8_fp16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_grad_warps8_fp16_sm90a, covers_3, workspace_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_grad_warps8_fp16_sm90a},
+    {"gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_warps8_bf16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_warps8_bf16_sm90a, covers_4, workspace_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_warps8_bf16_sm90a},
+    {"gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_grad_warps8_bf16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_grad_warps8_bf16_sm90a, covers_5, workspace_gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_grad_warps8_bf16_sm90a},
+    {"gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_grad_warps8_bf16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_grad_warps8_bf16_sm90a, covers_6, workspace_gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_grad_warps8_bf16_sm90a},
+    {"gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_grad_warps8_bf16_sm90a", "dispatch", launch_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_grad_warps8_bf16_sm90a, covers_7, workspace_gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_grad_warps8_bf16_sm90a},
+    {"gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_grad_warps8_fp16_sm90a", "dispatch", launch_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_grad_warps8_fp16_sm90a, covers_8, workspace_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_grad_warps8_fp16_sm90a},
+    {"gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_grad_warps8_fp16_sm90a", "dispatch", launch_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_grad_warps8_fp16_sm90a, covers_9, workspace_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_grad_warps8_fp16_sm90a},
+    {"gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_grad_warps8_bf16_sm90a", "dispatch", launch_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_grad_warps8_bf16_sm90a, covers_10, workspace_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_grad_warps8_bf16_sm90a},
+    {"gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_grad_warps8_bf16_sm90a", "dispatch", launch_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_grad_warps8_bf16_sm90a, covers_11, workspace_gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_grad_warps8_bf16_sm90a},
 };
 constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
 
@@ -140,30 +140,30 @@ const Entry* jit_select(const Key& key) {
 }
 
 const Entry* gated_delta_grad_select(const Key& key) {
-  // specs/gated_delta_grad.yaml:104: when BH * V >= 112 * sm_count -> chunked_wide
+  // specs/gated_delta_grad.yaml:126: when BH * V >= 112 * sm_count -> chunked_wide
   if (((key.BH * key.V) >= (112 * key.sm_count))) {
     if (key.dtype == DType::kFP16) {
-      if (kEntries[8].covers(key)) return row(8);  // gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_fp16_sm90a
-      if (kEntries[9].covers(key)) return row(9);  // gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_fp16_sm90a
+      if (kEntries[8].covers(key)) return row(8);  // gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_grad_warps8_fp16_sm90a
+      if (kEntries[9].covers(key)) return row(9);  // gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_grad_warps8_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[10].covers(key)) return row(10);  // gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_bf16_sm90a
-      if (kEntries[11].covers(key)) return row(11);  // gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_bf16_sm90a
+      if (kEntries[10].covers(key)) return row(10);  // gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_grad_warps8_bf16_sm90a
+      if (kEntries[11].covers(key)) return row(11);  // gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_grad_warps8_bf16_sm90a
     }
   }
-  // specs/gated_delta_grad.yaml:106: when True -> chunked
+  // specs/gated_delta_grad.yaml:128: when True -> chunked
   if (true) {
     if (key.dtype == DType::kFP16) {
-      if (kEntries[0].covers(key)) return row(0);  // gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_fp16_sm90a
-      if (kEntries[1].covers(key)) return row(1);  // gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_fp16_sm90a
-      if (kEntries[2].covers(key)) return row(2);  // gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_fp16_sm90a
-      if (kEntries[3].covers(key)) return row(3);  // gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_fp16_sm90a
+      if (kEntries[0].covers(key)) return row(0);  // gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_warps8_fp16_sm90a
+      if (kEntries[1].covers(key)) return row(1);  // gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_grad_warps8_fp16_sm90a
+      if (kEntries[2].covers(key)) return row(2);  // gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_grad_warps8_fp16_sm90a
+      if (kEntries[3].covers(key)) return row(3);  // gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_grad_warps8_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[4].covers(key)) return row(4);  // gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_bf16_sm90a
-      if (kEntries[5].covers(key)) return row(5);  // gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_bf16_sm90a
-      if (kEntries[6].covers(key)) return row(6);  // gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_bf16_sm90a
-      if (kEntries[7].covers(key)) return row(7);  // gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_bf16_sm90a
+      if (kEntries[4].covers(key)) return row(4);  // gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_warps8_bf16_sm90a
+      if (kEntries[5].covers(key)) return row(5);  // gated_delta_grad_chunked_k64_v128_cols64_warps8_stages2_grad_warps8_bf16_sm90a
+      if (kEntries[6].covers(key)) return row(6);  // gated_delta_grad_chunked_k128_v64_cols64_warps8_stages2_grad_warps8_bf16_sm90a
+      if (kEntries[7].covers(key)) return row(7);  // gated_delta_grad_chunked_k128_v128_cols64_warps8_stages2_grad_warps8_bf16_sm90a
     }
   }
   return jit_select(key);
