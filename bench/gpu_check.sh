@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
-# benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_rwkv_grad / tune_paged / tune_delta_rule / tune_flash_attention / tune_flash_attention_grad a cold and a warm
+# benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_rwkv_grad / tune_paged / tune_delta_rule / tune_gated_delta_grad / tune_flash_attention / tune_flash_attention_grad a cold and a warm
 # tuning run of the family (TUNE_WARM=0: the cold one only) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving, delta_tests/delta_bench/delta_quick/delta_backward_bench, flash_tests/flash_grad_tests/flash_bench, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last.
@@ -75,7 +75,7 @@ if want bank_check; then  # the bank model against ncu's per-instruction counts 
   step bank_check python3 -m bench.bank_check --summarize --work "$W" --out "$OUT/r"
 fi
 want tune_compare && step tune_compare python3 -m bench.tune_compare --out "$OUT/r"
-for fam in causal_linear rwkv rwkv_grad paged delta_rule flash_attention flash_attention_grad; do  # tune_<family>: a cold tune (its cache cleared), then a warm one
+for fam in causal_linear rwkv rwkv_grad paged delta_rule gated_delta_grad flash_attention flash_attention_grad; do  # tune_<family>: a cold tune (its cache cleared), then a warm one
   if want "tune_$fam"; then
     rm -rf "build/tune/$fam"
     step "tune_$fam" python3 -m codegen tune "specs/$fam.yaml" -j "$JOBS" --out "$OUT/r/tune"

@@ -106,6 +106,6 @@ FAMILY = Family(
                                        "grad_warps": "int"}, _lower_chunked_grad)},
     support_files={"gated_delta_grad/params.cuh.j2": "gated_delta_grad/params.cuh",
                    "gated_delta_grad/op_impl.h.j2": "gated_delta_grad/op_impl.h"},
-    tune=TunePlan(("B", "H", "T", "K", "V"), None),
+    tune=TunePlan(("B", "H", "T", "K", "V"), _tune_runtime),
     support_constants=CHECKPOINT_CONSTANTS,
 )
