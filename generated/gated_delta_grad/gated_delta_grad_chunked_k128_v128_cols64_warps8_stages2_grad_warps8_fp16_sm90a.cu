@@ -441,7 +441,6 @@ __global__ void __launch_bounds__(THREADS, 1) walk_kernel(const Params p) {
         const int64_t key = 16 * (wm * SMT + i) + g + 8 * (r / 2), col = col0 + 8 * (wn * SNT + j) + 2 * tq + r % 2;
         grad[i][j][r] = p.d_state && key < p.K && col < p.V ? p.d_state[(bh * p.K + key) * p.V + col] : 0.f;
       }
-  // G in a contiguous fp32 [K, V] slab (the initial state's gradient).
   // G rounded to T, pairs of columns at a time, into a [K, V] slab (the workspace's G after a chunk).
   auto store_after = [&](T* out) {
 #pragma unroll
@@ -456,6 +455,7 @@ __global__ void __launch_bounds__(THREADS, 1) walk_kernel(const Params p) {
           }
         }
   };
+  // G in a contiguous fp32 [K, V] slab (the initial state's gradient).
   auto store_grad = [&](float* out) {
 #pragma unroll
     for (int i = 0; i < SMT; ++i)
