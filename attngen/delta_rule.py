@@ -15,9 +15,10 @@ backward (specs/delta_rule_grad.yaml) rebuilds the states in between and walks t
 It is written for RWKV-7. Gated DeltaNet's backward in 16-bit storage runs on tensor cores by
 chunks (the gated_delta_grad op, specs/gated_delta_grad.yaml, the checkpoints being the states
 before its chunks); in fp32 it runs by chunks in torch on long sequences (`use_chunked_backward`;
-attngen/gated_delta_chunked_grad.py, the same algorithm); below that, Gated DeltaNet is RWKV-7 with tied vectors (w = g on every key, a = k,
-b = -alpha beta k, v scaled by beta), so its gradients are RWKV-7's mapped back through the ties
-(`_gated_delta_backward`), with the tied vectors made in fp32.
+attngen/gated_delta_chunked_grad.py, the same algorithm); below that, Gated DeltaNet is RWKV-7
+with tied vectors (w = g on every key, a = k, b = -alpha beta k, v scaled by beta), so its
+gradients are RWKV-7's mapped back through the ties (`_gated_delta_backward`), with the tied
+vectors made in fp32.
 """
 from __future__ import annotations
 
