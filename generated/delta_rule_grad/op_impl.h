@@ -9,7 +9,7 @@ namespace attngen {
 namespace delta_rule_grad {
 namespace {
 
-// The declaration (op.args) checks the tensors' dims and dtypes; the kernel also reads the
+// The declaration (op.args) checks the tensors' dims and dtypes; the kernels also read the
 // checkpoints and d_state as contiguous.
 void check(const Args& a) {
   const std::string op = "delta_rule_grad: ";
