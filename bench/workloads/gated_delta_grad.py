@@ -10,16 +10,14 @@ import torch
 
 from attngen.gated_delta_chunked_grad import gated_delta_chunked_backward
 
-CHUNK = 64   # the kernels' chunk: the forward's checkpoint interval (codegen/families/delta_rule.py)
-
-
 def check_shape(shape: dict) -> dict:
     """Two heads over 300 steps: chunk boundaries and a partial last chunk."""
     return {**shape, "B": 1, "H": 2, "T": min(shape["T"], 300)}
 
 
-def inputs(_torch, _ops, shape: dict, dtype, seed: int) -> tuple:
+def inputs(_torch, ops, shape: dict, dtype, seed: int) -> tuple:
     B, T, H, K, V = (shape[d] for d in ("B", "T", "H", "K", "V"))
+    every = int(ops.gated_delta_grad_checkpoint_every())   # a chunk: the extension's checkpoint interval
     g = torch.Generator(device="cuda").manual_seed(seed)
 
     def rand(*size):
@@ -27,7 +25,7 @@ def inputs(_torch, _ops, shape: dict, dtype, seed: int) -> tuple:
     q, v, d_o = rand(B, T, H, K).to(dtype), rand(B, T, H, V).to(dtype), rand(B, T, H, V).to(dtype)
     k = torch.nn.functional.normalize(rand(B, T, H, K), dim=-1).to(dtype)
     gate, beta = -torch.exp(rand(B, T, H) - 3), torch.rand(B, T, H, device="cuda", generator=g)
-    checkpoints = rand(B, H, -(-T // CHUNK), K, V) * 0.1
+    checkpoints = rand(B, H, -(-T // every), K, V) * 0.1
     d_state = rand(B, H, K, V) * 0.1
     return q, k, v, gate, beta, d_o, checkpoints, d_state, K ** -0.5, True
 
@@ -44,4 +42,5 @@ def as_tensor(outs):
 def reference(args: tuple):
     q, k, v, gate, beta, d_o, checkpoints, d_state, scale, want_d_state0 = args
     wide = [x.double() for x in (q, k, v, gate, beta, d_o, checkpoints, d_state)]
-    return as_tensor(gated_delta_chunked_backward(*wide, scale, want_d_state0, CHUNK, torch.float64))
+    every = int(torch.ops.attngen_tune.gated_delta_grad_checkpoint_every())   # as inputs() made them
+    return as_tensor(gated_delta_chunked_backward(*wide, scale, want_d_state0, every, torch.float64))

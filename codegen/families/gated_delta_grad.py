@@ -108,4 +108,5 @@ FAMILY = Family(
                    "gated_delta_grad/op_impl.h.j2": "gated_delta_grad/op_impl.h"},
     tune=TunePlan(("B", "H", "T", "K", "V"), _tune_runtime),
     support_constants=CHECKPOINT_CONSTANTS,
+    exported_constants={"gated_delta_grad_checkpoint_every": "kCheckpointEvery"},
 )

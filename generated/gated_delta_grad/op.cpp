@@ -81,6 +81,8 @@ DType dtype_of(const char* name, const at::Tensor& t) {
   }
 }
 
+int64_t gated_delta_grad_checkpoint_every() { return kCheckpointEvery; }
+
 // Launch `entry` with `p` on the current stream of `like`'s device, with the scratch it asks
 // for (Entry::workspace) from torch's caching allocator: stream-ordered, so CUDA graphs
 // capture it too. Every family's run() ends here once its Params are filled.
@@ -264,6 +266,7 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
   m.def("gated_delta_grad_key(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor d_o, Tensor checkpoints, Tensor? d_state=None, float scale=1.0, bool want_d_state0=False) -> int[]", &attngen::gated_delta_grad::gated_delta_grad_key);
   m.def("gated_delta_grad_instances(str role=\"\") -> str[]", &attngen::gated_delta_grad::gated_delta_grad_instances);
   m.def("gated_delta_grad_axis_values(str axis) -> str[]", &attngen::gated_delta_grad::gated_delta_grad_axis_values);
+  m.def("gated_delta_grad_checkpoint_every() -> int", &attngen::gated_delta_grad::gated_delta_grad_checkpoint_every);
 }
 
 TORCH_LIBRARY_IMPL(attngen, CUDA, m) {
