@@ -4,6 +4,7 @@ the forward's checkpoints, the final state's gradient given), averaged over a fe
 issue's shapes.
 
   python -m bench.gated_delta_profile
+  ncu ... python -m bench.gated_delta_profile --once   # one forward and one backward at the first shape
 """
 from __future__ import annotations
 
@@ -36,13 +37,19 @@ def per_kernel(title: str, call) -> None:
 
 
 def main():
-    for B, T, H, K in SHAPES:
+    once = "--once" in sys.argv  # for ncu: each kernel launched once, no profiler
+    for B, T, H, K in SHAPES[:1] if once else SHAPES:
         q, k, v, g, beta, s = make_inputs("gated_delta", B, T, H, K, torch.bfloat16)
-        per_kernel(f"B{B} T{T} H{H} K=V={K}, bf16, forward", lambda: attngen.gated_delta_rule(q, k, v, g, beta, state=s))
+        if not once:
+            per_kernel(f"B{B} T{T} H{H} K=V={K}, bf16, forward", lambda: attngen.gated_delta_rule(q, k, v, g, beta, state=s))
         ckpt = torch.empty(delta_rule.checkpoint_shape(B, T, H, K, K), device="cuda")
         delta_rule.OP(q, k, v, g, beta, None, s, delta_rule.variant("gated_delta"), K ** -0.5, True, ckpt)
         d_o, d_s = torch.randn_like(v), torch.randn_like(s)
         args = (q, k, v, g, beta, d_o, ckpt, d_s, K ** -0.5, True)
+        if once:
+            delta_rule.GATED_GRAD(*args)
+            torch.cuda.synchronize()
+            continue
         per_kernel(f"B{B} T{T} H{H} K=V={K}, bf16, backward ({delta_rule.GATED_GRAD.select(*args)})",
                    lambda: delta_rule.GATED_GRAD(*args))
 
