@@ -128,16 +128,16 @@ def chunked_bank(k: int, cols: int, swizzle_k: int, swizzle_c: int, swizzle_m: i
         banks.Access("prep_row_read", 4, lambda lane, _pad: (lane // 4) * 4, ("prep_scalars",)),
         banks.Access("prep_column_read", 4, lambda lane, _pad: (lane % 4) * 8, ("prep_scalars",)),
         banks.Access("prep_a_write", 8, lambda lane, _pad: ((lane // 4) * a_pitch + 2 * (lane % 4)) * 4, ("prep_a",)),
-        # The blocked inverse: a half-warp per 16 x 16 block (its rows read as float4, its
-        # columns by consecutive lanes), E and T written in the same order.
+        # The blocked inverse. Its diagonal blocks: a half-warp per 16 x 16 block (its rows read
+        # as float4, its columns by consecutive lanes). The blocks below: a warp per block
+        # column, lane (half, c) on column c of rows 2 r + half (A's and D's rows as float4,
+        # T's column by consecutive lanes, the halves on the same words).
         banks.Access("prep_a_read", 16, lambda lane, _pad: 16 * (lane // 16) * (a_pitch + 1) * 4, ("prep_a",)),
         banks.Access("prep_t_write", 4, lambda lane, _pad: (16 * (lane // 16) * (a_pitch + 1) + lane % 16) * 4,
                      ("prep_keys",)),
-        banks.Access("prep_block_row_read", 16, lambda lane, _pad: (lane // 16) * a_pitch * 4, ("prep_a", "prep_keys")),
+        banks.Access("prep_rows_read", 16, lambda lane, _pad: (lane // 16) * a_pitch * 4, ("prep_a", "prep_keys")),
         banks.Access("prep_block_column_read", 4, lambda lane, _pad: (lane % 16) * 4, ("prep_keys",)),
-        banks.Access("prep_block_write", 4, lambda lane, _pad: ((lane // 16) * a_pitch + lane % 16) * 4, ("prep_keys",)),
-        banks.contiguous("prep_e_write", 4, ("prep_scalars",)),
-        banks.Access("prep_e_read", 4, lambda lane, _pad: (lane % 16) * 4, ("prep_scalars",)),
+        banks.Access("prep_column_write", 4, lambda lane, _pad: ((lane // 16) * a_pitch + lane % 16) * 4, ("prep_keys",)),
         banks.contiguous("prep_t_read", 4, ("prep_keys",)),
     ]
     return banks.model(tile_accesses(shared_tiles.layout) + scalars,
@@ -148,12 +148,12 @@ def prepare_geometry(k: int, arch: Arch) -> dict:
     """The chunk records' first kernel (templates/delta_rule/chunk_prepare.cuh.j2, padded tiles):
     its threads, shared memory and CTAs per SM, for the forward's chunked kinds and the
     backward's (gated_delta_grad). Its k and q tiles, M, A in fp32 (over the tiles where T and
-    A both fit there), beta, gc and three 16 x 16 blocks of E in fp32."""
+    A both fit there), beta and gc."""
     steps = CHUNKED_STEPS
     pitch_k, pitch_m = shared_tiles.pitch(k, 0), shared_tiles.pitch(steps, 0)
     a_bytes = 4 * steps * A_PITCH
     a_over_tiles = 2 * 2 * steps * pitch_k >= 2 * a_bytes  # T and A both fit over the k and q tiles
-    prep_smem = 2 * steps * (2 * pitch_k + pitch_m) + (0 if a_over_tiles else a_bytes) + 4 * (2 * steps + 3 * 256)
+    prep_smem = 2 * steps * (2 * pitch_k + pitch_m) + (0 if a_over_tiles else a_bytes) + 4 * 2 * steps
     prep_regs = 128  # ptxas: 107-110 (the kernel is held to 65536 / (PREP_THREADS * its CTAs per SM))
     prep_ctas_per_sm = min(arch.smem_per_sm // (prep_smem + arch.smem_reserved_per_cta),
                            arch.regs_per_sm // (PREP_THREADS * prep_regs), 8)

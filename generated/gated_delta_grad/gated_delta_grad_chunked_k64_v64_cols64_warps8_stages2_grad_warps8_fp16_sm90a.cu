@@ -2,10 +2,10 @@
 // or templates/gated_delta_grad/chunked_grad.cu.j2 and run `make gen`.
 // Instance gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_warps8_fp16_sm90a
 //   kind chunked: Gated DeltaNet's backward by 64-step chunks on tensor cores (mma.sync m16n8k16, fp32 accumulation): each chunk's system solved again, a reverse walk carrying the state's gradient, then the inputs' gradients a chunk per CTA
-//   chunk records: 128 threads per chunk, 48640 bytes of shared memory
+//   chunk records: 128 threads per chunk, 45568 bytes of shared memory
 //   reverse walk: 256 threads, 64 value columns per CTA, 138752 bytes of shared memory
 //   per chunk: 256 threads, value columns up to 64, 125984 bytes of shared memory
-//   bank conflicts (ways, from the bank pass): key_ldmatrix 1, row_fill 1, col_ldmatrix 1, col_fragment 1, col_row_read 1, mix_ldmatrix 1, mix_fill 1, prep_w_write 1, mix_row_read 1, gc_fill 1, norm_piece_read 1, norm_piece_write 1, gc_row_read 1, gc_broadcast 1, prep_scalar_write 1, prep_m_write 1, prep_scalar_read 1, prep_scalar_column 1, prep_row_read 1, prep_column_read 1, prep_a_write 1, prep_a_read 1, prep_t_write 1, prep_block_row_read 1, prep_block_column_read 1, prep_block_write 2, prep_e_write 1, prep_e_read 1, prep_t_read 1, mix_fragment 1, state_fill 1, part_write 1, part_read 1
+//   bank conflicts (ways, from the bank pass): key_ldmatrix 1, row_fill 1, col_ldmatrix 1, col_fragment 1, col_row_read 1, mix_ldmatrix 1, mix_fill 1, prep_w_write 1, mix_row_read 1, gc_fill 1, norm_piece_read 1, norm_piece_write 1, gc_row_read 1, gc_broadcast 1, prep_scalar_write 1, prep_m_write 1, prep_scalar_read 1, prep_scalar_column 1, prep_row_read 1, prep_column_read 1, prep_a_write 1, prep_a_read 1, prep_t_write 1, prep_rows_read 1, prep_block_column_read 1, prep_column_write 2, prep_t_read 1, mix_fragment 1, state_fill 1, part_write 1, part_read 1
 //
 // Gated DeltaNet's backward by chunks of C = 64 steps on tensor cores (mma.sync m16n8k16, fp32
 // accumulation), the adjoint of the forward's chunked kinds (templates/delta_rule/chunked.cu.j2,
@@ -160,9 +160,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p
   float* t_mat = reinterpret_cast<float*>(keys);
   float* a_mat = A_OVER_TILES ? t_mat + CHUNK * APITCH : reinterpret_cast<float*>(m_tile + MixTile::ELEMS);  // smem buffer: prep_a
   T* w_tile = reinterpret_cast<T*>(a_mat);
-  float* beta = A_OVER_TILES ? reinterpret_cast<float*>(m_tile + MixTile::ELEMS) : a_mat + CHUNK * APITCH;  // beta, gc, E; smem buffer: prep_scalars
+  float* beta = A_OVER_TILES ? reinterpret_cast<float*>(m_tile + MixTile::ELEMS) : a_mat + CHUNK * APITCH;  // beta, gc; smem buffer: prep_scalars
   float* gc = beta + CHUNK;
-  float* e_buf = gc + CHUNK;                                                  // [3][16][16] blocks of E (below)
 
   const int64_t chunks = (p.T + CHUNK - 1) / CHUNK;
   const int64_t chunk = blockIdx.x % chunks, bh = blockIdx.x / chunks, b = bh / p.H, h = bh % p.H;
@@ -269,43 +268,57 @@ __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p
     }
   }
   __syncthreads();
-  // Then the blocks below, one diagonal at a time (level L: blocks (j + L, j)):
-  //   T_ij = -D_i^-1 E_ij,  E_ij = sum_{k = j}^{i - 1} A_ik T_kj
-  // every output a 16-term dot product per block of the sum (4 x 16 x 16 x 16 FMAs at most).
+  // Then the blocks below, a block column per warp, top down (warp j: T_ij for i > j, with no
+  // barrier between its steps):
+  //   T_ij = -D_i^-1 E_ij,  E_ij = sum_{k = j}^{i - 1} A_ik T_kj.
+  // Lane (half, c) keeps column c of a block's rows 2 r + half (r < 8; the halves' float4 reads of
+  // neighbouring rows fall 4 banks apart): a value of T's column
+  // read from shared memory serves 8 rows, a float4 of A's rows 4 products. (An element per
+  // thread read 1.25 words a product: the kernel was bound by shared memory, L1 78% busy and
+  // issue 57%, ncu on the H100 at 3af7b26.) Warp 0 does 9 of the 16 block products.
+  {
+    const int j = warp, half = lane / 16, col = 16 * j + lane % 16;
+#pragma unroll 1  // qk's fragments are live across the inverse: no registers for a second step
+    for (int i = j + 1; i < CHUNK / 16; ++i) {
+      const int row0 = 16 * i + half;  // rows row0 + 2 r
+      float e[8];
 #pragma unroll
-  for (int level = 1; level < CHUNK / 16; ++level) {
-    const int blocks = CHUNK / 16 - level;
-    for (int o = tid; o < blocks * 256; o += PREP_THREADS) {
-      const int j = o / 256, i = j + level, r = o / 16 % 16, c = o % 16;
-      float sum = 0.f;
+      for (int r = 0; r < 8; ++r) e[r] = 0.f;
+#pragma unroll 1
       for (int k = j; k < i; ++k) {
+        float t_col[16];
+#pragma unroll
+        for (int s = 0; s < 16; ++s) t_col[s] = t_mat[(16 * k + s) * APITCH + col];  // smem: prep_block_column_read
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+#pragma unroll
+          for (int s4 = 0; s4 < 16; s4 += 4) {
+            const float4 a = *reinterpret_cast<const float4*>(a_mat + (row0 + 2 * r) * APITCH + 16 * k + s4);  // smem: prep_rows_read
+            e[r] = fmaf(a.x, t_col[s4], fmaf(a.y, t_col[s4 + 1], fmaf(a.z, t_col[s4 + 2], fmaf(a.w, t_col[s4 + 3], e[r]))));
+          }
+      }
+      // E's whole column c: this lane's 8 rows and the other half's (lane ^ 16).
+      float e_col[16];
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        const float other = __shfl_xor_sync(0xffffffffu, e[r], 16);
+        e_col[2 * r] = half ? other : e[r];
+        e_col[2 * r + 1] = half ? e[r] : other;
+      }
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        float sum = 0.f;
 #pragma unroll
         for (int s4 = 0; s4 < 16; s4 += 4) {
-          const float4 a = *reinterpret_cast<const float4*>(a_mat + (16 * i + r) * APITCH + 16 * k + s4);  // smem: prep_block_row_read
-          sum = fmaf(a.x, t_mat[(16 * k + s4) * APITCH + 16 * j + c], sum);          // smem: prep_block_column_read
-          sum = fmaf(a.y, t_mat[(16 * k + s4 + 1) * APITCH + 16 * j + c], sum);      // smem: prep_block_column_read
-          sum = fmaf(a.z, t_mat[(16 * k + s4 + 2) * APITCH + 16 * j + c], sum);      // smem: prep_block_column_read
-          sum = fmaf(a.w, t_mat[(16 * k + s4 + 3) * APITCH + 16 * j + c], sum);      // smem: prep_block_column_read
+          const float4 d = *reinterpret_cast<const float4*>(t_mat + (row0 + 2 * r) * APITCH + 16 * i + s4);  // smem: prep_rows_read
+          sum = fmaf(d.x, e_col[s4], fmaf(d.y, e_col[s4 + 1], fmaf(d.z, e_col[s4 + 2], fmaf(d.w, e_col[s4 + 3], sum))));
         }
+        t_mat[(row0 + 2 * r) * APITCH + col] = -sum;  // smem: prep_column_write
       }
-      e_buf[o] = sum;  // smem: prep_e_write
+      __syncwarp();  // T_ij is read by this warp's next step
     }
-    __syncthreads();
-    for (int o = tid; o < blocks * 256; o += PREP_THREADS) {
-      const int j = o / 256, i = j + level, r = o / 16 % 16, c = o % 16;
-      float sum = 0.f;
-#pragma unroll
-      for (int s4 = 0; s4 < 16; s4 += 4) {
-        const float4 d = *reinterpret_cast<const float4*>(t_mat + (16 * i + r) * APITCH + 16 * i + s4);  // smem: prep_block_row_read
-        sum = fmaf(d.x, e_buf[j * 256 + s4 * 16 + c], sum);         // smem: prep_e_read
-        sum = fmaf(d.y, e_buf[j * 256 + (s4 + 1) * 16 + c], sum);   // smem: prep_e_read
-        sum = fmaf(d.z, e_buf[j * 256 + (s4 + 2) * 16 + c], sum);   // smem: prep_e_read
-        sum = fmaf(d.w, e_buf[j * 256 + (s4 + 3) * 16 + c], sum);   // smem: prep_e_read
-      }
-      t_mat[(16 * i + r) * APITCH + 16 * j + c] = -sum;  // smem: prep_block_write
-    }
-    __syncthreads();
   }
+  __syncthreads();
   // M = T diag(beta) in T (zero above the diagonal), into the M tile, then the record in 16-byte
   // pieces; where the record keeps T itself, T first, through the same tile.
   const int j_col = tid % CHUNK;
@@ -1094,7 +1107,7 @@ size_t workspace_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_war
 }
 
 cudaError_t launch_gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_warps8_fp16_sm90a(const Params& p, cudaStream_t stream) {
-  constexpr size_t prep_smem = 48640, walk_smem = 138752, grad_smem = GRAD_BYTES;
+  constexpr size_t prep_smem = 45568, walk_smem = 138752, grad_smem = GRAD_BYTES;
   const unsigned chunks = static_cast<unsigned>((p.T + CHUNK - 1) / CHUNK * p.B * p.H);
   if (const cudaError_t err = allow_dynamic_smem(prepare_kernel, prep_smem); err != cudaSuccess) return err;
   prepare_kernel<<<chunks, PREP_THREADS, prep_smem, stream>>>(p);
