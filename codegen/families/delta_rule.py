@@ -122,23 +122,27 @@ def chunked_bank(k: int, cols: int, swizzle_k: int, swizzle_c: int, swizzle_m: i
         banks.Access("gc_row_read", 4, lambda lane, _pad: (lane // 4) * 4, ("ring",)),
         banks.broadcast("gc_broadcast", 4, ("ring",)),
         banks.contiguous("prep_scalar_write", 4, ("prep_scalars",)),
-        banks.contiguous("prep_m_write", 2, ("prep_m",)),
+        # M (and T) rounded into the M tile: a thread per row and 4 of every 8 columns, the two
+        # threads of a row 16 columns apart.
+        banks.Access("prep_t_row_read", 16, lambda lane, _pad: ((lane // 2) * a_pitch + 16 * (lane % 2)) * 4,
+                     ("prep_keys",)),
+        banks.Access("prep_beta_read", 16, lambda lane, _pad: 16 * (lane % 2) * 4, ("prep_scalars",)),
+        banks.Access("prep_m_write", 8, lambda lane, _pad: shared_tiles.tile_offset(lane // 2, 16 * (lane % 2),
+                                                                                     CHUNKED_STEPS, swizzle_m) * 2,
+                     ("prep_m",)),
         banks.broadcast("prep_scalar_read", 4, ("prep_scalars",)),
-        banks.contiguous("prep_scalar_column", 4, ("prep_scalars",)),
         banks.Access("prep_row_read", 4, lambda lane, _pad: (lane // 4) * 4, ("prep_scalars",)),
         banks.Access("prep_column_read", 4, lambda lane, _pad: (lane % 4) * 8, ("prep_scalars",)),
         banks.Access("prep_a_write", 8, lambda lane, _pad: ((lane // 4) * a_pitch + 2 * (lane % 4)) * 4, ("prep_a",)),
-        # The blocked inverse. Its diagonal blocks: a half-warp per 16 x 16 block (its rows read
-        # as float4, its columns by consecutive lanes). The blocks below: a warp per block
-        # column, lane (half, c) on column c of rows 2 r + half (A's and D's rows as float4,
-        # T's column by consecutive lanes, the halves on the same words).
-        banks.Access("prep_a_read", 16, lambda lane, _pad: 16 * (lane // 16) * (a_pitch + 1) * 4, ("prep_a",)),
-        banks.Access("prep_t_write", 4, lambda lane, _pad: (16 * (lane // 16) * (a_pitch + 1) + lane % 16) * 4,
-                     ("prep_keys",)),
-        banks.Access("prep_rows_read", 16, lambda lane, _pad: (lane // 16) * a_pitch * 4, ("prep_a", "prep_keys")),
-        banks.Access("prep_block_column_read", 4, lambda lane, _pad: (lane % 16) * 4, ("prep_keys",)),
-        banks.Access("prep_column_write", 4, lambda lane, _pad: ((lane // 16) * a_pitch + lane % 16) * 4, ("prep_keys",)),
-        banks.contiguous("prep_t_read", 4, ("prep_keys",)),
+        # The blocked inverse. Its diagonal blocks: a warp per 16 x 16 block, a lane per column
+        # (lanes 16-31 sit out; every lane reads the same float4 of A's row). The blocks below:
+        # 8 columns of a block column per warp, lane (quarter, c) on column c of rows
+        # quarter + 4 r (A's and D's rows as float4, T's column by consecutive lanes).
+        banks.Access("prep_a_read", 16, lambda lane, _pad: 0 if lane < 16 else None, ("prep_a",)),
+        banks.Access("prep_t_write", 4, lambda lane, _pad: lane * 4 if lane < 16 else None, ("prep_keys",)),
+        banks.Access("prep_rows_read", 16, lambda lane, _pad: (lane // 8) * a_pitch * 4, ("prep_a", "prep_keys")),
+        banks.Access("prep_block_column_read", 4, lambda lane, _pad: (lane % 8) * 4, ("prep_keys",)),
+        banks.Access("prep_column_write", 4, lambda lane, _pad: ((lane // 8) * a_pitch + lane % 8) * 4, ("prep_keys",)),
     ]
     return banks.model(tile_accesses(shared_tiles.layout) + scalars,
                        unpadded=tile_accesses(lambda d, _swizzle: shared_tiles.plain_layout(d)) + scalars)

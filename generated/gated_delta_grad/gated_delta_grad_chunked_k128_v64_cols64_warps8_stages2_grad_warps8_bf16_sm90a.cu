@@ -5,7 +5,7 @@
 //   chunk records: 128 threads per chunk, 44544 bytes of shared memory
 //   reverse walk: 256 threads, 64 value columns per CTA, 180736 bytes of shared memory
 //   per chunk: 256 threads, value columns up to 64, 160800 bytes of shared memory
-//   bank conflicts (ways, from the bank pass): key_ldmatrix 1, row_fill 1, col_ldmatrix 1, col_fragment 1, col_row_read 1, mix_ldmatrix 1, mix_fill 1, prep_w_write 1, mix_row_read 1, gc_fill 1, norm_piece_read 1, norm_piece_write 1, gc_row_read 1, gc_broadcast 1, prep_scalar_write 1, prep_m_write 1, prep_scalar_read 1, prep_scalar_column 1, prep_row_read 1, prep_column_read 1, prep_a_write 1, prep_a_read 1, prep_t_write 1, prep_rows_read 1, prep_block_column_read 1, prep_column_write 2, prep_t_read 1, mix_fragment 1, state_fill 1, part_write 1, part_read 1
+//   bank conflicts (ways, from the bank pass): key_ldmatrix 1, row_fill 1, col_ldmatrix 1, col_fragment 1, col_row_read 1, mix_ldmatrix 1, mix_fill 1, prep_w_write 1, mix_row_read 1, gc_fill 1, norm_piece_read 1, norm_piece_write 1, gc_row_read 1, gc_broadcast 1, prep_scalar_write 1, prep_t_row_read 1, prep_beta_read 1, prep_m_write 2, prep_scalar_read 1, prep_row_read 1, prep_column_read 1, prep_a_write 1, prep_a_read 1, prep_t_write 1, prep_rows_read 1, prep_block_column_read 1, prep_column_write 2, mix_fragment 1, state_fill 1, part_write 1, part_read 1
 //
 // Gated DeltaNet's backward by chunks of C = 64 steps on tensor cores (mma.sync m16n8k16, fp32
 // accumulation), the adjoint of the forward's chunked kinds (templates/delta_rule/chunked.cu.j2,
@@ -202,8 +202,13 @@ __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p
     __syncthreads();
   }
 
-  // Rows 16 warp .. + 15 of k_t . k_j and q_t . k_j on tensor cores, for j <= t (blocks above
-  // the diagonal skipped).
+  // k_t . k_j and q_t . k_j on tensor cores for j <= t (blocks above the diagonal skipped). Each
+  // warp keeps rows 16 warp .. + 15 of the scores (W's A operand below) and computes rows
+  // 16 (3 - warp) .. of K K^T: 5 of the 20 block products a warp (the same rows of both took
+  // 2 to 8, and the warps waited at the next barrier: 5% of the stall samples, ncu at 9ad9a64).
+  constexpr int ROW_BLOCKS = CHUNK / 16;
+  static_assert(ROW_BLOCKS == ROW_WARPS, "a warp per 16 steps");
+  const int kk_block = ROW_BLOCKS - 1 - warp;
   float kk[1][CHUNK / 8][4], qk[1][CHUNK / 8][4];
 #pragma unroll
   for (int j = 0; j < CHUNK / 8; ++j)
@@ -214,43 +219,48 @@ __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p
 #pragma unroll
   for (int ks = 0; ks < KB / 16; ++ks) {
     uint32_t ak[4], aq[4];
-    mma::ldmatrix_x4(ak, k_addr + 2 * KeyTile::moved(a_lane, 16 * warp, 16 * ks));  // smem: key_ldmatrix
-    mma::ldmatrix_x4(aq, q_addr + 2 * KeyTile::moved(a_lane, 16 * warp, 16 * ks));  // smem: key_ldmatrix
+    mma::ldmatrix_x4(ak, k_addr + 2 * KeyTile::moved(a_lane, 16 * kk_block, 16 * ks));  // smem: key_ldmatrix
+    mma::ldmatrix_x4(aq, q_addr + 2 * KeyTile::moved(a_lane, 16 * warp, 16 * ks));      // smem: key_ldmatrix
 #pragma unroll
-    for (int np = 0; np < CHUNK / 16; ++np) {
-      if (np > warp) continue;
+    for (int np = 0; np < ROW_BLOCKS; ++np) {
+      if (np > warp && np > kk_block) continue;
       uint32_t bk[4];
       mma::ldmatrix_x4(bk, k_addr + 2 * KeyTile::moved(b_lane, 16 * np, 16 * ks));  // smem: key_ldmatrix
-      mma::m16n8k16<T>(kk[0][2 * np], ak, bk[0], bk[1]);
-      mma::m16n8k16<T>(kk[0][2 * np + 1], ak, bk[2], bk[3]);
-      mma::m16n8k16<T>(qk[0][2 * np], aq, bk[0], bk[1]);
-      mma::m16n8k16<T>(qk[0][2 * np + 1], aq, bk[2], bk[3]);
+      if (np <= kk_block) {
+        mma::m16n8k16<T>(kk[0][2 * np], ak, bk[0], bk[1]);
+        mma::m16n8k16<T>(kk[0][2 * np + 1], ak, bk[2], bk[3]);
+      }
+      if (np <= warp) {
+        mma::m16n8k16<T>(qk[0][2 * np], aq, bk[0], bk[1]);
+        mma::m16n8k16<T>(qk[0][2 * np + 1], aq, bk[2], bk[3]);
+      }
     }
   }
   if constexpr (A_OVER_TILES) __syncthreads();  // every warp has read k and q
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    const int t = 16 * warp + g + 8 * hh;
-    const float gc_t = gc[t], beta_t = beta[t];  // smem: prep_row_read
+    const int t = 16 * kk_block + g + 8 * hh, s = 16 * warp + g + 8 * hh;  // K K^T's row, the scores' row
+    const float gc_t = gc[t], beta_t = beta[t], gc_s = gc[s];  // smem: prep_row_read
 #pragma unroll
     for (int n = 0; n < CHUNK / 8; ++n) {
       const int j = 8 * n + 2 * tq;
-      const float d0 = __expf(gc_t - gc[j]), d1 = __expf(gc_t - gc[j + 1]);  // smem: prep_column_read
+      const float gc_j = gc[j], gc_j1 = gc[j + 1];  // smem: prep_column_read
       float2 out;
-      out.x = j < t ? beta_t * d0 * kk[0][n][2 * hh] : 0.f;
-      out.y = j + 1 < t ? beta_t * d1 * kk[0][n][2 * hh + 1] : 0.f;
+      out.x = j < t ? beta_t * __expf(gc_t - gc_j) * kk[0][n][2 * hh] : 0.f;
+      out.y = j + 1 < t ? beta_t * __expf(gc_t - gc_j1) * kk[0][n][2 * hh + 1] : 0.f;
       *reinterpret_cast<float2*>(a_mat + t * APITCH + j) = out;  // smem: prep_a_write
-      qk[0][n][2 * hh] = j <= t ? d0 * qk[0][n][2 * hh] : 0.f;  // the scores' causal mask and decay
-      qk[0][n][2 * hh + 1] = j + 1 <= t ? d1 * qk[0][n][2 * hh + 1] : 0.f;
+      qk[0][n][2 * hh] = j <= s ? __expf(gc_s - gc_j) * qk[0][n][2 * hh] : 0.f;  // the scores' causal mask and decay
+      qk[0][n][2 * hh + 1] = j + 1 <= s ? __expf(gc_s - gc_j1) * qk[0][n][2 * hh + 1] : 0.f;
     }
   }
   __syncthreads();
 
   // (I + A)^-1 = T by 16 x 16 blocks, in fp32 (A is strictly lower, so T is lower with a unit
-  // diagonal). The diagonal blocks D_i^-1 first, by forward substitution, a thread per column:
-  // x_r = [r == c] - sum_{s < r} A[r, s] x_s, a chain of 16 rows where a whole column would be 64.
-  if (tid < CHUNK) {
-    const int base = 16 * (tid / 16), c = tid % 16;
+  // diagonal). The diagonal blocks D_i^-1 first, by forward substitution, a warp per block and a
+  // lane per column: x_r = [r == c] - sum_{s < r} A[r, s] x_s, a chain of 16 rows where a whole
+  // column would be 64.
+  if (lane < 16) {
+    const int base = 16 * warp, c = lane;
     float x[16];
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
@@ -268,74 +278,83 @@ __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p
     }
   }
   __syncthreads();
-  // Then the blocks below, a block column per warp, top down (warp j: T_ij for i > j, with no
-  // barrier between its steps):
-  //   T_ij = -D_i^-1 E_ij,  E_ij = sum_{k = j}^{i - 1} A_ik T_kj.
-  // Lane (half, c) keeps column c of a block's rows 2 r + half (r < 8; the halves' float4 reads of
-  // neighbouring rows fall 4 banks apart): a value of T's column
-  // read from shared memory serves 8 rows, a float4 of A's rows 4 products. (An element per
-  // thread read 1.25 words a product: the kernel was bound by shared memory, L1 78% busy and
-  // issue 57%, ncu on the H100 at 3af7b26.) Warp 0 does 9 of the 16 block products.
+  // Then the blocks below the diagonal by block columns, top down, with no barrier between a
+  // column's steps:  T_ij = -D_i^-1 E_ij,  E_ij = sum_{k = j}^{i - 1} A_ik T_kj.
+  // A warp takes 8 of a block column's 16 columns: column 0 (9 of the 16 block products) is
+  // split between warps 0 and 3, columns 1 (5) and 2 (2) between warps 1 and 2, which do one
+  // after the other. Lane (quarter, c) keeps column c of rows quarter + 4 r (r < 4): a value of
+  // T's column read from shared memory serves 4 rows, a float4 of A's rows 4 products. (An
+  // element per thread, E through shared memory, read 1.25 words a product: L1 78% busy, ncu at
+  // 3af7b26; a whole block column per warp left warps 2 and 3 at the barrier: 14% of the stall
+  // samples at 9ad9a64.)
   {
-    const int j = warp, half = lane / 16, col = 16 * j + lane % 16;
-#pragma unroll 1  // qk's fragments are live across the inverse: no registers for a second step
-    for (int i = j + 1; i < CHUNK / 16; ++i) {
-      const int row0 = 16 * i + half;  // rows row0 + 2 r
-      float e[8];
-#pragma unroll
-      for (int r = 0; r < 8; ++r) e[r] = 0.f;
+    const int quarter = lane / 8, first = warp >= 2 ? 8 : 0;
+    const bool first_column = warp == 0 || warp == 3;
 #pragma unroll 1
-      for (int k = j; k < i; ++k) {
-        float t_col[16];
+    for (int job = 0; job < (first_column ? 1 : 2); ++job) {
+      const int j = first_column ? 0 : 1 + job, col = 16 * j + first + lane % 8;
+#pragma unroll 1  // qk's fragments are live across the inverse: no registers for a second step
+      for (int i = j + 1; i < ROW_BLOCKS; ++i) {
+        const int row0 = 16 * i + quarter;  // rows row0 + 4 r
+        float e[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 1
+        for (int k = j; k < i; ++k) {
+          float t_col[16];
 #pragma unroll
-        for (int s = 0; s < 16; ++s) t_col[s] = t_mat[(16 * k + s) * APITCH + col];  // smem: prep_block_column_read
+          for (int s = 0; s < 16; ++s) t_col[s] = t_mat[(16 * k + s) * APITCH + col];  // smem: prep_block_column_read
 #pragma unroll
-        for (int r = 0; r < 8; ++r)
+          for (int r = 0; r < 4; ++r)
+#pragma unroll
+            for (int s4 = 0; s4 < 16; s4 += 4) {
+              const float4 a = *reinterpret_cast<const float4*>(a_mat + (row0 + 4 * r) * APITCH + 16 * k + s4);  // smem: prep_rows_read
+              e[r] = fmaf(a.x, t_col[s4], fmaf(a.y, t_col[s4 + 1], fmaf(a.z, t_col[s4 + 2], fmaf(a.w, t_col[s4 + 3], e[r]))));
+            }
+        }
+        // E's whole column c: row q + 4 r from lane (q, c).
+        float e_col[16];
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) e_col[q + 4 * r] = __shfl_sync(0xffffffffu, e[r], 8 * q + lane % 8);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          float sum = 0.f;
 #pragma unroll
           for (int s4 = 0; s4 < 16; s4 += 4) {
-            const float4 a = *reinterpret_cast<const float4*>(a_mat + (row0 + 2 * r) * APITCH + 16 * k + s4);  // smem: prep_rows_read
-            e[r] = fmaf(a.x, t_col[s4], fmaf(a.y, t_col[s4 + 1], fmaf(a.z, t_col[s4 + 2], fmaf(a.w, t_col[s4 + 3], e[r]))));
+            const float4 d = *reinterpret_cast<const float4*>(t_mat + (row0 + 4 * r) * APITCH + 16 * i + s4);  // smem: prep_rows_read
+            sum = fmaf(d.x, e_col[s4], fmaf(d.y, e_col[s4 + 1], fmaf(d.z, e_col[s4 + 2], fmaf(d.w, e_col[s4 + 3], sum))));
           }
-      }
-      // E's whole column c: this lane's 8 rows and the other half's (lane ^ 16).
-      float e_col[16];
-#pragma unroll
-      for (int r = 0; r < 8; ++r) {
-        const float other = __shfl_xor_sync(0xffffffffu, e[r], 16);
-        e_col[2 * r] = half ? other : e[r];
-        e_col[2 * r + 1] = half ? e[r] : other;
-      }
-#pragma unroll
-      for (int r = 0; r < 8; ++r) {
-        float sum = 0.f;
-#pragma unroll
-        for (int s4 = 0; s4 < 16; s4 += 4) {
-          const float4 d = *reinterpret_cast<const float4*>(t_mat + (row0 + 2 * r) * APITCH + 16 * i + s4);  // smem: prep_rows_read
-          sum = fmaf(d.x, e_col[s4], fmaf(d.y, e_col[s4 + 1], fmaf(d.z, e_col[s4 + 2], fmaf(d.w, e_col[s4 + 3], sum))));
+          t_mat[(row0 + 4 * r) * APITCH + col] = -sum;  // smem: prep_column_write
         }
-        t_mat[(row0 + 2 * r) * APITCH + col] = -sum;  // smem: prep_column_write
+        __syncwarp();  // T_ij is read by this warp's next step
       }
-      __syncwarp();  // T_ij is read by this warp's next step
     }
   }
   __syncthreads();
   // M = T diag(beta) in T (zero above the diagonal), into the M tile, then the record in 16-byte
-  // pieces; where the record keeps T itself, T first, through the same tile.
-  const int j_col = tid % CHUNK;
-  const float beta_j = beta[j_col];  // smem: prep_scalar_column
-  if constexpr (kRecordInverse) {
-    for (int t = tid / CHUNK; t < CHUNK; t += PREP_THREADS / CHUNK) {
-      const float x = t >= j_col ? t_mat[t * APITCH + j_col] : 0.f;  // smem: prep_t_read
-      m_tile[MixTile::offset(t, j_col)] = from_float<T>(x);          // smem: prep_m_write
+  // pieces; where the record keeps T itself, T first, through the same tile. A thread per row and
+  // 4 of every 8 columns, float4 reads, 8-byte writes (an element per thread and iteration took
+  // 13% of the stall samples at 9ad9a64).
+  const int m_row = tid / 2;
+  auto round_into_m = [&](bool times_beta) {
+#pragma unroll
+    for (int it = 0; it < CHUNK / 8; ++it) {
+      const int c = 16 * (tid % 2) + 32 * (it / 4) + 4 * (it % 4);  // the halves 16 banks apart
+      const float4 x = *reinterpret_cast<const float4*>(t_mat + m_row * APITCH + c);  // smem: prep_t_row_read
+      const float4 bb = times_beta ? *reinterpret_cast<const float4*>(beta + c) : make_float4(1.f, 1.f, 1.f, 1.f);  // smem: prep_beta_read
+      uint2 out;
+      out.x = mma::pack2<T>(c <= m_row ? x.x * bb.x : 0.f, c + 1 <= m_row ? x.y * bb.y : 0.f);
+      out.y = mma::pack2<T>(c + 2 <= m_row ? x.z * bb.z : 0.f, c + 3 <= m_row ? x.w * bb.w : 0.f);
+      *reinterpret_cast<uint2*>(m_tile + MixTile::offset(m_row, c)) = out;  // smem: prep_m_write
     }
+  };
+  if constexpr (kRecordInverse) {
+    round_into_m(false);
     __syncthreads();
     copy_out(m_tile, record + INVERSE_OFFSET);
     __syncthreads();  // the tile is read out before M goes over it
   }
-  for (int t = tid / CHUNK; t < CHUNK; t += PREP_THREADS / CHUNK) {
-    const float x = t >= j_col ? t_mat[t * APITCH + j_col] * beta_j : 0.f;  // smem: prep_t_read
-    m_tile[MixTile::offset(t, j_col)] = from_float<T>(x);                   // smem: prep_m_write
-  }
+  round_into_m(true);
   __syncthreads();
   copy_out(m_tile, record);
 
