@@ -62,11 +62,13 @@ static_assert(STAGES * STAGE_BYTES + FIXED_BYTES == 129536, "the pass and the ke
 
 // The chunk records: M, W (and T where kRecordInverse) and gc of every chunk, by a first kernel.
 constexpr bool kRecordInverse = false;  // the forward reads M and W only
+constexpr bool kRecordsLastChunkFirst = true;  // the walk starts at chunk 0: its records are written last
 // ---- The chunked Gated DeltaNet kinds' first kernel (templates/delta_rule/chunk_prepare.cuh.j2,
 // rendered into the forward's delta_rule/chunked.cu.j2 and the backward's
 // gated_delta_grad/chunked_grad.cu.j2, after these are
-// defined: T, KB, CHUNK, ROW_WARPS, KeyTile, MixTile, kRecordInverse, and a Params with the
-// forward's names for q, k, g (w), beta (a), their strides, T, H, K, qk_l2norm and workspace.
+// defined: T, KB, CHUNK, ROW_WARPS, KeyTile, MixTile, kRecordInverse, kRecordsLastChunkFirst, and a
+// Params with the forward's names for q, k, g (w), beta (a), their strides, T, H, K, qk_l2norm
+// and workspace.
 // It solves each chunk's triangular system and writes the chunk's record to the workspace.
 // One chunk's record in the workspace, per (b, h, chunk): M and W [CHUNK][CHUNK] in T, the
 // inverse T = (I + A)^-1 too where the includer sets kRecordInverse (the backward reads it),
@@ -153,7 +155,11 @@ __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p
   float* gc = beta + CHUNK;
 
   const int64_t chunks = (p.T + CHUNK - 1) / CHUNK;
-  const int64_t chunk = blockIdx.x % chunks, bh = blockIdx.x / chunks, b = bh / p.H, h = bh % p.H;
+  // Chunk-major, in the order opposite to the walk's (kRecordsLastChunkFirst where the walk goes
+  // first to last): the records the walk reads first, and their q and k, are the last written
+  // and read here, and some are still in L2 when it starts.
+  const int64_t heads = p.B * p.H, rank = blockIdx.x / heads;
+  const int64_t chunk = kRecordsLastChunkFirst ? chunks - 1 - rank : rank, bh = blockIdx.x % heads, b = bh / p.H, h = bh % p.H;
   const int64_t t0 = chunk * CHUNK, rows = p.T - t0 < CHUNK ? p.T - t0 : CHUNK;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
 

@@ -73,11 +73,13 @@ using ValueTile = mma::Tile<CHUNK, VB, false>;  // the per-chunk kernel's v, dO,
 using SlabTile = mma::Tile<KB, VB, false>;      // the per-chunk kernel's S and G: [key][value]
 
 constexpr bool kRecordInverse = true;  // the per-chunk kernel reads T
+constexpr bool kRecordsLastChunkFirst = false;  // the walk starts at the last chunk: its records are written last
 // ---- The chunked Gated DeltaNet kinds' first kernel (templates/delta_rule/chunk_prepare.cuh.j2,
 // rendered into the forward's delta_rule/chunked.cu.j2 and the backward's
 // gated_delta_grad/chunked_grad.cu.j2, after these are
-// defined: T, KB, CHUNK, ROW_WARPS, KeyTile, MixTile, kRecordInverse, and a Params with the
-// forward's names for q, k, g (w), beta (a), their strides, T, H, K, qk_l2norm and workspace.
+// defined: T, KB, CHUNK, ROW_WARPS, KeyTile, MixTile, kRecordInverse, kRecordsLastChunkFirst, and a
+// Params with the forward's names for q, k, g (w), beta (a), their strides, T, H, K, qk_l2norm
+// and workspace.
 // It solves each chunk's triangular system and writes the chunk's record to the workspace.
 // One chunk's record in the workspace, per (b, h, chunk): M and W [CHUNK][CHUNK] in T, the
 // inverse T = (I + A)^-1 too where the includer sets kRecordInverse (the backward reads it),
@@ -164,7 +166,11 @@ __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p
   float* gc = beta + CHUNK;
 
   const int64_t chunks = (p.T + CHUNK - 1) / CHUNK;
-  const int64_t chunk = blockIdx.x % chunks, bh = blockIdx.x / chunks, b = bh / p.H, h = bh % p.H;
+  // Chunk-major, in the order opposite to the walk's (kRecordsLastChunkFirst where the walk goes
+  // first to last): the records the walk reads first, and their q and k, are the last written
+  // and read here, and some are still in L2 when it starts.
+  const int64_t heads = p.B * p.H, rank = blockIdx.x / heads;
+  const int64_t chunk = kRecordsLastChunkFirst ? chunks - 1 - rank : rank, bh = blockIdx.x % heads, b = bh / p.H, h = bh % p.H;
   const int64_t t0 = chunk * CHUNK, rows = p.T - t0 < CHUNK ? p.T - t0 : CHUNK;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
 
@@ -804,7 +810,9 @@ __global__ void __launch_bounds__(GRAD_THREADS, 1) grads_kernel(const Params p) 
   float* sg = gc + 24 * CHUNK;
 
   const int64_t chunks = (p.T + CHUNK - 1) / CHUNK;
-  const int64_t chunk = blockIdx.x % chunks, bh = blockIdx.x / chunks, b = bh / p.H, h = bh % p.H;
+  // Chunk-major, first chunks first: the walk wrote G and dY of every head's chunk 0 last, and
+  // some are still in L2.
+  const int64_t chunk = blockIdx.x / (p.B * p.H), bh = blockIdx.x % (p.B * p.H), b = bh / p.H, h = bh % p.H;
   const int64_t t0 = chunk * CHUNK, rows = p.T - t0 < CHUNK ? p.T - t0 : CHUNK;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
   const int wr = warp % ROW_WARPS, wc = warp / ROW_WARPS;
