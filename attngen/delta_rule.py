@@ -36,7 +36,7 @@ from .gated_delta_chunked_grad import gated_delta_chunked_backward
 OP = Op("delta_rule")
 GRAD = Op("delta_rule_grad")
 # Gated DeltaNet's backward on tensor cores (specs/gated_delta_grad.yaml): 16-bit inputs and the
-# head sizes its instances cover, at every length. Forward + backward 1.29x / 1.33x fla's chunk
+# head sizes its instances cover, at every length. Forward + backward 1.33x / 1.36x fla's chunk
 # kernels at B8 T4096 H16 / B4 T8192 H32, K=V=128 bf16 (H100, bench/results/h100/delta_rule_gated_delta.md).
 GATED_GRAD = Op("gated_delta_grad")
 # fp32 Gated DeltaNet (and head sizes no tensor-core instance covers) runs its backward by
