@@ -927,8 +927,8 @@ __global__ void __launch_bounds__(GRAD_THREADS, 1) grads_kernel(const Params p) 
 #pragma unroll
       for (int e = 0; e < 8; ++e) s_dot_g = fmaf(to_float(ss[e]), to_float(gg[e]), s_dot_g);
     }
-    s_dot_g = column_sum(row_sum(s_dot_g));  // every lane: the shuffles name the whole warp
-    if (lane == 0) sg[warp] = s_dot_g;        // smem: part_write
+    s_dot_g = row_sum(s_dot_g);
+    if (lane == 0) sg[warp] = column_sum(s_dot_g);  // smem: part_write
   }
 
   // A2: dU = diag(d) K G (to its tile) and U = M Y (kept for B1's end); the rows' U_t . dU_t.
