@@ -819,8 +819,6 @@ __global__ void __launch_bounds__(GRAD_THREADS, 1) grads_kernel(const Params p) 
   const int m0 = 16 * wr, t_lo = m0 + g;
   const int K = static_cast<int>(p.K), V = static_cast<int>(p.V);
 
-  // The loads in two groups, by first use: q, k, v, dO, dY, gc (cp.async) and S (fp32, through
-  // registers) for A1, then G, M and T (cp.async), which arrive under A1's products.
   load_rows<KeyTile, KB, GRAD_THREADS>(q_tile, static_cast<const T*>(p.q) + b * p.q_sb + t0 * p.q_st + h * p.q_sh, p.q_st, rows, K);
   load_rows<KeyTile, KB, GRAD_THREADS>(k_tile, static_cast<const T*>(p.k) + b * p.k_sb + t0 * p.k_st + h * p.k_sh, p.k_st, rows, K);
   load_rows<ValueTile, VB, GRAD_THREADS>(v_tile, static_cast<const T*>(p.v) + b * p.v_sb + t0 * p.v_st + h * p.v_sh, p.v_st, rows, V);
@@ -829,24 +827,25 @@ __global__ void __launch_bounds__(GRAD_THREADS, 1) grads_kernel(const Params p) 
   load_rows<ValueTile, VB, GRAD_THREADS>(dy_tile, static_cast<const T*>(p.dv) + ((b * p.T + t0) * p.H + h) * p.V, p.H * p.V,
                                     rows, V);
   const unsigned char* record = chunk_record(p, bh, chunk);
+  load_matrices<GRAD_THREADS>(m_tile, record, 2, INVERSE_OFFSET);  // M, then T
   for (int j = tid; j < CHUNK / 4; j += GRAD_THREADS) {
     cp_async_zfill<16>(gc + 4 * j, record + GC_OFFSET + 16 * j, true);  // smem: gc_fill
   }
   cp_async_commit();
+  if (tid < CHUNK) {
+    beta[tid] = tid < rows ? static_cast<const float*>(p.a)[b * p.a_sb + (t0 + tid) * p.a_st + h * p.a_sh] : 0.f;  // smem: part_read
+  }
+  for (int j = tid; j < PART_ROWS * CHUNK; j += GRAD_THREADS) part[j] = 0.f;  // smem: part_read
+  // G (already in T) by cp.async with the rest; S's fp32 pieces loaded into registers all at once
+  // (their latency under the copies'), then rounded to T into its tile, sum S * G in fp32 on
+  // the way. Keys past K and values past V are zero.
   const T* g_src = after_chunk(p, bh, chunk);
   for (int j = tid; j < KB * VB / 8; j += GRAD_THREADS) {
     const int row = j / (VB / 8), col = j % (VB / 8) * 8;
     const bool valid = row < K && col < V;
     cp_async_zfill<16>(g_tile + SlabTile::offset(row, col), valid ? g_src + row * p.V + col : g_src, valid);  // smem: state_fill
   }
-  load_matrices<GRAD_THREADS>(m_tile, record, 2, INVERSE_OFFSET);  // M, then T
   cp_async_commit();
-  if (tid < CHUNK) {
-    beta[tid] = tid < rows ? static_cast<const float*>(p.a)[b * p.a_sb + (t0 + tid) * p.a_st + h * p.a_sh] : 0.f;  // smem: part_read
-  }
-  for (int j = tid; j < PART_ROWS * CHUNK; j += GRAD_THREADS) part[j] = 0.f;  // smem: part_read
-  // S's fp32 pieces loaded into registers all at once (their latency under the copies'), then
-  // rounded to T into its tile. Keys past K and values past V are zero.
   constexpr int FILLS = KB * VB / 8 / GRAD_THREADS;
   static_assert(FILLS * GRAD_THREADS * 8 == KB * VB, "S in whole rounds of 16-byte pieces");
   const float* s_src = p.ckpt + (bh * chunks + chunk) * p.K * p.V;
@@ -858,17 +857,31 @@ __global__ void __launch_bounds__(GRAD_THREADS, 1) grads_kernel(const Params p) 
     s_piece[f][0] = valid ? *reinterpret_cast<const float4*>(s_src + row * p.V + col) : make_float4(0.f, 0.f, 0.f, 0.f);
     s_piece[f][1] = valid ? *reinterpret_cast<const float4*>(s_src + row * p.V + col + 4) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
+  cp_async_wait<0>();
+  __syncthreads();
+  {
+    float s_dot_g = 0.f;
 #pragma unroll
-  for (int f = 0; f < FILLS; ++f) {
-    const int j = tid + f * GRAD_THREADS, row = j / (VB / 8), col = j % (VB / 8) * 8;
-    const float* s = reinterpret_cast<const float*>(&s_piece[f][0]);
-    uint4 out;
-    uint32_t* op = reinterpret_cast<uint32_t*>(&out);
+    for (int f = 0; f < FILLS; ++f) {
+      const int j = tid + f * GRAD_THREADS, row = j / (VB / 8), col = j % (VB / 8) * 8;
+      const float* s = reinterpret_cast<const float*>(&s_piece[f][0]);
+      const uint4 g_piece = *reinterpret_cast<const uint4*>(g_tile + SlabTile::offset(row, col));  // smem: state_fill
+      const T* gg = reinterpret_cast<const T*>(&g_piece);
+      uint4 out;
+      uint32_t* op = reinterpret_cast<uint32_t*>(&out);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) op[e] = mma::pack2<T>(s[2 * e], s[2 * e + 1]);
-    *reinterpret_cast<uint4*>(s_tile + SlabTile::offset(row, col)) = out;  // smem: state_fill
+      for (int e = 0; e < 4; ++e) {
+        op[e] = mma::pack2<T>(s[2 * e], s[2 * e + 1]);
+        s_dot_g = fmaf(s[2 * e], to_float(gg[2 * e]), fmaf(s[2 * e + 1], to_float(gg[2 * e + 1]), s_dot_g));
+      }
+      *reinterpret_cast<uint4*>(s_tile + SlabTile::offset(row, col)) = out;  // smem: state_fill
+    }
+    s_dot_g = row_sum(s_dot_g);
+    s_dot_g += __shfl_xor_sync(0xffffffffu, s_dot_g, 4);
+    s_dot_g += __shfl_xor_sync(0xffffffffu, s_dot_g, 8);
+    s_dot_g += __shfl_xor_sync(0xffffffffu, s_dot_g, 16);
+    if (lane == 0) sg[warp] = s_dot_g;  // smem: part_write
   }
-  cp_async_wait<1>();  // the first group
   __syncthreads();
 
   const uint32_t q_addr = mma::smem_addr(q_tile), k_addr = mma::smem_addr(k_tile);
@@ -912,24 +925,7 @@ __global__ void __launch_bounds__(GRAD_THREADS, 1) grads_kernel(const Params p) 
       }
     }
   }
-  cp_async_wait<0>();  // G, M and T
-  __syncthreads();  // Y is whole; G, M and T are in
-  {
-    // sum S * G, from both tiles in T (G was rounded so by the walk; S's rounding adds an error
-    // of the same size), for dg's last step.
-    float s_dot_g = 0.f;
-    for (int j = tid; j < KB * VB / 8; j += GRAD_THREADS) {
-      const int row = j / (VB / 8), col = j % (VB / 8) * 8;
-      const uint4 s_piece = *reinterpret_cast<const uint4*>(s_tile + SlabTile::offset(row, col));  // smem: state_fill
-      const uint4 g_piece = *reinterpret_cast<const uint4*>(g_tile + SlabTile::offset(row, col));  // smem: state_fill
-      const T* ss = reinterpret_cast<const T*>(&s_piece);
-      const T* gg = reinterpret_cast<const T*>(&g_piece);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) s_dot_g = fmaf(to_float(ss[e]), to_float(gg[e]), s_dot_g);
-    }
-    s_dot_g = row_sum(s_dot_g);
-    if (lane == 0) sg[warp] = column_sum(s_dot_g);  // smem: part_write
-  }
+  __syncthreads();  // Y is whole
 
   // A2: dU = diag(d) K G (to its tile) and U = M Y (kept for B1's end); the rows' U_t . dU_t.
   float u_acc[WV / 8][4];
