@@ -158,7 +158,7 @@ def prepare_geometry(k: int, arch: Arch) -> dict:
     a_bytes = 4 * steps * A_PITCH
     a_over_tiles = 2 * 2 * steps * pitch_k >= 2 * a_bytes  # T and A both fit over the k and q tiles
     prep_smem = 2 * steps * (2 * pitch_k + pitch_m) + (0 if a_over_tiles else a_bytes) + 4 * 2 * steps
-    prep_regs = 128  # ptxas: 107-110 (the kernel is held to 65536 / (PREP_THREADS * its CTAs per SM))
+    prep_regs = 128  # ptxas: 124-125 at 68ea6a0 (the kernel is held to 65536 / (PREP_THREADS * its CTAs per SM))
     prep_ctas_per_sm = min(arch.smem_per_sm // (prep_smem + arch.smem_reserved_per_cta),
                            arch.regs_per_sm // (PREP_THREADS * prep_regs), 8)
     return {"prep_threads": PREP_THREADS, "prep_smem_bytes": prep_smem, "chunk": steps, "a_pitch": A_PITCH,
