@@ -168,8 +168,9 @@ def _number(text: str) -> float:
 
 def parse_source_csv(text: str) -> dict:
     """ncu's source page (--page source --csv --print-source sass): {kernel: [instruction]}, each
-    instruction {offset (bytes from the kernel's first), sass, executed, wavefronts, ideal}. A
-    kernel without shared memory has no shared columns (zeros). ncu 2025.3 prints some results
+    instruction {offset (bytes from the kernel's first), sass, executed, wavefronts, ideal,
+    samples (warp stall samples, where SourceCounters sampled them), stalls ({reason: samples})}.
+    A kernel without shared memory has no shared columns (zeros). ncu 2025.3 prints some results
     twice: a block equal to one already read is dropped; another launch of a kernel adds."""
     blocks, name, header = [], None, None
     for rec in csv.reader(io.StringIO(text)):
@@ -188,9 +189,12 @@ def parse_source_csv(text: str) -> dict:
         def column(title):
             i = header.get(title)
             return _number(rec[i]) if i is not None and i < len(rec) else 0.0
+        stalls = {title[len("stall_"):]: column(title) for title in header
+                  if title.startswith("stall_") and not title.endswith("(Not Issued)")}
         blocks[-1][1].append({"address": int(rec[0], 16), "sass": rec[header["Source"]].strip(),
                               "executed": column("Instructions Executed"), "wavefronts": column("L1 Wavefronts Shared"),
-                              "ideal": column("L1 Wavefronts Shared Ideal")})
+                              "ideal": column("L1 Wavefronts Shared Ideal"),
+                              "samples": column("Warp Stall Sampling (All Samples)"), "stalls": stalls})
     kernels, seen = {}, set()
     for name, rows in blocks:
         base = min((r["address"] for r in rows), default=0)
@@ -203,8 +207,10 @@ def parse_source_csv(text: str) -> dict:
             kernels[name] = rows
         else:   # another launch of the same kernel: same code, counts add up
             for old, new in zip(kernels[name], rows):
-                for key in ("executed", "wavefronts", "ideal"):
+                for key in ("executed", "wavefronts", "ideal", "samples"):
                     old[key] += new[key]
+                for reason, count in new["stalls"].items():
+                    old["stalls"][reason] = old["stalls"].get(reason, 0.0) + count
     return kernels
 
 
