@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
 # benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_rwkv_grad / tune_paged / tune_delta_rule / tune_gated_delta_grad / tune_flash_attention / tune_flash_attention_grad a cold and a warm
-# tuning run of the family (TUNE_WARM=0: the cold one only) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving, delta_tests/delta_bench/delta_quick/delta_backward_bench/ncu_gated_delta, flash_tests/flash_grad_tests/flash_bench, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# tuning run of the family (TUNE_WARM=0: the cold one only) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving, delta_tests/delta_bench/delta_quick/delta_backward_bench/ncu_gated_delta, flash_tests/flash_grad_tests/flash_bench/flash_grad_profile/ncu_flash_grad, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last.
 set -uo pipefail
@@ -55,16 +55,20 @@ want delta_bench && step delta_bench python3 -m bench.delta_rule ${BENCH_ARGS:-}
 # Without the benchmark extension: the peers and the dispatched kinds only (no forced instances).
 want delta_quick && step delta_quick python3 -m bench.delta_rule --no-forced ${BENCH_ARGS:-} --out "$OUT/r"
 want delta_backward_bench && step delta_backward_bench python3 -m bench.gated_delta_backward --out "$OUT/r"
-if want ncu_gated_delta; then  # Nsight Compute over one Gated DeltaNet forward and backward; stall samples summed by bench/ncu_stalls.py
-  step ncu_gated_delta ncu --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    --section SourceCounters -k regex:"prepare_kernel|chunk_kernel|walk_kernel|grads_kernel" -c 5 -f -o "$OUT/r/gated_delta" \
-    python3 -m bench.gated_delta_profile --once
-  ncu -i "$OUT/r/gated_delta.ncu-rep" --page details > "$OUT/r/gated_delta_ncu.txt"
-  ncu -i "$OUT/r/gated_delta.ncu-rep" --page source --csv --print-source sass > "$OUT/r/gated_delta_sass.csv"
-  python3 -m bench.ncu_stalls "$OUT/r/gated_delta_sass.csv" > "$OUT/r/gated_delta_stalls.txt"
-  gzip -f "$OUT/r/gated_delta_sass.csv"
-  rm -f "$OUT/r/gated_delta.ncu-rep"
-fi
+ncu_stalls() {  # ncu_stalls NAME KERNEL_REGEX COUNT COMMAND...: Nsight Compute over COUNT kernels; stall samples summed by bench/ncu_stalls.py
+  local name=$1 regex=$2 count=$3; shift 3
+  step "ncu_$name" ncu --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SourceCounters -k regex:"$regex" -c "$count" -f -o "$OUT/r/$name" "$@"
+  ncu -i "$OUT/r/$name.ncu-rep" --page details > "$OUT/r/${name}_ncu.txt"
+  ncu -i "$OUT/r/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/r/${name}_sass.csv"
+  python3 -m bench.ncu_stalls "$OUT/r/${name}_sass.csv" > "$OUT/r/${name}_stalls.txt"
+  gzip -f "$OUT/r/${name}_sass.csv"
+  rm -f "$OUT/r/$name.ncu-rep"
+}
+# One Gated DeltaNet forward and backward; the flash attention backward at three shapes.
+want ncu_gated_delta && ncu_stalls gated_delta "prepare_kernel|chunk_kernel|walk_kernel|grads_kernel" 5 python3 -m bench.gated_delta_profile --once
+want flash_grad_profile && step flash_grad_profile python3 -m bench.flash_grad_profile
+want ncu_flash_grad && ncu_stalls flash_grad "backward_kernel" 3 python3 -m bench.flash_grad_profile --once
 want flash_bench && step flash_bench python3 -m bench.flash_attention ${BENCH_ARGS:-} --out "$OUT/r"
 want flash_grad_bench && step flash_grad_bench python3 -m bench.flash_attention_grad --out "$OUT/r"
 want paged_attention_bench && step paged_attention_bench python3 -m bench.paged_attention --out "$OUT/r"
