@@ -169,11 +169,10 @@ PRODUCER_REGS = 64
 SETMAXNREG_STEP = 8
 
 
-def _register_split(consumers: int, minb: int, arch: Arch) -> tuple[int, int]:
-    """Registers per thread of the producer and of each consumer warpgroup after setmaxnreg."""
+def register_split(consumers: int, minb: int, arch: Arch, producer: int = PRODUCER_REGS) -> tuple[int, int]:
+    """Registers per thread of the producer (`producer`) and of each consumer warpgroup after setmaxnreg."""
     threads = (consumers + 1) * 128
     allotted = arch.regs_per_sm // (threads * minb) // SETMAXNREG_STEP * SETMAXNREG_STEP * threads
-    producer = PRODUCER_REGS
     consumer = (allotted - 128 * producer) // (128 * consumers) // SETMAXNREG_STEP * SETMAXNREG_STEP
     return producer, min(consumer, 256)
 
@@ -208,7 +207,7 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("page_ids", f"page_ids={p['page_ids']}: the page ids a producer thread loads together must "
                                    f"divide the {rows_per_copier} rows it copies per tile")
     threads = (warpgroups + 1) * 128
-    producer_regs, consumer_regs = _register_split(warpgroups, minb, arch)
+    producer_regs, consumer_regs = register_split(warpgroups, minb, arch)
     weights = block_n // 4 if overlap else 0     # held while the next scores are computed
     regs = block_n // 2 + cols // 2 + weights + WGMMA_REG_OVERHEAD
     if regs > consumer_regs:

@@ -23,7 +23,7 @@ from ..passes import Rejected, banks
 from ..passes.tiles import CHUNK, atoms_layout, layout, pitch, plain_layout
 from . import Family, Lowering, TunePlan
 from .flash_attention import _tune_runtime as forward_tune_runtime
-from .flash_attention import padded_tile_columns
+from .flash_attention import MBARRIER_BYTES, padded_tile_columns, register_split
 
 BACKWARD = "flash_attention_grad/backward.cu.j2"
 BACKWARD_WGMMA = "flash_attention_grad/backward_wgmma.cu.j2"
@@ -126,6 +126,9 @@ def _lower_backward(inst: KernelInstance, arch: Arch) -> KernelInstance:
 
 
 WGMMA_REG_OVERHEAD = 40   # addresses and loop state: the wgmma kernel reads no operand fragments
+# The producer warpgroup's registers after setmaxnreg (the rest go to the consumers: 240 each with
+# two consumer warpgroups): it holds two row pointers and a row per copy loop.
+PRODUCER_REGS = 32
 
 
 def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s) -> list:
@@ -150,8 +153,9 @@ def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s) -> l
 
 def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
-    d, block_n, block_m, warpgroups, stages, minb, dq_by_keys, dq_exchange, overlap = (
-        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "stages", "minb", "dq_by_keys", "dq_exchange", "overlap"))
+    d, block_n, block_m, warpgroups, stages, minb, dq_by_keys, dq_exchange, overlap, producer = (
+        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "stages", "minb", "dq_by_keys", "dq_exchange", "overlap",
+                       "producer"))
     if not arch.name.endswith("a"):
         raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
     if inst.dtype_bytes != 2:
@@ -181,21 +185,26 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
                                       f"products swap halves of whole 8-column tiles)")
     if overlap not in (0, 1):
         raise Rejected("overlap", f"overlap={overlap}: 0 or 1 (the next tile's scores during this tile's dQ atomics)")
-    if stages < 2 + overlap:
+    if producer not in (0, 1):
+        raise Rejected("producer", f"producer={producer}: 1 (a producer warpgroup fills the ring) or 0 (every thread copies)")
+    if stages < (2 if producer else 2 + overlap):
         raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least {2 + overlap}"
                                  f"{' when the next tile is read during this one' if overlap else ''}")
-    threads = warpgroups * 128
+    threads = (warpgroups + producer) * 128
     # dK + dV, and S^T + dP^T (their packed A fragments, half as many, take their place)
     regs = cols + block_m + WGMMA_REG_OVERHEAD
-    if regs > MAX_REGS:
+    producer_regs, consumer_regs = register_split(warpgroups, minb, arch, PRODUCER_REGS) if producer else (0, MAX_REGS)
+    if regs > consumer_regs:
         raise Rejected("block_m", f"about {regs} registers per thread (dK and dV {cols}, S^T and dP^T {block_m}) "
-                                  f"exceed {MAX_REGS}")
-    if regs * threads * minb > arch.regs_per_sm:
+                                  f"exceed {consumer_regs}")
+    if not producer and regs * threads * minb > arch.regs_per_sm:
         raise Rejected("minb", f"minb={minb} CTAs of {threads} threads at about {regs} registers exceed the "
                                f"{arch.regs_per_sm} registers of an SM")
     exchange = dq_exchange * warpgroups * (dq_cols // 16) * 128 * 16   # float4 per thread and 8-column tile
-    smem = (2 * block_n * cols + stages * 2 * block_m * cols + (1 + overlap) * block_m * block_n) * 2 \
-        + stages * 2 * block_m * 4 + exchange + 1024
+    ds_buffers = 2 if overlap or producer else 1   # no CTA-wide barrier per tile with a producer
+    barriers = (1 + 2 * stages) * MBARRIER_BYTES if producer else 0
+    smem = (2 * block_n * cols + stages * 2 * block_m * cols + ds_buffers * block_m * block_n) * 2 \
+        + stages * 2 * block_m * 4 + exchange + barriers + 1024
     if smem > arch.max_smem_per_block:
         raise Rejected("stages", f"{smem} bytes of shared memory exceed the {arch.max_smem_per_block} of a block")
     if minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
@@ -204,7 +213,8 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
                        unpadded=_wgmma_accesses(cols, block_m, block_n, plain_layout(cols), plain_layout(block_n)))
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "dq_rows": 64, "dq_cols": dq_cols, "regs_estimate": regs,
-        "tile_cols": cols,
+        "tile_cols": cols, "producer_regs": producer_regs, "consumer_regs": consumer_regs,
+        "loads_doc": "filled by a producer warpgroup (mbarriers)" if producer else "filled by every thread",
         "bank": bank, "threads_param": "warpgroups", "smem_param": "stages",
     })
 
@@ -216,7 +226,7 @@ FAMILY = Family(
                                    "stages": "int", "swizzle": "int0", "minb": "int"}, _lower_backward),
                BACKWARD_WGMMA: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warpgroups": "int",
                                          "dq_by_keys": "int0", "dq_exchange": "int0", "stages": "int", "overlap": "int0",
-                                         "minb": "int"},
+                                         "producer": "int0", "minb": "int"},
                                         _lower_wgmma)},
     support_files={"flash_attention_grad/params.cuh.j2": "flash_attention_grad/params.cuh",
                    # the forward's shared helpers, rendered into this family's namespace

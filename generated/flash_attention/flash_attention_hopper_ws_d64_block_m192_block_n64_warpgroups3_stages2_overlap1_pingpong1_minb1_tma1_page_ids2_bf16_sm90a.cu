@@ -96,30 +96,12 @@ enum class Loads : int {
   pages,   // a paged cache: K and V tiles inside the context by a box per page, the rest by cp.async
 };
 
-// The producer warpgroup's copy of ROWS rows of D elements into a tile of atoms: thread `tid`
-// keeps one 16-byte column of D_TILE and walks rows 128 / (D_TILE / 8) apart, so it holds two
-// pointers and a row, not an unrolled set of addresses (the producer runs on 64 registers).
-// Rows at or past `valid`, and columns past D, are zero-filled.
-template <class Tile, int ROWS>
-__device__ __forceinline__ void copy_rows(T* tile, const T* src, int64_t ld, int valid, int tid) {
-  constexpr int CHUNKS = D_TILE / 8, STEP = 128 / CHUNKS;
-  const int col = tid % CHUNKS * 8;
-  if (col >= D) valid = 0;
-  int row = tid / CHUNKS;
-  const T* from = src + row * ld + col;
-#pragma unroll 2
-  for (; row < ROWS; row += STEP, from += STEP * ld) {
-    const bool ok = row < valid;
-    cp_async_zfill<16>(tile + Tile::offset(row, col), ok ? from : src, ok);  // smem: cp_async_fill
-  }
-}
-
 // copy_rows for the key/value rows n0 .. of a sequence: contiguous, or gathered from the pages
 // of a paged cache (KVRows, forward_common.cuh), the layout decided once per tile.
 template <class Tile, int ROWS>
 __device__ __forceinline__ void copy_kv_rows(T* tile, const KVRows<T>& src, int n0, int valid, int tid) {
   if (src.pages == nullptr) {
-    copy_rows<Tile, ROWS>(tile, src.base + n0 * src.ld, src.ld, valid, tid);
+    copy_rows<Tile, ROWS, D_TILE, T, D>(tile, src.base + n0 * src.ld, src.ld, valid, tid);
     return;
   }
   constexpr int CHUNKS = D_TILE / 8, STEP = 128 / CHUNKS, PER = ROWS / STEP, BATCH = PAGE_IDS < PER ? PAGE_IDS : PER;
@@ -303,7 +285,7 @@ __device__ __forceinline__ void produce_by_copies(const Params& p, const Maps& m
       if (it == 0) {
         const T* q = static_cast<const T*>(p.q) + w.b * p.q_sb + (seq.q_row0 + w.m0) * p.q_sl + w.h * p.q_sh;
         if (q_uses > 0) pipeline::wait(&bars.q_empty, (q_uses - 1) & 1);
-        copy_rows<QTile, BLOCK_M>(q_tile, q, p.q_sl, seq.lq - w.m0, tid);
+        copy_rows<QTile, BLOCK_M, D_TILE, T, D>(q_tile, q, p.q_sl, seq.lq - w.m0, tid);
         pipeline::arrive_on_copies(&bars.q_full);
         ++q_uses;
       }

@@ -108,9 +108,10 @@ __global__ void __launch_bounds__(128) finish_kernel(const Params p) {
 template <int BLOCK_M, int BLOCK_N, bool WINDOW>
 struct KeyBlock {
   int n0, shift, left, right;
+  int lq;               // the sequence's query rows
   int tile0, tiles;     // first query tile and how many
 
-  __device__ __forceinline__ KeyBlock(const Params& p, const Sequence& seq, int n0_) : n0(n0_) {
+  __device__ __forceinline__ KeyBlock(const Params& p, const Sequence& seq, int n0_) : n0(n0_), lq(seq.lq) {
     shift = seq.lk - seq.lq;
     left = WINDOW ? p.window_left : -1;
     right = WINDOW ? p.window_right : -1;
@@ -122,15 +123,16 @@ struct KeyBlock {
     tiles = m_hi > m_lo ? (m_hi + BLOCK_M - 1) / BLOCK_M - tile0 : 0;
   }
 
-  // Does the query tile starting at m0 hold a row that must not see some key of the block?
-  // (Rows past the sequence get weight 0 from their lse, +inf.)
+  // Does the query tile starting at m0 hold a row that must not see some key of the block? Rows
+  // past the sequence see none: their statistics are +inf / 0 (stage_stats) or zeros (a
+  // producer's zero-filled copies), so they are masked here, whatever their scores.
   __device__ __forceinline__ bool partial(int m0, int lk) const {
-    return n0 + BLOCK_N > lk || (WINDOW && right >= 0 && n0 + BLOCK_N - 1 > m0 + shift + right) ||
+    return n0 + BLOCK_N > lk || m0 + BLOCK_M > lq || (WINDOW && right >= 0 && n0 + BLOCK_N - 1 > m0 + shift + right) ||
            (WINDOW && left >= 0 && n0 < m0 + BLOCK_M - 1 + shift - left);
   }
 
   __device__ __forceinline__ bool visible(int i, int j, int lk) const {
-    if (j >= lk) return false;
+    if (j >= lk || i >= lq) return false;
     if constexpr (WINDOW) {
       if (right >= 0 && j > i + shift + right) return false;
       if (left >= 0 && j < i + shift - left) return false;

@@ -121,6 +121,24 @@ __device__ __forceinline__ void load_rows(T* tile, const T* src, int64_t ld, int
   }
 }
 
+// load_rows by the 128 threads of a producer warpgroup that runs on few registers: thread `tid`
+// keeps one 16-byte column of COLS and walks rows 128 / (COLS / 8) apart, so it holds two
+// pointers and a row, not an unrolled set of addresses. Rows at or past `valid`, and columns
+// past DATA, are zero-filled.
+template <class Tile, int ROWS, int COLS, typename T, int DATA = COLS>
+__device__ __forceinline__ void copy_rows(T* tile, const T* src, int64_t ld, int valid, int tid) {
+  constexpr int CHUNKS = COLS / 8, STEP = 128 / CHUNKS;
+  const int col = tid % CHUNKS * 8;
+  if (col >= DATA) valid = 0;
+  int row = tid / CHUNKS;
+  const T* from = src + row * ld + col;
+#pragma unroll 2
+  for (; row < ROWS; row += STEP, from += STEP * ld) {
+    const bool ok = row < valid;
+    cp_async_zfill<16>(tile + Tile::offset(row, col), ok ? from : src, ok);  // smem: cp_async_fill
+  }
+}
+
 // Stage key/value rows n0 .. n0 + ROWS - 1 of a sequence (KVRows: contiguous, or gathered from
 // the pages of a paged cache, one 16-byte piece at a time); rows at or past `valid` are
 // zero-filled and never read. The layout is decided once per tile, not per piece.

@@ -19,8 +19,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
-def family_manifest(family: str) -> dict:
-    rows = json.loads((ROOT / "generated" / "manifest.json").read_text())
+def family_manifest(family: str, bench: bool = False) -> dict:
+    """The family's shipped instances; with bench=True also the benchmark extension's (bench-role
+    kinds, forced through the op), where `codegen build --bench` rendered them."""
+    paths = [ROOT / "generated" / "manifest.json"] + ([ROOT / "build" / "bench" / "generated" / "manifest.json"] if bench else [])
+    rows = [row for path in paths if path.is_file() for row in json.loads(path.read_text())]
     return {row["name"]: row for row in rows if row["family"] == family}
 
 

@@ -73,7 +73,7 @@ def grads_through_the_op(q, k, v, d_out, d_lse=None, **kwargs):
 
 
 # ---- every instance ------------------------------------------------------------------------
-INSTANCES = sorted(family_manifest("flash_attention_grad").items())
+INSTANCES = sorted(family_manifest("flash_attention_grad", bench=True).items())   # the bench-role candidates too
 
 
 @pytest.mark.parametrize("name,row", INSTANCES, ids=[n for n, _ in INSTANCES])
