@@ -93,8 +93,8 @@ using DqMma = wgmma::Mma<DQ_COLS, T>;
 // With PRODUCER, after the exchange buffer: the mbarriers of K and V (loaded once) and of each stage.
 struct Barriers {
   uint64_t kv_full;          // K and V landed (128 arrivals: every producer thread's copies)
-  uint64_t full[STAGES];     // a stage's Q, dO and statistics landed (128 arrivals)
-  uint64_t empty[STAGES];    // every consumer warp is done reading the stage
+  uint64_t full[STAGES];     // a stage's Q, dO (128 arrivals on copies) and statistics (128 arrivals) landed
+  uint64_t empty[STAGES];    // every consumer thread is done reading the stage
 };
 constexpr size_t BARRIER_BYTES = PRODUCER ? sizeof(Barriers) : 0;
 
@@ -151,16 +151,18 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     if (threadIdx.x == 0) {
       pipeline::init(&bars.kv_full, 128);
       for (int s = 0; s < STAGES; ++s) {
-        pipeline::init(&bars.full[s], 128);
-        pipeline::init(&bars.empty[s], CONSUMER_THREADS / 32);
+        pipeline::init(&bars.full[s], 2 * 128);
+        pipeline::init(&bars.empty[s], CONSUMER_THREADS);
       }
     }
     __syncthreads();  // the only CTA-wide barrier: the mbarriers are initialized
     // The warp index through a shuffle: ptxas then knows the role branch is uniform over the warp.
     if (__shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0) / 4 == WARPGROUPS) {
       // Producer: K and V once, then each tile's Q, dO and statistics into the ring, each copy's
-      // landing counted on the stage's full barrier; a slot is refilled once every consumer warp
-      // released it. Statistics past the sequence land as zeros; the consumers mask those rows.
+      // landing counted on the stage's full barrier; a slot is refilled once every consumer
+      // thread released it. The statistics (read by the consumers' own loads, not by wgmma) are
+      // loaded before the slot frees and stored by the producer threads, whose arrival publishes
+      // them (release, acquired by the consumers' wait); Q and dO land by cp.async.
       pipeline::release_registers<PRODUCER_REGS>();
       const int tid = threadIdx.x % 128;
       if (iters > 0) {
@@ -168,20 +170,20 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         copy_rows<KVTile, BLOCK_N, D_TILE, T, D>(v_tile, v, p.v_sl, seq.lk - n0, tid);
         pipeline::arrive_on_copies(&bars.kv_full);
       }
+      static_assert(STAT_FLOATS == 128, "a statistic per producer thread: lse of row tid, delta of row tid - 64");
 #pragma unroll 1
       for (int it = 0; it < iters; ++it) {
         const int stage = it % STAGES, use = it / STAGES, m0 = tile_row0(it);
+        const int r = tid % BLOCK_M;
+        const float* from = (tid < BLOCK_M ? scratch.lse2 : scratch.delta) + tile_head(it) * p.q_rows + srow0 + m0 + r;
+        const float stat = m0 + r < seq.lq ? *from : 0.f;  // rows past the sequence: masked (KeyBlock)
         if (use > 0) pipeline::wait(&bars.empty[stage], (use - 1) & 1);
         T* slot = ring + stage * STAGE_ELEMS;
         copy_rows<QTile, BLOCK_M, D_TILE, T, D>(slot, q_rows_of(it), p.q_sl, seq.lq - m0, tid);
         copy_rows<QTile, BLOCK_M, D_TILE, T, D>(slot + QTile::ELEMS, do_rows_of(it), p.do_sl, seq.lq - m0, tid);
-        const int64_t row = tile_head(it) * p.q_rows + srow0 + m0;
-        for (int t = tid; t < STAT_FLOATS; t += 128) {  // lse (base 2), then delta
-          const int r = t % BLOCK_M;
-          const bool ok = m0 + r < seq.lq;
-          cp_async_zfill<4>(stats + stage * STAT_FLOATS + t, (t < BLOCK_M ? scratch.lse2 : scratch.delta) + (ok ? row + r : 0), ok);  // smem: stats_write
-        }
         pipeline::arrive_on_copies(&bars.full[stage]);
+        stats[stage * STAT_FLOATS + tid] = stat;  // smem: stats_write
+        pipeline::arrive(&bars.full[stage]);
       }
       cp_async_wait<0>();  // leave no copy in flight behind an exited warp
       return;
@@ -364,10 +366,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       wgmma::wait<0>();
     }
     wgmma::hold(dq);
-    if constexpr (PRODUCER) {  // the products that read tile `it`'s stage are complete: the producer may refill it
-      __syncwarp();
-      if (lane == 0) pipeline::arrive(&bars.empty[it % STAGES]);
-    }
+    if constexpr (PRODUCER) pipeline::arrive(&bars.empty[it % STAGES]);  // this thread's reads of the stage are done
     // The 8-column tiles J0 .. J0 + NJ of this thread's dq rows, added to the scratch.
     auto add_tiles = [&](auto j0, auto nj) {
       constexpr int J0 = decltype(j0)::value, NJ = decltype(nj)::value;

@@ -1,6 +1,6 @@
 """Small launches of one instance per kernel kind and direction, for compute-sanitizer
 (memcheck, racecheck): `compute-sanitizer --tool racecheck python3 tests/gpu/sanitize_small.py [FAMILY ...]`
-(families: causal_linear, rwkv, paged, flash_attention, delta_rule; default all)."""
+(families: causal_linear, rwkv, paged, flash_attention, flash_attention_grad, delta_rule; default all)."""
 import sys
 from pathlib import Path
 
@@ -11,7 +11,7 @@ import attngen  # noqa: E402
 from attngen import reference  # noqa: E402
 
 
-WANT = set(sys.argv[1:]) or {"causal_linear", "rwkv", "paged", "flash_attention", "delta_rule"}
+WANT = set(sys.argv[1:]) or {"causal_linear", "rwkv", "paged", "flash_attention", "flash_attention_grad", "delta_rule"}
 seen = set()
 
 
@@ -118,8 +118,14 @@ def flash_attention():
         out = pa.paged_attention(q[0], cache[0], cache[1], table, cu, lens, 65, 90, kv_layout="HND", instance=name)
         ref, _ = reference.paged_attention(q[0], cache[0], cache[1], table, cu, lens, kv_layout="HND")
         assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-2, name
+
+
+def flash_attention_grad():
     # every backward instance: the four compile-time variants, GQA, odd lengths, a packed batch
     # with empty sequences, deterministic runs (the windowed one and the packed one)
+    import importlib  # noqa: E402
+
+    fa = importlib.import_module("attngen.flash_attention")
     for name in fa.GRAD.instances():
         seen.add(name)
         D = fa.instance_head_size(name.replace("flash_attention_grad_", "flash_attention_"))
@@ -208,7 +214,8 @@ def delta_rule_family():
 
 
 for family, run in (("causal_linear", causal_linear), ("rwkv", rwkv_family), ("paged", paged_family),
-                    ("flash_attention", flash_attention), ("delta_rule", delta_rule_family)):
+                    ("flash_attention", flash_attention), ("flash_attention_grad", flash_attention_grad),
+                    ("delta_rule", delta_rule_family)):
     if family in WANT:
         run()
 torch.cuda.synchronize()
