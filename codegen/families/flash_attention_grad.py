@@ -126,15 +126,17 @@ def _lower_backward(inst: KernelInstance, arch: Arch) -> KernelInstance:
 
 
 WGMMA_REG_OVERHEAD = 40   # addresses and loop state: the wgmma kernel reads no operand fragments
+STAGE_PAD = 8   # floats after each staged dQ row: 16-byte rows, and 8 rows of float2 stores in two wavefronts
 # The producer warpgroup's registers after setmaxnreg (the rest go to the consumers: 240 each with
 # two consumer warpgroups): it holds two row pointers and a row per copy loop.
 PRODUCER_REGS = 32
 
 
-def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s) -> list:
+def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s, stage_pitch: int) -> list:
     """The thread accesses of the wgmma kernel's tiles (wgmma reads them itself): the cp.async
     fill of K, V, Q and dO, the transposing stmatrix of dS (lane 8i + j: row j of matrix i,
-    query row 8 (i / 2) + j, keys from 8 (i % 2)), the per-row statistics."""
+    query row 8 (i / 2) + j, keys from 8 (i % 2)), the per-row statistics, the staged dQ rows
+    (lane 4r + c: float2 c of row r, rows `stage_pitch` floats apart)."""
     chunks = d // 8
 
     def fill(lane, _pad):
@@ -148,14 +150,16 @@ def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s) -> l
     return [banks.Access("cp_async_fill", CHUNK, fill, ("kv_tiles", "q_ring")),
             banks.Access("ds_write", CHUNK, ds_write, ("ds_tile",)),
             banks.contiguous("dq_exchange_write", 16, ("dq_exchange",)),
-            banks.contiguous("dq_exchange_read", 16, ("dq_exchange",))] + _stats_accesses()
+            banks.contiguous("dq_exchange_read", 16, ("dq_exchange",)),
+            banks.Access("dq_stage_write", 8, lambda lane, _pad: (lane // 4 * stage_pitch + lane % 4 * 2) * 4,
+                         ("dq_stage",))] + _stats_accesses()
 
 
 def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
-    d, block_n, block_m, warpgroups, stages, minb, dq_by_keys, dq_exchange, overlap, producer = (
-        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "stages", "minb", "dq_by_keys", "dq_exchange", "overlap",
-                       "producer"))
+    d, block_n, block_m, warpgroups, stages, minb, dq_by_keys, dq_exchange, dq_bulk, overlap, producer = (
+        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "stages", "minb", "dq_by_keys", "dq_exchange", "dq_bulk",
+                       "overlap", "producer"))
     if not arch.name.endswith("a"):
         raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
     if inst.dtype_bytes != 2:
@@ -183,6 +187,9 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if dq_exchange not in (0, 1) or dq_exchange and not (dq_by_keys and warpgroups == 2 and dq_cols % 16 == 0):
         raise Rejected("dq_exchange", f"dq_exchange={dq_exchange}: 0, or 1 with dq_by_keys=1 and two warpgroups (the two "
                                       f"products swap halves of whole 8-column tiles)")
+    if dq_bulk not in (0, 1):
+        raise Rejected("dq_bulk", f"dq_bulk={dq_bulk}: 1 (dQ rows staged in shared memory, added by bulk reductions) or 0 "
+                                  f"(every thread's atomics)")
     if overlap not in (0, 1):
         raise Rejected("overlap", f"overlap={overlap}: 0 or 1 (the next tile's scores during this tile's dQ atomics)")
     if producer not in (0, 1):
@@ -201,16 +208,18 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("minb", f"minb={minb} CTAs of {threads} threads at about {regs} registers exceed the "
                                f"{arch.regs_per_sm} registers of an SM")
     exchange = dq_exchange * warpgroups * (dq_cols // 16) * 128 * 16   # float4 per thread and 8-column tile
+    add_cols = dq_cols // 2 if dq_exchange else dq_cols                 # the columns of dQ a warpgroup adds
+    stage = dq_bulk * warpgroups * 64 * (add_cols + STAGE_PAD) * 4       # their staged rows, padded
     ds_buffers = 2 if overlap or producer else 1   # no CTA-wide barrier per tile with a producer
     barriers = (1 + 2 * stages) * MBARRIER_BYTES if producer else 0
     smem = (2 * block_n * cols + stages * 2 * block_m * cols + ds_buffers * block_m * block_n) * 2 \
-        + stages * 2 * block_m * 4 + exchange + barriers + 1024
+        + stages * 2 * block_m * 4 + exchange + stage + barriers + 1024
     if smem > arch.max_smem_per_block:
         raise Rejected("stages", f"{smem} bytes of shared memory exceed the {arch.max_smem_per_block} of a block")
     if minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
         raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {arch.smem_per_sm}")
-    bank = banks.model(_wgmma_accesses(cols, block_m, block_n, atoms_layout(block_n), atoms_layout(block_m)),
-                       unpadded=_wgmma_accesses(cols, block_m, block_n, plain_layout(cols), plain_layout(block_n)))
+    bank = banks.model(_wgmma_accesses(cols, block_m, block_n, atoms_layout(block_n), atoms_layout(block_m), add_cols + STAGE_PAD),
+                       unpadded=_wgmma_accesses(cols, block_m, block_n, plain_layout(cols), plain_layout(block_n), add_cols))
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "dq_rows": 64, "dq_cols": dq_cols, "regs_estimate": regs,
         "tile_cols": cols, "producer_regs": producer_regs, "consumer_regs": consumer_regs,
@@ -225,8 +234,8 @@ FAMILY = Family(
     lowerings={BACKWARD: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warps": "int", "dsplit": "int",
                                    "stages": "int", "swizzle": "int0", "minb": "int"}, _lower_backward),
                BACKWARD_WGMMA: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warpgroups": "int",
-                                         "dq_by_keys": "int0", "dq_exchange": "int0", "stages": "int", "overlap": "int0",
-                                         "producer": "int0", "minb": "int"},
+                                         "dq_by_keys": "int0", "dq_exchange": "int0", "dq_bulk": "int0", "stages": "int",
+                                         "overlap": "int0", "producer": "int0", "minb": "int"},
                                         _lower_wgmma)},
     support_files={"flash_attention_grad/params.cuh.j2": "flash_attention_grad/params.cuh",
                    # the forward's shared helpers, rendered into this family's namespace

@@ -54,6 +54,28 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* map, int c0, 
       : "memory");
 }
 
+// Bulk reduction (sm_90): `bytes` (a multiple of 16; both addresses 16-byte aligned) of fp32 in
+// shared memory added element-wise to global memory by the asynchronous copy unit, one
+// instruction for a whole row where per-thread atomics take one per pair of floats. The shared
+// source must be made visible to the async proxy first (fence.proxy.async by the threads that
+// wrote it, then a barrier). Completion is tracked per thread in bulk groups.
+__device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(smem_addr(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most PENDING of this thread's bulk groups still read their shared source (.read), or
+// have not completed at all.
+template <int PENDING>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(PENDING) : "memory");
+}
+template <int PENDING>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
 // Blocks until the phase of the given parity has completed (acquire: what the arriving threads
 // did before arriving is visible after).
 __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {

@@ -30,22 +30,22 @@ cudaError_t launch_flash_attention_grad_mma_sync_d128_block_n128_block_m32_warps
 size_t workspace_flash_attention_grad_mma_sync_d128_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_fp16_sm90a(const Params&);
-cudaError_t launch_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_fp16_sm90a(const Params&);
-cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_fp16_sm90a(const Params&);
-cudaError_t launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_fp16_sm90a(const Params&);
 
 namespace {
 
@@ -75,14 +75,14 @@ const Entry kEntries[] = {
     {"flash_attention_grad_mma_sync_d96_block_n64_block_m32_warps4_dsplit1_stages2_swizzle0_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_mma_sync_d96_block_n64_block_m32_warps4_dsplit1_stages2_swizzle0_minb1_bf16_sm90a, covers_5, workspace_flash_attention_grad_mma_sync_d96_block_n64_block_m32_warps4_dsplit1_stages2_swizzle0_minb1_bf16_sm90a},
     {"flash_attention_grad_mma_sync_d128_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_mma_sync_d128_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_bf16_sm90a, covers_6, workspace_flash_attention_grad_mma_sync_d128_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_bf16_sm90a},
     {"flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_bf16_sm90a, covers_7, workspace_flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_bf16_sm90a},
-    {"flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_fp16_sm90a, covers_8, workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_fp16_sm90a},
-    {"flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_fp16_sm90a, covers_9, workspace_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_fp16_sm90a},
-    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_fp16_sm90a, covers_10, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_fp16_sm90a},
-    {"flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_bf16_sm90a, covers_11, workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_bf16_sm90a},
-    {"flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a, covers_12, workspace_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a},
-    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a, covers_13, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a},
-    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_bf16_sm90a, covers_14, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_bf16_sm90a},
-    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_fp16_sm90a, covers_15, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_fp16_sm90a},
+    {"flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a, covers_8, workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a},
+    {"flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_fp16_sm90a, covers_9, workspace_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_fp16_sm90a},
+    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_fp16_sm90a, covers_10, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_fp16_sm90a},
+    {"flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a, covers_11, workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a},
+    {"flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a, covers_12, workspace_flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a},
+    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a, covers_13, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a},
+    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_bf16_sm90a, covers_14, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_bf16_sm90a},
+    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_fp16_sm90a, covers_15, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_fp16_sm90a},
 };
 constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
 
@@ -159,100 +159,100 @@ const Entry* flash_attention_grad_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d64_causal_long: when D == 64 and causal == 1 and Lk >= 2048
   if (((key.D == 64) && (key.causal == 1) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_bf16_sm90a
+      if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_fp16_sm90a
+      if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d64_causal: when D == 64 and causal == 1
   if (((key.D == 64) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_bf16_sm90a
+      if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_fp16_sm90a
+      if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d64_long: when D == 64 and Lk >= 2048
   if (((key.D == 64) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_bf16_sm90a
+      if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_fp16_sm90a
+      if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d64: when D == 64
   if ((key.D == 64)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_bf16_sm90a
+      if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_fp16_sm90a
+      if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128_gqa_long: when D == 128 and G >= 4 and causal == 0 and Lk >= 2048
   if (((key.D == 128) && (key.G >= 4) && (key.causal == 0) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[13].covers(key)) return row(13);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a
+      if (kEntries[13].covers(key)) return row(13);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_fp16_sm90a
+      if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128_causal_long: when D == 128 and causal == 1 and Lk >= 2048
   if (((key.D == 128) && (key.causal == 1) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[13].covers(key)) return row(13);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a
+      if (kEntries[13].covers(key)) return row(13);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_fp16_sm90a
+      if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128_causal: when D == 128 and causal == 1
   if (((key.D == 128) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[14].covers(key)) return row(14);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_bf16_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[15].covers(key)) return row(15);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_fp16_sm90a
+      if (kEntries[15].covers(key)) return row(15);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128_long: when D == 128 and Lk >= 2048
   if (((key.D == 128) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[13].covers(key)) return row(13);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a
+      if (kEntries[13].covers(key)) return row(13);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_fp16_sm90a
+      if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128: when D == 128
   if ((key.D == 128)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[14].covers(key)) return row(14);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_bf16_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[15].covers(key)) return row(15);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_fp16_sm90a
+      if (kEntries[15].covers(key)) return row(15);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_fp16_sm90a
     }
   }
-  // specs/flash_attention_grad.yaml:194: when True -> hopper
+  // specs/flash_attention_grad.yaml:200: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
-      if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_fp16_sm90a
-      if (kEntries[9].covers(key)) return row(9);  // flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_fp16_sm90a
-      if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_fp16_sm90a
-      if (kEntries[15].covers(key)) return row(15);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_fp16_sm90a
+      if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a
+      if (kEntries[9].covers(key)) return row(9);  // flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_fp16_sm90a
+      if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_fp16_sm90a
+      if (kEntries[15].covers(key)) return row(15);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_bf16_sm90a
-      if (kEntries[12].covers(key)) return row(12);  // flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a
-      if (kEntries[13].covers(key)) return row(13);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a
-      if (kEntries[14].covers(key)) return row(14);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages3_overlap0_producer1_minb1_bf16_sm90a
+      if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a
+      if (kEntries[12].covers(key)) return row(12);  // flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a
+      if (kEntries[13].covers(key)) return row(13);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention_grad.yaml:196: when True -> mma_sync
+  // specs/flash_attention_grad.yaml:202: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return row(0);  // flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a

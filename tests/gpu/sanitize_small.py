@@ -126,7 +126,7 @@ def flash_attention_grad():
     import importlib  # noqa: E402
 
     fa = importlib.import_module("attngen.flash_attention")
-    for name in fa.GRAD.instances():
+    for name in fa.GRAD.instances() + fa.GRAD.bench_instances():  # the benchmark extension's candidates too, where built
         seen.add(name)
         D = fa.instance_head_size(name.replace("flash_attention_grad_", "flash_attention_"))
         dtype = torch.bfloat16 if "bf16" in name else torch.float16

@@ -25,11 +25,11 @@ def test_the_warps_split_of_the_products(tmp_path):
     # K and V tiles, two stages of Q and dO, dS^T (32 columns padded by one chunk), lse and delta
     assert d256["smem_bytes"] == (2 * 64 * 256 + 2 * 2 * 32 * 256) * 2 + 64 * 40 * 2 + 2 * 2 * 32 * 4
     # the wgmma kind: dQ by 64-column halves at d128, by each warpgroup's own keys at d64 (whole tile)
-    d128 = by_name["flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a"]
-    d64 = by_name["flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_stages3_overlap1_producer1_minb1_bf16_sm90a"]
+    d128 = by_name["flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a"]
+    d64 = by_name["flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a"]
     assert (d128["dq_rows"], d128["dq_cols"]) == (64, 64) and (d64["dq_rows"], d64["dq_cols"]) == (64, 64)
     # d96 on the wgmma kind: tiles and dK, dV padded to two 64-column atoms, d128's split and memory
-    d96 = by_name["flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0_producer1_minb1_bf16_sm90a"]
+    d96 = by_name["flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a"]
     assert d96["tile_cols"] == 128 and (d96["dq_cols"], d96["smem_bytes"], d96["regs_estimate"]) == (
         d128["dq_cols"], d128["smem_bytes"], d128["regs_estimate"])
     # three stages of Q and dO, two dS buffers; the exchange: a float4 per thread and handed-over tile;
@@ -46,11 +46,25 @@ def test_a_producer_warpgroup_takes_registers_from_the_launch_and_adds_barriers(
                         "      producer: [0, 1]\n      minb: [1]\n    where:\n      # d96 pads", 1)
     assert text != SPEC
     by_name = {i.name: i.d for i in lowered(text, tmp_path)}
-    base = "flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_stages2_overlap0"
+    base = "flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0"
     plain, fed = by_name[base + "_producer0_minb1_bf16_sm90a"], by_name[base + "_producer1_minb1_bf16_sm90a"]
     assert (plain["threads"], fed["threads"]) == (256, 384)
     assert (fed["producer_regs"], fed["consumer_regs"]) == (32, 232)
     assert fed["smem_bytes"] == plain["smem_bytes"] + 64 * 128 * 2 + (1 + 2 * 2) * 8
+
+
+def test_bulk_dq_stages_the_rows_each_warpgroup_adds(tmp_path):
+    """dq_bulk=1: each warpgroup's 64 dQ rows of the columns it adds, padded by 8 floats a row
+    (d128: 64 columns each; d64 with the exchange: half of the tile's 64)."""
+    path = tmp_path / "flash_attention_grad.yaml"
+    path.write_text(SPEC)
+    expanded = pipeline.expand(pipeline.load([path]))
+    by_name = {i.name: i.d for bench in (False, True) for _, insts in pipeline.lower(expanded, bench=bench) for i in insts}
+    for d, schedule, cols in ((128, "dq_by_keys0_dq_exchange0_dq_bulk{}_stages2_overlap0", 64),
+                              (64, "dq_by_keys1_dq_exchange1_dq_bulk{}_stages3_overlap1", 32)):
+        name = f"flash_attention_grad_hopper{{}}_d{d}_block_n128_block_m64_warpgroups2_{schedule}_producer1_minb1_bf16_sm90a"
+        atomics, bulk = by_name[name.format("", 0)], by_name[name.format("_candidates", 1)]
+        assert bulk["smem_bytes"] == atomics["smem_bytes"] + 2 * 64 * (cols + 8) * 4
 
 
 @pytest.mark.parametrize("edits,field,message", [
