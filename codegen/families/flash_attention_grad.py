@@ -224,6 +224,7 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         "threads": threads, "smem_bytes": smem, "dq_rows": 64, "dq_cols": dq_cols, "regs_estimate": regs,
         "tile_cols": cols, "producer_regs": producer_regs, "consumer_regs": consumer_regs,
         "loads_doc": "filled by a producer warpgroup (mbarriers)" if producer else "filled by every thread",
+        "stage_pitch": add_cols + STAGE_PAD,
         "dq_add_doc": "rows staged in shared memory, a bulk reduction each; atomics when deterministic" if dq_bulk
                       else "atomics",
         "bank": bank, "threads_param": "warpgroups", "smem_param": "stages",

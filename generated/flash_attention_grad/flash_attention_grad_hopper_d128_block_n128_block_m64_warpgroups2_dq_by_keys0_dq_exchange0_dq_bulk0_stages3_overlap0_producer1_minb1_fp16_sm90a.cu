@@ -79,7 +79,8 @@ constexpr int EXCHANGE_FLOATS = DQ_EXCHANGE ? WARPGROUPS * DQ_HALF * 128 * 4 : 0
 // stall samples at d128, 19% causal). Deterministic runs keep the atomics, in turn.
 constexpr bool DQ_BULK = false;
 constexpr int ADD_COLS = DQ_EXCHANGE ? DQ_COLS / 2 : DQ_COLS;  // columns of dQ a warpgroup adds
-constexpr int STAGE_PITCH = ADD_COLS + 8;  // floats between staged rows: 16-byte rows, float2 stores without conflicts
+constexpr int STAGE_PITCH = 72;  // floats between staged rows (the lowering's STAGE_PAD after ADD_COLS)
+static_assert(STAGE_PITCH >= ADD_COLS && STAGE_PITCH % 4 == 0, "whole 16-byte staged rows");
 constexpr int DQ_STAGE_FLOATS = DQ_BULK ? WARPGROUPS * 64 * STAGE_PITCH : 0;
 static_assert(PRODUCER || LOOKAHEAD >= 1, "the ring holds the tiles in use and those in flight");
 static_assert(THREADS == 384, "lowering and template agree on the threads");
