@@ -1,7 +1,7 @@
 """Where the flash attention backward's time goes: torch.profiler's CUDA time per kernel (the
 pre-pass, the backward kernel, the dQ conversion) for one backward call on a saved bf16 forward,
-averaged over a few calls, at a few of the benchmark's shapes; TFLOP/s of the backward kernel
-alone (2.5 x the forward's 4 B Hq N^2 D, half when causal).
+averaged over a few calls, at a few of the benchmark's shapes, by default and deterministic;
+TFLOP/s of the backward kernel alone (2.5 x the forward's 4 B Hq N^2 D, half when causal).
 
   python -m bench.flash_grad_profile
   ncu ... python -m bench.flash_grad_profile --once   # one backward at each shape, no profiler
@@ -16,23 +16,24 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import attngen  # noqa: E402
 
-# B, H, N, D, causal
-SHAPES = [(4, 24, 4096, 128, False), (4, 48, 4096, 64, False), (4, 24, 4096, 128, True)]
+# B, H, N, D, causal, deterministic
+SHAPES = [(4, 24, 4096, 128, False, False), (4, 48, 4096, 64, False, False), (4, 24, 4096, 128, True, False),
+          (4, 24, 4096, 128, False, True), (4, 48, 4096, 64, False, True)]
 CALLS = 5
 
 
-def saved_forward(B, H, N, D, causal):
+def saved_forward(B, H, N, D, causal, deterministic):
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(B, N, H, D, device="cuda", generator=gen, dtype=torch.bfloat16).requires_grad_()
                for _ in range(3))
-    out = attngen.flash_attention(q, k, v, causal=causal)
+    out = attngen.flash_attention(q, k, v, causal=causal, deterministic=deterministic)
     return (q, k, v), out, torch.randn_like(out)
 
 
 def main():
     once = "--once" in sys.argv   # for ncu: each kernel launched once per shape
-    for B, H, N, D, causal in SHAPES:
-        inputs, out, d_out = saved_forward(B, H, N, D, causal)
+    for B, H, N, D, causal, deterministic in SHAPES:
+        inputs, out, d_out = saved_forward(B, H, N, D, causal, deterministic)
         call = lambda: torch.autograd.grad(out, inputs, d_out, retain_graph=True)  # noqa: E731
         call()
         torch.cuda.synchronize()
@@ -43,7 +44,8 @@ def main():
                 call()
             torch.cuda.synchronize()
         flops = 2.5 * 4 * B * H * N * N * D / (2 if causal else 1)
-        print(f"B{B} H{H} N{N} D{D} {'causal' if causal else 'full'}, bf16, backward per call:")
+        mode = ", deterministic" if deterministic else ""
+        print(f"B{B} H{H} N{N} D{D} {'causal' if causal else 'full'}{mode}, bf16, backward per call:")
         for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total):
             if e.device_time_total > 0:
                 ms = e.device_time_total / CALLS / 1000

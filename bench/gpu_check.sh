@@ -65,10 +65,10 @@ ncu_stalls() {  # ncu_stalls NAME KERNEL_REGEX COUNT COMMAND...: Nsight Compute 
   gzip -f "$OUT/r/${name}_sass.csv"
   rm -f "$OUT/r/$name.ncu-rep"
 }
-# One Gated DeltaNet forward and backward; the flash attention backward at three shapes.
+# One Gated DeltaNet forward and backward; the flash attention backward at three shapes and two deterministic ones.
 want ncu_gated_delta && ncu_stalls gated_delta "prepare_kernel|chunk_kernel|walk_kernel|grads_kernel" 5 python3 -m bench.gated_delta_profile --once
 want flash_grad_profile && step flash_grad_profile python3 -m bench.flash_grad_profile
-want ncu_flash_grad && ncu_stalls flash_grad "backward_kernel" 3 python3 -m bench.flash_grad_profile --once
+want ncu_flash_grad && ncu_stalls flash_grad "backward_kernel" 5 python3 -m bench.flash_grad_profile --once
 want flash_bench && step flash_bench python3 -m bench.flash_attention ${BENCH_ARGS:-} --out "$OUT/r"
 want flash_grad_bench && step flash_grad_bench python3 -m bench.flash_attention_grad --out "$OUT/r"
 want paged_attention_bench && step paged_attention_bench python3 -m bench.paged_attention --out "$OUT/r"
