@@ -45,4 +45,4 @@ DTYPE_CPP = {"fp32": "float", "fp16": "__half", "bf16": "__nv_bfloat16"}
 
 # The N extents of wgmma.mma_async m64nNk16 that templates/common/wgmma.cuh instantiates
 # (PTX allows multiples of 8 up to 256; a kernel using another N fails to compile, naming it).
-WGMMA_N = (32, 64, 96, 128, 192, 256)
+WGMMA_N = (32, 48, 64, 96, 128, 192, 256)
