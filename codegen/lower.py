@@ -4,10 +4,11 @@ the target arch (codegen/passes/). An impossible instance is rejected here with 
 at nvcc time."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .arch import ARCHES
 from .errors import SpecError
+from .expand import where_env
 from .families import family
 from .instance import KernelInstance
 from .passes import Rejected, resources
@@ -29,13 +30,21 @@ def lower_one(inst: KernelInstance) -> KernelInstance:
     return lowered
 
 
+def with_spill_allowance(spec: Spec, inst: KernelInstance) -> KernelInstance:
+    """The lowered instance with `spill_bytes_allowed`: what its kind's spill_bytes says of it
+    (0 where the kind says nothing)."""
+    rule = spec.kernels[inst.kind].spill_bytes
+    allowed = int(rule.evaluate(where_env(inst.p, inst.a))) if rule is not None else 0
+    return replace(inst, derived=inst.derived + (("spill_bytes_allowed", allowed),))
+
+
 def lower_all(spec: Spec, instances: list[KernelInstance], strict: bool = True):
     """Lower every instance. strict (make gen): the first rejection is a SpecError naming
     file:line of the grid parameter at fault. Not strict (tuning): rejections are returned."""
     lowered, rejected = [], []
     for inst in instances:
         try:
-            lowered.append(lower_one(inst))
+            lowered.append(with_spill_allowance(spec, lower_one(inst)))
         except Rejected as rej:
             if strict:
                 kind = spec.kernels[inst.kind]

@@ -25,7 +25,7 @@ BUCKET_KEYS = {"name", "when", "shape", "axes", "timing", "also"}
 BUCKET_TIMINGS = ("eager", "graph")
 BUCKET_REQUIRED = {"name", "when", "shape"}
 OP_KEYS = {"name", "schema", "doc", "outputs", "key", "dispatch_axes", "args"}
-KERNEL_KEYS = {"template", "doc", "role", "grid", "where", "covers", "prefer"}
+KERNEL_KEYS = {"template", "doc", "role", "grid", "where", "covers", "prefer", "spill_bytes"}
 # A kind's role: dispatched by the rules (the default); `fallback`, which an instance built on
 # first use for the call goes before (codegen/jit.py); `bench`, never dispatched and built only
 # into the benchmark extension (`python -m codegen build --bench`), not into the shipped one.
@@ -46,6 +46,9 @@ class KernelKind:
     line: int
     param_lines: dict     # param -> line of its grid entry, for errors found by the passes
     where_lines: tuple = ()  # line of each where: expression
+    # The ptxas spill bytes (stores or loads, per kernel) an instance may report: an expression
+    # of the grid and axes, 0 where the spec says nothing (the compile tier holds the build to it).
+    spill_bytes: expr.Expr | None = None
 
 
 @dataclass(frozen=True)
@@ -297,9 +300,13 @@ def _load_kernels(ctx: _Ctx, doc: LocDict, fam, op, axes: dict, templates_dir: P
         role = body.get("role", "dispatch")
         if role not in ROLES:
             ctx.fail(body.line_of("role"), f"{field}.role", f"expected one of {list(ROLES)}, got {_kind(role)}")
+        spill_bytes = None
+        if "spill_bytes" in body:
+            spill_bytes = ctx.expression(str(body["spill_bytes"]), derived, body.line_of("spill_bytes"),
+                                         f"{field}.spill_bytes", strings=True)
         out[name] = KernelKind(name, template, str(body.get("doc", "")), role, grid, where_exprs, covers,
                                tuple(prefer), kernels.line_of(name), param_lines,
-                               tuple(where.line_of(i) for i in range(len(where))))
+                               tuple(where.line_of(i) for i in range(len(where))), spill_bytes)
     return out
 
 

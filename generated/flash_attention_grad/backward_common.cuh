@@ -164,7 +164,7 @@ __device__ __forceinline__ void weights_and_grads(float (&s)[MT][NT][4], float (
         if constexpr (EXTRAS) {
           x *= p.scale;
           if (p.soft_cap > 0.f) {
-            const float t = tanhf(x / p.soft_cap);
+            const float t = tanhf(x * (1.f / p.soft_cap));  // as the forward computes it
             x = p.soft_cap * t;
             slope_of_cap = 1.f - t * t;
           }
@@ -237,8 +237,8 @@ dim3 key_grid(const Params& p) {
 // Deterministic dQ: the additions to a query tile's rows come in key-block order, `adders` per
 // key block (adder a of block x has turn (x - first) * adders + a, where `first` is the first
 // block any row of the tile sees). An adder's leading thread waits for its turn (acquire); after
-// its atomics its threads meet, and the leader publishes them and passes the turn (release, see
-// Turns). Blocks only wait for earlier blocks of their head, launched before them.
+// its atomics its threads meet, and the leader publishes them and passes the turn (release).
+// Blocks only wait for earlier blocks of their head, launched before them.
 __device__ __forceinline__ int load_acquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -260,41 +260,20 @@ __device__ __forceinline__ void adder_sync(int barrier, int threads) {
   }
 }
 
-// An adder's turns, each passed one tile late: the adder passes the turn of the tile it added
-// last only when it reaches its next tile (or its end), so that its atomics have completed by the
-// time its leader's fence waits for them. Passing right after the adds stalled the whole CTA on
-// the fence every tile (deterministic cost 1.30-2.10x the default backward on the H100, commit
-// 68c750d). An adder waits only with no turn of its own outstanding, so the earliest block of a
-// head never waits for a later one.
-struct Turns {
-  int* pending = nullptr;  // the counter of the tile added last, its turn not yet passed
+__device__ __forceinline__ void wait_turn(const int* counter, int turn, int barrier, int threads) {
+  if (threadIdx.x % threads == 0) {
+    while (load_acquire(counter) != turn) __nanosleep(64);
+  }
+  adder_sync(barrier, threads);
+}
 
-  // The adder's threads meet (their atomics of the last tile issued); the leader passes that
-  // tile's turn and waits for `turn` on `counter` (acquire); the threads meet again.
-  __device__ __forceinline__ void take(int* counter, int turn, int barrier, int threads) {
-    adder_sync(barrier, threads);
-    if (threadIdx.x % threads == 0) {
-      pass(pending);
-      while (load_acquire(counter) != turn) __nanosleep(32);
-    }
-    pending = counter;
-    adder_sync(barrier, threads);
+__device__ __forceinline__ void pass_turn(int* counter, int barrier, int threads) {
+  adder_sync(barrier, threads);
+  if (threadIdx.x % threads == 0) {
+    __threadfence();
+    atomicAdd(counter, 1);
   }
-  // After the adder's last tile: its turn passed.
-  __device__ __forceinline__ void finish(int barrier, int threads) {
-    adder_sync(barrier, threads);
-    if (threadIdx.x % threads == 0) pass(pending);
-    pending = nullptr;
-  }
-
- private:
-  __device__ __forceinline__ static void pass(int* counter) {  // release: the adder's atomics before the count
-    if (counter) {
-      __threadfence();
-      atomicAdd(counter, 1);
-    }
-  }
-};
+}
 
 // A key-block kernel's launch for one compile-time variant: [WINDOW][EXTRAS][DETERMINISTIC]
 // (the turn-taking is compiled only where it runs: as a run-time branch it cost the default

@@ -283,7 +283,6 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     wgmma::commit();
   };
 
-  Turns turns;  // DETERMINISTIC: this adder's turns at the query tiles' dq
   // OVERLAP: the next tile's scores, in flight across the end of an iteration.
   float s_next[1][OVERLAP ? NT : 1][4], dp_next[1][OVERLAP ? NT : 1][4];
   if constexpr (OVERLAP) {
@@ -456,10 +455,10 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       if constexpr (PRODUCER) consumers_sync();  // both taken in before the next tile's hand-over
     }
     // Deterministic: the CTA (or with DQ_BY_KEYS each warpgroup, the first before the second) adds in key-block order.
+    int* turn = DETERMINISTIC ? scratch.turn(p, h, b, m0) : nullptr;
     if constexpr (DETERMINISTIC) {
       const int first = first_key_block<BLOCK_N>(p, seq, m0, WINDOW);
-      turns.take(scratch.turn(p, h, b, m0), (at.x - first) * ADDERS + (DQ_BY_KEYS && !DQ_EXCHANGE ? wg : 0), adder_barrier,
-                 ADDER_THREADS);
+      wait_turn(turn, (at.x - first) * ADDERS + (DQ_BY_KEYS && !DQ_EXCHANGE ? wg : 0), adder_barrier, ADDER_THREADS);
     }
     if constexpr (DQ_EXCHANGE) {
       if (wg == 0) {
@@ -470,8 +469,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     } else {
       add_tiles(Zero{}, std::integral_constant<int, DQ_COLS / 8>{});
     }
+    if constexpr (DETERMINISTIC) pass_turn(turn, adder_barrier, ADDER_THREADS);
   }
-  if constexpr (DETERMINISTIC) turns.finish(adder_barrier, ADDER_THREADS);
   if constexpr (!PRODUCER) cp_async_wait<0>();  // with no tile to visit, K and V were never waited for
   if constexpr (DQ_BULK) {  // no bulk reduction in flight past the CTA's shared memory
     if (warp % 4 == 0) pipeline::bulk_wait<0>();

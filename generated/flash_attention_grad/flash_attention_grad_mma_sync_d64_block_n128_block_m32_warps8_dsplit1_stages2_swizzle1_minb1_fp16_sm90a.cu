@@ -119,7 +119,6 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     }
   }
 
-  Turns turns;  // DETERMINISTIC: the CTA's turns at the query tiles' dq
   for (int it = 0; it < iters; ++it) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile `it` (and K, V) landed for every thread; the slot refilled below and dS^T are free
@@ -234,9 +233,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         }
       }
     }
-    if constexpr (DETERMINISTIC) {  // the CTA adds in key-block order
-      turns.take(scratch.turn(p, h, b, m0), at.x - first_key_block<BLOCK_N>(p, seq, m0, WINDOW), 0, THREADS);
-    }
+    int* turn = DETERMINISTIC ? scratch.turn(p, h, b, m0) : nullptr;  // the CTA adds in key-block order
+    if constexpr (DETERMINISTIC) wait_turn(turn, at.x - first_key_block<BLOCK_N>(p, seq, m0, WINDOW), 0, THREADS);
 #pragma unroll
     for (int mq = 0; mq < MQ; ++mq) {
 #pragma unroll
@@ -248,8 +246,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         for (int j = 0; j < DQT; ++j) atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[mq][j][2 * hh], dq[mq][j][2 * hh + 1]));
       }
     }
+    if constexpr (DETERMINISTIC) pass_turn(turn, 0, THREADS);
   }
-  if constexpr (DETERMINISTIC) turns.finish(0, THREADS);
   cp_async_wait<0>();  // with no tile to visit, K and V were never waited for
 
   // dK and dV rows of this warp, straight from the accumulators.

@@ -175,7 +175,9 @@ __device__ __forceinline__ void transform_scores(float (&s)[MT][NT][4], const Pa
         float x = s[mt][nt][e];
         if constexpr (EXTRAS) {
           x *= p.scale;
-          if (p.soft_cap > 0.f) x = p.soft_cap * tanhf(x / p.soft_cap);
+          // By the reciprocal: the division held registers that spilled the causal soft-cap/ALiBi
+          // variant of d256's 48-key tiles (20 bytes; 4 so, ptxas, CUDA 13.0).
+          if (p.soft_cap > 0.f) x = p.soft_cap * tanhf(x * (1.f / p.soft_cap));
           x -= slope * fabsf(static_cast<float>(i + block.shift - j));
         }
         s[mt][nt][e] = partial && !block.visible(i, j, lk) ? -INFINITY : x;

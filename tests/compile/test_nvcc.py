@@ -1,5 +1,5 @@
 """Compile tier: every generated kernel TU compiles for its arch with nvcc (no GPU needed),
-ptxas reports no spills, and the registers and shared memory fit the arch."""
+ptxas reports no spills (or no more than the kind's spill_bytes in its spec), and the registers and shared memory fit the arch."""
 import json
 import re
 import shutil
@@ -39,8 +39,9 @@ def test_every_instance_compiles_without_spills(cubins):
             continue
         text = log.read_text()
         spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", text)]
-        if not spills or any(spills):
-            problems.append(f"{row['name']}: spills {spills}")
+        allowed = row["derived"].get("spill_bytes_allowed", 0)  # the kind's spill_bytes in its spec
+        if not spills or max(spills) > allowed:
+            problems.append(f"{row['name']}: spills {spills} (its spec allows {allowed} bytes)")
         regs = [int(x) for x in re.findall(r"Used (\d+) registers", text)]
         threads = row["derived"]["threads"]
         if not regs or max(regs) * threads > 65536:

@@ -336,3 +336,23 @@ def test_a_where_that_cannot_be_evaluated_names_its_own_line(tmp_path, where, me
     err = error_for(tmp_path, text)
     assert err.field.startswith("kernels.lmha.where[") and message in err.message
     assert err.line == line_of(text, where)
+
+
+def test_spill_bytes_is_an_expression_of_the_grid(tmp_path):
+    """A kind's spill_bytes: what the compile tier lets each of its instances spill (0 unless said)."""
+    text = SPEC.replace('    covers: "E <= e and M <= m and align % vec == 0"',
+                        '    covers: "E <= e and M <= m and align % vec == 0"\n    spill_bytes: "4 * (e == 128)"', 1)
+    assert text != SPEC
+    lowered = pipeline.lower(pipeline.expand(pipeline.load([write(tmp_path, text)])), use_tuned=False)
+    allowed = {i.name: i.d["spill_bytes_allowed"] for _, insts in lowered for i in insts}
+    lmha = {n: a for n, a in allowed.items() if "_lmha_" in n}
+    assert lmha and all(a == (4 if "_e128_" in n else 0) for n, a in lmha.items())
+    assert any(a == 0 for n, a in allowed.items() if "_lmha_" not in n)
+
+
+def test_spill_bytes_naming_an_unknown_parameter(tmp_path):
+    text = SPEC.replace('    covers: "E <= e and M <= m and align % vec == 0"',
+                        '    covers: "E <= e and M <= m and align % vec == 0"\n    spill_bytes: "4 * (width == 128)"', 1)
+    err = error_for(tmp_path, text)
+    assert err.field == "kernels.lmha.spill_bytes" and "width" in err.message
+    assert err.line == line_of(text, "spill_bytes:")
