@@ -1,6 +1,9 @@
 """Small launches of one instance per kernel kind and direction, for compute-sanitizer
 (memcheck, racecheck): `compute-sanitizer --tool racecheck python3 tests/gpu/sanitize_small.py [FAMILY ...]`
-(families: causal_linear, rwkv, paged, flash_attention, flash_attention_grad, delta_rule; default all)."""
+(families: causal_linear, rwkv, paged, flash_attention, flash_attention_grad, delta_rule; default all).
+SANITIZE_INSTANCES=GLOB limits the flash attention forward to the instances it matches."""
+import fnmatch
+import os
 import sys
 from pathlib import Path
 
@@ -97,6 +100,8 @@ def flash_attention():
 
     fa = importlib.import_module("attngen.flash_attention")
     for name in fa.instances():
+        if not fnmatch.fnmatch(name, os.environ.get("SANITIZE_INSTANCES", "*")):
+            continue
         seen.add(name)
         D = fa.instance_head_size(name)
         dtype = torch.bfloat16 if "bf16" in name else torch.float16
