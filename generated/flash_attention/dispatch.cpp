@@ -48,6 +48,8 @@ cudaError_t launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroup
 size_t workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params&, cudaStream_t);
@@ -56,6 +58,8 @@ cudaError_t launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroup
 size_t workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params&, cudaStream_t);
@@ -87,14 +91,16 @@ bool covers_14(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)
 bool covers_15(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0)); }
 bool covers_16(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 bool covers_17(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
-bool covers_18(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_19(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0)); }
-bool covers_20(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_21(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
-bool covers_22(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_23(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_24(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_25(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_18(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
+bool covers_19(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_20(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0)); }
+bool covers_21(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_22(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
+bool covers_23(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
+bool covers_24(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_25(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_26(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_27(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 
 const Entry kEntries[] = {
     {"flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a", "dispatch", launch_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_0, workspace_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
@@ -114,15 +120,17 @@ const Entry kEntries[] = {
     {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a, covers_14, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a},
     {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a, covers_15, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a},
     {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a, covers_16, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a},
-    {"flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a, covers_17, workspace_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a, covers_18, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a},
-    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a, covers_19, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a},
-    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a, covers_20, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a},
-    {"flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a, covers_21, workspace_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a, covers_22, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a, covers_23, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a},
-    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a, covers_24, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a},
-    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a, covers_25, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a},
+    {"flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a, covers_17, workspace_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a},
+    {"flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a, covers_18, workspace_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a, covers_19, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a},
+    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a, covers_20, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a},
+    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a, covers_21, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a},
+    {"flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a, covers_22, workspace_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a},
+    {"flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a, covers_23, workspace_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a, covers_24, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a, covers_25, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a},
+    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a, covers_26, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a},
+    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a, covers_27, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a},
 };
 constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
 
@@ -199,7 +207,7 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64_causal_long: when D == 64 and causal == 1 and Lk >= 2048
   if (((key.D == 64) && (key.causal == 1) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
       if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
@@ -208,25 +216,25 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64_causal: when D == 64 and causal == 1
   if (((key.D == 64) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[22].covers(key)) return row(22);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[24].covers(key)) return row(24);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[23].covers(key)) return row(23);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
+      if (kEntries[25].covers(key)) return row(25);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64_long: when D == 64 and Lk >= 2048
   if (((key.D == 64) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[22].covers(key)) return row(22);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[24].covers(key)) return row(24);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[23].covers(key)) return row(23);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
+      if (kEntries[25].covers(key)) return row(25);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64: when D == 64
   if ((key.D == 64)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
       if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
@@ -235,16 +243,16 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_gqa_long: when D == 128 and G >= 4 and causal == 0 and Lk >= 2048
   if (((key.D == 128) && (key.G >= 4) && (key.causal == 0) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[24].covers(key)) return row(24);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[26].covers(key)) return row(26);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[25].covers(key)) return row(25);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
+      if (kEntries[27].covers(key)) return row(27);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_causal_long: when D == 128 and causal == 1 and Lk >= 2048
   if (((key.D == 128) && (key.causal == 1) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
       if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
@@ -253,7 +261,7 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_causal: when D == 128 and causal == 1
   if (((key.D == 128) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
       if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
@@ -262,7 +270,7 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_long: when D == 128 and Lk >= 2048
   if (((key.D == 128) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
       if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
@@ -271,7 +279,7 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128: when D == 128
   if ((key.D == 128)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
       if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
@@ -280,7 +288,7 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d96_causal: when D == 96 and causal == 1
   if (((key.D == 96) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
       if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
@@ -289,7 +297,7 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d96: when D == 96
   if ((key.D == 96)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
       if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
@@ -298,41 +306,43 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d256_causal: when D == 256 and causal == 1
   if (((key.D == 256) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[23].covers(key)) return row(23);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[17].covers(key)) return row(17);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
+      if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d256: when D == 256
   if ((key.D == 256)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[23].covers(key)) return row(23);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[17].covers(key)) return row(17);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
+      if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
     }
   }
-  // specs/flash_attention.yaml:348: when True -> hopper_ws
+  // specs/flash_attention.yaml:351: when True -> hopper_ws
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
-      if (kEntries[23].covers(key)) return row(23);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
+      if (kEntries[25].covers(key)) return row(25);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
       if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
       if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
-      if (kEntries[25].covers(key)) return row(25);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
-      if (kEntries[17].covers(key)) return row(17);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
+      if (kEntries[27].covers(key)) return row(27);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
+      if (kEntries[17].covers(key)) return row(17);  // flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
+      if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
-      if (kEntries[22].covers(key)) return row(22);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
-      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
-      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
-      if (kEntries[24].covers(key)) return row(24);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
-      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[24].covers(key)) return row(24);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[26].covers(key)) return row(26);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[22].covers(key)) return row(22);  // flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
+      if (kEntries[23].covers(key)) return row(23);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:350: when True -> hopper
+  // specs/flash_attention.yaml:353: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[8].covers(key)) return row(8);  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a
@@ -345,7 +355,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[13].covers(key)) return row(13);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:352: when True -> mma_sync
+  // specs/flash_attention.yaml:355: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return row(0);  // flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a

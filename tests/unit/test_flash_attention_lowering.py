@@ -1,7 +1,8 @@
 """The flash attention forward's lowering of the warp-specialized kind
 (codegen/families/flash_attention.py): the producer's and consumers' register split, the shared
-memory of the ring, the d256 point with 32-key tiles that serves D 256, and head sizes padded to
-whole swizzle atoms (d96, and others built on first use)."""
+memory of the ring, the d256 points (48-key tiles serve D 256, 32-key tiles are the schedule head
+sizes between 128 and 256 take on first use), and head sizes padded to whole swizzle atoms (d96,
+and others built on first use)."""
 import pytest
 
 from codegen import jit, pipeline
@@ -26,6 +27,18 @@ def test_the_d256_warp_specialized_point():
     # 1 KB of alignment, Q (128 rows), two stages of K and V (32 rows), 2 + 4 * 2 mbarriers
     assert d["smem_bytes"] == 1024 + (128 + 2 * 2 * 32) * 256 * 2 + (2 + 4 * 2) * 8
     assert "a box per page" in d["loads_doc"]
+
+
+def test_the_d256_48_key_point_and_its_spill_allowance():
+    by_name = shipped()
+    name = "flash_attention_hopper_ws_d256_block_m128_block_n{}_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a"
+    d48, d32 = by_name[name.format(48)].d, by_name[name.format(32)].d
+    # scores 48 / 2, output 256 / 2, the wgmma overhead: within the consumers' 216
+    assert d48["regs_estimate"] == 24 + 128 + 40 <= d48["consumer_regs"] == 216
+    # two stages of K and V of 48 rows
+    assert d48["smem_bytes"] == 1024 + (128 + 2 * 2 * 48) * 256 * 2 + (2 + 4 * 2) * 8
+    # the spec's spill_bytes: 16 where ptxas spills in the soft-cap/ALiBi variants, else 0
+    assert (d48["spill_bytes_allowed"], d32["spill_bytes_allowed"]) == (16, 0)
 
 
 def test_d256_dispatches_to_the_warp_specialized_kind():
