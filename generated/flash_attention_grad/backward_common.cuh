@@ -260,18 +260,22 @@ __device__ __forceinline__ void adder_sync(int barrier, int threads) {
   }
 }
 
+// One thread waits until `counter` reaches `turn` (acquire).
+__device__ __forceinline__ void await_turn(const int* counter, int turn) {
+  while (load_acquire(counter) != turn) __nanosleep(64);
+}
+
 __device__ __forceinline__ void wait_turn(const int* counter, int turn, int barrier, int threads) {
-  if (threadIdx.x % threads == 0) {
-    while (load_acquire(counter) != turn) __nanosleep(64);
-  }
+  if (threadIdx.x % threads == 0) await_turn(counter, turn);
   adder_sync(barrier, threads);
 }
 
+// The release: after the adder's threads meet, its leader's acq_rel fence orders every addition
+// they made before the count (the barrier's cumulativity; CUTLASS's semaphores release so).
 __device__ __forceinline__ void pass_turn(int* counter, int barrier, int threads) {
   adder_sync(barrier, threads);
   if (threadIdx.x % threads == 0) {
-    __threadfence();
-    atomicAdd(counter, 1);
+    asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
   }
 }
 

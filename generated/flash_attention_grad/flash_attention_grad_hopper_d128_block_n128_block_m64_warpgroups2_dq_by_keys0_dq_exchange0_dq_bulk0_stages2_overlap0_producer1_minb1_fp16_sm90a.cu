@@ -52,6 +52,8 @@ constexpr int THREADS = CONSUMER_THREADS + (PRODUCER ? 128 : 0);
 // With PRODUCER, registers move from the producer to the consumers (setmaxnreg): the launch
 // allots 65536 / THREADS each, which would spill the consumers' dK and dV accumulators.
 constexpr int PRODUCER_REGS = 32, CONSUMER_REGS = 232;
+// The split where the producer also takes the deterministic dq turns (backward_kernel).
+constexpr int TURNS_PRODUCER_REGS = 48, TURNS_CONSUMER_REGS = 224;
 constexpr int CONSUMERS_BARRIER = 3;  // named barrier of the consumer threads (1, 2: each warpgroup's)
 constexpr int NT = BLOCK_M / 8;              // 8-column (query) tiles of the transposed scores
 constexpr int DT = D_TILE / 8;               // 8-column tiles of dK, dV
@@ -122,6 +124,12 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t 
 // transforms the scores.
 template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Params p) {
+  // Deterministic with a producer and one adder: the producer's first thread waits for each
+  // tile's dq turn before it completes the tile's stage, so the consumers, whose wait for the
+  // stage acquires it, neither poll the counter nor meet to hear of it (polling cost them a
+  // barrier and a round trip to L2 every tile: barrier stalls 18% and the turn's code 14% of
+  // the deterministic kernel's samples, bench/results/h100/flash_grad_ncu_2169a4f.txt).
+  constexpr bool PRODUCER_TAKES_TURNS = DETERMINISTIC && PRODUCER && ADDERS == 1;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // wgmma descriptors assume 1024-byte aligned atoms: align the base (the launch adds 1 KB).
   const uint32_t raw = mma::smem_addr(smem_raw);
@@ -173,7 +181,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       // thread released it. The statistics (read by the consumers' own loads, not by wgmma) are
       // loaded before the slot frees and stored by the producer threads, whose arrival publishes
       // them (release, acquired by the consumers' wait); Q and dO land by cp.async.
-      pipeline::release_registers<PRODUCER_REGS>();
+      pipeline::release_registers<PRODUCER_TAKES_TURNS ? TURNS_PRODUCER_REGS : PRODUCER_REGS>();
       const int tid = threadIdx.x % 128;
       if (iters > 0) {
         copy_rows<KVTile, BLOCK_N, D_TILE, T, D>(k_tile, k, p.k_sl, seq.lk - n0, tid);
@@ -193,12 +201,15 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         copy_rows<QTile, BLOCK_M, D_TILE, T, D>(slot + QTile::ELEMS, do_rows_of(it), p.do_sl, seq.lq - m0, tid);
         pipeline::arrive_on_copies(&bars.full[stage]);
         stats[stage * STAT_FLOATS + tid] = stat;  // smem: stats_write
+        if constexpr (PRODUCER_TAKES_TURNS) {  // the stage fills once this tile's dq turn has come (acquire)
+          if (tid == 0) await_turn(scratch.turn(p, tile_head(it), b, m0), at.x - first_key_block<BLOCK_N>(p, seq, m0, WINDOW));
+        }
         pipeline::arrive(&bars.full[stage]);
       }
       cp_async_wait<0>();  // leave no copy in flight behind an exited warp
       return;
     }
-    pipeline::claim_registers<CONSUMER_REGS>();
+    pipeline::claim_registers<PRODUCER_TAKES_TURNS ? TURNS_CONSUMER_REGS : CONSUMER_REGS>();
     if (iters > 0) pipeline::wait(&bars.kv_full, 0);  // made visible to wgmma with the first tile's fence
   } else {
     load_rows<KVTile, BLOCK_N, D_TILE, THREADS, T, D>(k_tile, k, p.k_sl, seq.lk - n0);
@@ -456,7 +467,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     }
     // Deterministic: the CTA (or with DQ_BY_KEYS each warpgroup, the first before the second) adds in key-block order.
     int* turn = DETERMINISTIC ? scratch.turn(p, h, b, m0) : nullptr;
-    if constexpr (DETERMINISTIC) {
+    if constexpr (DETERMINISTIC && !PRODUCER_TAKES_TURNS) {
       const int first = first_key_block<BLOCK_N>(p, seq, m0, WINDOW);
       wait_turn(turn, (at.x - first) * ADDERS + (DQ_BY_KEYS && !DQ_EXCHANGE ? wg : 0), adder_barrier, ADDER_THREADS);
     }
