@@ -50,6 +50,9 @@ def test_a_producer_warpgroup_takes_registers_from_the_launch_and_adds_barriers(
     plain, fed = by_name[base + "_producer0_minb1_bf16_sm90a"], by_name[base + "_producer1_minb1_bf16_sm90a"]
     assert (plain["threads"], fed["threads"]) == (256, 384)
     assert (fed["producer_regs"], fed["consumer_regs"]) == (32, 232)
+    # deterministic, the producer also waits for the dq turns: 48 and 224, the same total
+    assert (fed["turns_producer_regs"], fed["turns_consumer_regs"]) == (48, 224)
+    assert fed["turns_producer_regs"] + 2 * fed["turns_consumer_regs"] == 32 + 2 * 232
     assert fed["smem_bytes"] == plain["smem_bytes"] + 64 * 128 * 2 + (1 + 2 * 2) * 8
 
 
