@@ -38,6 +38,11 @@ def with_spill_allowance(spec: Spec, inst: KernelInstance) -> KernelInstance:
     return replace(inst, derived=inst.derived + (("spill_bytes_allowed", allowed),))
 
 
+def lower_in(spec: Spec):
+    """lower_one with the spec's spill allowance: what the tuned table's winners are lowered by."""
+    return lambda inst: with_spill_allowance(spec, lower_one(inst))
+
+
 def lower_all(spec: Spec, instances: list[KernelInstance], strict: bool = True):
     """Lower every instance. strict (make gen): the first rejection is a SpecError naming
     file:line of the grid parameter at fault. Not strict (tuning): rejections are returned."""

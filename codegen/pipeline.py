@@ -53,8 +53,7 @@ def lower(expanded, use_tuned: bool = True, bench: bool = False):
         path = tuned_table.table_path(ROOT, spec)
         use_tuned = use_tuned and not bench
         if use_tuned and path.is_file():
-            lower_winner = lambda inst, spec=spec: lower_stage.with_spill_allowance(spec, lower_stage.lower_one(inst))  # noqa: E731
-            extra, rules = tuned_table.load_rules(spec, path, lower_winner, _display(path))
+            extra, rules = tuned_table.load_rules(spec, path, lower_stage.lower_in(spec), _display(path))
             names = {i.name for i in lowered}
             lowered += [i for i in extra if i.name not in names and not names.add(i.name)]
             spec = tuned_table.attach(spec, rules)

@@ -127,7 +127,7 @@ def _lower_backward(inst: KernelInstance, arch: Arch) -> KernelInstance:
 
 WGMMA_REG_OVERHEAD = 40   # addresses and loop state: the wgmma kernel reads no operand fragments
 STAGE_PAD = 8   # floats after each staged dQ row: 16-byte rows, and 8 rows of float2 stores in two wavefronts
-# The producer warpgroup's registers after setmaxnreg (the rest go to the consumers: 240 each with
+# The producer warpgroup's registers after setmaxnreg (the rest go to the consumers: 232 each with
 # two consumer warpgroups): it holds two row pointers and a row per copy loop.
 PRODUCER_REGS = 32
 # Deterministic, the producer also waits for each tile's dq turn: at 32 its variants spilled 28-48
