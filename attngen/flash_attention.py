@@ -7,7 +7,8 @@ softmax and accumulation. Query head h reads kv head h // (Hq // Hkv). Causal ma
 windows align the last query row with the last key row (flash-attn >= 2.1). Differentiable in
 q, k and v (and through the returned lse): the backward is the generated
 `flash_attention_grad` op (specs/flash_attention_grad.yaml), which recomputes the weights from
-the saved log-sum-exp.
+the saved log-sum-exp. FP8 inference: float8_e4m3fn q, k, v with descale factors give a bf16
+output (fixed lengths, head sizes 64 and 128; no gradient).
 """
 from __future__ import annotations
 
@@ -23,12 +24,14 @@ from ._ops import Op
 OP = Op("flash_attention")
 GRAD = Op("flash_attention_grad")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+FP8_DTYPES = (torch.float8_e4m3fn,)   # the forward only: fixed lengths, a bf16 output
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, left, right, alibi_slopes, soft_cap, deterministic,
-     block_table, _seqused_k) = inputs
+     block_table, _seqused_k) = inputs[:15]   # then the fp8 descales
     ctx.paged = block_table is not None
+    ctx.fp8 = q.dtype in FP8_DTYPES
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     ctx.options = (max_q, max_k, scale, left, right, soft_cap, deterministic)
@@ -45,6 +48,9 @@ def _backward(ctx, d_out, d_lse):
     if ctx.paged:
         raise NotImplementedError("paged_attention has no gradient: a paged KV cache is inference state (use "
                                   "flash_attention_varlen on the sequences' own rows to train)")
+    if ctx.fp8:
+        raise NotImplementedError("flash_attention on float8 q, k, v has no gradient (an inference forward): "
+                                  "train in bf16 or fp16")
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
     max_q, max_k, scale, left, right, soft_cap, deterministic = ctx.options
     if d_out is None:
@@ -52,7 +58,7 @@ def _backward(ctx, d_out, d_lse):
     d_lse = None if d_lse is None else d_lse.contiguous()
     dq, dk, dv = GRAD(q, k, v, out, _rows(d_out), lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale,
                       left, right, alibi_slopes, soft_cap, deterministic)
-    return (dq, dk, dv) + (None,) * 12   # no gradient for the lengths, options, block_table, seqused_k
+    return (dq, dk, dv) + (None,) * 15   # no gradient for the lengths, options, block_table, seqused_k, descales
 
 
 def _register() -> None:
@@ -74,9 +80,10 @@ def _check_tensor(name: str, t, q: Optional[torch.Tensor], op: str = PADDED) -> 
 def _check_qkv(q, k, v, rank: int, layout: str, op: str = PADDED) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t, q if name != "q" else None, op)
-        if t.dtype not in SUPPORTED_DTYPES:
+        if t.dtype not in SUPPORTED_DTYPES + FP8_DTYPES:
             _fail(op=op, msg=f"{name} has dtype {t.dtype}; supported: float16, bfloat16 (fp32 softmax and accumulation "
-                  f"inside; fp32 inputs are not supported by the tensor-core kernels)")
+                  f"inside; fp32 inputs are not supported by the tensor-core kernels), and float8_e4m3fn for the "
+                  f"fixed-length forward")
         if t.dtype != q.dtype:
             _fail(op=op, msg=f"{name} has dtype {t.dtype} but q has {q.dtype}")
         if t.dim() != rank:
@@ -137,6 +144,26 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if ok else t.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation
 
 
+def _descales(q, k, q_descale, k_descale, v_descale) -> tuple:
+    """The fp8 descale factors as the op takes them: None, or float32 tensors on q's device of one
+    element or [B, Hkv]; a Python number becomes a one-element tensor."""
+    if q.dtype not in FP8_DTYPES:
+        if any(f is not None for f in (q_descale, k_descale, v_descale)):
+            _fail(f"q_descale, k_descale and v_descale are taken with float8_e4m3fn q, k, v only; q is {q.dtype}")
+        return None, None, None
+    B, Hkv = q.shape[0], k.shape[2]
+    out = []
+    for name, f in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if f is not None and not isinstance(f, torch.Tensor):
+            f = torch.tensor([float(f)], dtype=torch.float32, device=q.device)
+        if f is not None:
+            _check_tensor(name, f, q)
+            if f.dtype != torch.float32 or not (f.numel() == 1 or tuple(f.shape) == (B, Hkv)):
+                _fail(f"{name} must be float32 with one element or [B={B}, Hkv={Hkv}], got {f.dtype} {tuple(f.shape)}")
+        out.append(f)
+    return tuple(out)
+
+
 def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k) -> None:
     """The checks that read cu_seqlens (they synchronize): starts at 0, never decreasing, ends
     at the packed row count, and no sequence longer than the max it is launched for."""
@@ -160,7 +187,8 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                     scale: Optional[float] = None, window: Optional[Sequence[int]] = None,
                     alibi_slopes: Optional[torch.Tensor] = None, soft_cap: Optional[float] = None,
-                    return_lse: bool = False, *, deterministic: bool = False, instance: Optional[str] = None):
+                    return_lse: bool = False, *, deterministic: bool = False, instance: Optional[str] = None,
+                    q_descale=None, k_descale=None, v_descale=None):
     """Softmax attention, out = softmax(scale * q k^T + mask) v, per (batch, query head).
 
     q [B, Lq, Hq, D]; k, v [B, Lk, Hkv, D] with Hq a multiple of Hkv; fp16 or bf16. causal
@@ -172,15 +200,22 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     [B, Hq, Lq] fp32 (-inf for a row that sees no key; its output is zeros). Differentiable in
     q, k, v (and through lse); deterministic=True makes the backward add dq's parts in a fixed
     order, so gradients are bit-identical from run to run (at a cost: bench/flash_attention_grad.py).
-    `instance` forces a compiled forward instance by name (benchmarks, tests)."""
+    `instance` forces a compiled forward instance by name (benchmarks, tests).
+
+    FP8: with float8_e4m3fn q, k, v the products run on fp8 tensor cores (fp32 accumulation, the
+    softmax weights quantized to e4m3) and out is bfloat16. q_descale, k_descale, v_descale
+    (float32, one element or [B, Hkv]; a number; None: 1) multiply q, k and v back to their
+    values: scores are scale * q_descale * k_descale * (q . k), out is v_descale * (P v). No
+    gradient; the lse is returned as for 16-bit inputs."""
     _check_qkv(q, k, v, 4, "[B, L, H, D]")
     if k.shape[0] != q.shape[0]:
         _fail(f"k has batch {k.shape[0]} but q has {q.shape[0]}")
     left, right = _window(causal, window)
     scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale)
+    descales = _descales(q, k, q_descale, k_descale, v_descale)
     _register()
     args = (_aligned(q), _aligned(k), _aligned(v), None, None, q.shape[1], k.shape[1], scale, left, right,
-            alibi_slopes, soft_cap, bool(deterministic), None, None)   # no block_table, seqused_k: k, v are rows
+            alibi_slopes, soft_cap, bool(deterministic), None, None, *descales)   # no block_table, seqused_k
     out, lse = _call(args, instance)
     return (out, lse) if return_lse else out
 
@@ -214,7 +249,8 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale, VARLEN)
     _register()
     args = (_aligned(q), _aligned(k), _aligned(v), cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
-            max_seqlen_q, max_seqlen_k, scale, left, right, alibi_slopes, soft_cap, bool(deterministic), None, None)
+            max_seqlen_q, max_seqlen_k, scale, left, right, alibi_slopes, soft_cap, bool(deterministic), None, None,
+            None, None, None)
     out, lse = _call(args, instance)
     return (out, lse) if return_lse else out
 
@@ -228,7 +264,7 @@ def selected_instance(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
     _check_qkv(q, k, v, 4, "[B, L, H, D]")
     _register()
     return OP.select(_aligned(q), _aligned(k), _aligned(v), None, None, q.shape[1], k.shape[1], q.shape[-1] ** -0.5,
-                     -1, -1, None, 0.0)
+                     -1, -1, None, 0.0, False, None, None, None, None, None)
 
 
 def instance_head_size(name: str) -> int:

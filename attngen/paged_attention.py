@@ -124,6 +124,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale, NAME)
     _register()
     args = (_aligned(q), k, v, cu_seqlens_q.contiguous(), None, max_seqlen_q, max_context_len, scale, left, right,
-            alibi_slopes, soft_cap, False, block_table, context_lens.contiguous())
+            alibi_slopes, soft_cap, False, block_table, context_lens.contiguous(), None, None, None)
     out, lse = _call(args, instance)
     return (out, lse) if return_lse else out

@@ -214,11 +214,13 @@ def attention_mask(Lq: int, Lk: int, window_left: int = -1, window_right: int = 
 
 
 def flash_attention(q, k, v, causal=False, scale=None, window=None, alibi_slopes=None, soft_cap=None,
-                    dtype=torch.float64):
+                    dtype=torch.float64, weights_dtype=None, weights_scale=256.0):
     """Softmax attention on [B, L, H, D] tensors computed in `dtype` (float64: the reference;
     the storage dtype: what a plain torch implementation gets, whose error sets the bound).
-    Returns (out [B, Lq, Hq, D] in `dtype`, lse [B, Hq, Lq] in float64; -inf and zeros for
-    rows that see no key)."""
+    weights_dtype (float8_e4m3fn): the unnormalized weights exp(s - max) are rounded to it after
+    scaling by weights_scale before they multiply v, as the fp8 kernels do (the normalizing sum
+    is not rounded). Returns (out [B, Lq, Hq, D] in `dtype`, lse [B, Hq, Lq] in float64; -inf
+    and zeros for rows that see no key)."""
     B, Lq, Hq, D = q.shape
     Lk, Hkv = k.shape[1], k.shape[2]
     scale = D ** -0.5 if scale is None else scale
@@ -241,9 +243,26 @@ def flash_attention(q, k, v, causal=False, scale=None, window=None, alibi_slopes
     # autograd through this function gives them zero gradients, not NaN.
     s = s.masked_fill(~visible, float("-inf")).masked_fill(~seen[:, None], 0.0)
     lse = torch.logsumexp(s.double(), dim=-1)                                # [B, Hq, Lq]
-    p = torch.softmax(s, dim=-1).masked_fill(~seen[:, None], 0.0)
-    out = (p @ vh).transpose(1, 2)
+    if weights_dtype is None:
+        p = torch.softmax(s, dim=-1).masked_fill(~seen[:, None], 0.0)
+        out = (p @ vh).transpose(1, 2)
+    else:
+        e = torch.exp(s - s.amax(dim=-1, keepdim=True))
+        rounded = (e * weights_scale).to(weights_dtype).to(dtype) / weights_scale
+        out = ((rounded @ vh) / e.sum(dim=-1, keepdim=True)).masked_fill(~seen[..., None], 0.0).transpose(1, 2)
     return out, lse.masked_fill(~seen, float("-inf"))
+
+
+def dequantize(t, descale):
+    """fp8 t [B, L, H, D] times its descale factor (None: 1; one element; or [B, Hkv] for
+    H = G * Hkv heads, each kv head's factor shared by its group), in float64."""
+    x = t.double()
+    if descale is None:
+        return x
+    f = descale.double()
+    if f.numel() == 1:
+        return x * f.reshape(())
+    return x * f.repeat_interleave(t.shape[2] // f.shape[1], dim=1)[:, None, :, None]
 
 
 def paged_attention(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, kv_layout="NHD",

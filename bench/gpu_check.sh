@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
 # benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_rwkv_grad / tune_paged / tune_delta_rule / tune_gated_delta_grad / tune_flash_attention / tune_flash_attention_grad a cold and a warm
-# tuning run of the family (TUNE_WARM=0: the cold one only) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving, delta_tests/delta_bench/delta_quick/delta_backward_bench/ncu_gated_delta, flash_tests/flash_grad_tests/flash_bench/flash_grad_profile/ncu_flash_grad, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# tuning run of the family (TUNE_WARM=0: the cold one only) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving, delta_tests/delta_bench/delta_quick/delta_backward_bench/ncu_gated_delta, flash_tests/flash_fp8_tests/flash_grad_tests/flash_bench/flash_fp8_bench/flash_grad_profile/ncu_flash_grad, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last.
 set -uo pipefail
@@ -42,6 +42,7 @@ want paged_tests && step paged_tests python3 -m pytest -q -m gpu tests/gpu/test_
 want jit_tests && step jit_tests python3 -m pytest -q -m gpu tests/gpu/test_jit.py -p no:cacheprovider -s
 want delta_tests && step delta_tests python3 -m pytest -q -m gpu tests/gpu/test_delta_rule.py -p no:cacheprovider -s
 want flash_tests && step flash_tests python3 -m pytest -q -m gpu tests/gpu/test_flash_attention.py -p no:cacheprovider -s
+want flash_fp8_tests && step flash_fp8_tests python3 -m pytest -q -m gpu tests/gpu/test_flash_attention_fp8.py -p no:cacheprovider
 want paged_attention_tests && step paged_attention_tests python3 -m pytest -q -m gpu tests/gpu/test_paged_attention.py -p no:cacheprovider
 want flash_grad_tests && step flash_grad_tests python3 -m pytest -q -m gpu tests/gpu/test_flash_attention_grad.py -p no:cacheprovider -s
 want bench && step bench python3 -m bench.causal_linear ${BENCH_ARGS:-} --out "$OUT/r"
@@ -70,6 +71,7 @@ want ncu_gated_delta && ncu_stalls gated_delta "prepare_kernel|chunk_kernel|walk
 want flash_grad_profile && step flash_grad_profile python3 -m bench.flash_grad_profile
 want ncu_flash_grad && ncu_stalls flash_grad "backward_kernel" 5 python3 -m bench.flash_grad_profile --once
 want flash_bench && step flash_bench python3 -m bench.flash_attention ${BENCH_ARGS:-} --out "$OUT/r"
+want flash_fp8_bench && step flash_fp8_bench python3 -m bench.flash_attention_fp8 --out "$OUT/r"
 want flash_grad_bench && step flash_grad_bench python3 -m bench.flash_attention_grad --out "$OUT/r"
 want paged_attention_bench && step paged_attention_bench python3 -m bench.paged_attention --out "$OUT/r"
 want paged_serving && step paged_serving python3 -m bench.paged_serving --out "$OUT/r"
@@ -113,7 +115,7 @@ if want retune; then
   cp tuned/sm_90a/causal_linear.yaml "$OUT/r/tuned_second.yaml"
 fi
 tar -czf "$OUT/all.tgz" -C "$OUT/r" .
-cp "$OUT/r/causal_linear.md" "$OUT/r/chunked_vs_recurrent.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/flash_attention.md" "$OUT/r/flash_attention_grad.md" "$OUT/r/bank_check.md" "$OUT/r/jit_first_use.md" "$OUT/r/paged_attention.md" "$OUT/r/paged_attention.json" "$OUT/r/delta_rule.md" "$OUT/r/gated_delta_backward.md" "$OUT/" 2>/dev/null
+cp "$OUT/r/causal_linear.md" "$OUT/r/chunked_vs_recurrent.md" "$OUT/r/tuned_vs_default.md" "$OUT/r/rwkv.md" "$OUT/r/paged.md" "$OUT/r/flash_attention.md" "$OUT/r/flash_attention_grad.md" "$OUT/r/bank_check.md" "$OUT/r/jit_first_use.md" "$OUT/r/paged_attention.md" "$OUT/r/paged_attention.json" "$OUT/r/flash_attention_fp8.md" "$OUT/r/flash_attention_fp8.json" "$OUT/r/delta_rule.md" "$OUT/r/gated_delta_backward.md" "$OUT/" 2>/dev/null
 echo
 echo "| step | rc | seconds |"
 echo "|---|---|---|"

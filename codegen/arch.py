@@ -40,8 +40,9 @@ ARCHES = {
 # Registers a thread may hold (PTX ISA: 255 on every arch the specs target).
 MAX_REGS = 255
 
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-DTYPE_CPP = {"fp32": "float", "fp16": "__half", "bf16": "__nv_bfloat16"}
+# e4m3: float8_e4m3fn operands (the FP8 forward; its output and accumulation are wider).
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "e4m3": 1}
+DTYPE_CPP = {"fp32": "float", "fp16": "__half", "bf16": "__nv_bfloat16", "e4m3": "__nv_fp8_e4m3"}
 
 # The N extents of wgmma.mma_async m64nNk16 that templates/common/wgmma.cuh instantiates
 # (PTX allows multiples of 8 up to 256; a kernel using another N fails to compile, naming it).

@@ -23,8 +23,8 @@ surface is generated (templates/op.h.j2, templates/op.cpp.j2), as torchgen does 
 
 Output shapes and dtypes are Python-syntax expressions over the arguments: `q` (q's sizes),
 `[q[0], q[2], v[-1]]` (sizes), `a if cond else b` where cond is a bool argument, `x is None` or
-`x is not None` for an optional one; `+ - * //` and integers; dtypes `float32`, `float16`,
-`bfloat16` or a tensor argument's name (its dtype).
+`x is not None` for an optional one, or `fp8(x)` (a tensor argument holds float8 values); `+ - * //`
+and integers; dtypes `float32`, `float16`, `bfloat16` or a tensor argument's name (its dtype).
 """
 from __future__ import annotations
 
@@ -223,7 +223,11 @@ class _Translator:
                 and self.args[node.left.id].optional:
             has = f"a.{node.left.id}.has_value()"
             return has if isinstance(node.ops[0], ast.IsNot) else f"!{has}"
-        self.fail("a condition is a bool argument, `not <cond>`, or `<optional argument> is [not] None`")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "fp8" \
+                and len(node.args) == 1 and not node.keywords:
+            return f"at::isFloat8Type({self.tensor(node.args[0])}.scalar_type())"
+        self.fail("a condition is a bool argument, `not <cond>`, `<optional argument> is [not] None`, or "
+                  "`fp8(<tensor argument>)`")
 
     def size(self, node) -> str:
         if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):

@@ -23,7 +23,7 @@ from . import op as op_decl
 from .passes import banks
 
 NAMESPACE = "attngen"
-TORCH_DTYPES = {"fp32": "Float", "fp16": "Half", "bf16": "BFloat16"}
+TORCH_DTYPES = {"fp32": "Float", "fp16": "Half", "bf16": "BFloat16", "e4m3": "Float8_e4m3fn"}
 
 
 def environment(templates_dir: Path) -> jinja2.Environment:

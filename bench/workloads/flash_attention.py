@@ -24,7 +24,7 @@ def inputs(torch, ops, shape: dict, dtype, seed: int) -> tuple:
 def run(ops, instance: str, args: tuple):
     q, k, v, causal = args
     return ops.flash_attention_with(q, k, v, None, None, q.shape[1], k.shape[1], q.shape[-1] ** -0.5, -1,
-                                    0 if causal else -1, None, 0.0, False, None, None, instance)
+                                    0 if causal else -1, None, 0.0, False, None, None, None, None, None, instance)
 
 
 def as_tensor(out):

@@ -79,15 +79,16 @@ def _lower_mma_sync(inst: KernelInstance, arch: Arch) -> KernelInstance:
     })
 
 
-def tile_columns(d: int) -> int:
+def tile_columns(d: int, dtype_bytes: int = 2) -> int:
     """Columns of the padded Hopper kernels' shared tiles and head-wide accumulators (the
     warp-specialized forward, the wgmma backward): the head size rounded up to whole 64-column
     (128-byte) swizzle atoms. The columns past d are zeros (TMA's out-of-range fill, cp.async's
     zero fill); the products over the head (Q K^T; the backward's S^T, dP^T) stop at d, the
     others compute the pad columns and the epilogues drop them. At d96 P V does a third more work
     than the head needs; the spec's hopper_ws comment has what that costs against the mma.sync
-    kernel d96 ran on before."""
-    return -(-d // 64) * 64
+    kernel d96 ran on before. 8-bit elements fill an atom with 128 columns."""
+    atom = 128 // dtype_bytes
+    return -(-d // atom) * atom
 
 
 def padded_tile_columns(d: int, over_head: str) -> int:
@@ -106,9 +107,12 @@ def _check_wgmma_tiles(inst: KernelInstance, arch: Arch, padded: bool = False) -
     d, block_m, block_n, warpgroups = (inst.p[k] for k in ("d", "block_m", "block_n", "warpgroups"))
     if not arch.name.endswith("a"):
         raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
-    if inst.dtype_bytes != 2:
-        raise Rejected("d", f"tensor-core kinds take 16-bit operands, not {inst.a['dtype']}")
-    if padded:
+    if inst.dtype_bytes != 2 and not (padded and inst.a["dtype"] == "e4m3"):
+        raise Rejected("d", f"this tensor-core kind takes 16-bit operands, not {inst.a['dtype']}"
+                            f"{' (the warp-specialized kind takes e4m3 too)' if not padded else ''}")
+    if inst.dtype_bytes == 1:
+        _check_fp8_tiles(d, block_n)
+    elif padded:
         padded_tile_columns(d, "Q K^T steps")
     elif d % 64 or d not in WGMMA_N:
         raise Rejected("d", f"d={d}: rows of 128-byte swizzle atoms need a multiple of 64 that wgmma.cuh "
@@ -121,6 +125,22 @@ def _check_wgmma_tiles(inst: KernelInstance, arch: Arch, padded: bool = False) -
                                   f"({', '.join(map(str, WGMMA_N))}) and a multiple of 16")
     if inst.p["overlap"] not in (0, 1):
         raise Rejected("overlap", f"overlap={inst.p['overlap']}: 0 or 1")
+
+
+# The 8-bit kernel's V^T tile: 128-key atoms (K-major), one box of D rows.
+FP8_KEY_ATOM = 128
+
+
+def _check_fp8_tiles(d: int, block_n: int) -> None:
+    """e4m3 operands (forward_ws.cu.j2's FP8): Q K^T walks the head 32 columns at a time, the
+    output has a column per head column (V^T's rows: an N of wgmma.cuh) and the key tiles are
+    whole 128-key atoms of V^T."""
+    if d % 32 or d not in WGMMA_N:
+        raise Rejected("d", f"d={d}: fp8 operands need a multiple of 32 (the k-step of m64nNk32) that wgmma.cuh "
+                            f"instantiates as N ({', '.join(map(str, WGMMA_N))}): V^T has a row per head column")
+    if block_n % FP8_KEY_ATOM or block_n not in WGMMA_N:
+        raise Rejected("block_n", f"block_n={block_n}: fp8 key tiles are whole {FP8_KEY_ATOM}-key atoms of V^T "
+                                  f"(K-major; 8-bit operands are not read transposed)")
 
 
 def _check_registers(regs: int, threads: int, minb: int, arch: Arch, what: str) -> None:
@@ -201,26 +221,31 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("pingpong", "pingpong needs at least 2 consumer warpgroups to take turns")
     if stages < 2:
         raise Rejected("stages", f"stages={stages}: the ring needs at least 2")
-    cols = tile_columns(d)
-    rows_per_copier = block_n * cols // 8 // 128   # key rows each producer thread copies per tile
+    elem = inst.dtype_bytes
+    cols = tile_columns(d, elem)
+    out_cols = d if elem == 1 else cols           # fp8: V^T's rows; else V's padded columns
+    rows_per_copier = block_n * cols * elem // 16 // 128   # key rows each producer thread copies per tile
     if p["page_ids"] < 1 or rows_per_copier % p["page_ids"]:
         raise Rejected("page_ids", f"page_ids={p['page_ids']}: the page ids a producer thread loads together must "
                                    f"divide the {rows_per_copier} rows it copies per tile")
     threads = (warpgroups + 1) * 128
     producer_regs, consumer_regs = register_split(warpgroups, minb, arch)
-    weights = block_n // 4 if overlap else 0     # held while the next scores are computed
-    regs = block_n // 2 + cols // 2 + weights + WGMMA_REG_OVERHEAD
+    weights = block_n * elem // 8 if overlap else 0   # held while the next scores are computed
+    regs = block_n // 2 + out_cols // 2 + weights + WGMMA_REG_OVERHEAD
     if regs > consumer_regs:
         raise Rejected("block_n", f"about {regs} registers per consumer thread (scores {block_n // 2}, output "
-                                  f"{cols // 2}, weights {weights}) exceed the {consumer_regs} that {warpgroups} "
+                                  f"{out_cols // 2}, weights {weights}) exceed the {consumer_regs} that {warpgroups} "
                                   f"consumer warpgroups get at minb={minb}")
     barriers = (2 + 4 * stages) * MBARRIER_BYTES
-    smem = 1024 + (block_m + stages * 2 * block_n) * cols * 2 + barriers
+    value_tile = out_cols * block_n if elem == 1 else block_n * cols   # V^T's or V's tile, elements
+    smem = 1024 + ((block_m + stages * block_n) * cols + stages * value_tile) * elem + barriers
     _check_smem(smem, minb, arch)
-    bank = banks.model(atoms_bank_accesses(cols, block_m, staged_epilogue=False),
-                       unpadded=atoms_bank_accesses(cols, block_m, staged_epilogue=False, offset=plain_layout(cols)))
+    wide = cols * elem // 2   # the accesses' 16-bit columns: the same bytes
+    bank = banks.model(atoms_bank_accesses(wide, block_m, staged_epilogue=False),
+                       unpadded=atoms_bank_accesses(wide, block_m, staged_epilogue=False, offset=plain_layout(wide)))
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank": bank, "tile_cols": cols,
+        "out_cols": out_cols, "out_ctype": "__nv_bfloat16" if elem == 1 else inst.ctype,
         "producer_regs": producer_regs, "consumer_regs": consumer_regs,
         "loads_doc": "TMA, a box per page of a paged cache, cp.async for packed batches" if tma else "cp.async",
         "threads_param": "warpgroups", "smem_param": "stages",
@@ -236,7 +261,7 @@ def _tune_runtime(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
 
 FAMILY = Family(
     name="flash_attention",
-    axes={"dtype": ("fp16", "bf16")},
+    axes={"dtype": ("fp16", "bf16", "e4m3")},
     lowerings={
         FORWARD: Lowering({"d": "int", "block_m": "int", "block_n": "int", "warps": "int", "stages": "int",
                            "swizzle": "int0", "qregs": "int0", "minb": "int"}, _lower_mma_sync),

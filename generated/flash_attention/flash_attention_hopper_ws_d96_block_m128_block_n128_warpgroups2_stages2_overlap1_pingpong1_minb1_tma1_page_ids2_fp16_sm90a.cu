@@ -38,12 +38,18 @@ namespace attngen {
 namespace flash_attention {
 namespace {
 
-using T = __half;
+using T = __half;                    // q, k, v elements
+using OutT = __half;                 // out: T, or bf16 for fp8 operands
+constexpr bool FP8 = sizeof(T) == 1;           // e4m3 operands: see "FP8" below
 constexpr int D = 96;                   // head size
-// Columns of the shared tiles and the output accumulator: D in whole 64-column swizzle atoms.
-// Columns D .. D_TILE - 1 land as zeros (TMA's out-of-range fill, cp.async's zero fill); Q K^T
-// stops at D, P V computes them along with the rest, and the epilogue does not store them.
+constexpr int ATOM_COLS = 128 / sizeof(T);     // elements of a 128-byte swizzle atom's row
+// Columns of the Q and K tiles: D in whole swizzle atoms. Columns D .. D_TILE - 1 land as zeros
+// (TMA's out-of-range fill, cp.async's zero fill); Q K^T stops at D.
 constexpr int D_TILE = 128;
+// Columns of the output accumulator: D_TILE with 16-bit operands (V's tile is read transposed,
+// P V computes the pad columns along with the rest and the epilogue does not store them); D
+// with fp8 ones (V^T's tile has a row per head column).
+constexpr int O_COLS = 128;
 constexpr int BLOCK_M = 128;       // query rows per CTA: 64 per consumer warpgroup
 constexpr int BLOCK_N = 128;       // key/value rows per tile
 constexpr int CONSUMERS = 2;  // consumer warpgroups
@@ -59,20 +65,35 @@ constexpr int THREADS = (CONSUMERS + 1) * 128;
 // launch allots 65536 / THREADS each, which would spill a consumer's output and scores.
 constexpr int PRODUCER_REGS = 64, CONSUMER_REGS = 216;
 constexpr int NT = BLOCK_N / 8;                // 8-column score tiles
-constexpr int DT = D_TILE / 8;                 // 8-column output tiles
+constexpr int DT = O_COLS / 8;                 // 8-column output tiles
 constexpr int DT_STORED = D / 8;               // those the epilogue stores
-constexpr int KD = D / 16;                     // k-steps of q . k
-constexpr int KN = BLOCK_N / 16;               // k-steps of p . v
-static_assert(THREADS == 384 && BLOCK_M == 64 * CONSUMERS && BLOCK_N % 16 == 0 && D % 16 == 0 && D_TILE % 64 == 0 &&
-              D <= D_TILE, "tile shape");
+constexpr int K_STEP = 32 / sizeof(T);         // a wgmma k-step: 32 bytes (k16 of 16-bit, k32 of 8-bit elements)
+constexpr int KD = D / K_STEP;                 // k-steps of q . k
+constexpr int KN = BLOCK_N / K_STEP;           // k-steps of p . v
+static_assert(THREADS == 384 && BLOCK_M == 64 * CONSUMERS && BLOCK_N % K_STEP == 0 && D % K_STEP == 0 &&
+              D_TILE % ATOM_COLS == 0 && D <= D_TILE && D <= O_COLS, "tile shape");
 // Named barriers 1 + w: warpgroup w's turn to issue MMAs (pingpong).
 constexpr int TURN_BARRIER = 1;
 
-using QTile = wgmma::Atoms<BLOCK_M, D_TILE>;
-using KVTile = wgmma::Atoms<BLOCK_N, D_TILE>;
+using QTile = wgmma::Atoms<BLOCK_M, D_TILE, sizeof(T)>;
+using KVTile = wgmma::Atoms<BLOCK_N, D_TILE, sizeof(T)>;   // a key tile (and a value tile of 16-bit elements)
+// A value tile: like a key tile (rows are keys, read transposed by P V), or with fp8 operands a
+// tile of V^T (rows are head columns, the keys K-major: 8-bit operands cannot be read transposed).
+using VTile = std::conditional_t<FP8, wgmma::Atoms<O_COLS, BLOCK_N, 1>, KVTile>;
 constexpr uint32_t GROUP_BYTES = 8 * 128;       // 8 rows of one atom: the stride byte offset
 using ScoreMma = wgmma::Mma<BLOCK_N, T>;
-using OutputMma = wgmma::Mma<D_TILE, T>;
+using OutputMma = wgmma::Mma<O_COLS, T>;
+
+// FP8: q, k and v hold e4m3 values that their descale factors (Params) turn back into the
+// inputs' values: q . k is scaled by both of q's and k's, the output by v's. The weights P are
+// quantized to e4m3 for P V, scaled by P_SCALE first: their values lie in [0, 1], where e4m3
+// rounds everything below 2^-6 to steps of 2^-9; 256 P keeps 2^-14 .. 1 at e4m3's relative
+// precision (the output takes the 1 / P_SCALE back with v's descale). The weights of k-step kn
+// sit in the accumulator as keys 2t, 2t + 1, 2t + 8, 2t + 9 (+ 16) of each 32-key block (t =
+// lane % 4); an 8-bit A fragment holds 4 consecutive k columns there, so they are packed as they
+// are and V^T stores the keys of each 32-key block in that order (op_impl.h's fp8_values).
+constexpr float P_SCALE = 256.f;
+static_assert(!FP8 || (BLOCK_N % VTile::ATOM_COLS == 0 && O_COLS <= 256), "V^T tiles: whole atoms of keys, a box of rows");
 
 // Shared memory after the 1 KB-aligned tiles: the mbarriers of the Q tile and of each stage.
 struct Barriers {
@@ -80,11 +101,12 @@ struct Barriers {
   uint64_t k_full[STAGES], v_full[STAGES];    // the producer's copies landed (128 arrivals)
   uint64_t k_empty[STAGES], v_empty[STAGES];  // every consumer warp is done reading
 };
-constexpr size_t SMEM = 1024 + QTile::BYTES + STAGES * 2 * KVTile::BYTES + sizeof(Barriers);
+constexpr size_t SMEM = 1024 + QTile::BYTES + STAGES * (KVTile::BYTES + VTile::BYTES) + sizeof(Barriers);
 static_assert(SMEM == 164944, "lowering and template agree on shared memory");
 
 // Tensor maps of q, k and v for TMA loads (tma.cuh), boxes of a tile's rows x one atom; for a
-// paged cache, k and v map [pages, page rows, Hkv, D] in boxes of a page's rows (at most a tile's).
+// paged cache, k and v map [pages, page rows, Hkv, D] in boxes of a page's rows (at most a tile's);
+// with fp8 operands v maps V^T [B, Hkv, D, keys] in boxes of D rows x an atom of keys.
 struct Maps {
   CUtensorMap q, k, v;
 };
@@ -157,8 +179,9 @@ __device__ __forceinline__ void load_pages(T* tile, const CUtensorMap& map, cons
     if (tid < pb.boxes) {
       const int row = (n0 + tid * pb.box_rows) & (pb.page_rows - 1);
 #pragma unroll
-      for (int a = 0; a < D_TILE / 64; ++a) {
-        pipeline::tma_load_4d(tile + a * BLOCK_N * 64 + tid * pb.box_rows * 64, &map, a * 64, row, kv_head, page, full);
+      for (int a = 0; a < D_TILE / ATOM_COLS; ++a) {
+        pipeline::tma_load_4d(tile + a * BLOCK_N * ATOM_COLS + tid * pb.box_rows * ATOM_COLS, &map, a * ATOM_COLS, row,
+                              kv_head, page, full);
       }
     }
     if (tid == 0) return;
@@ -226,25 +249,33 @@ __device__ __forceinline__ void produce_by_tma(const Params& p, const Maps& maps
       if (use > 0) pipeline::wait(&bars.k_empty[stage], (use - 1) & 1);
       pipeline::arrive_expect_bytes(&bars.k_full[stage], KVTile::BYTES);
 #pragma unroll
-      for (int a = 0; a < D_TILE / 64; ++a) {
-        pipeline::tma_load_4d(k_ring + stage * KVTile::ELEMS + a * BLOCK_N * 64, &maps.k, a * 64, n0, kv_head, w.b,
-                              &bars.k_full[stage]);
+      for (int a = 0; a < D_TILE / ATOM_COLS; ++a) {
+        pipeline::tma_load_4d(k_ring + stage * KVTile::ELEMS + a * BLOCK_N * ATOM_COLS, &maps.k, a * ATOM_COLS, n0,
+                              kv_head, w.b, &bars.k_full[stage]);
       }
       if (it == 0) {
         if (q_uses > 0) pipeline::wait(&bars.q_empty, (q_uses - 1) & 1);
         pipeline::arrive_expect_bytes(&bars.q_full, QTile::BYTES);
 #pragma unroll
-        for (int a = 0; a < D_TILE / 64; ++a) {
-          pipeline::tma_load_4d(q_tile + a * BLOCK_M * 64, &maps.q, a * 64, w.m0, w.h, w.b, &bars.q_full);
+        for (int a = 0; a < D_TILE / ATOM_COLS; ++a) {
+          pipeline::tma_load_4d(q_tile + a * BLOCK_M * ATOM_COLS, &maps.q, a * ATOM_COLS, w.m0, w.h, w.b, &bars.q_full);
         }
         ++q_uses;
       }
       if (use > 0) pipeline::wait(&bars.v_empty[stage], (use - 1) & 1);
-      pipeline::arrive_expect_bytes(&bars.v_full[stage], KVTile::BYTES);
+      pipeline::arrive_expect_bytes(&bars.v_full[stage], VTile::BYTES);
+      if constexpr (FP8) {  // V^T: the tile's keys are the boxes' columns, its head columns their rows
 #pragma unroll
-      for (int a = 0; a < D_TILE / 64; ++a) {
-        pipeline::tma_load_4d(v_ring + stage * KVTile::ELEMS + a * BLOCK_N * 64, &maps.v, a * 64, n0, kv_head, w.b,
-                              &bars.v_full[stage]);
+        for (int a = 0; a < BLOCK_N / VTile::ATOM_COLS; ++a) {
+          pipeline::tma_load_4d(v_ring + stage * VTile::ELEMS + a * VTile::ATOM_BYTES, &maps.v, n0 + a * VTile::ATOM_COLS,
+                                0, kv_head, w.b, &bars.v_full[stage]);
+        }
+      } else {
+#pragma unroll
+        for (int a = 0; a < D_TILE / ATOM_COLS; ++a) {
+          pipeline::tma_load_4d(v_ring + stage * VTile::ELEMS + a * BLOCK_N * ATOM_COLS, &maps.v, a * ATOM_COLS, n0,
+                                kv_head, w.b, &bars.v_full[stage]);
+        }
       }
     }
   }
@@ -301,6 +332,47 @@ __device__ __forceinline__ void produce_by_copies(const Params& p, const Maps& m
   }
 }
 
+// A block's descale factors (fp8 operands; 1 otherwise): q's times k's for q . k, v's over
+// P_SCALE for the output. Each is one per tensor or one per (sequence, kv head) (Params).
+struct Descales {
+  float qk, v;
+};
+__device__ __forceinline__ float descale_at(const float* f, int64_t sb, int64_t sh, int b, int kv_head) {
+  return f == nullptr ? 1.f : f[b * sb + kv_head * sh];
+}
+__device__ __forceinline__ Descales descales_of(const Params& p, int b, int h) {
+  if constexpr (!FP8) return {1.f, 1.f};
+  const int kv_head = h / static_cast<int>(p.Hq / p.Hkv);
+  return {descale_at(p.q_descale, p.q_descale_sb, p.q_descale_sh, b, kv_head) *
+              descale_at(p.k_descale, p.k_descale_sb, p.k_descale_sh, b, kv_head),
+          descale_at(p.v_descale, p.v_descale_sb, p.v_descale_sh, b, kv_head) / P_SCALE};
+}
+
+template <int A, int B, int C>
+__device__ __forceinline__ void scale_scores(float (&x)[A][B][C], float factor) {
+#pragma unroll
+  for (int i = 0; i < A * B * C; ++i) (&x[0][0][0])[i] *= factor;
+}
+
+// Four weights, scaled by P_SCALE, as e4m3 bytes in one register (the first in the low byte).
+__device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a * P_SCALE, b * P_SCALE), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c * P_SCALE, d * P_SCALE), __NV_SATFINITE, __NV_E4M3);
+  return lo | hi << 16;
+}
+
+// The weights of k-step kn (keys 32 kn ..) as an 8-bit A fragment (wgmma.cuh): register r holds
+// row g + 8 (r % 2) and, from 8-column score tile 4 kn + 2 (r / 2), the accumulator's keys 2t, 2t + 1
+// of it and of the next tile (see P_SCALE above for the order V^T follows).
+template <int NT_>
+__device__ __forceinline__ void pack_fp8_weights(uint32_t (&a)[4], const float (&s)[1][NT_][4], int kn) {
+  const int n = 4 * kn;
+  a[0] = fp8x4(s[0][n][0], s[0][n][1], s[0][n + 1][0], s[0][n + 1][1]);
+  a[1] = fp8x4(s[0][n][2], s[0][n][3], s[0][n + 1][2], s[0][n + 1][3]);
+  a[2] = fp8x4(s[0][n + 2][0], s[0][n + 2][1], s[0][n + 3][0], s[0][n + 3][1]);
+  a[3] = fp8x4(s[0][n + 2][2], s[0][n + 2][3], s[0][n + 3][2], s[0][n + 3][3]);
+}
+
 // `loads`: how the producer loads (Loads; the launcher made the maps it needs).
 template <bool WINDOW, bool EXTRAS>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
@@ -311,7 +383,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
   T* q_tile = reinterpret_cast<T*>(smem_raw + ((1024 - raw % 1024) % 1024));  // smem buffer: q_tile
   T* k_ring = q_tile + QTile::ELEMS;  // smem buffer: kv_ring
   T* v_ring = k_ring + STAGES * KVTile::ELEMS;
-  Barriers& bars = *reinterpret_cast<Barriers*>(v_ring + STAGES * KVTile::ELEMS);
+  Barriers& bars = *reinterpret_cast<Barriers*>(v_ring + STAGES * VTile::ELEMS);
 
   const Schedule<WINDOW> schedule(p);
   // The warp index through a shuffle: ptxas then knows it is uniform over the warp, and the
@@ -337,16 +409,18 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     // full barrier; a slot is refilled once every consumer warp released it. A block's Q goes
     // after its first K: that slot frees before the consumers are done with the last Q.
     pipeline::release_registers<PRODUCER_REGS>();
-    if (by_tma) {
+    if (FP8 || by_tma) {  // fp8 operands come by TMA only (the launcher makes sure)
       if (threadIdx.x % 128 == 0) produce_by_tma(p, maps, schedule, q_tile, k_ring, v_ring, bars);
       return;  // the CTA lives on with its consumers until every box has landed
     }
-    if (loads == Loads::pages) {
-      produce_by_copies<WINDOW, true>(p, maps, schedule, q_tile, k_ring, v_ring, bars);
-    } else {
-      produce_by_copies<WINDOW, false>(p, maps, schedule, q_tile, k_ring, v_ring, bars);
+    if constexpr (!FP8) {
+      if (loads == Loads::pages) {
+        produce_by_copies<WINDOW, true>(p, maps, schedule, q_tile, k_ring, v_ring, bars);
+      } else {
+        produce_by_copies<WINDOW, false>(p, maps, schedule, q_tile, k_ring, v_ring, bars);
+      }
+      cp_async_wait<0>();  // leave no copy in flight behind an exited warp
     }
-    cp_async_wait<0>();  // leave no copy in flight behind an exited warp
     return;
   }
 
@@ -356,6 +430,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
   const int row0 = warp * 16;
   const uint32_t q_rows = mma::smem_addr(q_tile) + wg * 64 * 128;  // this warpgroup's Q (A, K-major)
   // Raw q.k become base-2 exponents through one factor; transformed scores are already scaled.
+  // fp8 operands multiply it by a block's descale factors (descales_of).
   const float log2_scale = EXTRAS ? LOG2E : p.scale * LOG2E;
   float acc[1][DT][4];                         // output rows, fp32: a wgmma accumulator
   float row_max[2], row_sum[2];
@@ -386,13 +461,19 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     }
   };
   // O += P V of ring position g: the weights as A fragments in registers, V (rows are keys, D
-  // contiguous) read transposed: 16 key rows per k-step, D / 64 atoms apart along N.
+  // contiguous) read transposed: 16 key rows per k-step, D / 64 atoms apart along N. With fp8
+  // operands V^T (rows are head columns, keys contiguous) K-major: a k-step is 32 bytes into an atom.
   auto issue_output = [&](int g) {
-    const uint32_t v_addr = mma::smem_addr(v_ring + g % STAGES * KVTile::ELEMS);
+    const uint32_t v_addr = mma::smem_addr(v_ring + g % STAGES * VTile::ELEMS);
 #pragma unroll
     for (int kn = 0; kn < KN; ++kn) {
-      const uint64_t bv = wgmma::descriptor(v_addr + kn * 2 * GROUP_BYTES, KVTile::ATOM_BYTES, GROUP_BYTES);
-      OutputMma::rs<1>(&acc[0][0][0], pa[kn], bv, 1);
+      if constexpr (FP8) {
+        const uint64_t bv = wgmma::descriptor(v_addr + (kn / 4) * VTile::ATOM_BYTES + (kn % 4) * 32, 16, GROUP_BYTES);
+        OutputMma::rs<0>(&acc[0][0][0], pa[kn], bv, 1);
+      } else {
+        const uint64_t bv = wgmma::descriptor(v_addr + kn * 2 * GROUP_BYTES, KVTile::ATOM_BYTES, GROUP_BYTES);
+        OutputMma::rs<1>(&acc[0][0][0], pa[kn], bv, 1);
+      }
     }
   };
   // Turns go round the warpgroups: w waits for its barrier, issues, then opens w + 1's. The last
@@ -406,7 +487,13 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
   };
   auto pack_weights = [&] {
 #pragma unroll
-    for (int kn = 0; kn < KN; ++kn) mma::c_as_a<T>(pa[kn], s, 0, kn);
+    for (int kn = 0; kn < KN; ++kn) {
+      if constexpr (FP8) {
+        pack_fp8_weights(pa[kn], s, kn);
+      } else {
+        mma::c_as_a<T>(pa[kn], s, 0, kn);
+      }
+    }
   };
   // O += P V of ring position g, alone, waited for; its V slot released.
   auto output_step = [&](int g) {
@@ -446,6 +533,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     const Block<BLOCK_M, BLOCK_N, WINDOW> block(p, seq, w.m0);
     const int tiles = block.tiles;
     const float slope = EXTRAS && p.alibi ? p.alibi[w.h] : 0.f;
+    const Descales descales = descales_of(p, w.b, w.h);
+    const float log2_block = EXTRAS ? log2_scale : log2_scale * descales.qk;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) acc[0][dt][0] = acc[0][dt][1] = acc[0][dt][2] = acc[0][dt][3] = 0.f;
     row_max[0] = row_max[1] = -INFINITY;
@@ -457,8 +546,9 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
       release(&bars.k_empty[(t + it) % STAGES]);
       if (it == tiles - 1) release(&bars.q_empty);
       const int n0 = (block.tile0 + it) * BLOCK_N;
+      if constexpr (FP8 && EXTRAS) scale_scores(s, descales.qk);  // the transforms take q . k's values
       transform_scores<1, NT, EXTRAS>(s, p, block, row0, n0, seq.lk, block.partial(n0, seq.lk), slope, lane);
-      softmax::online_step<1, NT>(s, row_max, row_sum, rescale, log2_scale);
+      softmax::online_step<1, NT>(s, row_max, row_sum, rescale, log2_block);
     };
     if (tiles > 0) {
       pipeline::wait(&bars.q_full, q_uses & 1);
@@ -495,21 +585,21 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     }
     // Epilogue: normalize, write the log-sum-exp and the rows straight from registers (the Q
     // tile already holds the next block's rows).
-    store_rows_direct<T, 1, DT, DT_STORED>(p, seq, w.b, w.h, w.m0, row0, acc, row_max, row_sum, log2_scale, lane);
+    if constexpr (FP8) scale_scores(acc, descales.v);
+    store_rows_direct<OutT, 1, DT, DT_STORED>(p, seq, w.b, w.h, w.m0, row0, acc, row_max, row_sum, log2_block, lane);
   }
   // Warpgroup 0 takes the turn warpgroup CONSUMERS - 1 handed it after its last MMAs: pingpong
   // leaves no arrival behind.
   if (PINGPONG && wg == 0) pipeline::named_sync(TURN_BARRIER, 2 * 128);
 }
 
-constexpr bool BF16 = std::is_same<T, __nv_bfloat16>::value;
-
 // The maps of q (boxes of a block's rows), k and v (a tile's rows); false if the driver refuses
-// one (then the copies go by cp.async).
+// one (then the copies go by cp.async). With fp8 operands v is V^T [B, Hkv, D, v_sl keys] (Params).
 bool make_maps(const Params& p, Maps& maps) {
-  return tma::encode_rows(&maps.q, BF16, p.q, p.B, p.Lq, p.Hq, D, p.q_sb, p.q_sl, p.q_sh, BLOCK_M) &&
-         tma::encode_rows(&maps.k, BF16, p.k, p.B, p.Lk, p.Hkv, D, p.k_sb, p.k_sl, p.k_sh, BLOCK_N) &&
-         tma::encode_rows(&maps.v, BF16, p.v, p.B, p.Lk, p.Hkv, D, p.v_sb, p.v_sl, p.v_sh, BLOCK_N);
+  const bool v_map = FP8 ? tma::encode_rows<T>(&maps.v, p.v, p.B, D, p.Hkv, p.v_sl, p.v_sb, p.v_sl, p.v_sh, O_COLS)
+                         : tma::encode_rows<T>(&maps.v, p.v, p.B, p.Lk, p.Hkv, D, p.v_sb, p.v_sl, p.v_sh, BLOCK_N);
+  return tma::encode_rows<T>(&maps.q, p.q, p.B, p.Lq, p.Hq, D, p.q_sb, p.q_sl, p.q_sh, BLOCK_M) &&
+         tma::encode_rows<T>(&maps.k, p.k, p.B, p.Lk, p.Hkv, D, p.k_sb, p.k_sl, p.k_sh, BLOCK_N) && v_map;
 }
 
 // The maps of a paged k and v, [pages, page rows, Hkv, D] in boxes of a page's rows (a tile's
@@ -517,8 +607,8 @@ bool make_maps(const Params& p, Maps& maps) {
 bool make_page_maps(const Params& p, Maps& maps) {
   const int64_t page_rows = int64_t{1} << p.page_shift;
   const int box = static_cast<int>(std::min<int64_t>(page_rows, BLOCK_N));
-  return tma::encode_rows(&maps.k, BF16, p.k, p.num_pages, page_rows, p.Hkv, D, p.k_sp, p.k_sl, p.k_sh, box) &&
-         tma::encode_rows(&maps.v, BF16, p.v, p.num_pages, page_rows, p.Hkv, D, p.v_sp, p.v_sl, p.v_sh, box);
+  return tma::encode_rows<T>(&maps.k, p.k, p.num_pages, page_rows, p.Hkv, D, p.k_sp, p.k_sl, p.k_sh, box) &&
+         tma::encode_rows<T>(&maps.v, p.v, p.num_pages, page_rows, p.Hkv, D, p.v_sp, p.v_sl, p.v_sh, box);
 }
 
 template <bool WINDOW, bool EXTRAS>
@@ -533,6 +623,8 @@ cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
   Loads loads = Loads::copies;
   if (TMA && p.cu_seqlens_q == nullptr && make_maps(p, maps)) {
     loads = Loads::tma;
+  } else if (FP8) {
+    return cudaErrorNotSupported;  // fp8 operands come by TMA only: fixed lengths (the op checks)
   } else if (TMA && p.block_table != nullptr && make_page_maps(p, maps)) {
     loads = Loads::pages;
   }

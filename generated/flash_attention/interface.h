@@ -15,7 +15,7 @@ namespace attngen {
 namespace flash_attention {
 
 // The family's dtype axis (codegen/families/flash_attention.py AXES); its index is the key's dtype.
-enum class DType : int { kFP16 = 0, kBF16 = 1 };
+enum class DType : int { kFP16 = 0, kBF16 = 1, kE4M3 = 2 };
 
 // What dispatch looks at: the op's run-time variables (op.key), then its axes (op.dispatch_axes).
 struct Key {

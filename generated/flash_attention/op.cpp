@@ -48,6 +48,9 @@ struct Args {
   bool deterministic;
   const std::optional<at::Tensor>& block_table;
   const std::optional<at::Tensor>& seqused_k;
+  const std::optional<at::Tensor>& q_descale;
+  const std::optional<at::Tensor>& k_descale;
+  const std::optional<at::Tensor>& v_descale;
 };
 
 // The outputs (op.outputs).
@@ -59,7 +62,7 @@ struct Outputs {
 // Sizes are symbolic so that the Meta kernel serves dynamic shapes; on the GPU they are plain numbers.
 Outputs allocate(const Args& a) {
   Outputs out;
-  out.out = at::empty_symint(a.q.sym_sizes().vec(), a.q.options().dtype(a.q.scalar_type()));
+  out.out = at::empty_symint(a.q.sym_sizes().vec(), a.q.options().dtype((at::isFloat8Type(a.q.scalar_type()) ? at::kBFloat16 : a.q.scalar_type())));
   out.lse = at::empty_symint((a.cu_seqlens_q.has_value() ? std::vector<c10::SymInt>{a.q.sym_size(1), a.q.sym_size(0)} : std::vector<c10::SymInt>{a.q.sym_size(0), a.q.sym_size(2), a.q.sym_size(1)}), a.q.options().dtype(at::kFloat));
   return out;
 }
@@ -72,9 +75,10 @@ DType dtype_of(const char* name, const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::ScalarType::Half: return DType::kFP16;
     case at::ScalarType::BFloat16: return DType::kBF16;
+    case at::ScalarType::Float8_e4m3fn: return DType::kE4M3;
     default:
       fail_value(std::string("flash_attention: ") + name + " has dtype " + str(t) +
-                 ", which is not supported; expected one of fp16, bf16");
+                 ", which is not supported; expected one of fp16, bf16, e4m3");
   }
 }
 
@@ -130,8 +134,8 @@ Key make_key(const Args& a, const Outputs& out) {
              "without its instances, which build on first use; ATTNGEN_JIT=0 turns that off)");
 }
 
-std::tuple<at::Tensor, at::Tensor> flash_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k) {
-  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k};
+std::tuple<at::Tensor, at::Tensor> flash_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k, const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale, const std::optional<at::Tensor>& v_descale) {
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k, q_descale, k_descale, v_descale};
   detail::clear_uncovered();
   check_all(args);
   Outputs out = allocate(args);
@@ -148,8 +152,8 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_cuda(const at::Tensor& q, con
   return result(out);
 }
 
-std::tuple<at::Tensor, at::Tensor> flash_attention_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k, const std::string& instance) {
-  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k};
+std::tuple<at::Tensor, at::Tensor> flash_attention_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k, const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale, const std::optional<at::Tensor>& v_descale, const std::string& instance) {
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k, q_descale, k_descale, v_descale};
   detail::clear_uncovered();
   check_all(args);
   const Entry* entry = flash_attention_find(instance.c_str());
@@ -163,19 +167,19 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_with_cuda(const at::Tensor& q
   return result(out);
 }
 
-std::tuple<at::Tensor, at::Tensor> flash_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k) {
-  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k};
+std::tuple<at::Tensor, at::Tensor> flash_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k, const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale, const std::optional<at::Tensor>& v_descale) {
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k, q_descale, k_descale, v_descale};
   return result(allocate(args));
 }
 
-std::tuple<at::Tensor, at::Tensor> flash_attention_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k, const std::string&) {
-  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k};
+std::tuple<at::Tensor, at::Tensor> flash_attention_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k, const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale, const std::optional<at::Tensor>& v_descale, const std::string&) {
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k, q_descale, k_descale, v_descale};
   return result(allocate(args));
 }
 
 // The instance the dispatch picks for these arguments ('' if none).
-std::string flash_attention_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k) {
-  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k};
+std::string flash_attention_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k, const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale, const std::optional<at::Tensor>& v_descale) {
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k, q_descale, k_descale, v_descale};
   check_all(args);
   const Outputs out = allocate(args);
   const Entry* entry = flash_attention_select(make_key(args, out));
@@ -183,8 +187,8 @@ std::string flash_attention_select_name(const at::Tensor& q, const at::Tensor& k
 }
 
 // The dispatch key as numbers: the run-time variables, then each axis' index (codegen/jit.py).
-std::vector<int64_t> flash_attention_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k) {
-  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k};
+std::vector<int64_t> flash_attention_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double soft_cap, bool deterministic, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& seqused_k, const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale, const std::optional<at::Tensor>& v_descale) {
+  const Args args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window_left, window_right, alibi_slopes, soft_cap, deterministic, block_table, seqused_k, q_descale, k_descale, v_descale};
   check_all(args);
   const Outputs out = allocate(args);
   return flash_attention_key_values(make_key(args, out));
@@ -202,7 +206,7 @@ std::vector<std::string> flash_attention_instances(const std::string& role) {
 
 // The values of an axis, in the order its key field (and an int argument selecting it) counts them.
 std::vector<std::string> flash_attention_axis_values(const std::string& axis) {
-  if (axis == "dtype") return {"fp16", "bf16"};
+  if (axis == "dtype") return {"fp16", "bf16", "e4m3"};
   fail_value("flash_attention_axis_values: no axis " + axis + "; the axes are dtype");
 }
 
@@ -211,10 +215,10 @@ std::vector<std::string> flash_attention_axis_values(const std::string& axis) {
 }  // namespace attngen
 
 TORCH_LIBRARY_FRAGMENT(attngen, m) {
-  m.def("flash_attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic=False, Tensor? block_table=None, Tensor? seqused_k=None) -> (Tensor, Tensor)");
-  m.def("flash_attention_with(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic, Tensor? block_table, Tensor? seqused_k, str instance) -> (Tensor, Tensor)");
-  m.def("flash_attention_select(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic=False, Tensor? block_table=None, Tensor? seqused_k=None) -> str", &attngen::flash_attention::flash_attention_select_name);
-  m.def("flash_attention_key(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic=False, Tensor? block_table=None, Tensor? seqused_k=None) -> int[]", &attngen::flash_attention::flash_attention_key);
+  m.def("flash_attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic=False, Tensor? block_table=None, Tensor? seqused_k=None, Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None) -> (Tensor, Tensor)");
+  m.def("flash_attention_with(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic, Tensor? block_table, Tensor? seqused_k, Tensor? q_descale, Tensor? k_descale, Tensor? v_descale, str instance) -> (Tensor, Tensor)");
+  m.def("flash_attention_select(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic=False, Tensor? block_table=None, Tensor? seqused_k=None, Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None) -> str", &attngen::flash_attention::flash_attention_select_name);
+  m.def("flash_attention_key(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, int window_left, int window_right, Tensor? alibi_slopes, float soft_cap, bool deterministic=False, Tensor? block_table=None, Tensor? seqused_k=None, Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None) -> int[]", &attngen::flash_attention::flash_attention_key);
   m.def("flash_attention_instances(str role=\"\") -> str[]", &attngen::flash_attention::flash_attention_instances);
   m.def("flash_attention_axis_values(str axis) -> str[]", &attngen::flash_attention::flash_attention_axis_values);
 }

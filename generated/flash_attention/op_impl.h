@@ -164,7 +164,7 @@ std::vector<int64_t> built_head_sizes(DType dtype) {
   for (int i = 0; i < flash_attention_entry_count(); ++i) {
     Key probe{};
     probe.dtype = dtype;
-    probe.align = 8;
+    probe.align = 16;  // every pointer and stride on 16 bytes
     for (int64_t d = 8; d <= 512; d += 8) {
       probe.D = d;
       if (flash_attention_entry(i)->covers(probe) && std::find(sizes.begin(), sizes.end(), d) == sizes.end()) sizes.push_back(d);
@@ -192,7 +192,7 @@ std::string uncovered(const Args& a, const Key& key) {
            " (add it to specs/flash_attention.yaml)";
   }
   return caller(a) + ": no instance covers " + describe(key) + " (dtype " + str(a.q) +
-         "); the kernels move 16-byte rows: pointers and row/head strides must be multiples of 8 elements";
+         "); the kernels move 16-byte rows: pointers and row/head strides must be multiples of 16 bytes";
 }
 // What a paged k, v needs besides check_attention's: the block table and the keys per sequence.
 // Nothing here reads them (validate=True in the Python wrapper does): a call stays capturable.
@@ -227,9 +227,63 @@ void check_pages(const Args& a) {
   }
 }
 
+bool fp8(const Args& a) { return at::isFloat8Type(a.q.scalar_type()); }
+
+// fp8 q, k, v: fixed lengths (every tile by TMA, V^T made per batch row) and the descale factors,
+// fp32 of one element (per tensor) or [B, Hkv] (per sequence and kv head, as FlashAttention-3's).
+void check_fp8(const Args& a) {
+  const std::string op = caller(a) + ": ";
+  const std::pair<const char*, const std::optional<at::Tensor>*> descales[] = {
+      {"q_descale", &a.q_descale}, {"k_descale", &a.k_descale}, {"v_descale", &a.v_descale}};
+  if (!fp8(a)) {
+    for (const auto& [name, t] : descales) {
+      if (t->has_value()) fail_value(op + name + " is taken with float8 q, k, v only; q has " + str(a.q));
+    }
+    return;
+  }
+  if (paged(a) || packed(a)) {
+    fail_value(op + "float8 q, k, v are taken in fixed-length [B, L, H, D] batches only (not packed or paged): got " +
+               str(a.q) + " with " + (paged(a) ? "a block_table" : "cu_seqlens"));
+  }
+  const int64_t batch = a.q.size(0), Hkv = a.k.size(2);
+  for (const auto& [name, t] : descales) {
+    if (!t->has_value()) continue;
+    const at::Tensor& f = **t;
+    check_on_q_device(op, name, f, a.q);
+    const bool per_head = f.dim() == 2 && f.size(0) == batch && f.size(1) == Hkv;
+    if (f.scalar_type() != at::kFloat || !(f.numel() == 1 || per_head)) {
+      fail_value(op + name + " must be float32 with one element or [B=" + str(batch) + ", Hkv=" + str(Hkv) + "], got " +
+                 str(f) + " " + str(f.sizes()));
+    }
+  }
+}
+
 void check(const Args& a) {
   check_attention(a);
   check_pages(a);
+  check_fp8(a);
+}
+
+// V^T for the fp8 kernels (Params): v [B, Lk, Hkv, D] as [B, Hkv, D, Lk rounded up to 32], zeros
+// past Lk, with the 32 keys of each block in the order the weights' A fragments hold them: key
+// 16h + 8a + 2t + b at column 16h + 4t + 2a + b (forward_ws.cu.j2, FP8), a permutation of the view.
+// The copies move bytes: not every torch op takes float8.
+at::Tensor fp8_values(const at::Tensor& v) {
+  const int64_t B = v.size(0), L = v.size(1), H = v.size(2), D = v.size(3), L32 = (L + 31) / 32 * 32;
+  at::Tensor bytes = v.view(at::kByte);
+  if (L32 != L) bytes = at::constant_pad_nd(bytes, {0, 0, 0, 0, 0, L32 - L});
+  return bytes.reshape({B, L32 / 32, 2, 2, 4, 2, H, D})
+      .permute({0, 6, 7, 1, 2, 4, 3, 5})
+      .contiguous()
+      .view({B, H, D, L32})
+      .view(v.scalar_type());
+}
+
+// The descale factors' pointers and strides (null: 1).
+void fill_descale(const std::optional<at::Tensor>& t, const float*& f, int64_t& sb, int64_t& sh) {
+  f = t ? t->data_ptr<float>() : nullptr;
+  const bool one = !t || t->numel() == 1;
+  sb = one ? 0 : t->stride(0), sh = one ? 0 : t->stride(1);
 }
 
 // A paged k, v: the page and in-page strides, the block table, the keys per sequence.
@@ -257,6 +311,15 @@ void run(const Entry* entry, const Args& a, const Key& key, Outputs& outputs) {
   Params p{};
   fill_params(a, key, p);
   fill_pages(a, p);
+  at::Tensor values_t;  // fp8: V^T, alive until the launch is queued (the allocator orders its reuse on the stream)
+  if (fp8(a)) {
+    values_t = fp8_values(a.v);
+    p.v = values_t.data_ptr();
+    p.v_sb = values_t.stride(0), p.v_sh = values_t.stride(1), p.v_sl = values_t.stride(2);
+    fill_descale(a.q_descale, p.q_descale, p.q_descale_sb, p.q_descale_sh);
+    fill_descale(a.k_descale, p.k_descale, p.k_descale_sb, p.k_descale_sh);
+    fill_descale(a.v_descale, p.v_descale, p.v_descale_sb, p.v_descale_sh);
+  }
   p.out = out.data_ptr();
   p.lse = lse.data_ptr<float>();
   strides_of(a, out, p.o_sb, p.o_sl, p.o_sh);

@@ -53,6 +53,15 @@ struct Params {
   int64_t o_sb, o_sl, o_sh;
   int64_t lse_sb, lse_sh;        // the row stride of lse is 1
   int64_t sm_count;
+  // fp8 (e4m3) q, k, v (the forward only): descale factors that turn each back into the inputs'
+  // values (null: 1), one per tensor or per (sequence b, kv head) at b * sb + kv_head * sh (fp32).
+  // The fp8 kernels read v as V^T: [B, Hkv, D, v_sl] with v_sl >= Lk keys, a multiple of 32 (v_sb,
+  // v_sh: batch and head strides), the keys of each 32-key block in the order the weights' MMA
+  // fragments hold them (flash_attention/op_impl.h, fp8_values).
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  int64_t q_descale_sb, q_descale_sh, k_descale_sb, k_descale_sh, v_descale_sb, v_descale_sh;
   void* workspace;        // unused (Entry::workspace is 0); op.cpp's launch() sets it for every family
 };
 

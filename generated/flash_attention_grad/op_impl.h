@@ -162,7 +162,7 @@ std::vector<int64_t> built_head_sizes(DType dtype) {
   for (int i = 0; i < flash_attention_grad_entry_count(); ++i) {
     Key probe{};
     probe.dtype = dtype;
-    probe.align = 8;
+    probe.align = 16;  // every pointer and stride on 16 bytes
     for (int64_t d = 8; d <= 512; d += 8) {
       probe.D = d;
       if (flash_attention_grad_entry(i)->covers(probe) && std::find(sizes.begin(), sizes.end(), d) == sizes.end()) sizes.push_back(d);
@@ -190,7 +190,7 @@ std::string uncovered(const Args& a, const Key& key) {
            " (add it to specs/flash_attention_grad.yaml)";
   }
   return caller(a) + ": no instance covers " + describe(key) + " (dtype " + str(a.q) +
-         "); the kernels move 16-byte rows: pointers and row/head strides must be multiples of 8 elements";
+         "); the kernels move 16-byte rows: pointers and row/head strides must be multiples of 16 bytes";
 }
 // o (the forward's output) and d_out like q; lse and d_lse as the forward returns lse ([B, Hq, Lq], or [Hq, Tq] packed).
 void check(const Args& a) {

@@ -69,7 +69,7 @@ def test_mixed_batches_over_the_cache(D, dtype, layout, block_size, groups):
     check(case, layout, f"D={D} {dtype} {layout} block {block_size} Hq={Hq} Hkv={Hkv}")
 
 
-INSTANCES = sorted(family_manifest("flash_attention").items())
+INSTANCES = sorted((n, r) for n, r in family_manifest("flash_attention").items() if r["dtype"] != "e4m3")  # fp8: no pages
 
 
 @pytest.mark.parametrize("name,row", INSTANCES, ids=[n for n, _ in INSTANCES])
