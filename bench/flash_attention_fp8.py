@@ -1,8 +1,8 @@
 """FP8 flash attention forward (float8_e4m3fn q, k, v with per-(batch, kv head) descales, bf16
 output) beside the bf16 forward of attngen and of torch SDPA's flash and cuDNN backends in one run
 (SDPA has no fp8 attention), on the D64 / D128 softmax shapes of ../shared/ANCHORS.md, causal and
-not. The fp8 time is the whole op: it includes making V^T (op_impl.h's fp8_values), whose share is
-timed alone beside it. Accuracy: the largest and the RMS error against float64 attention over the
+not. The fp8 time is the whole op: it includes making V^T (forward_ws.cu's values_t_kernel), whose
+share the profiler reports beside it. Accuracy: the largest and the RMS error against float64 attention over the
 same (dequantized) inputs on a slice of each shape small enough for a float64 reference, for fp8
 and for bf16 (the same values rounded to bf16). TFLOP/s count 4 * B * H * N^2 * D (half when
 causal). Writes flash_attention_fp8.json and .md under --out.
@@ -58,6 +58,23 @@ def accuracy(x8, descales, N, D, causal):
     return {"fp8": errors(out8, ref), "bf16": errors(out16, ref), "rows": n}
 
 
+def kernel_times(fn, calls=5) -> dict:
+    """Device time per call of each kernel fn launches (the profiler's CUDA activity), by short name."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for e in prof.key_averages():   # the kernels by their symbols' names (the op's own entry sums them)
+        for short, symbol in (("values_t", "values_t_kernel"), ("forward", "forward_kernel")):
+            if symbol in e.key:
+                times[short] = times.get(short, 0.0) + e.self_device_time_total / 1e3 / calls
+    return times
+
+
 def run():
     rows = []
     for B, H, N, D in SHAPES:
@@ -72,8 +89,7 @@ def run():
                    "instance_fp8": fa.selected_instance(*x8), "instance_bf16": fa.selected_instance(*x16)}
             kw = dict(q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
             row["fp8_ms"] = do_bench(lambda: fa.flash_attention(*x8, causal=causal, **kw))
-            row["values_t_ms"] = do_bench(lambda: x8[2].view(torch.uint8).reshape(B, N // 32, 2, 2, 4, 2, H, D)
-                                          .permute(0, 6, 7, 1, 2, 4, 3, 5).contiguous())
+            row["kernels_ms"] = kernel_times(lambda: fa.flash_attention(*x8, causal=causal, **kw))
             row["bf16_ms"] = do_bench(lambda: fa.flash_attention(*x16, causal=causal))
             for peer, backend in PEERS.items():
                 try:
@@ -96,10 +112,10 @@ def markdown(rows, meta) -> str:
     out = [f"# Flash attention forward, FP8 e4m3 ({meta['device']}, torch {meta['torch']}, commit {meta['commit']})", "",
            "q, k, v float8_e4m3fn with per-(batch, head) descales, bf16 output; beside the bf16 forward (attngen, "
            "SDPA flash, SDPA cuDNN) on the same values. TFLOP/s = 4 B H N^2 D / time (half when causal); the fp8 "
-           "time includes making V^T (timed alone in its column); median of triton do_bench; every column from this "
-           "run. `python -m bench.flash_attention_fp8`.", "",
+           "time includes making V^T; median of triton do_bench; every column from this "
+           "run; the fp8 op's two kernels' device times from the profiler. `python -m bench.flash_attention_fp8`.", "",
            "| B H N D | causal | fp8 attngen | bf16 attngen | bf16 SDPA flash | bf16 SDPA cuDNN | fp8 / bf16 attngen | "
-           "fp8 / cuDNN | V^T ms (of fp8 ms) | max err fp8 / bf16 | rms err fp8 / bf16 |",
+           "fp8 / cuDNN | kernels ms: V^T / attention | max err fp8 / bf16 | rms err fp8 / bf16 |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a = r["accuracy"]
@@ -108,7 +124,8 @@ def markdown(rows, meta) -> str:
         out.append(f"| {r['B']} {r['H']} {r['N']} {r['D']} | {'yes' if r['causal'] else 'no'} | **{f(r['fp8_tflops'])}** | "
                    f"{f(r['bf16_tflops'])} | {f(r.get('sdpa_flash_tflops'))} | {f(cudnn)} | "
                    f"{r['fp8_tflops'] / r['bf16_tflops']:.2f}x | {vs_cudnn} | "
-                   f"{r['values_t_ms']:.3f} ({r['fp8_ms']:.3f}) | {a['fp8'][0]:.1e} / {a['bf16'][0]:.1e} | "
+                   f"{r['kernels_ms'].get('values_t', 0):.3f} / {r['kernels_ms'].get('forward', 0):.3f} | "
+                   f"{a['fp8'][0]:.1e} / {a['bf16'][0]:.1e} | "
                    f"{a['fp8'][1]:.1e} / {a['bf16'][1]:.1e} |")
     out += ["", f"Geometric mean: fp8 {geomean([r['fp8_tflops'] / r['bf16_tflops'] for r in rows]):.2f}x attngen's bf16, "
             f"{geomean([r['fp8_tflops'] / r['sdpa_cudnn_tflops'] for r in rows if 'sdpa_cudnn_tflops' in r]):.2f}x "

@@ -91,7 +91,7 @@ using OutputMma = wgmma::Mma<O_COLS, T>;
 // precision (the output takes the 1 / P_SCALE back with v's descale). The weights of k-step kn
 // sit in the accumulator as keys 2t, 2t + 1, 2t + 8, 2t + 9 (+ 16) of each 32-key block (t =
 // lane % 4); an 8-bit A fragment holds 4 consecutive k columns there, so they are packed as they
-// are and V^T stores the keys of each 32-key block in that order (op_impl.h's fp8_values).
+// are and V^T stores the keys of each 32-key block in that order (values_t_kernel).
 constexpr float P_SCALE = 256.f;
 static_assert(!FP8 || (BLOCK_N % VTile::ATOM_COLS == 0 && O_COLS <= 256), "V^T tiles: whole atoms of keys, a box of rows");
 
@@ -106,7 +106,7 @@ static_assert(SMEM == 164944, "lowering and template agree on shared memory");
 
 // Tensor maps of q, k and v for TMA loads (tma.cuh), boxes of a tile's rows x one atom; for a
 // paged cache, k and v map [pages, page rows, Hkv, D] in boxes of a page's rows (at most a tile's);
-// with fp8 operands v maps V^T [B, Hkv, D, keys] in boxes of D rows x an atom of keys.
+// with fp8 operands v maps V^T (ValuesT) in boxes of D rows x an atom of keys.
 struct Maps {
   CUtensorMap q, k, v;
 };
@@ -373,6 +373,55 @@ __device__ __forceinline__ void pack_fp8_weights(uint32_t (&a)[4], const float (
   a[3] = fp8x4(s[0][n + 2][2], s[0][n + 2][3], s[0][n + 3][2], s[0][n + 3][3]);
 }
 
+// V^T for fp8 operands, in the launch's workspace: [B, Hkv, D, keys] with `keys` = Lk rounded up
+// to VT_KEYS (zeros past Lk), column 32 c + j of row d holding v[key 32 c + perm(j), d], where j =
+// 16 h + 4 t + 2 a + b takes key 16 h + 8 a + 2 t + b: the order the weights' A fragments hold.
+constexpr int VT_KEYS = 128;  // keys per CTA of values_t_kernel: 128-byte rows out
+struct ValuesT {
+  int64_t keys;
+  __host__ __device__ int64_t head_stride() const { return D * keys; }
+  __host__ __device__ int64_t batch_stride(int64_t hkv) const { return hkv * D * keys; }
+};
+__host__ __device__ inline ValuesT values_t_of(const Params& p) { return {(p.Lk + VT_KEYS - 1) / VT_KEYS * VT_KEYS}; }
+
+// One CTA per VT_KEYS keys of one (b, kv head): the rows in by 16-byte pieces into shared memory
+// (4-byte words, a word of padding per row so a warp reading one head column hits 32 banks), then
+// each thread writes 16 keys of one head column, in fragment order. A template, so that only the
+// fp8 instances compile it.
+template <int HEAD>
+__global__ void __launch_bounds__(256) values_t_kernel(const Params p, uint8_t* vt) {
+  constexpr int WORDS = HEAD / 4 + 1;
+  __shared__ uint32_t tile[VT_KEYS][WORDS];
+  const ValuesT layout = values_t_of(p);
+  const int n0 = blockIdx.x * VT_KEYS, h = blockIdx.y, b = blockIdx.z;
+  const uint8_t* v = static_cast<const uint8_t*>(p.v) + b * p.v_sb + h * p.v_sh;
+  for (int i = threadIdx.x; i < VT_KEYS * HEAD / 16; i += 256) {
+    const int row = i / (HEAD / 16), piece = i % (HEAD / 16);
+    const uint4 x = n0 + row < p.Lk ? *reinterpret_cast<const uint4*>(v + (n0 + row) * p.v_sl + piece * 16)
+                                    : make_uint4(0, 0, 0, 0);
+    uint32_t* w = &tile[row][piece * 4];
+    w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
+  }
+  __syncthreads();
+  uint8_t* out = vt + b * layout.batch_stride(p.Hkv) + h * layout.head_stride() + n0;
+  for (int i = threadIdx.x; i < HEAD * VT_KEYS / 16; i += 256) {
+    const int d = i / (VT_KEYS / 16), col0 = i % (VT_KEYS / 16) * 16;
+    uint32_t words[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int byte = 0; byte < 4; ++byte) {
+        const int col = col0 + 4 * w + byte, j = col % 32;
+        const int key = col - j + (j & 16) + ((j >> 1) & 1) * 8 + ((j >> 2) & 3) * 2 + (j & 1);
+        word |= (tile[key][d / 4] >> (8 * (d % 4)) & 0xffu) << (8 * byte);
+      }
+      words[w] = word;
+    }
+    *reinterpret_cast<uint4*>(out + d * layout.keys + col0) = make_uint4(words[0], words[1], words[2], words[3]);
+  }
+}
+
 // `loads`: how the producer loads (Loads; the launcher made the maps it needs).
 template <bool WINDOW, bool EXTRAS>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
@@ -594,9 +643,11 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 }
 
 // The maps of q (boxes of a block's rows), k and v (a tile's rows); false if the driver refuses
-// one (then the copies go by cp.async). With fp8 operands v is V^T [B, Hkv, D, v_sl keys] (Params).
+// one (then the copies go by cp.async). With fp8 operands v's map is of V^T in the workspace.
 bool make_maps(const Params& p, Maps& maps) {
-  const bool v_map = FP8 ? tma::encode_rows<T>(&maps.v, p.v, p.B, D, p.Hkv, p.v_sl, p.v_sb, p.v_sl, p.v_sh, O_COLS)
+  const ValuesT vt = values_t_of(p);
+  const bool v_map = FP8 ? tma::encode_rows<T>(&maps.v, p.workspace, p.B, D, p.Hkv, vt.keys, vt.batch_stride(p.Hkv),
+                                               vt.keys, vt.head_stride(), O_COLS)
                          : tma::encode_rows<T>(&maps.v, p.v, p.B, p.Lk, p.Hkv, D, p.v_sb, p.v_sl, p.v_sh, BLOCK_N);
   return tma::encode_rows<T>(&maps.q, p.q, p.B, p.Lq, p.Hq, D, p.q_sb, p.q_sl, p.q_sh, BLOCK_M) &&
          tma::encode_rows<T>(&maps.k, p.k, p.B, p.Lk, p.Hkv, D, p.k_sb, p.k_sl, p.k_sh, BLOCK_N) && v_map;
@@ -619,12 +670,19 @@ cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
   if (blocks * p.Hq * p.B > INT32_MAX) return cudaErrorInvalidValue;  // the kernel counts in 32 bits
   const int64_t ctas = std::min<int64_t>(units, p.sm_count * MIN_BLOCKS);
   const dim3 grid(static_cast<unsigned>(ctas));
+  if constexpr (FP8) {  // V^T first, in the workspace (fixed lengths: the op refuses the rest)
+    if (p.cu_seqlens_q != nullptr || p.block_table != nullptr) return cudaErrorNotSupported;
+    const dim3 vt_grid(static_cast<unsigned>(values_t_of(p).keys / VT_KEYS), static_cast<unsigned>(p.Hkv),
+                       static_cast<unsigned>(p.B));
+    values_t_kernel<D><<<vt_grid, 256, 0, stream>>>(p, static_cast<uint8_t*>(p.workspace));
+    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  }
   Maps maps{};
   Loads loads = Loads::copies;
   if (TMA && p.cu_seqlens_q == nullptr && make_maps(p, maps)) {
     loads = Loads::tma;
   } else if (FP8) {
-    return cudaErrorNotSupported;  // fp8 operands come by TMA only: fixed lengths (the op checks)
+    return cudaErrorNotSupported;  // fp8 operands come by TMA only
   } else if (TMA && p.block_table != nullptr && make_page_maps(p, maps)) {
     loads = Loads::pages;
   }
@@ -633,7 +691,11 @@ cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
 
 }  // namespace
 
-size_t workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params&) { return 0; }
+// fp8 operands: V^T (values_t_kernel); nothing otherwise.
+size_t workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params& p) {
+  if (!FP8 || p.cu_seqlens_q != nullptr || p.block_table != nullptr) return 0;
+  return static_cast<size_t>(p.B * values_t_of(p).batch_stride(p.Hkv));
+}
 
 cudaError_t launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a(const Params& p, cudaStream_t stream) {
   const bool window = p.window_left >= 0 || p.window_right >= 0;

@@ -264,21 +264,6 @@ void check(const Args& a) {
   check_fp8(a);
 }
 
-// V^T for the fp8 kernels (Params): v [B, Lk, Hkv, D] as [B, Hkv, D, Lk rounded up to 32], zeros
-// past Lk, with the 32 keys of each block in the order the weights' A fragments hold them: key
-// 16h + 8a + 2t + b at column 16h + 4t + 2a + b (forward_ws.cu.j2, FP8), a permutation of the view.
-// The copies move bytes: not every torch op takes float8.
-at::Tensor fp8_values(const at::Tensor& v) {
-  const int64_t B = v.size(0), L = v.size(1), H = v.size(2), D = v.size(3), L32 = (L + 31) / 32 * 32;
-  at::Tensor bytes = v.view(at::kByte);
-  if (L32 != L) bytes = at::constant_pad_nd(bytes, {0, 0, 0, 0, 0, L32 - L});
-  return bytes.reshape({B, L32 / 32, 2, 2, 4, 2, H, D})
-      .permute({0, 6, 7, 1, 2, 4, 3, 5})
-      .contiguous()
-      .view({B, H, D, L32})
-      .view(v.scalar_type());
-}
-
 // The descale factors' pointers and strides (null: 1).
 void fill_descale(const std::optional<at::Tensor>& t, const float*& f, int64_t& sb, int64_t& sh) {
   f = t ? t->data_ptr<float>() : nullptr;
@@ -311,11 +296,7 @@ void run(const Entry* entry, const Args& a, const Key& key, Outputs& outputs) {
   Params p{};
   fill_params(a, key, p);
   fill_pages(a, p);
-  at::Tensor values_t;  // fp8: V^T, alive until the launch is queued (the allocator orders its reuse on the stream)
   if (fp8(a)) {
-    values_t = fp8_values(a.v);
-    p.v = values_t.data_ptr();
-    p.v_sb = values_t.stride(0), p.v_sh = values_t.stride(1), p.v_sl = values_t.stride(2);
     fill_descale(a.q_descale, p.q_descale, p.q_descale_sb, p.q_descale_sh);
     fill_descale(a.k_descale, p.k_descale, p.k_descale_sb, p.k_descale_sh);
     fill_descale(a.v_descale, p.v_descale, p.v_descale_sb, p.v_descale_sh);

@@ -52,9 +52,7 @@ struct Params {
   int64_t sm_count;
   // fp8 (e4m3) q, k, v (the forward only): descale factors that turn each back into the inputs'
   // values (null: 1), one per tensor or per (sequence b, kv head) at b * sb + kv_head * sh (fp32).
-  // The fp8 kernels read v as V^T: [B, Hkv, D, v_sl] with v_sl >= Lk keys, a multiple of 32 (v_sb,
-  // v_sh: batch and head strides), the keys of each 32-key block in the order the weights' MMA
-  // fragments hold them (flash_attention/op_impl.h, fp8_values).
+  // The fp8 kernels make V^T from v in their workspace (forward_ws.cu, values_t_kernel).
   const float* q_descale;
   const float* k_descale;
   const float* v_descale;

@@ -26,7 +26,10 @@ reference = importlib.import_module("attngen.reference")
 pytestmark = pytest.mark.gpu
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
-LSE_TOL = 2e-3   # natural log: fp32 sums of exact products of fp8 values
+# Natural log. The scores' products are exact, but Hopper's fp8 MMAs keep about 14 bits of their
+# fp32 accumulation (DeepSeek-V3's report measured so on the H800): |s| up to ~20 here, an error
+# of |s| 2^-13 at most per score, and the log-sum-exp inherits it. Measured up to 5.2e-3 (e62128b).
+LSE_TOL = 1.5e-2
 
 
 def poison(numel):
@@ -165,7 +168,7 @@ def test_bad_input_names_the_problem():
     flat = [t.reshape(-1, *t.shape[2:]) for t in qkv]
     with pytest.raises(ValueError, match="fixed-length \\[B, L, H, D\\] batches only"):
         fa.flash_attention_varlen(*flat, cu, cu, 64, 64)
-    with pytest.raises(ValueError, match="unsupported head size D=256"):
+    with pytest.raises(ValueError, match="no instance covers D=256.*exceed the 216"):
         q2, k2, v2 = (torch.zeros(1, 16, 1, 256, device="cuda").to(E4M3) for _ in range(3))
         fa.flash_attention(q2, k2, v2)
 
