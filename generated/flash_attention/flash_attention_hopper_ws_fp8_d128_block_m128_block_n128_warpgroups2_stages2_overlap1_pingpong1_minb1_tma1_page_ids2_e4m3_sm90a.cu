@@ -653,6 +653,14 @@ bool make_maps(const Params& p, Maps& maps) {
          tma::encode_rows<T>(&maps.k, p.k, p.B, p.Lk, p.Hkv, D, p.k_sb, p.k_sl, p.k_sh, BLOCK_N) && v_map;
 }
 
+// Page boxes serve a key tile when its rows are whole pages or lie in one page: pages of 32 or 64
+// rows under a 48-row tile would leave rows unloaded (the tile's bytes never complete: a hang) or
+// read one box across a page's end. Such calls copy their tiles (cp.async, any page size).
+bool pages_tile_evenly(const Params& p) {
+  const int64_t page_rows = int64_t{1} << p.page_shift;
+  return BLOCK_N % page_rows == 0 || page_rows % BLOCK_N == 0;
+}
+
 // The maps of a paged k and v, [pages, page rows, Hkv, D] in boxes of a page's rows (a tile's
 // rows where pages are longer): page ids past the cache read zeros, not another buffer.
 bool make_page_maps(const Params& p, Maps& maps) {
@@ -683,7 +691,7 @@ cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
     loads = Loads::tma;
   } else if (FP8) {
     return cudaErrorNotSupported;  // fp8 operands come by TMA only
-  } else if (TMA && p.block_table != nullptr && make_page_maps(p, maps)) {
+  } else if (TMA && p.block_table != nullptr && pages_tile_evenly(p) && make_page_maps(p, maps)) {
     loads = Loads::pages;
   }
   return launch_kernel(forward_kernel<WINDOW, EXTRAS>, p, grid, THREADS, SMEM, stream, maps, loads);
