@@ -8,7 +8,7 @@ windows align the last query row with the last key row (flash-attn >= 2.1). Diff
 q, k and v (and through the returned lse): the backward is the generated
 `flash_attention_grad` op (specs/flash_attention_grad.yaml), which recomputes the weights from
 the saved log-sum-exp. FP8 inference: float8_e4m3fn q, k, v with descale factors give a bf16
-output (fixed lengths, head sizes 64 and 128; no gradient).
+output (fixed or packed lengths, head sizes 64 and 128; no gradient).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from ._ops import Op
 OP = Op("flash_attention")
 GRAD = Op("flash_attention_grad")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-FP8_DTYPES = (torch.float8_e4m3fn,)   # the forward only: fixed lengths, a bf16 output
+FP8_DTYPES = (torch.float8_e4m3fn,)   # the forward only, a bf16 output
 
 
 def _setup_context(ctx, inputs, output):
@@ -83,7 +83,7 @@ def _check_qkv(q, k, v, rank: int, layout: str, op: str = PADDED) -> None:
         if t.dtype not in SUPPORTED_DTYPES + FP8_DTYPES:
             _fail(op=op, msg=f"{name} has dtype {t.dtype}; supported: float16, bfloat16 (fp32 softmax and accumulation "
                   f"inside; fp32 inputs are not supported by the tensor-core kernels), and float8_e4m3fn for the "
-                  f"fixed-length forward")
+                  f"forward")
         if t.dtype != q.dtype:
             _fail(op=op, msg=f"{name} has dtype {t.dtype} but q has {q.dtype}")
         if t.dim() != rank:
@@ -144,22 +144,23 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if ok else t.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation
 
 
-def _descales(q, k, q_descale, k_descale, v_descale) -> tuple:
+def _descales(q, B: int, Hkv: int, q_descale, k_descale, v_descale, op: str = PADDED) -> tuple:
     """The fp8 descale factors as the op takes them: None, or float32 tensors on q's device of one
-    element or [B, Hkv]; a Python number becomes a one-element tensor."""
+    element or [B, Hkv] (B sequences); a Python number becomes a one-element tensor."""
     if q.dtype not in FP8_DTYPES:
         if any(f is not None for f in (q_descale, k_descale, v_descale)):
-            _fail(f"q_descale, k_descale and v_descale are taken with float8_e4m3fn q, k, v only; q is {q.dtype}")
+            _fail(op=op, msg=f"q_descale, k_descale and v_descale are taken with float8_e4m3fn q, k, v only; q is "
+                  f"{q.dtype}")
         return None, None, None
-    B, Hkv = q.shape[0], k.shape[2]
     out = []
     for name, f in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if f is not None and not isinstance(f, torch.Tensor):
             f = torch.tensor([float(f)], dtype=torch.float32, device=q.device)
         if f is not None:
-            _check_tensor(name, f, q)
+            _check_tensor(name, f, q, op)
             if f.dtype != torch.float32 or not (f.numel() == 1 or tuple(f.shape) == (B, Hkv)):
-                _fail(f"{name} must be float32 with one element or [B={B}, Hkv={Hkv}], got {f.dtype} {tuple(f.shape)}")
+                _fail(op=op, msg=f"{name} must be float32 with one element or [B={B}, Hkv={Hkv}], got {f.dtype} "
+                      f"{tuple(f.shape)}")
         out.append(f)
     return tuple(out)
 
@@ -212,7 +213,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         _fail(f"k has batch {k.shape[0]} but q has {q.shape[0]}")
     left, right = _window(causal, window)
     scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale)
-    descales = _descales(q, k, q_descale, k_descale, v_descale)
+    descales = _descales(q, q.shape[0], k.shape[2], q_descale, k_descale, v_descale)
     _register()
     args = (_aligned(q), _aligned(k), _aligned(v), None, None, q.shape[1], k.shape[1], scale, left, right,
             alibi_slopes, soft_cap, bool(deterministic), None, None, *descales)   # no block_table, seqused_k
@@ -225,12 +226,14 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            causal: bool = False, scale: Optional[float] = None,
                            window: Optional[Sequence[int]] = None, alibi_slopes: Optional[torch.Tensor] = None,
                            soft_cap: Optional[float] = None, return_lse: bool = False, *,
-                           validate: bool = True, deterministic: bool = False, instance: Optional[str] = None):
+                           validate: bool = True, deterministic: bool = False, instance: Optional[str] = None,
+                           q_descale=None, k_descale=None, v_descale=None):
     """flash_attention over packed sequences (flash-attn's varlen API): q [Tq, Hq, D], k, v
     [Tk, Hkv, D]; sequence b holds rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q (int32
     [B + 1]) and the matching rows of k, v; lengths 0 and 1 are legal. Returns out [Tq, Hq, D]
     and with return_lse the log-sum-exp [Hq, Tq]. validate=True reads cu_seqlens to check them
-    (this synchronizes; pass False inside CUDA graphs). deterministic as flash_attention's."""
+    (this synchronizes; pass False inside CUDA graphs). deterministic as flash_attention's; float8
+    q, k, v and their descales ([B, Hkv]: one per sequence and kv head) as flash_attention's."""
     _check_qkv(q, k, v, 3, "[tokens, H, D]", VARLEN)
     B = None
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
@@ -247,10 +250,11 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
     left, right = _window(causal, window, VARLEN)
     scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale, VARLEN)
+    descales = _descales(q, B, k.shape[1], q_descale, k_descale, v_descale, VARLEN)
     _register()
     args = (_aligned(q), _aligned(k), _aligned(v), cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
             max_seqlen_q, max_seqlen_k, scale, left, right, alibi_slopes, soft_cap, bool(deterministic), None, None,
-            None, None, None)
+            *descales)
     out, lse = _call(args, instance)
     return (out, lse) if return_lse else out
 

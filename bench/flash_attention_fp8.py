@@ -75,6 +75,12 @@ def kernel_times(fn, calls=5) -> dict:
     return times
 
 
+def fp8_instances(D: int) -> list:
+    """The fp8 instances of head size D: shipped, and bench-role ones where `codegen build --bench` made them."""
+    names = fa.instances() + fa.OP.bench_instances()
+    return sorted(n for n in names if "_e4m3_" in n and fa.instance_head_size(n) == D)
+
+
 def run():
     rows = []
     for B, H, N, D in SHAPES:
@@ -90,6 +96,8 @@ def run():
             kw = dict(q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
             row["fp8_ms"] = do_bench(lambda: fa.flash_attention(*x8, causal=causal, **kw))
             row["kernels_ms"] = kernel_times(lambda: fa.flash_attention(*x8, causal=causal, **kw))
+            row["forced"] = {n: do_bench(lambda: fa.flash_attention(*x8, causal=causal, instance=n, **kw))
+                             for n in fp8_instances(D)}
             row["bf16_ms"] = do_bench(lambda: fa.flash_attention(*x16, causal=causal))
             for peer, backend in PEERS.items():
                 try:
@@ -134,6 +142,12 @@ def markdown(rows, meta) -> str:
             "min(N, 4096) query and key rows of each shape; bf16 is the same values rounded to bf16 through "
             "attngen's bf16 forward.", "",
             "Instances: " + ", ".join(sorted({f"`{r['instance_fp8']}`" for r in rows}))]
+    if any(len(r.get("forced", {})) > 1 for r in rows):
+        out += ["", "## Every fp8 instance forced (TFLOP/s, the whole op)", ""]
+        for r in rows:
+            cells = ", ".join(f"`{n.replace('flash_attention_', '').replace('_e4m3_sm90a', '')}` {r['flop'] / ms / 1e9:.0f}"
+                              for n, ms in sorted(r["forced"].items(), key=lambda x: x[1]))
+            out.append(f"- {r['B']} {r['H']} {r['N']} {r['D']} {'causal' if r['causal'] else 'full'}: {cells}")
     return "\n".join(out) + "\n"
 
 

@@ -114,7 +114,7 @@ struct Maps {
 // How the producer loads a launch's tiles, chosen by the launcher from the call.
 enum class Loads : int {
   copies,  // cp.async by the producer's 128 threads
-  tma,     // fixed lengths: one thread, one box per atom of Q, K and V
+  tma,     // fixed lengths (and packed fp8 rows): one thread, one box per atom of Q, K and V
   pages,   // a paged cache: K and V tiles inside the context by a box per page, the rest by cp.async
 };
 
@@ -243,6 +243,10 @@ __device__ __forceinline__ void produce_by_tma(const Params& p, const Maps& maps
     const Block<BLOCK_M, BLOCK_N, PAIRED> block(p, seq, w.m0);
     if (block.tiles == 0) continue;
     const int kv_head = w.h / static_cast<int>(p.Hq / p.Hkv);
+    // Packed rows (fp8 only): one batch of every sequence's rows; a box past a sequence's end reads
+    // the next one's rows (keys: masked; query rows: not stored) or zeros past the tensor.
+    const int batch = p.cu_seqlens_q == nullptr ? w.b : 0;
+    const int q_row = static_cast<int>(seq.q_row0) + w.m0, k_row = static_cast<int>(seq.k_row0);
     for (int it = 0; it < block.tiles; ++it, ++t) {
       const int stage = t % STAGES, use = t / STAGES;
       const int n0 = (block.tile0 + it) * BLOCK_N;
@@ -250,15 +254,15 @@ __device__ __forceinline__ void produce_by_tma(const Params& p, const Maps& maps
       pipeline::arrive_expect_bytes(&bars.k_full[stage], KVTile::BYTES);
 #pragma unroll
       for (int a = 0; a < D_TILE / ATOM_COLS; ++a) {
-        pipeline::tma_load_4d(k_ring + stage * KVTile::ELEMS + a * BLOCK_N * ATOM_COLS, &maps.k, a * ATOM_COLS, n0,
-                              kv_head, w.b, &bars.k_full[stage]);
+        pipeline::tma_load_4d(k_ring + stage * KVTile::ELEMS + a * BLOCK_N * ATOM_COLS, &maps.k, a * ATOM_COLS,
+                              k_row + n0, kv_head, batch, &bars.k_full[stage]);
       }
       if (it == 0) {
         if (q_uses > 0) pipeline::wait(&bars.q_empty, (q_uses - 1) & 1);
         pipeline::arrive_expect_bytes(&bars.q_full, QTile::BYTES);
 #pragma unroll
         for (int a = 0; a < D_TILE / ATOM_COLS; ++a) {
-          pipeline::tma_load_4d(q_tile + a * BLOCK_M * ATOM_COLS, &maps.q, a * ATOM_COLS, w.m0, w.h, w.b, &bars.q_full);
+          pipeline::tma_load_4d(q_tile + a * BLOCK_M * ATOM_COLS, &maps.q, a * ATOM_COLS, q_row, w.h, batch, &bars.q_full);
         }
         ++q_uses;
       }
@@ -373,8 +377,8 @@ __device__ __forceinline__ void pack_fp8_weights(uint32_t (&a)[4], const float (
   a[3] = fp8x4(s[0][n + 2][2], s[0][n + 2][3], s[0][n + 3][2], s[0][n + 3][3]);
 }
 
-// V^T for fp8 operands, in the launch's workspace: [B, Hkv, D, keys] with `keys` = Lk rounded up
-// to VT_KEYS (zeros past Lk), column 32 c + j of row d holding v[key 32 c + perm(j), d], where j =
+// V^T for fp8 operands, in the launch's workspace: [B, Hkv, D, keys] with `keys` = Lk (the longest
+// sequence's when packed) rounded up to VT_KEYS, zeros past each sequence's keys, column 32 c + j of row d holding v[key 32 c + perm(j), d], where j =
 // 16 h + 4 t + 2 a + b takes key 16 h + 8 a + 2 t + b: the order the weights' A fragments hold.
 constexpr int VT_KEYS = 128;  // keys per CTA of values_t_kernel: 128-byte rows out
 struct ValuesT {
@@ -394,11 +398,12 @@ __global__ void __launch_bounds__(256) values_t_kernel(const Params p, uint8_t* 
   __shared__ uint32_t tile[VT_KEYS][WORDS];
   const ValuesT layout = values_t_of(p);
   const int n0 = blockIdx.x * VT_KEYS, h = blockIdx.y, b = blockIdx.z;
-  const uint8_t* v = static_cast<const uint8_t*>(p.v) + b * p.v_sb + h * p.v_sh;
+  const Sequence seq = sequence_of(p, b);
+  const uint8_t* v = static_cast<const uint8_t*>(p.v) + b * p.v_sb + seq.k_row0 * p.v_sl + h * p.v_sh;
   for (int i = threadIdx.x; i < VT_KEYS * HEAD / 16; i += 256) {
     const int row = i / (HEAD / 16), piece = i % (HEAD / 16);
-    const uint4 x = n0 + row < p.Lk ? *reinterpret_cast<const uint4*>(v + (n0 + row) * p.v_sl + piece * 16)
-                                    : make_uint4(0, 0, 0, 0);
+    const uint4 x = n0 + row < seq.lk ? *reinterpret_cast<const uint4*>(v + (n0 + row) * p.v_sl + piece * 16)
+                                      : make_uint4(0, 0, 0, 0);
     uint32_t* w = &tile[row][piece * 4];
     w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
   }
@@ -644,13 +649,15 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 
 // The maps of q (boxes of a block's rows), k and v (a tile's rows); false if the driver refuses
 // one (then the copies go by cp.async). With fp8 operands v's map is of V^T in the workspace.
+// Packed rows (fp8 operands only) map as one batch of the token axis.
 bool make_maps(const Params& p, Maps& maps) {
   const ValuesT vt = values_t_of(p);
   const bool v_map = FP8 ? tma::encode_rows<T>(&maps.v, p.workspace, p.B, D, p.Hkv, vt.keys, vt.batch_stride(p.Hkv),
                                                vt.keys, vt.head_stride(), O_COLS)
                          : tma::encode_rows<T>(&maps.v, p.v, p.B, p.Lk, p.Hkv, D, p.v_sb, p.v_sl, p.v_sh, BLOCK_N);
-  return tma::encode_rows<T>(&maps.q, p.q, p.B, p.Lq, p.Hq, D, p.q_sb, p.q_sl, p.q_sh, BLOCK_M) &&
-         tma::encode_rows<T>(&maps.k, p.k, p.B, p.Lk, p.Hkv, D, p.k_sb, p.k_sl, p.k_sh, BLOCK_N) && v_map;
+  const int64_t batches = p.cu_seqlens_q == nullptr ? p.B : 1;
+  return tma::encode_rows<T>(&maps.q, p.q, batches, p.q_rows, p.Hq, D, p.q_sb, p.q_sl, p.q_sh, BLOCK_M) &&
+         tma::encode_rows<T>(&maps.k, p.k, batches, p.k_rows, p.Hkv, D, p.k_sb, p.k_sl, p.k_sh, BLOCK_N) && v_map;
 }
 
 // Page boxes serve a key tile when its rows are whole pages or lie in one page: pages of 32 or 64
@@ -678,8 +685,8 @@ cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
   if (blocks * p.Hq * p.B > INT32_MAX) return cudaErrorInvalidValue;  // the kernel counts in 32 bits
   const int64_t ctas = std::min<int64_t>(units, p.sm_count * MIN_BLOCKS);
   const dim3 grid(static_cast<unsigned>(ctas));
-  if constexpr (FP8) {  // V^T first, in the workspace (fixed lengths: the op refuses the rest)
-    if (p.cu_seqlens_q != nullptr || p.block_table != nullptr) return cudaErrorNotSupported;
+  if constexpr (FP8) {  // V^T first, in the workspace (not over a paged cache: the op refuses it)
+    if (p.block_table != nullptr) return cudaErrorNotSupported;
     const dim3 vt_grid(static_cast<unsigned>(values_t_of(p).keys / VT_KEYS), static_cast<unsigned>(p.Hkv),
                        static_cast<unsigned>(p.B));
     values_t_kernel<D><<<vt_grid, 256, 0, stream>>>(p, static_cast<uint8_t*>(p.workspace));
@@ -687,7 +694,7 @@ cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
   }
   Maps maps{};
   Loads loads = Loads::copies;
-  if (TMA && p.cu_seqlens_q == nullptr && make_maps(p, maps)) {
+  if (TMA && (p.cu_seqlens_q == nullptr || FP8) && make_maps(p, maps)) {
     loads = Loads::tma;
   } else if (FP8) {
     return cudaErrorNotSupported;  // fp8 operands come by TMA only
@@ -701,7 +708,7 @@ cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
 
 // fp8 operands: V^T (values_t_kernel); nothing otherwise.
 size_t workspace_flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_e4m3_sm90a(const Params& p) {
-  if (!FP8 || p.cu_seqlens_q != nullptr || p.block_table != nullptr) return 0;
+  if (!FP8 || p.block_table != nullptr) return 0;
   return static_cast<size_t>(p.B * values_t_of(p).batch_stride(p.Hkv));
 }
 

@@ -149,6 +149,7 @@ void fill_params(const Args& a, const Key& key, Params& p) {
   p.cu_seqlens_k = a.cu_seqlens_k ? a.cu_seqlens_k->data_ptr<int32_t>() : nullptr;  // none with a paged k, v
   p.alibi = a.alibi_slopes ? a.alibi_slopes->data_ptr<float>() : nullptr;
   p.B = key.B, p.Hq = key.Hq, p.Hkv = key.Hkv, p.Lq = key.Lq, p.Lk = key.Lk;
+  p.q_rows = a.q.size(rows_dim(a)), p.k_rows = paged(a) ? 0 : a.k.size(rows_dim(a));
   p.scale = static_cast<float>(a.scale);
   p.soft_cap = static_cast<float>(a.soft_cap);
   p.window_left = static_cast<int>(std::min<int64_t>(a.window_left, 2147483647LL));
@@ -229,8 +230,9 @@ void check_pages(const Args& a) {
 
 bool fp8(const Args& a) { return at::isFloat8Type(a.q.scalar_type()); }
 
-// fp8 q, k, v: fixed lengths (every tile by TMA, V^T made per batch row) and the descale factors,
-// fp32 of one element (per tensor) or [B, Hkv] (per sequence and kv head, as FlashAttention-3's).
+// fp8 q, k, v: fixed or packed lengths, not a paged cache (every tile by TMA, V^T made per
+// sequence), and the descale factors, fp32 of one element (per tensor) or [B, Hkv] (per sequence
+// and kv head, as FlashAttention-3's).
 void check_fp8(const Args& a) {
   const std::string op = caller(a) + ": ";
   const std::pair<const char*, const std::optional<at::Tensor>*> descales[] = {
@@ -241,11 +243,8 @@ void check_fp8(const Args& a) {
     }
     return;
   }
-  if (paged(a) || packed(a)) {
-    fail_value(op + "float8 q, k, v are taken in fixed-length [B, L, H, D] batches only (not packed or paged): got " +
-               str(a.q) + " with " + (paged(a) ? "a block_table" : "cu_seqlens"));
-  }
-  const int64_t batch = a.q.size(0), Hkv = a.k.size(2);
+  if (paged(a)) fail_value(op + "float8 q, k, v over a paged cache are not supported (fixed or packed rows only)");
+  const int64_t batch = packed(a) ? a.cu_seqlens_q->size(0) - 1 : a.q.size(0), Hkv = a.k.size(a.k.dim() - 2);
   for (const auto& [name, t] : descales) {
     if (!t->has_value()) continue;
     const at::Tensor& f = **t;

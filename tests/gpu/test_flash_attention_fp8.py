@@ -1,6 +1,6 @@
 """GPU tier for the FP8 forward (float8_e4m3fn q, k, v with descale factors, bf16 output): every
 fp8 instance, the dispatched op over lengths, GQA groups, causal masks, windows, ALiBi and soft
-cap, the descale layouts, CUDA graphs and torch.compile, and the errors it raises.
+cap, packed batches, the descale layouts, CUDA graphs and torch.compile, and the errors it raises.
 
 Error bound. The reference is float64 attention over the dequantized inputs (q, k, v times their
 descales), so the inputs' own fp8 rounding is not counted against the kernel. What the kernel
@@ -145,6 +145,37 @@ def test_windows_alibi_soft_cap(D, extras):
     check(out, lse, qkv, descales, f"D={D} {extras}", **extras)
 
 
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen(D, causal):
+    """Packed sequences (lengths 0, 1 and odd; q and k lengths differ), a descale per sequence and kv
+    head, against each sequence's own attention."""
+    lengths = [(0, 5), (1, 1), (300, 517), (7, 129), (129, 7), (1000, 1000), (0, 0), (65, 300)]
+    Hq, Hkv = 6, 2
+    qkv, descales = [], []
+    for i, (lq, lk) in enumerate(lengths):
+        (q8, k8, v8), ds = make(1, lq, lk, Hq, Hkv, D, seed=i, sharp=2.0)
+        qkv.append((q8[0], k8[0], v8[0]))
+        descales.append(ds)
+    q, k, v = (torch.cat([t[j] for t in qkv]) for j in range(3))
+    qd, kd, vd = (torch.cat([ds[j] for ds in descales]) for j in range(3))
+    cu_q = torch.tensor([0] + [sum(lq for lq, _ in lengths[:i + 1]) for i in range(len(lengths))], dtype=torch.int32,
+                        device="cuda")
+    cu_k = torch.tensor([0] + [sum(lk for _, lk in lengths[:i + 1]) for i in range(len(lengths))], dtype=torch.int32,
+                        device="cuda")
+    poison(q.numel() * 2)
+    out, lse = fa.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lq for lq, _ in lengths),
+                                         max(lk for _, lk in lengths), causal=causal, return_lse=True,
+                                         q_descale=qd, k_descale=kd, v_descale=vd)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    for i, (lq, lk) in enumerate(lengths):
+        rows = slice(cu_q[i].item(), cu_q[i + 1].item())
+        if lq == 0:
+            continue
+        check(out[rows][None], lse[:, rows][None], tuple(t[None] for t in qkv[i]), descales[i],
+              f"D={D} causal={causal} sequence {i} ({lq} x {lk})", causal=causal)
+
+
 def test_descales_default_to_one_and_take_numbers():
     qkv, _ = make(1, 200, 200, 2, 2, 128, seed=3)
     ones = tuple(torch.ones(1, device="cuda") for _ in range(3))
@@ -166,8 +197,15 @@ def test_bad_input_names_the_problem():
         fa.flash_attention(q, k.to(torch.bfloat16), v)
     cu = torch.tensor([0, 64, 128], dtype=torch.int32, device="cuda")
     flat = [t.reshape(-1, *t.shape[2:]) for t in qkv]
-    with pytest.raises(ValueError, match="fixed-length \\[B, L, H, D\\] batches only"):
-        fa.flash_attention_varlen(*flat, cu, cu, 64, 64)
+    with pytest.raises(ValueError, match="flash_attention_varlen: v_descale must be float32 with one element or "
+                                         "\\[B=2, Hkv=2\\]"):
+        fa.flash_attention_varlen(*flat, cu, cu, 64, 64, v_descale=torch.ones(4, 2, device="cuda"))
+    pa = importlib.import_module("attngen.paged_attention")
+    cache = torch.zeros(4, 16, 2, 128, device="cuda").to(E4M3)
+    with pytest.raises(ValueError, match="q has dtype torch.float8_e4m3fn; supported: float16, bfloat16"):
+        pa.paged_attention(flat[0][:4], cache, cache, torch.zeros(2, 2, dtype=torch.int32, device="cuda"),
+                           torch.tensor([0, 2, 4], dtype=torch.int32, device="cuda"),
+                           torch.tensor([16, 20], dtype=torch.int32, device="cuda"), 2, 20, instance=None)
     with pytest.raises(ValueError, match="(?s)no instance covers D=256.*exceed the 216"):
         q2, k2, v2 = (torch.zeros(1, 16, 1, 256, device="cuda").to(E4M3) for _ in range(3))
         fa.flash_attention(q2, k2, v2)
