@@ -656,8 +656,8 @@ bool make_maps(const Params& p, Maps& maps) {
                                                vt.keys, vt.head_stride(), O_COLS)
                          : tma::encode_rows<T>(&maps.v, p.v, p.B, p.Lk, p.Hkv, D, p.v_sb, p.v_sl, p.v_sh, BLOCK_N);
   const int64_t batches = p.cu_seqlens_q == nullptr ? p.B : 1;
-  return tma::encode_rows<T>(&maps.q, p.q, batches, p.q_rows, p.Hq, D, p.q_sb, p.q_sl, p.q_sh, BLOCK_M) &&
-         tma::encode_rows<T>(&maps.k, p.k, batches, p.k_rows, p.Hkv, D, p.k_sb, p.k_sl, p.k_sh, BLOCK_N) && v_map;
+  return tma::encode_rows<T>(&maps.q, p.q, batches, p.q_tokens, p.Hq, D, p.q_sb, p.q_sl, p.q_sh, BLOCK_M) &&
+         tma::encode_rows<T>(&maps.k, p.k, batches, p.k_tokens, p.Hkv, D, p.k_sb, p.k_sl, p.k_sh, BLOCK_N) && v_map;
 }
 
 // Page boxes serve a key tile when its rows are whole pages or lie in one page: pages of 32 or 64

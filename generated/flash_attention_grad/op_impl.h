@@ -147,7 +147,7 @@ void fill_params(const Args& a, const Key& key, Params& p) {
   p.cu_seqlens_k = a.cu_seqlens_k ? a.cu_seqlens_k->data_ptr<int32_t>() : nullptr;  // none with a paged k, v
   p.alibi = a.alibi_slopes ? a.alibi_slopes->data_ptr<float>() : nullptr;
   p.B = key.B, p.Hq = key.Hq, p.Hkv = key.Hkv, p.Lq = key.Lq, p.Lk = key.Lk;
-  p.q_rows = a.q.size(rows_dim(a)), p.k_rows = paged(a) ? 0 : a.k.size(rows_dim(a));
+  p.q_tokens = a.q.size(rows_dim(a)), p.k_tokens = paged(a) ? 0 : a.k.size(rows_dim(a));
   p.scale = static_cast<float>(a.scale);
   p.soft_cap = static_cast<float>(a.soft_cap);
   p.window_left = static_cast<int>(std::min<int64_t>(a.window_left, 2147483647LL));

@@ -40,7 +40,7 @@ struct Params {
   int page_shift;
   const float* alibi;            // [Hq] fp32 slopes, or null
   int64_t B, Hq, Hkv, Lq, Lk;
-  int64_t q_rows, k_rows;        // rows of q's and k's token axes (packed: every sequence's; fixed: Lq, Lk)
+  int64_t q_tokens, k_tokens;    // rows of q's and k's token axes (packed: every sequence's; fixed: Lq, Lk)
   float scale;                   // applied to q . k; > 0
   float soft_cap;                // 0: none
   int window_left, window_right; // -1: unbounded
