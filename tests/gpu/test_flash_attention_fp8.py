@@ -153,9 +153,9 @@ def test_varlen(D, causal):
     lengths = [(0, 5), (1, 1), (300, 517), (7, 129), (129, 7), (1000, 1000), (0, 0), (65, 300)]
     Hq, Hkv = 6, 2
     qkv, descales = [], []
-    for i, (lq, lk) in enumerate(lengths):
-        (q8, k8, v8), ds = make(1, lq, lk, Hq, Hkv, D, seed=i, sharp=2.0)
-        qkv.append((q8[0], k8[0], v8[0]))
+    for i, (lq, lk) in enumerate(lengths):   # descales from at least one row (an empty sequence has none)
+        (q8, k8, v8), ds = make(1, max(lq, 1), max(lk, 1), Hq, Hkv, D, seed=i, sharp=2.0)
+        qkv.append((q8[0, :lq], k8[0, :lk], v8[0, :lk]))
         descales.append(ds)
     q, k, v = (torch.cat([t[j] for t in qkv]) for j in range(3))
     qd, kd, vd = (torch.cat([ds[j] for ds in descales]) for j in range(3))
