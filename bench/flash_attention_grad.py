@@ -70,12 +70,12 @@ def forced(names, q, k, v, d_out, causal):
     return times, diffs
 
 
-def run():
+def run(shapes=None):
     rows = []
     peak = matmul_tflops()
     print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s", flush=True)
     names = fa.GRAD.instances() + fa.GRAD.bench_instances()
-    for B, Hq, Hkv, N, D in GRAD_SHAPES:
+    for B, Hq, Hkv, N, D in (s for i, s in enumerate(GRAD_SHAPES) if shapes is None or i in shapes):
         g = torch.Generator(device="cuda").manual_seed(N + D)
         q, d_out = (torch.randn(B, N, Hq, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
         k, v = (torch.randn(B, N, Hkv, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
@@ -174,9 +174,10 @@ def plot(rows, path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "h100"))
+    ap.add_argument("--shapes", type=int, nargs="*", help="only these rows of GRAD_SHAPES (indices from 0)")
     args = ap.parse_args()
     t0 = time.time()
-    peak, rows = run()
+    peak, rows = run(set(args.shapes) if args.shapes else None)
     meta = run_meta(t0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -72,7 +72,7 @@ want flash_grad_profile && step flash_grad_profile python3 -m bench.flash_grad_p
 want ncu_flash_grad && ncu_stalls flash_grad "backward_kernel" 5 python3 -m bench.flash_grad_profile --once
 want flash_bench && step flash_bench python3 -m bench.flash_attention ${BENCH_ARGS:-} --out "$OUT/r"
 want flash_fp8_bench && step flash_fp8_bench python3 -m bench.flash_attention_fp8 --out "$OUT/r"
-want flash_grad_bench && step flash_grad_bench python3 -m bench.flash_attention_grad --out "$OUT/r"
+want flash_grad_bench && step flash_grad_bench python3 -m bench.flash_attention_grad ${GRAD_BENCH_ARGS:-} --out "$OUT/r"
 want paged_attention_bench && step paged_attention_bench python3 -m bench.paged_attention --out "$OUT/r"
 want paged_serving && step paged_serving python3 -m bench.paged_serving --out "$OUT/r"
 if want bank_check; then  # the bank model against ncu's per-instruction counts (bench/bank_check.py)
