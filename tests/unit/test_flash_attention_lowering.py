@@ -72,3 +72,46 @@ def test_head_sizes_between_the_built_ones_reach_the_hopper_kind_on_first_use(he
 def test_a_head_size_off_the_k_step_is_refused_with_the_reason():
     with pytest.raises(jit.Unbuildable, match=r"d=72: Q K\^T steps 16 columns"):
         jit.plan(jit.spec_of("flash_attention"), {**FLASH_KEY, "D": 72}, {"dtype": "bf16"})
+
+
+# ---- the fp8 (e4m3) kind ---------------------------------------------------------------------
+FP8_NAME = ("flash_attention_hopper_ws_fp8_d{}_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_"
+            "tma1_page_ids2_e4m3_sm90a")
+
+
+def test_the_fp8_points():
+    """e4m3 tiles: Q and K in 128-element (128-byte) atoms, V^T with a row per head column, the
+    output accumulator D wide and written in bf16; the same register split as the 16-bit kind."""
+    by_name = shipped()
+    d64, d128 = by_name[FP8_NAME.format(64)].d, by_name[FP8_NAME.format(128)].d
+    assert (d64["tile_cols"], d64["out_cols"], d128["tile_cols"], d128["out_cols"]) == (128, 64, 128, 128)
+    assert d64["out_ctype"] == d128["out_ctype"] == "__nv_bfloat16"
+    # scores 128 / 2, output D / 2, the weights of a tile held during the next scores (128 keys,
+    # one byte each: 128 / 8 registers), the wgmma overhead
+    assert d128["regs_estimate"] == 64 + 64 + 16 + 40 <= d128["consumer_regs"] == 216
+    # 1 KB of alignment, Q (128 rows) and two stages of K (128 rows) at 128 bytes, two stages of
+    # V^T (D rows of 128 keys), the mbarriers
+    assert d64["smem_bytes"] == 1024 + (128 + 2 * 128) * 128 + 2 * 64 * 128 + (2 + 4 * 2) * 8
+    assert d128["smem_bytes"] == 1024 + (128 + 2 * 128) * 128 + 2 * 128 * 128 + (2 + 4 * 2) * 8
+
+
+def test_only_the_fp8_kind_has_e4m3_instances():
+    kinds = {i.kind for i in shipped().values() if i.a["dtype"] == "e4m3"}
+    assert kinds == {"hopper_ws_fp8"}
+
+
+def test_fp8_head_sizes_and_tiles_the_kernel_cannot_take_are_refused():
+    spec = jit.spec_of("flash_attention")
+    key = {**FLASH_KEY, "align": 16}
+    with pytest.raises(jit.Unbuildable, match=r"about 248 registers per consumer thread"):
+        jit.plan(spec, {**key, "D": 256}, {"dtype": "e4m3"})
+    with pytest.raises(jit.Unbuildable, match=r"d=80: fp8 operands need a multiple of 32"):
+        jit.plan(spec, {**key, "D": 80}, {"dtype": "e4m3"})
+    inst = jit.plan(spec, {**key, "D": 96}, {"dtype": "e4m3"}).inst   # 96: one atom of Q/K columns, 96 V^T rows
+    assert inst.kind == "hopper_ws_fp8" and (inst.d["tile_cols"], inst.d["out_cols"]) == (128, 96)
+
+
+def test_the_output_dtype_follows_fp8_inputs():
+    """op.outputs.out's dtype `bfloat16 if fp8(q) else q` becomes a C++ conditional on q's dtype."""
+    text = (ROOT / "generated" / "flash_attention" / "op.cpp").read_text()
+    assert "(at::isFloat8Type(a.q.scalar_type()) ? at::kBFloat16 : a.q.scalar_type())" in text

@@ -356,3 +356,16 @@ def test_spill_bytes_naming_an_unknown_parameter(tmp_path):
     err = error_for(tmp_path, text)
     assert err.field == "kernels.lmha.spill_bytes" and "width" in err.message
     assert err.line == line_of(text, "spill_bytes:")
+
+
+def test_an_output_dtype_conditional_on_fp8_inputs():
+    """`fp8(<tensor>)` in an output expression: the flash forward's bf16 output of e4m3 inputs."""
+    from codegen import op
+    args, _ = op.parse_schema("f", "f(Tensor q, Tensor? s=None, int n=0) -> Tensor")
+    out = op.output(args, "o", {"shape": "q", "dtype": "bfloat16 if fp8(q) else q"}, "op.outputs.o")
+    assert out.dtype_cpp == "(at::isFloat8Type(a.q.scalar_type()) ? at::kBFloat16 : a.q.scalar_type())"
+    for bad in ("bfloat16 if fp8(n) else q", "bfloat16 if fp8(s) else q"):
+        with pytest.raises(op.DeclError, match=r"expected the name of a \(non-optional\) tensor argument"):
+            op.output(args, "o", {"shape": "q", "dtype": bad}, "op.outputs.o")
+    with pytest.raises(op.DeclError, match=r"`fp8\(<tensor argument>\)`"):
+        op.output(args, "o", {"shape": "q", "dtype": "bfloat16 if wide(q) else q"}, "op.outputs.o")
