@@ -98,6 +98,9 @@ def run():
             row["kernels_ms"] = kernel_times(lambda: fa.flash_attention(*x8, causal=causal, **kw))
             row["forced"] = {n: do_bench(lambda: fa.flash_attention(*x8, causal=causal, instance=n, **kw))
                              for n in fp8_instances(D)}
+            mine = fa.flash_attention(*x8, causal=causal, **kw).float()
+            row["forced_rel_diff"] = {n: ((fa.flash_attention(*x8, causal=causal, instance=n, **kw).float() - mine).norm()
+                                          / mine.norm()).item() for n in row["forced"]}
             row["bf16_ms"] = do_bench(lambda: fa.flash_attention(*x16, causal=causal))
             for peer, backend in PEERS.items():
                 try:
@@ -143,9 +146,12 @@ def markdown(rows, meta) -> str:
             "attngen's bf16 forward.", "",
             "Instances: " + ", ".join(sorted({f"`{r['instance_fp8']}`" for r in rows}))]
     if any(len(r.get("forced", {})) > 1 for r in rows):
-        out += ["", "## Every fp8 instance forced (TFLOP/s, the whole op)", ""]
+        out += ["", "## Every fp8 instance forced (TFLOP/s, the whole op; its output's relative difference from the "
+                "dispatched instance's)", ""]
         for r in rows:
+            diff = r.get("forced_rel_diff", {})
             cells = ", ".join(f"`{n.replace('flash_attention_', '').replace('_e4m3_sm90a', '')}` {r['flop'] / ms / 1e9:.0f}"
+                              + (f" (rel diff {diff[n]:.1e})" if n in diff else "")
                               for n, ms in sorted(r["forced"].items(), key=lambda x: x[1]))
             out.append(f"- {r['B']} {r['H']} {r['N']} {r['D']} {'causal' if r['causal'] else 'full'}: {cells}")
     return "\n".join(out) + "\n"

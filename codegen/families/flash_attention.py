@@ -29,6 +29,7 @@ from . import Family, Lowering, TunePlan
 FORWARD = "flash_attention/forward.cu.j2"
 FORWARD_WGMMA = "flash_attention/forward_wgmma.cu.j2"
 FORWARD_WS = "flash_attention/forward_ws.cu.j2"
+FORWARD_WS_FP8 = "flash_attention/forward_ws_fp8.cu.j2"   # forward_ws.cu.j2 with the fp8-only knob exp16
 # Register estimate per thread: fp32 output and score fragments, Q fragments when held, and
 # what addressing, the softmax state and the operands in flight take (ptxas has the last
 # word; the compile tier checks its report for spills).
@@ -245,11 +246,23 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
                        unpadded=atoms_bank_accesses(wide, block_m, staged_epilogue=False, offset=plain_layout(wide)))
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank": bank, "tile_cols": cols,
-        "out_cols": out_cols, "out_ctype": "__nv_bfloat16" if elem == 1 else inst.ctype,
+        "out_cols": out_cols, "out_ctype": "__nv_bfloat16" if elem == 1 else inst.ctype, "exp16": 0,
         "producer_regs": producer_regs, "consumer_regs": consumer_regs,
         "loads_doc": "TMA, a box per page of a paged cache, cp.async for packed batches" if tma else "cp.async",
         "threads_param": "warpgroups", "smem_param": "stages",
     })
+
+
+def _lower_warp_specialized_fp8(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    """forward_ws_fp8.cu.j2: the warp-specialized kernel on e4m3 operands, with `exp16` (1: each
+    pair of weights is one ex2.approx.f16x2, converted to e4m3 straight from half precision and
+    summed in half pairs per tile; 0: one fp32 MUFU.EX2 a weight, as the 16-bit kinds)."""
+    if inst.a["dtype"] != "e4m3":
+        raise Rejected("d", f"the fp8 template takes e4m3 operands, not {inst.a['dtype']} (where: dtype == 'e4m3')")
+    if inst.p["exp16"] not in (0, 1):
+        raise Rejected("exp16", f"exp16={inst.p['exp16']}: 0 (fp32 exponentials) or 1 (half-precision pairs)")
+    lowered = _lower_warp_specialized(inst, arch)
+    return lowered.with_derived({**lowered.d, "exp16": inst.p["exp16"]})
 
 
 def _tune_runtime(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
@@ -271,6 +284,10 @@ FAMILY = Family(
                               "overlap": "int0", "pingpong": "int0", "minb": "int", "tma": "int0",
                               "page_ids": "int"},
                              _lower_warp_specialized),
+        FORWARD_WS_FP8: Lowering({"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int",
+                                  "overlap": "int0", "pingpong": "int0", "minb": "int", "tma": "int0",
+                                  "page_ids": "int", "exp16": "int0"},
+                                 _lower_warp_specialized_fp8),
     },
     support_files={"flash_attention/params.cuh.j2": "flash_attention/params.cuh",
                    "flash_attention/forward_common.cuh.j2": "flash_attention/forward_common.cuh",

@@ -92,7 +92,14 @@ using OutputMma = wgmma::Mma<O_COLS, T>;
 // sit in the accumulator as keys 2t, 2t + 1, 2t + 8, 2t + 9 (+ 16) of each 32-key block (t =
 // lane % 4); an 8-bit A fragment holds 4 consecutive k columns there, so they are packed as they
 // are and V^T stores the keys of each 32-key block in that order (values_t_kernel).
-constexpr float P_SCALE = 256.f;
+constexpr float P_SCALE = 256.f, LOG2_P_SCALE = 8.f;
+// EXP16 (fp8 only, the spec's exp16): each pair of weights is one ex2.approx.f16x2 of exponents
+// rounded to half precision (11 bits: a weight's relative error at most |x| 2^-11 ln 2, below
+// 2^-7 for every weight above 2^-10 of its row's largest; e4m3 keeps 4 bits), converted to e4m3
+// from the pair and summed in half pairs over a tile: half the MUFU operations of fp32 weights
+// and no fp32 copy of the weights.
+constexpr bool EXP16 = false;
+static_assert(FP8 || !EXP16, "half-precision weights feed e4m3 operands only");
 static_assert(!FP8 || (BLOCK_N % VTile::ATOM_COLS == 0 && O_COLS <= 256), "V^T tiles: whole atoms of keys, a box of rows");
 
 // Shared memory after the 1 KB-aligned tiles: the mbarriers of the Q tile and of each stage.
@@ -427,6 +434,55 @@ __global__ void __launch_bounds__(256) values_t_kernel(const Params p, uint8_t* 
   }
 }
 
+// 2^x of a pair of half-precision exponents (MUFU.EX2 on both halves).
+__device__ __forceinline__ uint32_t exp2_half2(uint32_t x) {
+  uint32_t y;
+  asm("ex2.approx.f16x2 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// EXP16's online-softmax step (softmax::online_step's running max, rescale factors and sums):
+// the weights of the tile, scaled by P_SCALE, go straight into packed e4m3 A fragments `pw`
+// (the layout pack_fp8_weights gives), not back into the scores.
+template <int NT_>
+__device__ __forceinline__ void fp8_weights_in_pairs(const float (&s)[1][NT_][4], float (&row_max)[2],
+                                                     float (&row_sum)[2], float (&rescale)[2], float log2_scale,
+                                                     uint32_t (&pw)[NT_ / 4][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float tile_max = row_max[h];
+#pragma unroll
+    for (int nt = 0; nt < NT_; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[0][nt][2 * h], s[0][nt][2 * h + 1]));
+    tile_max = softmax::quad_max(tile_max);
+    const float base = tile_max == -INFINITY ? 0.f : tile_max * log2_scale;
+    rescale[h] = softmax::fast_exp2(row_max[h] * log2_scale - base);
+    row_max[h] = tile_max;
+    const float offset = LOG2_P_SCALE - base;  // the exponents of P_SCALE * weight
+    __half2 sum = __float2half2_rn(0.f);
+#pragma unroll
+    for (int kn = 0; kn < NT_ / 4; ++kn) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int n = 4 * kn + 2 * half;
+        __half2 w[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const __half2 x = __floats2half2_rn(fmaf(s[0][n + j][2 * h], log2_scale, offset),
+                                              fmaf(s[0][n + j][2 * h + 1], log2_scale, offset));
+          const uint32_t e = exp2_half2(*reinterpret_cast<const uint32_t*>(&x));
+          w[j] = *reinterpret_cast<const __half2*>(&e);
+        }
+        sum = __hadd2(sum, __hadd2(w[0], w[1]));
+        const uint32_t lo = __nv_cvt_halfraw2_to_fp8x2(w[0], __NV_SATFINITE, __NV_E4M3);
+        const uint32_t hi = __nv_cvt_halfraw2_to_fp8x2(w[1], __NV_SATFINITE, __NV_E4M3);
+        pw[kn][2 * half + h] = lo | hi << 16;
+      }
+    }
+    const float2 pair = __half22float2(sum);
+    row_sum[h] = row_sum[h] * rescale[h] + (pair.x + pair.y) * (1.f / P_SCALE);
+  }
+}
+
 // `loads`: how the producer loads (Loads; the launcher made the maps it needs).
 template <bool WINDOW, bool EXTRAS>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
@@ -490,6 +546,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
   float row_max[2], row_sum[2];
   float s[1][NT][4];                           // scores, then weights, of one tile
   uint32_t pa[KN][4];                          // the weights packed as A fragments
+  uint32_t pw[EXP16 ? KN : 1][4];              // EXP16: the weights as made, packed into pa once P V of the last tile is done
 
   // Data a wait made visible to this thread is made visible to its wgmmas (the async proxy), where
   // cp.async (the generic proxy) wrote it; TMA writes through the async proxy already.
@@ -542,7 +599,10 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
   auto pack_weights = [&] {
 #pragma unroll
     for (int kn = 0; kn < KN; ++kn) {
-      if constexpr (FP8) {
+      if constexpr (EXP16) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pa[kn][r] = pw[kn][r];
+      } else if constexpr (FP8) {
         pack_fp8_weights(pa[kn], s, kn);
       } else {
         mma::c_as_a<T>(pa[kn], s, 0, kn);
@@ -602,7 +662,11 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
       const int n0 = (block.tile0 + it) * BLOCK_N;
       if constexpr (FP8 && EXTRAS) scale_scores(s, descales.qk);  // the transforms take q . k's values
       transform_scores<1, NT, EXTRAS>(s, p, block, row0, n0, seq.lk, block.partial(n0, seq.lk), slope, lane);
-      softmax::online_step<1, NT>(s, row_max, row_sum, rescale, log2_block);
+      if constexpr (EXP16) {
+        fp8_weights_in_pairs(s, row_max, row_sum, rescale, log2_block, pw);
+      } else {
+        softmax::online_step<1, NT>(s, row_max, row_sum, rescale, log2_block);
+      }
     };
     if (tiles > 0) {
       pipeline::wait(&bars.q_full, q_uses & 1);

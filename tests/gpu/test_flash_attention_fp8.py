@@ -11,7 +11,8 @@ does the same weight rounding in float64; as flash-attn's tests bound a kernel b
 of torch doing the same computation in the storage dtype, the kernel's largest error against
 float64 must stay within twice that emulation's, plus the output's bf16 rounding (2^-8 of the
 largest output) and 1e-5. Independently of the emulation, each element's error must stay within
-the worst case the weight rounding allows: 2^-4 sum_j w_ij |v_j| plus the bf16 rounding."""
+the worst case the weight rounding allows: 2^-4 sum_j w_ij |v_j| (plus 2^-7 of it for the exp16
+instances' half-precision exponents, forward_ws.cu.j2's EXP16) plus the bf16 rounding."""
 import importlib
 import math
 
@@ -77,7 +78,7 @@ def check(out, lse, qkv, descales, what="", **kwargs):
     assert err.max().item() <= bound, f"{what}: max error {err.max().item():.3e} > bound {bound:.3e}"
     # The worst case of the weights' rounding, element by element: 2^-4 sum_j w_ij |v_j|.
     weights_abs, _ = reference.flash_attention(q, k, v.abs(), **kwargs)
-    worst = 2 ** -4 * weights_abs + 2 ** -8 * ref.abs() + 1e-5
+    worst = (2 ** -4 + 2 ** -7) * weights_abs + 2 ** -8 * ref.abs() + 1e-5
     over = (err - worst).max().item()
     assert over <= 0, f"{what}: an element's error exceeds the weights' worst-case rounding by {over:.3e}"
     if lse is not None:
@@ -94,7 +95,8 @@ def call(qkv, descales, **kwargs):
     return fa.flash_attention(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd, **kwargs)
 
 
-INSTANCES = sorted((n, r) for n, r in family_manifest("flash_attention").items() if r["dtype"] == "e4m3")
+# The shipped fp8 instances, and the benchmark extension's (exp16, other schedules) where it was built.
+INSTANCES = sorted((n, r) for n, r in family_manifest("flash_attention", bench=True).items() if r["dtype"] == "e4m3")
 
 
 def test_fp8_instances_are_built():

@@ -76,7 +76,7 @@ def test_a_head_size_off_the_k_step_is_refused_with_the_reason():
 
 # ---- the fp8 (e4m3) kind ---------------------------------------------------------------------
 FP8_NAME = ("flash_attention_hopper_ws_fp8_d{}_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_"
-            "tma1_page_ids2_e4m3_sm90a")
+            "tma1_page_ids2_exp160_e4m3_sm90a")
 
 
 def test_the_fp8_points():
