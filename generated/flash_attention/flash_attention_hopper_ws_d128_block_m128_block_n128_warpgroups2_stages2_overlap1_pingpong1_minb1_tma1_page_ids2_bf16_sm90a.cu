@@ -444,10 +444,10 @@ __device__ __forceinline__ uint32_t exp2_half2(uint32_t x) {
 // EXP16's online-softmax step (softmax::online_step's running max, rescale factors and sums):
 // the weights of the tile, scaled by P_SCALE, go straight into packed e4m3 A fragments `pw`
 // (the layout pack_fp8_weights gives), not back into the scores.
-template <int NT_>
+template <int NT_, int KN_>
 __device__ __forceinline__ void fp8_weights_in_pairs(const float (&s)[1][NT_][4], float (&row_max)[2],
                                                      float (&row_sum)[2], float (&rescale)[2], float log2_scale,
-                                                     uint32_t (&pw)[NT_ / 4][4]) {
+                                                     uint32_t (&pw)[KN_][4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float tile_max = row_max[h];
@@ -460,7 +460,7 @@ __device__ __forceinline__ void fp8_weights_in_pairs(const float (&s)[1][NT_][4]
     const float offset = LOG2_P_SCALE - base;  // the exponents of P_SCALE * weight
     __half2 sum = __float2half2_rn(0.f);
 #pragma unroll
-    for (int kn = 0; kn < NT_ / 4; ++kn) {
+    for (int kn = 0; kn < KN_; ++kn) {  // KN_ = NT_ / 4 where it is called (8-bit k-steps of 32 keys)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int n = 4 * kn + 2 * half;
@@ -546,7 +546,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
   float row_max[2], row_sum[2];
   float s[1][NT][4];                           // scores, then weights, of one tile
   uint32_t pa[KN][4];                          // the weights packed as A fragments
-  uint32_t pw[EXP16 ? KN : 1][4];              // EXP16: the weights as made, packed into pa once P V of the last tile is done
+  uint32_t pw[KN][4];                          // EXP16: the weights as made, moved into pa once P V of the last tile is done (unused otherwise)
 
   // Data a wait made visible to this thread is made visible to its wgmmas (the async proxy), where
   // cp.async (the generic proxy) wrote it; TMA writes through the async proxy already.
