@@ -44,7 +44,7 @@ gpu-check:
 	bash bench/gpu_check.sh
 
 bench:
-	$(PYTHON) -m bench.causal_linear && $(PYTHON) -m bench.rwkv && $(PYTHON) -m bench.paged && $(PYTHON) -m bench.flash_attention && $(PYTHON) -m bench.flash_attention_grad && $(PYTHON) -m bench.delta_rule && $(PYTHON) -m bench.paged_attention
+	$(PYTHON) -m bench.causal_linear && $(PYTHON) -m bench.rwkv && $(PYTHON) -m bench.paged && $(PYTHON) -m bench.flash_attention && $(PYTHON) -m bench.flash_attention_fp8 && $(PYTHON) -m bench.flash_attention_grad && $(PYTHON) -m bench.delta_rule && $(PYTHON) -m bench.paged_attention
 
 tune:
 	$(PYTHON) -m codegen tune $(or $(SPEC),specs/causal_linear.yaml) $(if $(JOBS),-j $(JOBS))
