@@ -329,14 +329,14 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
     }
   }
-  // specs/flash_attention.yaml:417: when True -> hopper_ws_fp8
+  // specs/flash_attention.yaml:420: when True -> hopper_ws_fp8
   if (true) {
     if (key.dtype == DType::kE4M3) {
       if (kEntries[24].covers(key)) return row(24);  // flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
       if (kEntries[25].covers(key)) return row(25);  // flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
     }
   }
-  // specs/flash_attention.yaml:419: when True -> hopper_ws
+  // specs/flash_attention.yaml:422: when True -> hopper_ws
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
@@ -357,7 +357,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[23].covers(key)) return row(23);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:421: when True -> hopper
+  // specs/flash_attention.yaml:424: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[8].covers(key)) return row(8);  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a
@@ -370,7 +370,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[13].covers(key)) return row(13);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:423: when True -> mma_sync
+  // specs/flash_attention.yaml:426: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return row(0);  // flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a

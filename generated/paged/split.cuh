@@ -54,9 +54,17 @@ inline MergeParams merge_params(const Params& p, int64_t parts, int64_t part_tok
 // several TUs would leave one host stub standing for all of them).
 namespace {
 
+// Partitions whose log-sum-exp and output a merge thread loads before it uses any of them: the
+// loads of a batch are independent, so their latencies overlap, and a row's partitions take
+// ceil(parts / MERGE_BATCH) round trips to L2 instead of one per partition and pass. At issue
+// 30's S 1 x 2000 tokens (31 partitions of 64 tokens) the two-pass loop it replaces, unrolled
+// 4 ways by nvcc, waited on 16 dependent loads after the decode grid had finished.
+constexpr int MERGE_BATCH = 16;
+
 // Per (sequence, query row): the partitions' outputs weighted by exp2(lse_p - max lse) over the
-// sum of those weights. A CTA takes ROWS rows of one sequence; a row's D / 4 threads read 16
-// bytes of every partition's output each and recompute the weights (a few dozen partitions).
+// sum of those weights, in one pass with a running max (the sums rescaled when a batch raises
+// it). A CTA takes ROWS rows of one sequence; a row's D / 4 threads read 16 bytes of every
+// partition's output each and recompute the weights.
 // With PDL the CTAs may start while the decode grid's last wave runs (it allows that on entry):
 // they read the context length, then wait until the decode grid has finished and its writes
 // are visible (griddepcontrol.wait) before touching the workspace.
@@ -74,16 +82,32 @@ __global__ void __launch_bounds__(ROWS * D / 4) merge_partitions(const MergePara
   if (r >= p.rows) return;
   const float* lse = p.lse + (s * p.rows + r) * p.parts;
   const float* o = p.o + (s * p.rows + r) * p.parts * D + c;
-  float top = -INFINITY;
-  for (int64_t i = 0; i < used; ++i) top = fmax_nan(top, lse[i]);
-  float acc[4] = {0.f, 0.f, 0.f, 0.f}, weights = 0.f;
-  if (top != -INFINITY) {
-    for (int64_t i = 0; i < used; ++i) {
-      const float w = exp2f(lse[i] - top);
-      const float4 v = *reinterpret_cast<const float4*>(o + i * D);
-      weights += w;
-      acc[0] += w * v.x, acc[1] += w * v.y, acc[2] += w * v.z, acc[3] += w * v.w;
+  float top = -INFINITY, weights = 0.f;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int64_t base = 0; base < used; base += MERGE_BATCH) {
+    float x[MERGE_BATCH];
+    float4 v[MERGE_BATCH];
+#pragma unroll
+    for (int j = 0; j < MERGE_BATCH; ++j) {
+      const bool in = base + j < used;
+      x[j] = in ? lse[base + j] : -INFINITY;
+      v[j] = in ? *reinterpret_cast<const float4*>(o + (base + j) * D) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+    float next = top;
+#pragma unroll
+    for (int j = 0; j < MERGE_BATCH; ++j) next = fmax_nan(next, x[j]);
+    if (next == -INFINITY) continue;  // no partition so far saw a token
+    const float keep = exp2f(top - next);  // 0 while top is -inf; NaN once a partition is NaN
+    weights *= keep;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc[k] *= keep;
+#pragma unroll
+    for (int j = 0; j < MERGE_BATCH; ++j) {
+      const float w = exp2f(x[j] - next);
+      weights += w;
+      acc[0] += w * v[j].x, acc[1] += w * v[j].y, acc[2] += w * v[j].z, acc[3] += w * v[j].w;
+    }
+    top = next;
   }
   // No partition saw a token: zeros. A NaN partition (NaN in the cache) stays NaN.
 #pragma unroll
