@@ -8,7 +8,7 @@ windows align the last query row with the last key row (flash-attn >= 2.1). Diff
 q, k and v (and through the returned lse): the backward is the generated
 `flash_attention_grad` op (specs/flash_attention_grad.yaml), which recomputes the weights from
 the saved log-sum-exp. FP8 inference: float8_e4m3fn q, k, v with descale factors give a bf16
-output (fixed or packed lengths, head sizes 64 and 128; no gradient).
+output (fixed or packed lengths, head sizes 64, 128 and 256; no gradient).
 """
 from __future__ import annotations
 

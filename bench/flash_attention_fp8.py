@@ -29,9 +29,10 @@ from bench.flash_attention import PEERS, flops, geomean, sdpa  # noqa: E402
 fa = importlib.import_module("attngen.flash_attention")
 reference = importlib.import_module("attngen.reference")
 
-# B, H, N, D: the D64 and D128 softmax shapes of ANCHORS.md, and D128 at N 8192
+# B, H, N, D: the D64 and D128 softmax shapes of ANCHORS.md, D128 at N 8192, and D256
 SHAPES = [(4, 48, 1024, 64), (4, 48, 4096, 64), (1, 48, 16384, 64),
-          (4, 24, 1024, 128), (4, 24, 4096, 128), (2, 24, 8192, 128), (1, 24, 16384, 128)]
+          (4, 24, 1024, 128), (4, 24, 4096, 128), (2, 24, 8192, 128), (1, 24, 16384, 128),
+          (2, 16, 4096, 256), (1, 16, 16384, 256)]   # issue 32's d256 shape, and a long one
 E4M3 = torch.float8_e4m3fn
 
 

@@ -128,14 +128,15 @@ def _check_wgmma_tiles(inst: KernelInstance, arch: Arch, padded: bool = False) -
         raise Rejected("overlap", f"overlap={inst.p['overlap']}: 0 or 1")
 
 
-# The 8-bit kernel's V^T tile: 128-key atoms (K-major), one box of D rows.
-FP8_KEY_ATOM = 128
+# The 8-bit kernel's V^T tile: atoms of 128 keys (the 128-byte swizzle) or, for 64-key tiles,
+# of 64 (the 64-byte swizzle), K-major, one box of D rows.
+FP8_KEY_ATOM = 64
 
 
 def _check_fp8_tiles(d: int, block_n: int) -> None:
     """e4m3 operands (forward_ws.cu.j2's FP8): Q K^T walks the head 32 columns at a time, the
     output has a column per head column (V^T's rows: an N of wgmma.cuh) and the key tiles are
-    whole 128-key atoms of V^T."""
+    whole atoms of V^T (128 keys, or 64 in the 64-byte swizzle)."""
     if d % 32 or d not in WGMMA_N:
         raise Rejected("d", f"d={d}: fp8 operands need a multiple of 32 (the k-step of m64nNk32) that wgmma.cuh "
                             f"instantiates as N ({', '.join(map(str, WGMMA_N))}): V^T has a row per head column")

@@ -40,10 +40,11 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
 }
 
 // The map of `base` [B, L, H, D] of T (strides in elements: batch, row, head; the last dim is
-// contiguous), boxes of `rows` x 128 bytes. False when the driver refuses it.
+// contiguous), boxes of `rows` x `swizzle` bytes (128, or 64: wgmma::Atoms' two swizzles). False
+// when the driver refuses it.
 template <typename T>
 inline bool encode_rows(CUtensorMap* map, const void* base, int64_t B, int64_t L, int64_t H, int64_t D,
-                        int64_t stride_b, int64_t stride_l, int64_t stride_h, int rows) {
+                        int64_t stride_b, int64_t stride_l, int64_t stride_h, int rows, int swizzle = 128) {
   constexpr cuuint64_t bytes = sizeof(T);
   const PFN_cuTensorMapEncodeTiled_v12000 encode = encode_function();
   if (encode == nullptr || B <= 0 || L <= 0 || H <= 0) return false;
@@ -51,11 +52,11 @@ inline bool encode_rows(CUtensorMap* map, const void* base, int64_t B, int64_t L
                               static_cast<cuuint64_t>(B)};
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(stride_l) * bytes, static_cast<cuuint64_t>(stride_h) * bytes,
                                  static_cast<cuuint64_t>(stride_b) * bytes};  // bytes, dims 1..3
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / bytes), static_cast<cuuint32_t>(rows), 1, 1};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(swizzle / bytes), static_cast<cuuint32_t>(rows), 1, 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
   const CUresult r = encode(map, data_type<T>(), 4,
                             const_cast<void*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            swizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }

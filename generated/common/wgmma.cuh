@@ -8,7 +8,9 @@
 // Tiles: `Atoms<ROWS, COLS, ELEM_BYTES>` stores column blocks ("atoms") of 128 bytes one after
 // the other (64 16-bit or 128 8-bit elements), each ROWS rows with 16-byte chunk c of row r at
 // chunk c ^ (r % 8): the 128-byte swizzle wgmma reads (PTX ISA, "Shared Memory Matrix Layout").
-// Every atom starts 1024-byte aligned, so descriptors need no base offset.
+// Every atom starts 1024-byte aligned, so descriptors need no base offset. `Atoms<..., 64>` is
+// the 64-byte swizzle (chunk c of row r at c ^ (r / 2 % 4), 8-row groups 512 bytes apart), for a
+// K-major tile whose K extent is 64 bytes (fp8 V^T tiles of 64 keys).
 //   K-major operand (rows are M or N, the atom's columns are K): 8-row groups are 1024 bytes
 //     apart (stride byte offset); a k-step (16 16-bit or 32 8-bit elements) moves the start by
 //     32 bytes inside an atom. fp8 operands are K-major only (PTX: no transpose for 8-bit types).
@@ -27,26 +29,36 @@
 namespace attngen {
 namespace wgmma {
 
-template <int ROWS, int COLS, int ELEM_BYTES = 2>
+template <int ROWS, int COLS, int ELEM_BYTES = 2, int SWIZZLE = 128>
 struct Atoms {
-  static constexpr int ATOM_COLS = 128 / ELEM_BYTES;  // elements of a 128-byte atom row
-  static constexpr int CHUNK = 16 / ELEM_BYTES;       // elements of a 16-byte chunk
-  static_assert(COLS % ATOM_COLS == 0 && ROWS % 8 == 0, "whole 128-byte rows, whole 8-row groups");
+  static_assert(SWIZZLE == 128 || SWIZZLE == 64, "128- or 64-byte swizzle atoms");
+  static constexpr int ATOM_COLS = SWIZZLE / ELEM_BYTES;  // elements of an atom row
+  static constexpr int CHUNK = 16 / ELEM_BYTES;           // elements of a 16-byte chunk
+  static constexpr int ROW_CHUNKS = SWIZZLE / 16;         // chunks of an atom row
+  static_assert(COLS % ATOM_COLS == 0 && ROWS % 8 == 0, "whole atom rows, whole 8-row groups");
   static constexpr int ELEMS = ROWS * COLS;
   static constexpr int BYTES = ELEMS * ELEM_BYTES;
-  static constexpr int ATOM_BYTES = ROWS * 128;
+  static constexpr int ATOM_BYTES = ROWS * SWIZZLE;
+  static constexpr uint32_t GROUP_BYTES = 8 * SWIZZLE;     // 8 rows of an atom: the stride byte offset
+  static constexpr int MODE = SWIZZLE == 128 ? 1 : 2;      // the descriptor's swizzle mode
+  // The chunk a row's chunk c lands on: the address bits of the chunk XOR those 3 bits up (the
+  // row's low 3 bits for 128-byte rows; bits 1-2 for 64-byte rows, which repeat every 512 bytes).
+  __device__ __forceinline__ static int swizzled(int chunk, int row) {
+    return SWIZZLE == 128 ? chunk ^ (row & 7) : chunk ^ ((row >> 1) & 3);
+  }
   __device__ __forceinline__ static int offset(int row, int col) {
-    return col / ATOM_COLS * ROWS * ATOM_COLS + row * ATOM_COLS + ((col / CHUNK % 8) ^ (row & 7)) * CHUNK +
+    return col / ATOM_COLS * ROWS * ATOM_COLS + row * ATOM_COLS + swizzled(col / CHUNK % ROW_CHUNKS, row) * CHUNK +
            col % CHUNK;
   }
 };
 
 // Matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address, leading and stride
-// byte offsets (all >> 4), swizzle mode 1 = 128 bytes in bits 62-63.
-__device__ __forceinline__ uint64_t descriptor(uint32_t smem_addr, uint32_t leading_bytes, uint32_t stride_bytes) {
+// byte offsets (all >> 4), swizzle mode in bits 62-63 (1: 128 bytes, 2: 64 bytes).
+__device__ __forceinline__ uint64_t descriptor(uint32_t smem_addr, uint32_t leading_bytes, uint32_t stride_bytes,
+                                               int mode = 1) {
   return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) |
          static_cast<uint64_t>((leading_bytes & 0x3FFFF) >> 4) << 16 |
-         static_cast<uint64_t>((stride_bytes & 0x3FFFF) >> 4) << 32 | uint64_t{1} << 62;
+         static_cast<uint64_t>((stride_bytes & 0x3FFFF) >> 4) << 32 | static_cast<uint64_t>(mode) << 62;
 }
 
 // Before the first wgmma that reads registers written since (accumulators, A fragments).

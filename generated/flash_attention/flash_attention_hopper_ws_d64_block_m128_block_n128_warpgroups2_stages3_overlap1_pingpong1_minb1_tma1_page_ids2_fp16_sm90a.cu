@@ -79,7 +79,9 @@ using QTile = wgmma::Atoms<BLOCK_M, D_TILE, sizeof(T)>;
 using KVTile = wgmma::Atoms<BLOCK_N, D_TILE, sizeof(T)>;   // a key tile (and a value tile of 16-bit elements)
 // A value tile: like a key tile (rows are keys, read transposed by P V), or with fp8 operands a
 // tile of V^T (rows are head columns, the keys K-major: 8-bit operands cannot be read transposed).
-using VTile = std::conditional_t<FP8, wgmma::Atoms<O_COLS, BLOCK_N, 1>, KVTile>;
+// 64-key fp8 tiles (d256: the output's 128 registers leave room for 64 keys' scores only) are
+// rows of 64 bytes, in the 64-byte swizzle.
+using VTile = std::conditional_t<FP8, wgmma::Atoms<O_COLS, BLOCK_N, 1, BLOCK_N % 128 == 0 ? 128 : 64>, KVTile>;
 constexpr uint32_t GROUP_BYTES = 8 * 128;       // 8 rows of one atom: the stride byte offset
 using ScoreMma = wgmma::Mma<BLOCK_N, T>;
 using OutputMma = wgmma::Mma<O_COLS, T>;
@@ -573,13 +575,16 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
   };
   // O += P V of ring position g: the weights as A fragments in registers, V (rows are keys, D
   // contiguous) read transposed: 16 key rows per k-step, D / 64 atoms apart along N. With fp8
-  // operands V^T (rows are head columns, keys contiguous) K-major: a k-step is 32 bytes into an atom.
+  // operands V^T (rows are head columns, keys contiguous) K-major: a k-step is 32 bytes into an
+  // atom row (of 128 or 64 bytes).
   auto issue_output = [&](int g) {
     const uint32_t v_addr = mma::smem_addr(v_ring + g % STAGES * VTile::ELEMS);
 #pragma unroll
     for (int kn = 0; kn < KN; ++kn) {
       if constexpr (FP8) {
-        const uint64_t bv = wgmma::descriptor(v_addr + (kn / 4) * VTile::ATOM_BYTES + (kn % 4) * 32, 16, GROUP_BYTES);
+        constexpr int STEPS_PER_ROW = VTile::ATOM_COLS / K_STEP;  // k-steps along an atom row of V^T
+        const uint64_t bv = wgmma::descriptor(v_addr + (kn / STEPS_PER_ROW) * VTile::ATOM_BYTES + (kn % STEPS_PER_ROW) * 32,
+                                              16, VTile::GROUP_BYTES, VTile::MODE);
         OutputMma::rs<0>(&acc[0][0][0], pa[kn], bv, 1);
       } else {
         const uint64_t bv = wgmma::descriptor(v_addr + kn * 2 * GROUP_BYTES, KVTile::ATOM_BYTES, GROUP_BYTES);
@@ -717,7 +722,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 bool make_maps(const Params& p, Maps& maps) {
   const ValuesT vt = values_t_of(p);
   const bool v_map = FP8 ? tma::encode_rows<T>(&maps.v, p.workspace, p.B, D, p.Hkv, vt.keys, vt.batch_stride(p.Hkv),
-                                               vt.keys, vt.head_stride(), O_COLS)
+                                               vt.keys, vt.head_stride(), O_COLS, VTile::ATOM_COLS)
                          : tma::encode_rows<T>(&maps.v, p.v, p.B, p.Lk, p.Hkv, D, p.v_sb, p.v_sl, p.v_sh, BLOCK_N);
   const int64_t batches = p.cu_seqlens_q == nullptr ? p.B : 1;
   return tma::encode_rows<T>(&maps.q, p.q, batches, p.q_tokens, p.Hq, D, p.q_sb, p.q_sl, p.q_sh, BLOCK_M) &&

@@ -118,7 +118,7 @@ LENGTHS = [(1, 1), (7, 7), (113, 113), (1023, 1023), (1, 4097), (7, 1023), (113,
 GROUPS = [(1, 1), (4, 1), (7, 1)]   # (G, Hkv)
 
 
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_matrix(D, causal):
     worst = 0.0
@@ -132,7 +132,7 @@ def test_matrix(D, causal):
     assert worst <= 1.0
 
 
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("extras", [
     {"window": (64, 16)}, {"window": (-1, 40), "causal": False}, {"soft_cap": 5.0},
     {"alibi": True, "causal": True}, {"soft_cap": 3.0, "alibi": True, "window": (100, 0)},
@@ -147,7 +147,7 @@ def test_windows_alibi_soft_cap(D, extras):
     check(out, lse, qkv, descales, f"D={D} {extras}", **extras)
 
 
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen(D, causal):
     """Packed sequences (lengths 0, 1 and odd; q and k lengths differ), a descale per sequence and kv

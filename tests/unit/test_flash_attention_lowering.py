@@ -95,6 +95,17 @@ def test_the_fp8_points():
     assert d128["smem_bytes"] == 1024 + (128 + 2 * 128) * 128 + 2 * 128 * 128 + (2 + 4 * 2) * 8
 
 
+def test_the_fp8_d256_point_takes_64_key_tiles():
+    """d256: the output's 128 registers leave room for 64 keys' scores (128 keys: about 248
+    registers); Q and K rows are two 128-byte atoms, V^T's tiles 256 rows of 64 keys."""
+    name = FP8_NAME.format(256).replace("block_n128", "block_n64")
+    d256 = shipped()[name].d
+    assert (d256["tile_cols"], d256["out_cols"]) == (256, 256)
+    assert d256["regs_estimate"] == 32 + 128 + 8 + 40 <= d256["consumer_regs"] == 216
+    assert d256["smem_bytes"] == 1024 + (128 + 2 * 64) * 256 + 2 * 256 * 64 + (2 + 4 * 2) * 8
+    assert d256["spill_bytes_allowed"] == 20   # the sliding-window variant (the spec's spill_bytes)
+
+
 def test_only_the_fp8_kind_has_e4m3_instances():
     kinds = {i.kind for i in shipped().values() if i.a["dtype"] == "e4m3"}
     assert kinds == {"hopper_ws_fp8"}
@@ -103,8 +114,11 @@ def test_only_the_fp8_kind_has_e4m3_instances():
 def test_fp8_head_sizes_and_tiles_the_kernel_cannot_take_are_refused():
     spec = jit.spec_of("flash_attention")
     key = {**FLASH_KEY, "align": 16}
-    with pytest.raises(jit.Unbuildable, match=r"about 248 registers per consumer thread"):
-        jit.plan(spec, {**key, "D": 256}, {"dtype": "e4m3"})
+    with pytest.raises(jit.Unbuildable, match=r"d=160: fp8 operands need a multiple of 32 \(the k-step of m64nNk32\) "
+                                              r"that wgmma.cuh instantiates as N"):
+        jit.plan(spec, {**key, "D": 160}, {"dtype": "e4m3"})
+    inst = jit.plan(spec, {**key, "D": 192}, {"dtype": "e4m3"}).inst   # as d256: 64-key tiles
+    assert inst.p["block_n"] == 64 and inst.d["out_cols"] == 192
     with pytest.raises(jit.Unbuildable, match=r"d=80: fp8 operands need a multiple of 32"):
         jit.plan(spec, {**key, "D": 80}, {"dtype": "e4m3"})
     inst = jit.plan(spec, {**key, "D": 96}, {"dtype": "e4m3"}).inst   # 96: one atom of Q/K columns, 96 V^T rows
