@@ -245,14 +245,9 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
     wide = cols * elem // 2   # the accesses' 16-bit columns: the same bytes
     bank = banks.model(atoms_bank_accesses(wide, block_m, staged_epilogue=False),
                        unpadded=atoms_bank_accesses(wide, block_m, staged_epilogue=False, offset=plain_layout(wide)))
-    # The output's rescale skipped by a warp vote where no row's max rose (softmax.cuh's
-    # rescale_rows_where_raised; exact). Not for 16-bit d256: its consumers are at their register
-    # limit, and ptxas (CUDA 13.0) then spills 28 bytes in a variant of the 48-key tiles (16 before).
-    rescale_vote = int(elem == 1 or out_cols <= 128)
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank": bank, "tile_cols": cols,
         "out_cols": out_cols, "out_ctype": "__nv_bfloat16" if elem == 1 else inst.ctype, "exp16": 0,
-        "rescale_vote": rescale_vote,
         "producer_regs": producer_regs, "consumer_regs": consumer_regs,
         "loads_doc": "TMA, a box per page of a paged cache, cp.async for packed batches" if tma else "cp.async",
         "threads_param": "warpgroups", "smem_param": "stages",

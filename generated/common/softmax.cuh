@@ -97,17 +97,5 @@ __device__ __forceinline__ void rescale_rows(float (&acc)[MT][DT][4], const floa
   }
 }
 
-// rescale_rows, skipped where no row of the warp raised its max this tile: every factor is then
-// exp2(0) = 1 exactly and the product would change nothing, so the output is bit-identical. The
-// vote keeps the branch uniform over the warp. Long rows raise their max ever more rarely: over
-// n keys a row's max rises about ln(n / tile) times after its first tile.
-template <int MT, int DT>
-__device__ __forceinline__ void rescale_rows_where_raised(float (&acc)[MT][DT][4], const float (&rescale)[2 * MT]) {
-  bool raised = false;
-#pragma unroll
-  for (int r = 0; r < 2 * MT; ++r) raised |= rescale[r] != 1.f;  // NaN too: it multiplies on
-  if (__any_sync(0xffffffffu, raised)) rescale_rows<MT, DT>(acc, rescale);
-}
-
 }  // namespace softmax
 }  // namespace attngen

@@ -56,9 +56,6 @@ constexpr int CONSUMERS = 2;  // consumer warpgroups
 constexpr int STAGES = 2;         // K/V tiles in shared memory
 constexpr bool OVERLAP = false;
 constexpr bool PINGPONG = true;
-// The output rescaled only where a row of the warp raised its max (softmax.cuh; the lowering
-// leaves it off where the consumers have no registers to spare).
-constexpr bool RESCALE_VOTE = false;
 constexpr int MIN_BLOCKS = 1;       // CTAs per SM the register allocation must allow
 constexpr bool TMA = true;               // tiles by TMA where the call allows it
 constexpr int PAGE_IDS = 2;  // page ids of a paged cache a producer thread loads together
@@ -702,11 +699,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
           wgmma::hold(acc);
           release(&bars.v_empty[(g - 1) % STAGES]);
         }
-        if constexpr (RESCALE_VOTE) {
-          softmax::rescale_rows_where_raised<1, DT>(acc, rescale);
-        } else {
-          softmax::rescale_rows<1, DT>(acc, rescale);
-        }
+        softmax::rescale_rows<1, DT>(acc, rescale);
         pack_weights();
         if (!OVERLAP) output_step(g);
       }
