@@ -313,41 +313,22 @@ __device__ __forceinline__ void pv_fp8(float (&acc)[MT][DT][4], const uint32_t (
   }
 }
 
-// A thread's 16-byte copies of a tile: copy k of thread x is piece i = x + k * THREADS, of row
-// i / ROW_CHUNKS.
-constexpr int ROW_CHUNKS = D / C_CHUNK;
-constexpr int TILE_COPIES = (TILE * ROW_CHUNKS + THREADS - 1) / THREADS;
-
-// The block-table entries of the rows this thread copies of tile [first, first + TILE), clamped
-// into the sequence's row of the table: every read is of valid memory, whatever the context
-// length, so the first tiles' ids load beside the context length rather than after it (a round
-// trip less before the first K and V arrive). Entries past the context may be junk; issue_tile
-// uses only those of rows inside it.
-__device__ __forceinline__ void page_ids(int32_t (&ids)[TILE_COPIES], const Params& p, const int32_t* pages, int first) {
-#pragma unroll
-  for (int k = 0; k < TILE_COPIES; ++k) {
-    const int t = first + (static_cast<int>(threadIdx.x) + k * THREADS) / ROW_CHUNKS;
-    ids[k] = p.max_blocks > 0 ? __ldg(pages + min(static_cast<int64_t>(t >> p.block_shift), p.max_blocks - 1)) : 0;
-  }
-}
-
-// Stage the K and V rows of tokens [first, first + TILE) of pages `ids` (page_ids); rows at or
-// past `end` are zero-filled and never address the cache.
-__device__ __forceinline__ void issue_tile(C* stage, const Params& p, const int32_t (&ids)[TILE_COPIES], int64_t kv_head,
+// Stage the K and V rows of tokens [first, first + TILE); rows at or past `end` are
+// zero-filled and never address the cache (their block-table entries may be junk).
+__device__ __forceinline__ void issue_tile(C* stage, const Params& p, const int32_t* pages, int64_t kv_head,
                                            int first, int end) {
+  constexpr int ROW_CHUNKS = D / C_CHUNK;
   const C* k = static_cast<const C*>(p.k);
   const C* v = static_cast<const C*>(p.v);
   const int slot_mask = (1 << p.block_shift) - 1;
 #pragma unroll
-  for (int c = 0; c < TILE_COPIES; ++c) {
-    const int i = static_cast<int>(threadIdx.x) + c * THREADS;
-    if (TILE * ROW_CHUNKS % THREADS != 0 && i >= TILE * ROW_CHUNKS) break;
+  for (int i = threadIdx.x; i < TILE * ROW_CHUNKS; i += THREADS) {
     const int row = i / ROW_CHUNKS, col = i % ROW_CHUNKS * C_CHUNK;
     const int t = first + row;
     const bool valid = t < end;
     int64_t k_at = 0, v_at = 0;
     if (valid) {
-      const int64_t page = ids[c], slot = t & slot_mask;
+      const int64_t page = __ldg(pages + (t >> p.block_shift)), slot = t & slot_mask;
       k_at = page * p.k_sb + slot * p.k_st + kv_head * p.k_sh + col;
       v_at = page * p.v_sb + slot * p.v_st + kv_head * p.v_sh + col;
     }
@@ -405,14 +386,10 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
   const unsigned kv_head = blockIdx.y / blocks, rb = blockIdx.y % blocks, query_tokens = static_cast<unsigned>(p.Q);
   const bool split_kv = gridDim.z > 1;
 
-  const int32_t* pages = p.block_table + seq * p.bt_ss;
-  const int begin = static_cast<int>(blockIdx.z * split.part_tokens);
-  int32_t first_ids[STAGES - 1][TILE_COPIES];  // the prologue's tiles, loaded beside the context length
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) page_ids(first_ids[s], p, pages, begin + s * TILE);
   const int64_t capacity = p.max_blocks << p.block_shift;
   const int64_t len = p.context_lens[seq];
   const int n = static_cast<int>(len < 0 ? 0 : (len > capacity ? capacity : len));
+  const int begin = static_cast<int>(blockIdx.z * split.part_tokens);
   if (blockIdx.z > 0 && begin >= n) return;  // past this sequence's context: the merge skips it
   const int end = min(static_cast<int>(begin + split.part_tokens), n);  // tokens staged: [begin, end)
 
@@ -427,10 +404,11 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
       cp_async_zfill<16>(q_tile + QTile::offset(r, col), src, row.real);  // smem: cp_async_fill
     }
   }
+  const int32_t* pages = p.block_table + seq * p.bt_ss;
   const int tiles = max(0, (end - begin + TILE - 1) / TILE);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < tiles) issue_tile(ring + s * STAGE_ELEMS, p, first_ids[s], kv_head, begin + s * TILE, end);
+    if (s < tiles) issue_tile(ring + s * STAGE_ELEMS, p, pages, kv_head, begin + s * TILE, end);
     cp_async_commit();
   }
 
@@ -481,11 +459,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile `it` (and the queries) landed for every thread; the slot refilled below is free
     const int ahead = it + STAGES - 1;
-    if (ahead < tiles) {
-      int32_t ids[TILE_COPIES];
-      page_ids(ids, p, pages, begin + ahead * TILE);
-      issue_tile(ring + ahead % STAGES * STAGE_ELEMS, p, ids, kv_head, begin + ahead * TILE, end);
-    }
+    if (ahead < tiles) issue_tile(ring + ahead % STAGES * STAGE_ELEMS, p, pages, kv_head, begin + ahead * TILE, end);
     cp_async_commit();
     const int first = begin + it * TILE + warp * WARP_TOKENS;  // this warp's tokens: [first, first + WARP_TOKENS)
     if (first >= end) continue;
