@@ -423,10 +423,10 @@ def delta_rule_packed(fn, inputs, cu_seqlens, state=None, **kwargs):
     return torch.cat(outs, 1), torch.cat(finals, 0)
 
 
-def _to_chunks(x, chunk: int):
-    """[B, T, H, ...] -> [B, H, n, chunk, ...] in float64, zero-padded to whole chunks (a padded
+def _to_chunks(x, chunk: int, dtype=torch.float64):
+    """[B, T, H, ...] -> [B, H, n, chunk, ...] in `dtype`, zero-padded to whole chunks (a padded
     step has no decay, no correction and no output)."""
-    x = x.to(torch.float64)
+    x = x.to(dtype)
     B, T, H = x.shape[:3]
     pad = -T % chunk
     x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 3) + (0, 0, 0, pad))
@@ -439,16 +439,21 @@ def _from_chunks(x, T: int):
     return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])[:, :T]
 
 
-def rwkv7_chunk_pairs(x, y, lx, lc, strict: bool, sub: int = 16):
+def rwkv7_chunk_pairs(x, y, lx, lc, strict: bool, sub: int = 16, diagonal_limit: float | None = None):
     """Per chunk, sum_c x_tc y_jc exp(lx_tc - lc_jc) for j < t (strict) or j <= t: x, y, lx, lc
     [..., C, K] -> [..., C, C], the way a tensor-core kernel would form it, by sub-chunks of
     `sub` steps. lc is the chunk's cumulative log decay (non-increasing), lx lc or lc shifted by
     a step. For a key block jb before the query block, the decay between t and j passes through
     e, lc at jb's last step, as two factors each at most 1:
         (x_t exp(lx_t - e)) . (y_j exp(e - lc_j)),
-    one [sub, K] x [K, sub] product per block pair (the right factor once per key block). A
-    diagonal block is taken term by term: a reference point inside it would put a factor
-    above 1, e^80 after 16 steps of log decay -5, past fp32's range."""
+    one [sub, K] x [K, sub] product per block pair (the right factor once per key block).
+    A diagonal block is taken term by term by default: a reference point inside it puts a factor
+    above 1, e^80 after 16 steps of log decay -5, past fp32's range. With `diagonal_limit` a
+    diagonal block is one product too where it can be: around e, the cumulative decay before the
+    block (0 for the first), the left factor is at most 1 and the right at most e^R, R the block's
+    largest decay over a channel (e - lc at its last step). Where R <= diagonal_limit (RWKV-7's
+    own decays, log w >= -0.61 a step, give R <= 9.7 over 16 steps) the block is the product,
+    masked to the triangle; elsewhere term by term, as a kernel would branch per block."""
     C = x.shape[-2]
     if C % sub:
         raise ValueError(f"rwkv7_chunk_pairs: the chunk ({C} steps) is not a whole number of {sub}-step sub-chunks")
@@ -457,7 +462,16 @@ def rwkv7_chunk_pairs(x, y, lx, lc, strict: bool, sub: int = 16):
     for i in range(C // sub):
         rows = slice(i * sub, (i + 1) * sub)
         expo = (lx[..., rows, None, :] - lc[..., None, rows, :]).masked_fill(~inside[..., None], float("-inf"))
-        out[..., rows, rows] = torch.einsum("...tc,...jc,...tjc->...tj", x[..., rows, :], y[..., rows, :], expo.exp())
+        terms = torch.einsum("...tc,...jc,...tjc->...tj", x[..., rows, :], y[..., rows, :], expo.exp())
+        if diagonal_limit is None:
+            out[..., rows, rows] = terms
+        else:
+            e = lc[..., i * sub - 1, None, :] if i else torch.zeros_like(lc[..., :1, :])
+            spread = (e - lc[..., (i + 1) * sub - 1, None, :]).amax(-1, keepdim=True)   # [..., 1, 1]
+            left = x[..., rows, :] * (lx[..., rows, :] - e).exp()
+            right = y[..., rows, :] * (e - lc[..., rows, :]).exp()   # inf past fp32's range: not taken there
+            product = (left @ right.transpose(-1, -2)).masked_fill(~inside, 0.0)
+            out[..., rows, rows] = torch.where(spread <= diagonal_limit, product, terms)
         for jb in range(i):
             cols = slice(jb * sub, (jb + 1) * sub)
             e = lc[..., (jb + 1) * sub - 1, None, :]
@@ -467,9 +481,11 @@ def rwkv7_chunk_pairs(x, y, lx, lc, strict: bool, sub: int = 16):
     return out
 
 
-def rwkv7_chunked(r, w, k, v, a, b, state=None, scale=1.0, chunk: int = 64, sub: int | None = None):
-    """RWKV-7 by chunks in float64 (what `rwkv7` computes step by step): the blueprint of a
-    chunked kind for its per-channel decay. Within a chunk, with S the state before it, lc the
+def rwkv7_chunked(r, w, k, v, a, b, state=None, scale=1.0, chunk: int = 64, sub: int | None = None,
+                  dtype=torch.float64, diagonal_limit: float | None = None):
+    """RWKV-7 by chunks in `dtype` (what `rwkv7` computes step by step; float64 by default, float32
+    to see what a kernel's fp32 arithmetic makes of it): the blueprint of a chunked kind for its
+    per-channel decay. Within a chunk, with S the state before it, lc the
     chunk's cumulative log decay per channel up to step t (inclusive) and le up to t - 1, the
     steps' sa vectors z_t = S_{t-1}^T a_t solve a unit lower-triangular system:
         (I - L_ab) Z = (a * exp(le)) S + L_ak V,
@@ -481,24 +497,24 @@ def rwkv7_chunked(r, w, k, v, a, b, state=None, scale=1.0, chunk: int = 64, sub:
     inside L and N is what keeps them from being one product of two matrices (Gated DeltaNet's
     scalar decay factors out); by sub-chunks (`sub` steps, rwkv7_chunk_pairs) they are one
     product per pair of sub-chunks off the diagonal, whose factors stay at most 1, and term by
-    term on it. sub=None forms them term by term throughout."""
+    term on it, or one product there too where the block's decay allows (diagonal_limit,
+    rwkv7_chunk_pairs). sub=None forms them term by term throughout."""
     B, T, H, K = r.shape
     V = v.shape[-1]
-    f64 = torch.float64
-    r, w, k, v, a, b = (_to_chunks(x, chunk) for x in (r, w, k, v, a, b))
+    r, w, k, v, a, b = (_to_chunks(x, chunk, dtype) for x in (r, w, k, v, a, b))
     n = r.shape[2]
     lc = w.cumsum(-2)
     le = torch.nn.functional.pad(lc[..., :-1, :], (0, 0, 1, 0))  # up to t - 1: lc shifted, not lc - w (exactly lc_{t-1})
 
     def pairs(x, y, lx, strict):  # sum_c x_tc y_jc exp(lx_tc - lc_jc), masked to j < t or j <= t
-        return rwkv7_chunk_pairs(x, y, lx, lc, strict, sub or chunk)
+        return rwkv7_chunk_pairs(x, y, lx, lc, strict, sub or chunk, diagonal_limit if sub else None)
 
     L_ab, L_ak = pairs(a, b, le, True), pairs(a, k, le, True)
     N_rb, N_rk = pairs(r, b, lc, False), pairs(r, k, lc, False)
-    eye = torch.eye(chunk, dtype=f64, device=r.device)
+    eye = torch.eye(chunk, dtype=dtype, device=r.device)
     inverse = torch.linalg.solve_triangular(eye - L_ab, eye.expand_as(L_ab), upper=False, unitriangular=True)
-    S = (torch.zeros(B, H, K, V, dtype=f64, device=r.device) if state is None else state.to(f64).clone())
-    out = torch.empty(B, H, n, chunk, V, dtype=f64, device=r.device)
+    S = (torch.zeros(B, H, K, V, dtype=dtype, device=r.device) if state is None else state.to(dtype).clone())
+    out = torch.empty(B, H, n, chunk, V, dtype=dtype, device=r.device)
     for c in range(n):
         Z = inverse[:, :, c] @ ((a[:, :, c] * le[:, :, c].exp()) @ S + L_ak[:, :, c] @ v[:, :, c])
         out[:, :, c] = scale * ((r[:, :, c] * lc[:, :, c].exp()) @ S + N_rb[:, :, c] @ Z + N_rk[:, :, c] @ v[:, :, c])
