@@ -3,7 +3,8 @@
 # benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_rwkv_grad / tune_paged / tune_delta_rule / tune_gated_delta_grad / tune_flash_attention / tune_flash_attention_grad a cold and a warm
 # tuning run of the family (TUNE_WARM=0: the cold one only) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving, delta_tests/delta_bench/delta_quick/delta_backward_bench/ncu_gated_delta, flash_tests/flash_fp8_tests/flash_grad_tests/flash_bench/flash_fp8_bench/flash_grad_profile/ncu_flash_grad, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
-# (also bundled in $OUT/all.tgz); a short table is printed last.
+# (also bundled in $OUT/all.tgz); a short table is printed last. `ab` times a change against the
+# tree without it in one call (AB_PATCH, AB_CMD: see the step below).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT/r"
@@ -91,6 +92,20 @@ if want bank_check; then  # the bank model against ncu's per-instruction counts 
   step bank_check python3 -m bench.bank_check --summarize --work "$W" --out "$OUT/r"
 fi
 want tune_compare && step tune_compare python3 -m bench.tune_compare --out "$OUT/r"
+# A/B in one call: AB_PATCH (a `git diff` of the change under test, applied in this tree) is taken
+# back, the tree regenerated and rebuilt (ninja redoes what the patch touches) and AB_CMD run with
+# its results under $OUT/r/ab_before; then the patch goes back in, the same again into
+# $OUT/r/ab_after. AB_CMD is a command line whose {out} is replaced by that folder, e.g.
+#   STEPS=ab AB_PATCH=ab.patch AB_CMD='python3 -m bench.paged_serving --out {out}'
+if want ab; then
+  for side in before after; do
+    if [ "$side" = before ]; then patch -R -p1 < "$AB_PATCH"; else patch -p1 < "$AB_PATCH"; fi > "$OUT/r/ab_patch_$side.log" 2>&1 \
+      || { echo "ab: the patch did not apply ($side)"; status+=("ab_$side|1|0"); break; }
+    step "ab_build_$side" bash -c "python3 -m codegen gen && python3 -m codegen build -j $JOBS" || break
+    mkdir -p "$OUT/r/ab_$side"
+    ATTNGEN_COMMIT="${ATTNGEN_COMMIT:-tree}-ab-$side" step "ab_$side" bash -c "${AB_CMD//\{out\}/$OUT/r/ab_$side}"
+  done
+fi
 for fam in causal_linear rwkv rwkv_grad paged delta_rule gated_delta_grad flash_attention flash_attention_grad; do  # tune_<family>: a cold tune (its cache cleared), then a warm one
   if want "tune_$fam"; then
     rm -rf "build/tune/$fam"
