@@ -333,7 +333,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
     }
   }
-  // specs/flash_attention.yaml:436: when True -> hopper_ws_fp8
+  // specs/flash_attention.yaml:437: when True -> hopper_ws_fp8
   if (true) {
     if (key.dtype == DType::kE4M3) {
       if (kEntries[24].covers(key)) return row(24);  // flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
@@ -341,7 +341,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[26].covers(key)) return row(26);  // flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
     }
   }
-  // specs/flash_attention.yaml:438: when True -> hopper_ws
+  // specs/flash_attention.yaml:439: when True -> hopper_ws
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_fp16_sm90a
@@ -362,7 +362,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[23].covers(key)) return row(23);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:440: when True -> hopper
+  // specs/flash_attention.yaml:441: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[8].covers(key)) return row(8);  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a
@@ -375,7 +375,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[13].covers(key)) return row(13);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:442: when True -> mma_sync
+  // specs/flash_attention.yaml:443: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return row(0);  // flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a
