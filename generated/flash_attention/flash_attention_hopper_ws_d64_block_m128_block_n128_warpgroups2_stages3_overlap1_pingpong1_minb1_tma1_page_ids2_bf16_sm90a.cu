@@ -82,7 +82,7 @@ using KVTile = wgmma::Atoms<BLOCK_N, D_TILE, sizeof(T)>;   // a key tile (and a 
 // 64-key fp8 tiles (d256: the output's 128 registers leave room for 64 keys' scores only) are
 // rows of 64 bytes, in the 64-byte swizzle.
 using VTile = std::conditional_t<FP8, wgmma::Atoms<O_COLS, BLOCK_N, 1, BLOCK_N % 128 == 0 ? 128 : 64>, KVTile>;
-constexpr uint32_t GROUP_BYTES = 8 * 128;       // 8 rows of one atom: the stride byte offset
+constexpr uint32_t GROUP_BYTES = KVTile::GROUP_BYTES;  // 8 rows of a 128-byte atom (Q, K, 16-bit V): the stride byte offset
 using ScoreMma = wgmma::Mma<BLOCK_N, T>;
 using OutputMma = wgmma::Mma<O_COLS, T>;
 
