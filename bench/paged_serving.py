@@ -69,7 +69,9 @@ def group_table() -> list:
         case = make_case(S, G * Hkv, Hkv, ctx, seed=G)
         nbytes = kv_bytes(case[1], case[4])
         row = {"S": S, "G": G, "Hq": G * Hkv, "Hkv": Hkv, "context": ctx, "instance": paged.selected_instance(*case)}
-        row["attngen_tbps"] = _tbps(nbytes, do_bench(lambda: attngen.paged_decode(*case)))
+        row["attngen_us"] = do_bench(lambda: attngen.paged_decode(*case)) * 1e3
+        row["attngen_tbps"] = _tbps(nbytes, row["attngen_us"] / 1e3)
+        row["kernels_us"] = _kernel_us(lambda: attngen.paged_decode(*case))  # where a row's time goes
         rows.append(row)
         print(json.dumps(row), flush=True)
         case = None
@@ -176,6 +178,11 @@ def markdown(meta: dict, copy: float, mid: list, groups: list, small: list) -> s
         for ctx in sorted({r["context"] for r in groups}):
             cells = {r["G"]: r["attngen_tbps"] for r in groups if r["S"] == S and r["context"] == ctx}
             out.append(f"| {S} | {ctx} | " + " | ".join(f"{cells[g]:.2f}" for g in GROUPS) + " |")
+    if below:
+        out += ["", "The rows below the floor: us per call (do_bench) and each kernel's duration from the profiler (us):", ""]
+        out += [f"- S {r['S']} G {r['G']} context {r['context']}: {r['attngen_us']:.1f}; " +
+                ", ".join(f"{k} {v:.1f}" for k, v in r["kernels_us"].items()) + f" (`{short(r['instance'])}`)"
+                for r in below]
     out += ["", "## Small batches (us per call; issue 30: at most 8 us in a CUDA graph)", "",
             "Eager: 200 calls back to back, CUDA events; host issue: the host clock around 20 calls between "
             "synchronizations; kernel durations summed from the profiler overlap under PDL.", "",

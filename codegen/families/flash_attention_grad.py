@@ -27,6 +27,7 @@ from .flash_attention import MBARRIER_BYTES, padded_tile_columns, register_split
 
 BACKWARD = "flash_attention_grad/backward.cu.j2"
 BACKWARD_WGMMA = "flash_attention_grad/backward_wgmma.cu.j2"
+BACKWARD_WGMMA_WIDE = "flash_attention_grad/backward_wgmma_wide.cu.j2"
 # Registers per thread besides dK, dV, S^T and dP^T: the operand fragments in flight (K, V, Q,
 # dO: 16), addresses, the loop state (ptxas has the last word; the compile tier checks spills).
 REG_OVERHEAD = 64
@@ -237,6 +238,68 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     })
 
 
+
+def _wide_accesses(d: int, offset_d, offset_s) -> list:
+    """The wide kernel's thread accesses: the producer's cp.async fill, dS's transposing stmatrix
+    (as `hopper`'s), and the hand-off of dP^T and the packed fragments (16 bytes per thread,
+    consecutive threads at consecutive 16 bytes)."""
+    chunks = d // 8
+    return [banks.Access("cp_async_fill", CHUNK, lambda lane, _pad: offset_d(lane // chunks, lane % chunks * 8) * 2,
+                         ("kv_tiles", "q_ring")),
+            banks.Access("ds_write", CHUNK,
+                         lambda lane, _pad: offset_s((lane >> 4) * 8 + (lane & 7), ((lane >> 3) & 1) * 8) * 2, ("ds_tile",)),
+            banks.contiguous("handoff_write", 16, ("handoff",)),
+            banks.contiguous("handoff_read", 16, ("handoff",))] + _stats_accesses()
+
+
+def _lower_wgmma_wide(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    """backward_wgmma_wide.cu.j2: the warpgroups split dK, dV and dQ by columns over one 64-key
+    block; the first computes S^T, the second dP^T, and the weights travel between them through
+    shared memory."""
+    p = inst.p
+    d, block_n, block_m, warpgroups, dq_cols, stages, minb = (
+        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "dq_cols", "stages", "minb"))
+    if not arch.name.endswith("a"):
+        raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
+    if inst.dtype_bytes != 2:
+        raise Rejected("d", f"tensor-core kinds take 16-bit operands, not {inst.a['dtype']}")
+    if warpgroups != 2:
+        raise Rejected("warpgroups", f"warpgroups={warpgroups}: 2 (one computes S^T, the other dP^T)")
+    if d % (64 * warpgroups):
+        raise Rejected("d", f"d={d}: each of the {warpgroups} warpgroups takes whole 64-column atoms of dK, dV and dQ "
+                            f"(d a multiple of {64 * warpgroups})")
+    if block_n != 64 or block_m != 64:
+        raise Rejected("block_n", f"block_n={block_n}, block_m={block_m}: one 64-row wgmma of keys (S^T, dP^T) and "
+                                  f"of queries (dQ): both 64")
+    cols = d // warpgroups
+    if dq_cols % 64 or cols % dq_cols or dq_cols not in WGMMA_N:
+        raise Rejected("dq_cols", f"dq_cols={dq_cols}: whole 64-column atoms that divide a warpgroup's {cols} columns")
+    if stages < 2:
+        raise Rejected("stages", f"stages={stages}: the ring holds the tile in use and the next")
+    threads = (warpgroups + 1) * 128
+    # dK + dV on the warpgroup's columns, then the larger of S^T with dP^T (warpgroup 0 holds both)
+    # and their packed A fragments (half as many) with dQ's accumulators
+    regs = cols + max(block_m, block_m // 2 + dq_cols // 2) + WGMMA_REG_OVERHEAD
+    producer_regs, consumer_regs = register_split(warpgroups, minb, arch, PRODUCER_REGS)
+    if regs > consumer_regs:
+        raise Rejected("dq_cols", f"about {regs} registers per thread (dK and dV {cols}, S^T and dP^T {block_m} or "
+                                  f"their fragments {block_m // 2} and dQ {dq_cols // 2}) exceed {consumer_regs}")
+    handoff = block_m // 8 * 128 * 16        # a float4 per thread and 8-column tile of dP^T
+    barriers = (1 + 2 * stages) * MBARRIER_BYTES
+    smem = (2 * block_n * d + stages * 2 * block_m * d + block_m * block_n) * 2 + handoff + stages * 2 * block_m * 4 \
+        + barriers + 1024
+    if smem > arch.max_smem_per_block:
+        raise Rejected("stages", f"{smem} bytes of shared memory exceed the {arch.max_smem_per_block} of a block")
+    if minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
+        raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {arch.smem_per_sm}")
+    bank = banks.model(_wide_accesses(d, atoms_layout(block_n), atoms_layout(block_m)),
+                       unpadded=_wide_accesses(d, plain_layout(d), plain_layout(block_n)))
+    return inst.with_derived({
+        "threads": threads, "smem_bytes": smem, "cols": cols, "regs_estimate": regs,
+        "producer_regs": producer_regs, "consumer_regs": consumer_regs,
+        "bank": bank, "threads_param": "warpgroups", "smem_param": "stages",
+    })
+
 FAMILY = Family(
     name="flash_attention_grad",
     axes={"dtype": ("fp16", "bf16")},
@@ -245,11 +308,14 @@ FAMILY = Family(
                BACKWARD_WGMMA: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warpgroups": "int",
                                          "dq_by_keys": "int0", "dq_exchange": "int0", "dq_bulk": "int0", "stages": "int",
                                          "overlap": "int0", "producer": "int0", "minb": "int"},
-                                        _lower_wgmma)},
+                                        _lower_wgmma),
+               BACKWARD_WGMMA_WIDE: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warpgroups": "int",
+                                              "dq_cols": "int", "stages": "int", "minb": "int"}, _lower_wgmma_wide)},
     support_files={"flash_attention_grad/params.cuh.j2": "flash_attention_grad/params.cuh",
                    # the forward's shared helpers, rendered into this family's namespace
                    "flash_attention/forward_common.cuh.j2": "flash_attention_grad/forward_common.cuh",
                    "flash_attention_grad/backward_common.cuh.j2": "flash_attention_grad/backward_common.cuh",
+                   "flash_attention_grad/backward_producer.cuh.j2": "flash_attention_grad/backward_producer.cuh",
                    "flash_attention_grad/op_impl.h.j2": "flash_attention_grad/op_impl.h"},
     # The backward's key is the forward's (op_checks.h.j2 fills both), and so is its bucket's.
     tune=TunePlan(("B", "Hq", "Hkv", "Lq", "Lk", "D", "causal"), forward_tune_runtime, flags=("causal",)),

@@ -59,6 +59,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
+// sm_90: four 8 x 8 matrices of 16-bit elements (register i of every lane holds its part of
+// matrix i, laid out as an mma fragment), each stored transposed; lanes 8i .. 8i+7 give the
+// addresses of the 8 stored rows of matrix i (16 bytes each).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // c += A B for one 16 x 8 x 16 block: fp16 or bf16 operands, fp32 accumulators.
 template <typename T>
 __device__ __forceinline__ void m16n8k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);

@@ -141,6 +141,27 @@ struct KeyBlock {
   }
 };
 
+// The query tiles a key block visits, in order: iteration `it` is query head
+// kv_head * group + it / tiles of the kv head's group, its tile tile0 + it % tiles.
+template <typename T, int BLOCK_M>
+struct TileWalk {
+  int64_t b, kv_head, q_row0;
+  int group, tile0, tiles, iters;
+
+  template <class KB>
+  __device__ __forceinline__ TileWalk(const Params& p, const Sequence& seq, int64_t b_, int64_t kv_head_, const KB& kb)
+      : b(b_), kv_head(kv_head_), q_row0(seq.q_row0), group(static_cast<int>(p.Hq / p.Hkv)), tile0(kb.tile0),
+        tiles(kb.tiles), iters(group * kb.tiles) {}
+  __device__ __forceinline__ int64_t head(int it) const { return kv_head * group + it / tiles; }
+  __device__ __forceinline__ int row0(int it) const { return (tile0 + it % tiles) * BLOCK_M; }
+  __device__ __forceinline__ const T* q(const Params& p, int it) const {
+    return static_cast<const T*>(p.q) + b * p.q_sb + (q_row0 + row0(it)) * p.q_sl + head(it) * p.q_sh;
+  }
+  __device__ __forceinline__ const T* d_out(const Params& p, int it) const {
+    return static_cast<const T*>(p.d_out) + b * p.do_sb + (q_row0 + row0(it)) * p.do_sl + head(it) * p.do_sh;
+  }
+};
+
 // The transposed scores s (rows: this warp's keys from row0 of the block; columns: the tile's
 // query rows) and dP^T in, the weights P^T and dS^T (with the scale and the soft cap's
 // derivative) out. lse2 and delta: the tile's rows, from shared memory.

@@ -18,6 +18,7 @@
 #include "../common/pipeline.cuh"
 #include "../common/wgmma.cuh"
 #include "backward_common.cuh"
+#include "backward_producer.cuh"
 
 namespace attngen {
 namespace flash_attention_grad {
@@ -102,33 +103,17 @@ using GradMma = wgmma::Mma<D_TILE, T>;
 using DqMma = wgmma::Mma<DQ_COLS, T>;
 
 // With PRODUCER, after the exchange buffer: the mbarriers of K and V (loaded once) and of each stage.
-struct Barriers {
-  uint64_t kv_full;          // K and V landed (128 arrivals: every producer thread's copies)
-  uint64_t full[STAGES];     // a stage's Q, dO (128 arrivals on copies) and statistics (128 arrivals) landed
-  uint64_t empty[STAGES];    // every consumer thread is done reading the stage
-};
+using Barriers = StageBarriers<STAGES>;
 constexpr size_t BARRIER_BYTES = PRODUCER ? sizeof(Barriers) : 0;
 
-// Four 8 x 8 matrices of 16-bit elements (register i of every lane holds its part of matrix i,
-// laid out as an mma fragment), each stored transposed; lanes 8i .. 8i+7 give the addresses of
-// the 8 stored rows of matrix i (16 bytes each).
-
-__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
-               "r"(r[1]), "r"(r[2]), "r"(r[3])
-               : "memory");
-}
 
 // Grid: (key block, kv head, batch), (kv head, key block, batch) when DETERMINISTIC (dq's additions
 // in key-block order). WINDOW: a causal mask or window is set; EXTRAS: a soft cap or ALiBi
 // transforms the scores.
 template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Params p) {
-  // Deterministic with a producer and one adder: the producer's first thread waits for each
-  // tile's dq turn before it completes the tile's stage, so the consumers, whose wait for the
-  // stage acquires it, neither poll the counter nor meet to hear of it (polling cost them a
-  // barrier and a round trip to L2 every tile: barrier stalls 18% and the turn's code 14% of
-  // the deterministic kernel's samples, bench/results/h100/flash_grad_ncu_2169a4f.txt).
+  // Deterministic with a producer and one adder: the producer waits for each tile's dq turn
+  // (produce_tiles).
   constexpr bool PRODUCER_TAKES_TURNS = DETERMINISTIC && PRODUCER && ADDERS == 1;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // wgmma descriptors assume 1024-byte aligned atoms: align the base (the launch adds 1 KB).
@@ -147,79 +132,35 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   const Sequence seq = sequence_of(p, b);
   const int n0 = at.x * BLOCK_N;
   if (n0 >= seq.lk) return;
-  const int group = static_cast<int>(p.Hq / p.Hkv);
   const KeyBlock<BLOCK_M, BLOCK_N, WINDOW> kb(p, seq, n0);
-  const int tiles = kb.tiles, iters = group * tiles;
+  const TileWalk<T, BLOCK_M> walk(p, seq, b, kv_head, kb);
+  const int iters = walk.iters;
   const Scratch<D, BLOCK_M> scratch(p);
   const int64_t srow0 = scratch_row0(p, b, seq);
 
-  const T* k = static_cast<const T*>(p.k) + b * p.k_sb + (seq.k_row0 + n0) * p.k_sl + kv_head * p.k_sh;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_sb + (seq.k_row0 + n0) * p.v_sl + kv_head * p.v_sh;
-  // Iteration `it` visits query head kv_head * group + it / tiles, its tile kb.tile0 + it % tiles.
-  auto tile_head = [&](int it) { return kv_head * group + it / tiles; };
-  auto tile_row0 = [&](int it) { return (kb.tile0 + it % tiles) * BLOCK_M; };
-  auto q_rows_of = [&](int it) {
-    return static_cast<const T*>(p.q) + b * p.q_sb + (seq.q_row0 + tile_row0(it)) * p.q_sl + tile_head(it) * p.q_sh;
-  };
-  auto do_rows_of = [&](int it) {
-    return static_cast<const T*>(p.d_out) + b * p.do_sb + (seq.q_row0 + tile_row0(it)) * p.do_sl + tile_head(it) * p.do_sh;
-  };
-
   if constexpr (PRODUCER) {
-    if (threadIdx.x == 0) {
-      pipeline::init(&bars.kv_full, 128);
-      for (int s = 0; s < STAGES; ++s) {
-        pipeline::init(&bars.full[s], 2 * 128);
-        pipeline::init(&bars.empty[s], CONSUMER_THREADS);
-      }
-    }
+    if (threadIdx.x == 0) bars.init(CONSUMER_THREADS);
     __syncthreads();  // the only CTA-wide barrier: the mbarriers are initialized
     // The warp index through a shuffle: ptxas then knows the role branch is uniform over the warp.
     if (__shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0) / 4 == WARPGROUPS) {
-      // Producer: K and V once, then each tile's Q, dO and statistics into the ring, each copy's
-      // landing counted on the stage's full barrier; a slot is refilled once every consumer
-      // thread released it. The statistics (read by the consumers' own loads, not by wgmma) are
-      // loaded before the slot frees and stored by the producer threads, whose arrival publishes
-      // them (release, acquired by the consumers' wait); Q and dO land by cp.async.
       pipeline::release_registers<PRODUCER_TAKES_TURNS ? TURNS_PRODUCER_REGS : PRODUCER_REGS>();
-      const int tid = threadIdx.x % 128;
-      if (iters > 0) {
-        copy_rows<KVTile, BLOCK_N, D_TILE, T, D>(k_tile, k, p.k_sl, seq.lk - n0, tid);
-        copy_rows<KVTile, BLOCK_N, D_TILE, T, D>(v_tile, v, p.v_sl, seq.lk - n0, tid);
-        pipeline::arrive_on_copies(&bars.kv_full);
-      }
-      static_assert(STAT_FLOATS == 128, "a statistic per producer thread: lse of row tid, delta of row tid - 64");
-#pragma unroll 1
-      for (int it = 0; it < iters; ++it) {
-        const int stage = it % STAGES, use = it / STAGES, m0 = tile_row0(it);
-        const int r = tid % BLOCK_M;
-        const float* from = (tid < BLOCK_M ? scratch.lse2 : scratch.delta) + tile_head(it) * p.q_rows + srow0 + m0 + r;
-        const float stat = m0 + r < seq.lq ? *from : 0.f;  // rows past the sequence: masked (KeyBlock)
-        if (use > 0) pipeline::wait(&bars.empty[stage], (use - 1) & 1);
-        T* slot = ring + stage * STAGE_ELEMS;
-        copy_rows<QTile, BLOCK_M, D_TILE, T, D>(slot, q_rows_of(it), p.q_sl, seq.lq - m0, tid);
-        copy_rows<QTile, BLOCK_M, D_TILE, T, D>(slot + QTile::ELEMS, do_rows_of(it), p.do_sl, seq.lq - m0, tid);
-        pipeline::arrive_on_copies(&bars.full[stage]);
-        stats[stage * STAT_FLOATS + tid] = stat;  // smem: stats_write
-        if constexpr (PRODUCER_TAKES_TURNS) {  // the stage fills once this tile's dq turn has come (acquire)
-          if (tid == 0) await_turn(scratch.turn(p, tile_head(it), b, m0), at.x - first_key_block<BLOCK_N>(p, seq, m0, WINDOW));
-        }
-        pipeline::arrive(&bars.full[stage]);
-      }
-      cp_async_wait<0>();  // leave no copy in flight behind an exited warp
+      produce_tiles<KVTile, QTile, BLOCK_N, BLOCK_M, D_TILE, D, STAGES, WINDOW, PRODUCER_TAKES_TURNS>(
+          bars, k_tile, v_tile, ring, stats, p, seq, walk, scratch, srow0, at.x, threadIdx.x % 128);
       return;
     }
     pipeline::claim_registers<PRODUCER_TAKES_TURNS ? TURNS_CONSUMER_REGS : CONSUMER_REGS>();
     if (iters > 0) pipeline::wait(&bars.kv_full, 0);  // made visible to wgmma with the first tile's fence
   } else {
+    const T* k = static_cast<const T*>(p.k) + b * p.k_sb + (seq.k_row0 + n0) * p.k_sl + kv_head * p.k_sh;
+    const T* v = static_cast<const T*>(p.v) + b * p.v_sb + (seq.k_row0 + n0) * p.v_sl + kv_head * p.v_sh;
     load_rows<KVTile, BLOCK_N, D_TILE, THREADS, T, D>(k_tile, k, p.k_sl, seq.lk - n0);
     load_rows<KVTile, BLOCK_N, D_TILE, THREADS, T, D>(v_tile, v, p.v_sl, seq.lk - n0);
   }
   auto issue_tile = [&](int it) {
     T* stage = ring + it % STAGES * STAGE_ELEMS;
-    load_rows<QTile, BLOCK_M, D_TILE, THREADS, T, D>(stage, q_rows_of(it), p.q_sl, seq.lq - tile_row0(it));
-    load_rows<QTile, BLOCK_M, D_TILE, THREADS, T, D>(stage + QTile::ELEMS, do_rows_of(it), p.do_sl, seq.lq - tile_row0(it));
-    stage_stats(stats + it % STAGES * STAT_FLOATS, scratch, p, tile_head(it), srow0, tile_row0(it), seq.lq);
+    load_rows<QTile, BLOCK_M, D_TILE, THREADS, T, D>(stage, walk.q(p, it), p.q_sl, seq.lq - walk.row0(it));
+    load_rows<QTile, BLOCK_M, D_TILE, THREADS, T, D>(stage + QTile::ELEMS, walk.d_out(p, it), p.do_sl, seq.lq - walk.row0(it));
+    stage_stats(stats + it % STAGES * STAT_FLOATS, scratch, p, walk.head(it), srow0, walk.row0(it), seq.lq);
   };
   if constexpr (!PRODUCER) {
 #pragma unroll
@@ -316,8 +257,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       make_ready(it);
       issue_scores(s, dp, it);
     }
-    const int64_t h = tile_head(it);
-    const int m0 = tile_row0(it);
+    const int64_t h = walk.head(it);
+    const int m0 = walk.row0(it);
     const uint32_t q_base = mma::smem_addr(ring + it % STAGES * STAGE_ELEMS), o_base = q_base + QTile::BYTES;
     const float* stat = stats + it % STAGES * STAT_FLOATS;
     const uint32_t ds_base = ds_base0 + it % DS_BUFFERS * STile::BYTES;
@@ -351,7 +292,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     // dS (rows: queries, columns: keys) for dQ, stored transposed from the A fragments meanwhile.
 #pragma unroll
     for (int km = 0; km < KM; ++km) {
-      stmatrix_x4_trans(ds_base + 2 * STile::offset(km * 16 + ds_lane_row, ds_lane_col), da[km]);  // smem: ds_write
+      mma::stmatrix_x4_trans(ds_base + 2 * STile::offset(km * 16 + ds_lane_row, ds_lane_col), da[km]);  // smem: ds_write
     }
     wgmma::fence_shared_for_async();
     if constexpr (DQ_BULK) {  // the previous tile's staged rows are read: restaged after the barrier below

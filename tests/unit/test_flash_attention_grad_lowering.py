@@ -101,3 +101,28 @@ def test_a_d64_query_tile_the_warpgroups_cannot_split_is_refused(tmp_path):
     with pytest.raises(SpecError) as info:
         lowered(text, tmp_path)
     assert info.value.field == "kernels.hopper.grid.block_m" and "dq_by_keys=1 splits the keys" in info.value.message
+
+
+def test_the_wide_kind_splits_columns_and_fills_the_shared_memory(tmp_path):
+    """hopper_wide at d256: each warpgroup 128 columns of dK, dV and dQ over one 64-key block; K, V,
+    two stages of Q and dO, one dS tile, the hand-off (a float4 per thread and 8-column tile of
+    dP^T), the statistics and the producer's mbarriers: within the 227 KB a block may have."""
+    by_name = {i.name: i.d for i in lowered(SPEC, tmp_path)}
+    wide = by_name["flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_stages2_minb1_bf16_sm90a"]
+    assert (wide["threads"], wide["cols"], wide["producer_regs"], wide["consumer_regs"]) == (384, 128, 32, 232)
+    assert wide["smem_bytes"] == (2 * 64 * 256 + 2 * 2 * 64 * 256 + 64 * 64) * 2 + 8 * 128 * 16 + 2 * 2 * 64 * 4 \
+        + (1 + 2 * 2) * 8 + 1024 <= 232448
+    assert wide["regs_estimate"] <= wide["consumer_regs"]
+
+
+@pytest.mark.parametrize("old,new,field,message", [
+    ("dq_cols: [64]", "dq_cols: [128]", "dq_cols", "about 264 registers"),
+    ("dq_cols: [64]", "dq_cols: [96]", "dq_cols", "whole 64-column atoms"),
+    ("stages: [2]", "stages: [3]", "stages", "bytes of shared memory exceed"),
+])
+def test_the_wide_kind_refuses_what_does_not_fit(tmp_path, old, new, field, message):
+    block = "      dq_cols: [64]\n      stages: [2]\n      minb: [1]\n    covers"
+    assert SPEC.count(block) == 1
+    with pytest.raises(SpecError, match=message) as err:
+        lowered(SPEC.replace(block, block.replace(old, new)), tmp_path)
+    assert f"kernels.hopper_wide.grid.{field}" in str(err.value)
