@@ -5,6 +5,7 @@ TFLOP/s of the backward kernel alone (2.5 x the forward's 4 B Hq N^2 D, half whe
 
   python -m bench.flash_grad_profile
   ncu ... python -m bench.flash_grad_profile --once   # one backward at each shape, no profiler
+  python -m bench.flash_grad_profile --d=256            # one head size's shapes only
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import attngen  # noqa: E402
 
 # B, H, N, D, causal, deterministic
 SHAPES = [(4, 24, 4096, 128, False, False), (4, 48, 4096, 64, False, False), (4, 24, 4096, 128, True, False),
-          (4, 24, 4096, 128, False, True), (4, 48, 4096, 64, False, True)]
+          (4, 24, 4096, 128, False, True), (4, 48, 4096, 64, False, True), (2, 16, 4096, 256, False, False),
+          (2, 16, 4096, 256, False, True)]
 CALLS = 5
 
 
@@ -32,7 +34,10 @@ def saved_forward(B, H, N, D, causal, deterministic):
 
 def main():
     once = "--once" in sys.argv   # for ncu: each kernel launched once per shape
+    only = [int(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--d=")]  # --d=256: that head size's shapes
     for B, H, N, D, causal, deterministic in SHAPES:
+        if only and D not in only:
+            continue
         inputs, out, d_out = saved_forward(B, H, N, D, causal, deterministic)
         call = lambda: torch.autograd.grad(out, inputs, d_out, retain_graph=True)  # noqa: E731
         call()

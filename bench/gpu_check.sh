@@ -69,8 +69,9 @@ ncu_stalls() {  # ncu_stalls NAME KERNEL_REGEX COUNT COMMAND...: Nsight Compute 
 }
 # One Gated DeltaNet forward and backward; the flash attention backward at three shapes and two deterministic ones.
 want ncu_gated_delta && ncu_stalls gated_delta "prepare_kernel|chunk_kernel|walk_kernel|grads_kernel" 5 python3 -m bench.gated_delta_profile --once
-want flash_grad_profile && step flash_grad_profile python3 -m bench.flash_grad_profile
-want ncu_flash_grad && ncu_stalls flash_grad "backward_kernel" 5 python3 -m bench.flash_grad_profile --once
+# GRAD_PROFILE_ARGS="--d=256": one head size's shapes only (each profiled kernel counts toward NCU_COUNT).
+want flash_grad_profile && step flash_grad_profile python3 -m bench.flash_grad_profile ${GRAD_PROFILE_ARGS:-}
+want ncu_flash_grad && ncu_stalls flash_grad "backward_kernel" "${NCU_COUNT:-5}" python3 -m bench.flash_grad_profile --once ${GRAD_PROFILE_ARGS:-}
 want flash_bench && step flash_bench python3 -m bench.flash_attention ${BENCH_ARGS:-} --out "$OUT/r"
 want flash_fp8_bench && step flash_fp8_bench python3 -m bench.flash_attention_fp8 --out "$OUT/r"
 want flash_grad_bench && step flash_grad_bench python3 -m bench.flash_attention_grad ${GRAD_BENCH_ARGS:-} --out "$OUT/r"

@@ -40,6 +40,8 @@ constexpr int CONSUMER_THREADS = WARPGROUPS * 128;
 constexpr int THREADS = CONSUMER_THREADS + 128;
 // Registers move from the producer to the consumers (setmaxnreg): the launch allots 65536 / THREADS.
 constexpr int PRODUCER_REGS = 32, CONSUMER_REGS = 232;
+// Deterministic, the producer also waits for each tile's dq turn (produce_tiles): its split.
+constexpr int TURNS_PRODUCER_REGS = 48, TURNS_CONSUMER_REGS = 224;
 // Named barriers of the consumer threads: dq turns, dP^T handed to warpgroup 0, the fragments handed back.
 constexpr int CONSUMERS_BARRIER = 3, DP_READY = 4, FRAGMENTS_READY = 5;
 constexpr int NT = BLOCK_M / 8;              // 8-column (query) tiles of the transposed scores
@@ -97,12 +99,12 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   __syncthreads();  // the only CTA-wide barrier: the mbarriers are initialized
   // The warp index through a shuffle: ptxas then knows the role branch is uniform over the warp.
   if (__shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0) / 4 == WARPGROUPS) {
-    pipeline::release_registers<PRODUCER_REGS>();
-    produce_tiles<KVTile, QTile, BLOCK_N, BLOCK_M, D, D, STAGES, WINDOW, false>(bars, k_tile, v_tile, ring, stats, p, seq,
+    pipeline::release_registers<DETERMINISTIC ? TURNS_PRODUCER_REGS : PRODUCER_REGS>();
+    produce_tiles<KVTile, QTile, BLOCK_N, BLOCK_M, D, D, STAGES, WINDOW, DETERMINISTIC>(bars, k_tile, v_tile, ring, stats, p, seq,
                                                                                walk, scratch, srow0, at.x, threadIdx.x % 128);
     return;
   }
-  pipeline::claim_registers<CONSUMER_REGS>();
+  pipeline::claim_registers<DETERMINISTIC ? TURNS_CONSUMER_REGS : CONSUMER_REGS>();
   if (walk.iters > 0) pipeline::wait(&bars.kv_full, 0);  // made visible to wgmma with the first tile's fence
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4, tid = threadIdx.x % 128;
@@ -217,12 +219,9 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       wgmma::commit();
       wgmma::wait<0>();
       wgmma::hold(dq);
-      if (pass == 0) {
-        pipeline::arrive(&bars.empty[stage]);  // dV and dK, the stage's last readers, are complete
-        if constexpr (DETERMINISTIC) {
-          wait_turn(turn, at.x - first_key_block<BLOCK_N>(p, seq, m0, WINDOW), CONSUMERS_BARRIER, CONSUMER_THREADS);
-        }
-      }
+      // dV and dK, the stage's last readers, are complete. Deterministic: the stage's wait acquired
+      // this tile's dq turn (the producer waited for it).
+      if (pass == 0) pipeline::arrive(&bars.empty[stage]);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int i = m0 + row0 + lane / 4 + hh * 8;

@@ -1,7 +1,7 @@
 """Small launches of one instance per kernel kind and direction, for compute-sanitizer
 (memcheck, racecheck): `compute-sanitizer --tool racecheck python3 tests/gpu/sanitize_small.py [FAMILY ...]`
 (families: causal_linear, rwkv, paged, flash_attention, flash_attention_grad, delta_rule; default all).
-SANITIZE_INSTANCES=GLOB limits the flash attention forward to the instances it matches."""
+SANITIZE_INSTANCES=GLOB limits the flash attention forward and backward to the instances it matches."""
 import fnmatch
 import os
 import sys
@@ -143,6 +143,8 @@ def flash_attention_grad():
 
     fa = importlib.import_module("attngen.flash_attention")
     for name in fa.GRAD.instances() + fa.GRAD.bench_instances():  # the benchmark extension's candidates too, where built
+        if not fnmatch.fnmatch(name, os.environ.get("SANITIZE_INSTANCES", "*")):
+            continue
         seen.add(name)
         D = fa.instance_head_size(name.replace("flash_attention_grad_", "flash_attention_"))
         dtype = torch.bfloat16 if "bf16" in name else torch.float16
