@@ -42,7 +42,10 @@ constexpr int THREADS = CONSUMER_THREADS + 128;
 constexpr int PRODUCER_REGS = 32, CONSUMER_REGS = 232;
 // Deterministic, the producer also waits for each tile's dq turn (produce_tiles): its split.
 constexpr int TURNS_PRODUCER_REGS = 48, TURNS_CONSUMER_REGS = 224;
-// Named barriers of the consumer threads: dq turns, dP^T handed to warpgroup 0, the fragments handed back.
+// Named barriers of the consumer threads: dq turns, dP^T handed to warpgroup 0, the fragments handed
+// back. Both warpgroups sync at both (each would wait there anyway): with bar.arrive on the handing
+// side, racecheck reported a warpgroup's reads of one tile's fragments against the next tile's
+// writes (bench/results/h100/sanitize_flash_grad_wide_racecheck_ff9b41b.txt).
 constexpr int CONSUMERS_BARRIER = 3, DP_READY = 4, FRAGMENTS_READY = 5;
 constexpr int NT = BLOCK_M / 8;              // 8-column (query) tiles of the transposed scores
 constexpr int CT = COLS / 8;                 // 8-column tiles of this warpgroup's dK, dV
@@ -154,7 +157,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       for (int nt = 0; nt < NT; ++nt) {
         handoff_floats[nt * 128] = make_float4(s[0][nt][0], s[0][nt][1], s[0][nt][2], s[0][nt][3]);  // smem: handoff_write
       }
-      pipeline::named_arrive(DP_READY, CONSUMER_THREADS);
+      pipeline::named_sync(DP_READY, CONSUMER_THREADS);
       pipeline::named_sync(FRAGMENTS_READY, CONSUMER_THREADS);
 #pragma unroll
       for (int km = 0; km < KM; ++km) {
@@ -183,7 +186,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         mma::stmatrix_x4_trans(ds_base + 2 * STile::offset(km * 16 + ds_lane_row, ds_lane_col), da[km]);  // smem: ds_write
       }
       wgmma::fence_shared_for_async();  // dS is visible to both warpgroups' dQ products
-      pipeline::named_arrive(FRAGMENTS_READY, CONSUMER_THREADS);
+      pipeline::named_sync(FRAGMENTS_READY, CONSUMER_THREADS);
     }
 
     // dV += P^T dO and dK += dS^T Q on this warpgroup's columns: A from registers, dO and Q read
@@ -222,16 +225,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       // dV and dK, the stage's last readers, are complete. Deterministic: the stage's wait acquired
       // this tile's dq turn (the producer waited for it).
       if (pass == 0) pipeline::arrive(&bars.empty[stage]);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int i = m0 + row0 + lane / 4 + hh * 8;
-        if (i >= seq.lq) continue;
-        float* dst = scratch.dq + (h * p.q_rows + srow0 + i) * D + c0 + lane % 4 * 2;
-#pragma unroll
-        for (int j = 0; j < DQ_COLS / 8; ++j) {
-          atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[0][j][2 * hh], dq[0][j][2 * hh + 1]));
-        }
-      }
+      add_dq_rows_x4(scratch.dq + (h * p.q_rows + srow0 + m0 + row0) * D + c0, D, dq[0], seq.lq - m0 - row0, lane);
     }
     if constexpr (DETERMINISTIC) pass_turn(turn, CONSUMERS_BARRIER, CONSUMER_THREADS);
   }
