@@ -238,25 +238,6 @@ __device__ __forceinline__ void store_key_rows(const Params& p, const Sequence& 
   }
 }
 
-// A warp's 16 rows of a dQ accumulator fragment (NJ 8-column tiles from `dst`, the scratch row of
-// the warp's first row; rows `ld` floats apart) added to the scratch four columns at a time: lanes
-// q and q ^ 1 of a quad trade halves, so that the even one adds 4 columns of row lane / 4 and the
-// odd one 4 of row lane / 4 + 8. Half the reductions of float2 atomics reach L2 (at d256, whose
-// 64-key blocks add 64 KB of dQ per tile, L2 throughput stood at 77%: ncu at ff9b41b,
-// bench/results/h100/flash_grad_wide_ncu_ff9b41b.txt). Rows from `rows` on are skipped.
-template <int NJ>
-__device__ __forceinline__ void add_dq_rows_x4(float* dst, int64_t ld, const float (&dq)[NJ][4], int rows, int lane) {
-  const int odd = lane & 1, row = lane / 4 + odd * 8;
-  float* at = dst + row * ld + (lane & 2) * 2;
-#pragma unroll
-  for (int j = 0; j < NJ; ++j) {
-    const float sx = odd ? dq[j][0] : dq[j][2], sy = odd ? dq[j][1] : dq[j][3];
-    const float rx = __shfl_xor_sync(0xffffffffu, sx, 1), ry = __shfl_xor_sync(0xffffffffu, sy, 1);
-    const float4 v = odd ? make_float4(rx, ry, dq[j][2], dq[j][3]) : make_float4(dq[j][0], dq[j][1], rx, ry);
-    if (row < rows) atomicAdd(reinterpret_cast<float4*>(at + j * 8), v);
-  }
-}
-
 // Where a key-block CTA works: its block of keys and its kv head. Deterministic runs launch the
 // kv heads fastest, so that a block's predecessor (the block before it, whose dq additions come
 // first) started a wave earlier and is rarely waited for.

@@ -225,7 +225,16 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       // dV and dK, the stage's last readers, are complete. Deterministic: the stage's wait acquired
       // this tile's dq turn (the producer waited for it).
       if (pass == 0) pipeline::arrive(&bars.empty[stage]);
-      add_dq_rows_x4(scratch.dq + (h * p.q_rows + srow0 + m0 + row0) * D + c0, D, dq[0], seq.lq - m0 - row0, lane);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = m0 + row0 + lane / 4 + hh * 8;
+        if (i >= seq.lq) continue;
+        float* dst = scratch.dq + (h * p.q_rows + srow0 + i) * D + c0 + lane % 4 * 2;
+#pragma unroll
+        for (int j = 0; j < DQ_COLS / 8; ++j) {
+          atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[0][j][2 * hh], dq[0][j][2 * hh + 1]));
+        }
+      }
     }
     if constexpr (DETERMINISTIC) pass_turn(turn, CONSUMERS_BARRIER, CONSUMER_THREADS);
   }
