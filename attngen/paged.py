@@ -125,17 +125,38 @@ def validate_block_table(k: torch.Tensor, block_table: torch.Tensor, context_len
 
 
 def _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout, validate,
-             k_scale=None, v_scale=None):
+             k_scale=None, v_scale=None, checked=True):
+    """The op's arguments. checked=False leaves the checks to the op (its bindings make the same
+    ones on the NHD views); the caller runs check_inputs if the op then raises (_run)."""
     soft_cap = 0.0 if soft_cap is None else float(soft_cap)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    k, v = check_inputs(q, k_cache, v_cache, block_table, context_lens, alibi_slopes, soft_cap, scale, kv_layout,
-                        k_scale, v_scale)
+    if checked or validate:
+        k, v = check_inputs(q, k_cache, v_cache, block_table, context_lens, alibi_slopes, soft_cap, scale, kv_layout,
+                            k_scale, v_scale)
+    else:
+        k, v = (cache_view(c, kv_layout, name) for c, name in ((k_cache, "k_cache"), (v_cache, "v_cache")))
     if validate:
         validate_block_table(k, block_table, context_lens)
     if alibi_slopes is not None:
         alibi_slopes = alibi_slopes.to(torch.float32).contiguous()
     k_scale, v_scale = (None if x is None else x.contiguous() for x in (k_scale, v_scale))
     return (q, k, v, block_table, context_lens, scale, alibi_slopes, soft_cap, k_scale, v_scale)
+
+
+def _run(op, q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout, validate,
+         k_scale, v_scale):
+    """op(*args): eagerly, the op's own checks first and the layout-aware Python ones only when it
+    raises (they named the problem in the caller's terms, and cost about a quarter of an eager
+    call's host time: bench/results/h100/paged_host.md); while tracing, the Python checks first."""
+    raw = (q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout, validate,
+           k_scale, v_scale)
+    if torch.compiler.is_compiling():
+        return op(*_prepare(*raw))
+    try:
+        return op(*_prepare(*raw, checked=False))
+    except Exception:
+        _prepare(*raw)   # raises the Python checks' message where they find the problem
+        raise
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -155,17 +176,15 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     v_scale are float32 [1] (per tensor) or [Hkv] (per kv head), 1 when omitted. Returns out
     shaped as q, in q's dtype (zeros where a query sees no token). validate=True checks the block table's entries and the context
     lengths first (this synchronizes; leave it off inside CUDA graphs)."""
-    args = _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout,
-                    validate, k_scale, v_scale)
-    return OP(*args)
+    return _run(OP, q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout, validate,
+                k_scale, v_scale)
 
 
 def paged_decode_with(instance: str, q, k_cache, v_cache, block_table, context_lens, scale=None, *,
                       alibi_slopes=None, soft_cap=None, kv_layout="NHD", k_scale=None, v_scale=None):
     """paged_decode through the named instance (benchmarks, tests); an error if it does not cover the call."""
-    args = _prepare(q, k_cache, v_cache, block_table, context_lens, scale, alibi_slopes, soft_cap, kv_layout, False,
-                    k_scale, v_scale)
-    return OP.forced(instance, *args)
+    return _run(lambda *args: OP.forced(instance, *args), q, k_cache, v_cache, block_table, context_lens, scale,
+                alibi_slopes, soft_cap, kv_layout, False, k_scale, v_scale)
 
 
 def selected_instance(q, k_cache, v_cache, block_table, context_lens, kv_layout="NHD") -> str:

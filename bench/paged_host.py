@@ -46,7 +46,7 @@ def layers(case) -> dict:
     the torch custom op alone, the Python checks alone, the C++ dispatch key and selection
     alone; and what torch itself costs: an empty allocation and a one-kernel op."""
     args = paged._prepare(*case, None, None, None, "NHD", False)
-    raw = torch.ops.attngen.paged_decode
+    raw = paged.OP.packet()   # torch.ops.attngen.paged_decode, the extension loaded
     q = case[0]
     return {
         "paged_decode (public)": host_us(lambda: attngen.paged_decode(*case)),
