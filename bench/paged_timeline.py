@@ -73,7 +73,11 @@ def timeline(case) -> dict:
             "host_launch_lead_us": (decode.time_range.start - issued[1].time_range.end) if len(issued) > 1 else None,
         })
         i += 1
-    med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if rows[0][k] is not None} if rows else {}
+    med = {}
+    for k in (rows[0] if rows else {}):
+        values = [r[k] for r in rows if r[k] is not None]
+        if values:
+            med[k] = statistics.median(values)
     return {"event_timed_us": statistics.median(timed), "median": med, "iterations": rows}
 
 
