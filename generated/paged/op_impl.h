@@ -25,19 +25,26 @@ void check_on_q_device(const std::string& what, const at::Tensor& t, const at::T
   if (t.device() != q.device()) fail_value("paged_decode: " + what + " is on " + device_str(t) + " but q is on " + device_str(q));
 }
 
-// q as [S, Q, Hq, D]: a 3-D q is one query token per sequence.
-at::Tensor with_query_dim(const at::Tensor& q) {
-  if (q.dim() == 3) return q.unsqueeze(1);
-  if (q.dim() == 4) return q;
-  fail_value("paged_decode: q must be [S, Hq, D] or [S, Q, Hq, D], got shape " + str(q.sizes()));
+// q (or out) as [S, Q, Hq, D], sizes and strides read without making a view (a view is a tensor
+// allocated per call; an eager call made four): a 3-D q is one query token per sequence.
+struct QueryDims {
+  int64_t S, Q, H, D;       // sizes
+  int64_t ss, sq, sh, sd;   // strides (elements)
+};
+
+QueryDims query_dims(const at::Tensor& t) {
+  if (t.dim() == 4) return {t.size(0), t.size(1), t.size(2), t.size(3), t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
+  if (t.dim() == 3) return {t.size(0), 1, t.size(1), t.size(2), t.stride(0), t.stride(1) * t.size(1), t.stride(1), t.stride(2)};
+  fail_value("paged_decode: q must be [S, Hq, D] or [S, Q, Hq, D], got shape " + str(t.sizes()));
 }
 
 void check(const Args& a) {
   const std::string op = "paged_decode: ";
-  const at::Tensor q = with_query_dim(a.q);
+  const at::Tensor& q = a.q;
+  const QueryDims qd = query_dims(q);
   check_on_q_device("q", q, q);
-  if (q.size(3) > 1 && q.stride(3) != 1) fail_value(op + "q must have a contiguous last dim, got strides " + str(q.strides()));
-  const int64_t S = q.size(0), Q = q.size(1), Hq = q.size(2), D = q.size(3);
+  if (qd.D > 1 && qd.sd != 1) fail_value(op + "q must have a contiguous last dim, got strides " + str(q.strides()));
+  const int64_t S = qd.S, Q = qd.Q, Hq = qd.H, D = qd.D;
   if (Q < 1 || Q > kMaxQueryTokens) {
     fail_value(op + "q has " + str(Q) + " query tokens per sequence (shape " + str(q.sizes()) + "); supported: 1 to " +
                str(kMaxQueryTokens));
@@ -100,24 +107,25 @@ void check(const Args& a) {
 
 // In elements of q; an fp8 cache's alignment (in its 1-byte elements) counts half: its 16-byte
 // copies carry 16 elements where q's carry 8.
-int64_t vector_align(const at::Tensor& q, const Args& a) {
-  const int64_t D = q.size(3);
+int64_t vector_align(const Args& a, int64_t D) {
   const int64_t cache = detail::vector_align({&a.k_cache, &a.v_cache}, 3, {D});
-  return std::min(detail::vector_align({&q}, 3, {D}), fp8_exponent_bits(a.k_cache) ? cache / 2 : cache);
+  // q's strided dims: all but its last (a 3-D q has no query-token dim to step over)
+  const int64_t q = detail::vector_align({&a.q}, static_cast<int>(a.q.dim()) - 1, {D});
+  return std::min(q, fp8_exponent_bits(a.k_cache) ? cache / 2 : cache);
 }
 
 void fill_key(const Args& a, const Outputs&, Key& key) {
-  const at::Tensor q = with_query_dim(a.q);
-  key.D = q.size(3);
-  key.S = q.size(0);
-  key.Q = q.size(1);
-  key.Hq = q.size(2);
+  const QueryDims q = query_dims(a.q);
+  key.D = q.D;
+  key.S = q.S;
+  key.Q = q.Q;
+  key.Hq = q.H;
   key.Hkv = a.k_cache.size(2);
   key.G = key.Hq / key.Hkv;
   key.L = a.block_table.size(1) * a.k_cache.size(1);
-  key.align = vector_align(q, a);
+  key.align = vector_align(a, q.D);
   key.KVE = fp8_exponent_bits(a.k_cache);
-  key.sm_count = detail::sm_count(q.device().index(), "paged_decode");
+  key.sm_count = detail::sm_count(a.q.device().index(), "paged_decode");
 }
 
 bool nothing_to_do(const Args& a, Outputs&) { return a.q.numel() == 0; }
@@ -129,11 +137,10 @@ int block_shift(int64_t block_size) {
 }
 
 void run(const Entry* entry, const Args& a, const Key&, Outputs& outputs) {
-  const at::Tensor q = with_query_dim(a.q);
-  const at::Tensor out = with_query_dim(outputs.out);
+  const QueryDims q = query_dims(a.q), out = query_dims(outputs.out);
   const at::Tensor &k = a.k_cache, &v = a.v_cache;
   Params p{};
-  p.q = q.data_ptr();
+  p.q = a.q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
   p.block_table = a.block_table.data_ptr<int32_t>();
@@ -143,20 +150,20 @@ void run(const Entry* entry, const Args& a, const Key&, Outputs& outputs) {
   p.v_scale = a.v_scale ? a.v_scale->data_ptr<float>() : nullptr;
   const int64_t scales = a.k_scale ? a.k_scale->size(0) : (a.v_scale ? a.v_scale->size(0) : 1);
   p.scale_sh = scales > 1 ? 1 : 0;
-  p.out = out.data_ptr();
-  p.S = q.size(0), p.Q = q.size(1), p.Hq = q.size(2), p.Hkv = k.size(2), p.D = q.size(3);
+  p.out = outputs.out.data_ptr();
+  p.S = q.S, p.Q = q.Q, p.Hq = q.H, p.Hkv = k.size(2), p.D = q.D;
   p.max_blocks = a.block_table.size(1);
   p.block_shift = block_shift(k.size(1));
   p.scale = static_cast<float>(a.scale);
   p.soft_cap = static_cast<float>(a.soft_cap);
   p.soft_cap_inv = a.soft_cap > 0.0 ? static_cast<float>(1.0 / a.soft_cap) : 0.f;
-  p.q_ss = q.stride(0), p.q_sq = q.stride(1), p.q_sh = q.stride(2);
+  p.q_ss = q.ss, p.q_sq = q.sq, p.q_sh = q.sh;
   p.k_sb = k.stride(0), p.k_st = k.stride(1), p.k_sh = k.stride(2);
   p.v_sb = v.stride(0), p.v_st = v.stride(1), p.v_sh = v.stride(2);
   p.bt_ss = a.block_table.stride(0);
-  p.out_ss = out.stride(0), p.out_sq = out.stride(1), p.out_sh = out.stride(2);  // contiguous (split.cuh)
-  p.sm_count = detail::sm_count(q.device().index(), "paged_decode");
-  launch(entry, p, q);
+  p.out_ss = out.ss, p.out_sq = out.sq, p.out_sh = out.sh;  // contiguous (split.cuh)
+  p.sm_count = detail::sm_count(a.q.device().index(), "paged_decode");
+  launch(entry, p, a.q);
 }
 
 std::string describe(const Key& key) {
