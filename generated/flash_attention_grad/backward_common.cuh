@@ -302,13 +302,26 @@ __device__ __forceinline__ void pass_turn(int* counter, int barrier, int threads
 
 // A key-block kernel's launch for one compile-time variant: [WINDOW][EXTRAS][DETERMINISTIC]
 // (the turn-taking is compiled only where it runs: as a run-time branch it cost the default
-// backward 12-20% on the H100, commit e0b2b4a).
+// backward 12-20% on the H100, commit e0b2b4a). KeyBlocks::launch<WINDOW, EXTRAS, DETERMINISTIC>
+// is each instance's.
 using LaunchKeys = cudaError_t (*)(const Params&, cudaStream_t);
+
+template <class KeyBlocks>
+cudaError_t launch_key_blocks(const Params& p, cudaStream_t stream) {
+  static constexpr LaunchKeys variants[2][2][2] = {
+      { {KeyBlocks::template launch<false, false, false>, KeyBlocks::template launch<false, false, true>},
+        {KeyBlocks::template launch<false, true, false>, KeyBlocks::template launch<false, true, true>} },
+      { {KeyBlocks::template launch<true, false, false>, KeyBlocks::template launch<true, false, true>},
+        {KeyBlocks::template launch<true, true, false>, KeyBlocks::template launch<true, true, true>} } };
+  const bool window = p.window_left >= 0 || p.window_right >= 0;
+  const bool extras = p.soft_cap > 0.f || p.alibi != nullptr;
+  return variants[window][extras][p.deterministic != 0](p, stream);
+}
 
 // The three kernels of a backward on `stream`: prepare, the instance's key-block kernel
 // (the variant of the call; skipped without keys), finish.
-template <typename T, int D, int BLOCK_M>
-cudaError_t launch_passes(const Params& p, cudaStream_t stream, const LaunchKeys (&variants)[2][2][2]) {
+template <typename T, int D, int BLOCK_M, class KeyBlocks>
+cudaError_t launch_passes(const Params& p, cudaStream_t stream) {
   const dim3 rows_grid(static_cast<unsigned>((p.Lq + PREP_ROWS - 1) / PREP_ROWS), static_cast<unsigned>(p.Hq),
                        static_cast<unsigned>(p.B));
   if (const size_t turns = Scratch<D, BLOCK_M>::turn_count(p)) {
@@ -320,9 +333,7 @@ cudaError_t launch_passes(const Params& p, cudaStream_t stream, const LaunchKeys
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   }
   if (p.Lk > 0) {
-    const bool window = p.window_left >= 0 || p.window_right >= 0;
-    const bool extras = p.soft_cap > 0.f || p.alibi != nullptr;
-    if (const cudaError_t err = variants[window][extras][p.deterministic != 0](p, stream); err != cudaSuccess) return err;
+    if (const cudaError_t err = launch_key_blocks<KeyBlocks>(p, stream); err != cudaSuccess) return err;
   }
   if (p.Lq > 0) {
     finish_kernel<T, D><<<rows_grid, 128, 0, stream>>>(p);

@@ -434,26 +434,24 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   store_key_rows<T, DT_STORED>(p, seq, b, kv_head, n0, row0, 0, dk, dv, lane);
 }
 
-template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
-cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
-  constexpr size_t smem = 199224;
-  static_assert(smem == 2 * KVTile::BYTES + STAGES * 2 * QTile::BYTES + DS_BUFFERS * STile::BYTES + STAGES * STAT_FLOATS * 4 +
-                            EXCHANGE_FLOATS * 4 + DQ_STAGE_FLOATS * 4 + BARRIER_BYTES + 1024,
-                "lowering and template agree on shared memory");
-  return launch_kernel(backward_kernel<WINDOW, EXTRAS, DETERMINISTIC>, p, key_grid<BLOCK_N>(p), THREADS, smem, stream);
-}
+// The key-block kernel's launch, one compile-time variant a call (launch_passes picks it).
+struct KeyBlocks {
+  template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
+  static cudaError_t launch(const Params& p, cudaStream_t stream) {
+    constexpr size_t smem = 199224;
+    static_assert(smem == 2 * KVTile::BYTES + STAGES * 2 * QTile::BYTES + DS_BUFFERS * STile::BYTES + STAGES * STAT_FLOATS * 4 +
+                              EXCHANGE_FLOATS * 4 + DQ_STAGE_FLOATS * 4 + BARRIER_BYTES + 1024,
+                  "lowering and template agree on shared memory");
+    return launch_kernel(backward_kernel<WINDOW, EXTRAS, DETERMINISTIC>, p, key_grid<BLOCK_N>(p), THREADS, smem, stream);
+  }
+};
 
 }  // namespace
 
 size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_fp16_sm90a(const Params& p) { return Scratch<D, BLOCK_M>::bytes(p); }
 
 cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages3_overlap0_producer1_minb1_fp16_sm90a(const Params& p, cudaStream_t stream) {
-  static constexpr LaunchKeys variants[2][2][2] = {
-      { {launch_variant<false, false, false>, launch_variant<false, false, true>},
-        {launch_variant<false, true, false>, launch_variant<false, true, true>} },
-      { {launch_variant<true, false, false>, launch_variant<true, false, true>},
-        {launch_variant<true, true, false>, launch_variant<true, true, true>} } };
-  return launch_passes<T, D, BLOCK_M>(p, stream, variants);
+  return launch_passes<T, D, BLOCK_M, KeyBlocks>(p, stream);
 }
 
 }  // namespace flash_attention_grad

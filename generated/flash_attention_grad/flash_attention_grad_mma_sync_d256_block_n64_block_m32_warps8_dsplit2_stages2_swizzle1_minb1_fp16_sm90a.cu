@@ -254,25 +254,23 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   store_key_rows<T, DWT>(p, seq, b, kv_head, n0, row0, dcol0, dk, dv, lane);
 }
 
-template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
-cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
-  constexpr size_t smem = 136704;
-  static_assert(smem == 2 * KVTile::BYTES + STAGES * 2 * QTile::BYTES + STile::BYTES + STAGES * STAT_FLOATS * 4,
-                "lowering and template agree on shared memory");
-  return launch_kernel(backward_kernel<WINDOW, EXTRAS, DETERMINISTIC>, p, key_grid<BLOCK_N>(p), THREADS, smem, stream);
-}
+// The key-block kernel's launch, one compile-time variant a call (launch_passes picks it).
+struct KeyBlocks {
+  template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
+  static cudaError_t launch(const Params& p, cudaStream_t stream) {
+    constexpr size_t smem = 136704;
+    static_assert(smem == 2 * KVTile::BYTES + STAGES * 2 * QTile::BYTES + STile::BYTES + STAGES * STAT_FLOATS * 4,
+                  "lowering and template agree on shared memory");
+    return launch_kernel(backward_kernel<WINDOW, EXTRAS, DETERMINISTIC>, p, key_grid<BLOCK_N>(p), THREADS, smem, stream);
+  }
+};
 
 }  // namespace
 
 size_t workspace_flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_fp16_sm90a(const Params& p) { return Scratch<D, BLOCK_M>::bytes(p); }
 
 cudaError_t launch_flash_attention_grad_mma_sync_d256_block_n64_block_m32_warps8_dsplit2_stages2_swizzle1_minb1_fp16_sm90a(const Params& p, cudaStream_t stream) {
-  static constexpr LaunchKeys variants[2][2][2] = {
-      { {launch_variant<false, false, false>, launch_variant<false, false, true>},
-        {launch_variant<false, true, false>, launch_variant<false, true, true>} },
-      { {launch_variant<true, false, false>, launch_variant<true, false, true>},
-        {launch_variant<true, true, false>, launch_variant<true, true, true>} } };
-  return launch_passes<T, D, BLOCK_M>(p, stream, variants);
+  return launch_passes<T, D, BLOCK_M, KeyBlocks>(p, stream);
 }
 
 }  // namespace flash_attention_grad
