@@ -312,16 +312,17 @@ def _load_kernels(ctx: _Ctx, doc: LocDict, fam, op, axes: dict, templates_dir: P
 
 def _bucket_shape(ctx: _Ctx, fam, node, line: int, field: str) -> dict:
     """A bucket's shape (its `shape:` or one of its `also:`): every dim of the family's tuning
-    plan, positive integers, 0 or 1 for the dims that are switches."""
+    plan (those with a default may be left out), positive integers, 0 or 1 for the dims that are
+    switches."""
     shape = ctx.mapping(node, line, field)
-    ctx.keys(shape, set(fam.tune.shape_dims), set(fam.tune.shape_dims), field)
+    ctx.keys(shape, set(fam.tune.shape_dims), set(fam.tune.shape_dims) - set(fam.tune.defaults), field)
     for dim, size in shape.items():
         if dim in fam.tune.flags:
             if size not in (0, 1) or isinstance(size, bool):
                 ctx.fail(shape.line_of(dim), f"{field}.{dim}", f"expected 0 or 1 (a switch), got {_kind(size)}")
         elif not isinstance(size, int) or isinstance(size, bool) or size < 1:
             ctx.fail(shape.line_of(dim), f"{field}.{dim}", f"expected a positive integer, got {_kind(size)}")
-    return dict(shape)
+    return {**fam.tune.defaults, **shape}
 
 
 def _bucket_axes(ctx: _Ctx, node: LocDict, axes: dict, field: str) -> dict:

@@ -35,6 +35,7 @@ class TunePlan:
     runtime: Callable[[dict, int, int], dict] | None   # (shape, dtype_bytes, sm_count) -> key variables; None: not tuned yet
     axes: Mapping[str, str] = field(default_factory=dict)
     flags: tuple[str, ...] = ()   # shape dims that are switches (0 or 1: flash attention's causal), not sizes
+    defaults: Mapping[str, int] = field(default_factory=dict)   # shape dims a bucket may leave out, and their value then
 
 
 @dataclass(frozen=True)

@@ -333,7 +333,9 @@ FAMILY = Family(
     support_files={"paged/params.cuh.j2": "paged/params.cuh",
                    "paged/op_impl.h.j2": "paged/op_impl.h",
                    "paged/split.cuh.j2": "paged/split.cuh"},   # the split workspace and the merge kernel template
-    tune=TunePlan(("S", "Hq", "Hkv", "D", "L"), _tune_runtime),
+    # ragged 1 (the default): the workload's contexts U(1..L) beside one of L; 0: every one L long
+    # (bench/workloads/paged.py)
+    tune=TunePlan(("S", "Hq", "Hkv", "D", "L", "ragged"), _tune_runtime, flags=("ragged",), defaults={"ragged": 1}),
     jit_params={"D": "d"},
     support_constants={"max_query_tokens": MAX_QUERY_TOKENS},
     # paged_attention sends batches of at most this many query tokens per sequence here

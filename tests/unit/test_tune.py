@@ -387,7 +387,7 @@ def test_a_bucket_with_more_shapes_scores_the_geometric_mean():
     to one that holds on all three; a candidate that fails on one shape fails."""
     from codegen.tune import runner
     spec = pipeline.load([ROOT / "specs" / "paged.yaml"])[0]
-    bucket = next(b for b in spec.tune.buckets if b.also)
+    bucket = next(b for b in spec.tune.buckets if b.name == "gqa_mid")
     assert len(bucket.shapes) == 3
     cands, _ = candidates.candidates(spec)
     a, b, c = [x for x in cands if x.a["dtype"] == "bf16"][:3]
@@ -400,6 +400,20 @@ def test_a_bucket_with_more_shapes_scores_the_geometric_mean():
     assert entries[0]["time_ms"] == round((0.0601 * 0.05 * 0.05) ** (1 / 3), 5)
     assert rows[0]["per_shape_ms"][a.name] == [0.060, 0.100, 0.100]
     assert math.isinf(next(m["median_ms"] for m in rows[0]["measurements"] if m["name"] == c.name))
+
+
+def test_a_shape_dim_with_a_default_may_be_left_out(tmp_path):
+    """paged's `ragged` switch: 1 (the workload's ragged contexts) where a shape leaves it out, 0
+    where an `also:` shape asks for equal contexts; another value is refused at its line."""
+    spec = pipeline.load([ROOT / "specs" / "paged.yaml"])[0]
+    bucket = next(b for b in spec.tune.buckets if b.name == "mha_few_short")
+    assert bucket.shape["ragged"] == 1 and bucket.also[0]["ragged"] == 0 and bucket.also[0]["L"] == 1000
+    text = (ROOT / "specs" / "paged.yaml").read_text()
+    bad = tmp_path / "paged.yaml"
+    bad.write_text(text.replace("L: 1000, ragged: 0}", "L: 1000, ragged: 2}", 1))
+    with pytest.raises(SpecError) as info:
+        pipeline.load([bad])
+    assert info.value.field.endswith(".also[0].ragged") and "a switch" in info.value.message
 
 
 def test_a_bucket_shape_list_is_checked_at_its_line(tmp_path):
