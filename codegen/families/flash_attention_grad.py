@@ -6,7 +6,10 @@ warpgroup owns 64 of the block's keys; S^T, dP^T and dQ read both operands from 
 shared tiles, dV and dK take P^T and dS^T from registers, and dS reaches shared memory through a
 transposing stmatrix; dQ = dS K is split over the warpgroups by rows or columns, or
 (`dq_by_keys`) each warpgroup adds the product over its own keys (`dq_exchange`: after handing
-the other warpgroup the half of the columns it adds). `mma_sync` is
+the other warpgroup the half of the columns it adds). `hopper_wide` (backward_wgmma_wide.cu.j2)
+serves heads whose dK and dV overflow a warpgroup at 64 keys (d256): one 64-key block per CTA,
+the warpgroups splitting dK, dV and dQ by columns, the first computing S^T and the second dP^T,
+handed between them through shared memory. `mma_sync` is
 FlashAttention-2's backward on m16n8k16: a CTA owns `block_n` keys and values of
 one kv head and walks the `block_m`-row query tiles of every query head of its group that see
 them (Q and dO through a `stages`-deep cp.async ring). Its `warps` warps form groups of `dsplit`
