@@ -524,6 +524,114 @@ def rwkv7_chunked(r, w, k, v, a, b, state=None, scale=1.0, chunk: int = 64, sub:
     return _from_chunks(out, T), S
 
 
+def rwkv7_chunk_pairs_grad(dP, x, y, lx, lc, strict: bool):
+    """The adjoint of rwkv7_chunk_pairs, term by term: for P[t, j] = sum_c x_tc y_jc
+    exp(lx_tc - lc_jc) over j < t (strict) or j <= t and its gradient dP -> (dx, dy, dlx, dlc):
+        dx_tc = sum_j dP_tj y_jc E_tjc      dy_jc = sum_t dP_tj x_tc E_tjc
+        dlx_tc = x_tc dx_tc                 dlc_jc = -y_jc dy_jc
+    E the masked exponentials (a kernel would take them by sub-chunks as the forward does)."""
+    C = x.shape[-2]
+    inside = torch.ones(C, C, dtype=torch.bool, device=x.device).tril(-1 if strict else 0)
+    E = (lx[..., :, None, :] - lc[..., None, :, :]).masked_fill(~inside[..., None], float("-inf")).exp()
+    dx = torch.einsum("...tj,...jc,...tjc->...tc", dP, y, E)
+    dy = torch.einsum("...tj,...tc,...tjc->...jc", dP, x, E)
+    return dx, dy, x * dx, -y * dy
+
+
+def rwkv7_chunked_grad(r, w, k, v, a, b, d_o, state=None, d_state=None, scale=1.0, chunk: int = 64):
+    """RWKV-7's gradients by the chunked form's explicit adjoint (rwkv7_chunked's notation), in
+    float64 and in the three stages a chunked backward would run, each chunk from the state before
+    it (the forward's checkpoints):
+      1. every chunk at once: the state gradient's step as an affine map G_before = Phi G + Psi,
+         Phi = diag(exp(lc_C)) + A'^T M^-T B',  Psi = scale (R' + N_rb M^-1 A')^T dO
+         (A' = a exp(le), R' = r exp(lc), B' = b exp(lc_C - lc), K' likewise, M = I - L_ab);
+      2. the chunks in reverse, one K x K times K x V product each: the state gradient after each;
+      3. every chunk at once: the inputs' gradients from it. With G the state gradient after the
+         chunk and Z the forward's (M Z = A' S + L_ak V):
+        dZ = scale N_rb^T dO + B' G      dY = M^-T dZ       dv = scale N_rk^T dO + K' G + L_ak^T dY
+        dL_ab = dY Z^T   dL_ak = dY v^T   dN_rb = scale dO Z^T   dN_rk = scale dO v^T   (masked)
+        dR' = scale dO S^T   dA' = dY S^T   dB' = Z G^T   dK' = v G^T
+    then each pair matrix's adjoint (rwkv7_chunk_pairs_grad), the factors' exponentials to r, a,
+    b, k and the cumulative log decays, and w's gradient as the reverse cumulative sum of lc's
+    within the chunk (le is lc a step back). -> (dr, dw, dk, dv, da, db, d_state0)."""
+    B, T, H, K = r.shape
+    V = v.shape[-1]
+    f64 = torch.float64
+    r, w, k, v, a, b, dO = (_to_chunks(x, chunk) for x in (r, w, k, v, a, b, d_o))
+    dO = dO * scale
+    n = r.shape[2]
+    lc = w.cumsum(-2)
+    le = torch.nn.functional.pad(lc[..., :-1, :], (0, 0, 1, 0))
+    last = lc[..., -1:, :]
+    gamma, tail = last.exp(), (last - lc).exp()            # [.., 1, K], [.., C, K]
+    Ap, Rp, Bp, Kp = a * le.exp(), r * lc.exp(), b * tail, k * tail
+
+    def pairs(x, y, lx, strict):
+        return rwkv7_chunk_pairs(x, y, lx, lc, strict, chunk)   # one sub-chunk: term by term
+
+    L_ab, L_ak, N_rb, N_rk = pairs(a, b, le, True), pairs(a, k, le, True), pairs(r, b, lc, False), pairs(r, k, lc, False)
+    eye = torch.eye(chunk, dtype=f64, device=r.device)
+    Minv = torch.linalg.solve_triangular(eye - L_ab, eye.expand_as(L_ab), upper=False, unitriangular=True)
+    # The states before each chunk and the chunks' Z (the forward).
+    S = torch.zeros(B, H, K, V, dtype=f64, device=r.device) if state is None else state.to(f64).clone()
+    before, Zs = [], []
+    for c in range(n):
+        before.append(S)
+        Z = Minv[:, :, c] @ (Ap[:, :, c] @ S + L_ak[:, :, c] @ v[:, :, c])
+        Zs.append(Z)
+        S = gamma[:, :, c, 0, :, None] * S + Bp[:, :, c].transpose(-1, -2) @ Z + Kp[:, :, c].transpose(-1, -2) @ v[:, :, c]
+    # Stage 1: G_before = Phi G + Psi per chunk.
+    MtB = Minv.transpose(-1, -2) @ Bp                                   # M^-T B'
+    Phi = torch.diag_embed(gamma[..., 0, :]) + Ap.transpose(-1, -2) @ MtB
+    Psi = (Rp + N_rb @ Minv @ Ap).transpose(-1, -2) @ dO
+    # Stage 2: the state gradient after every chunk, the chunks in reverse.
+    G = torch.zeros(B, H, K, V, dtype=f64, device=r.device) if d_state is None else d_state.to(f64).clone()
+    after = [None] * n
+    for c in reversed(range(n)):
+        after[c] = G
+        G = Phi[:, :, c] @ G + Psi[:, :, c]
+    d_state0 = G
+    # Stage 3: the inputs' gradients (a loop here; the chunks are independent).
+    dr, dk, dv, da, db, dlc = (torch.zeros_like(x) for x in (r, k, v, a, b, lc))
+    for c in range(n):
+        G, S0, Z, do, vc = after[c], before[c], Zs[c], dO[:, :, c], v[:, :, c]
+        Mi, Lak, Nrb, Nrk = (x[:, :, c] for x in (Minv, L_ak, N_rb, N_rk))
+        dZ = Nrb.transpose(-1, -2) @ do + Bp[:, :, c] @ G
+        dY = Mi.transpose(-1, -2) @ dZ
+        dv[:, :, c] = Nrk.transpose(-1, -2) @ do + Kp[:, :, c] @ G + Lak.transpose(-1, -2) @ dY
+        dRp, dAp = do @ S0.transpose(-1, -2), dY @ S0.transpose(-1, -2)
+        dBp, dKp = Z @ G.transpose(-1, -2), vc @ G.transpose(-1, -2)
+        lcc, lec = lc[:, :, c], le[:, :, c]
+        dlcc, dlec = dRp * Rp[:, :, c], dAp * Ap[:, :, c]
+        dr[:, :, c] += dRp * lcc.exp()
+        da[:, :, c] += dAp * lec.exp()
+        db[:, :, c] += dBp * tail[:, :, c]
+        dk[:, :, c] += dKp * tail[:, :, c]
+        dtail = dBp * Bp[:, :, c] + dKp * Kp[:, :, c]                  # through exp(lc_C - lc_t)
+        dlcc = dlcc - dtail
+        dlast = dtail.sum(-2) + (S0 * G).sum(-1) * gamma[:, :, c, 0]    # [.., K]
+        # The pair matrices: (gradient, x, y, lx, strict) and where x's and y's gradients go.
+        for dP, x, y, lx, strict, dx_to, dy_to, lx_is_le in (
+                ((dY @ Z.transpose(-1, -2)).tril(-1), a, b, le, True, da, db, True),
+                ((dY @ vc.transpose(-1, -2)).tril(-1), a, k, le, True, da, dk, True),
+                ((do @ Z.transpose(-1, -2)).tril(), r, b, lc, False, dr, db, False),
+                ((do @ vc.transpose(-1, -2)).tril(), r, k, lc, False, dr, dk, False)):
+            gx, gy, glx, glc = rwkv7_chunk_pairs_grad(dP, x[:, :, c], y[:, :, c], lx[:, :, c], lcc, strict)
+            dx_to[:, :, c] += gx
+            dy_to[:, :, c] += gy
+            dlcc = dlcc + glc
+            if lx_is_le:
+                dlec = dlec + glx
+            else:
+                dlcc = dlcc + glx
+        # le_t = lc_{t-1}; lc_C = lc at the chunk's last step
+        dlcc = dlcc + torch.nn.functional.pad(dlec[..., 1:, :], (0, 0, 0, 1))
+        dlcc[..., -1, :] += dlast
+        dlc[:, :, c] = dlcc
+    dw = dlc.flip(-2).cumsum(-2).flip(-2)                                # lc = cumsum(w) within a chunk
+    return tuple(_from_chunks(x, T) for x in (dr, dw, dk, dv, da, db)) + (d_state0,)
+
+
 def _gated_delta_chunk_parts(q, k, g, beta, chunk: int) -> dict:
     """Per chunk, in float64: q, k, beta chunked ([B, H, n, C, K] and [B, H, n, C]); gc, the
     cumulative log decay; R = exp(gc_t - gc_j) (j <= t, else 0); K K^T and Q K^T;
