@@ -524,21 +524,54 @@ def rwkv7_chunked(r, w, k, v, a, b, state=None, scale=1.0, chunk: int = 64, sub:
     return _from_chunks(out, T), S
 
 
-def rwkv7_chunk_pairs_grad(dP, x, y, lx, lc, strict: bool):
-    """The adjoint of rwkv7_chunk_pairs, term by term: for P[t, j] = sum_c x_tc y_jc
-    exp(lx_tc - lc_jc) over j < t (strict) or j <= t and its gradient dP -> (dx, dy, dlx, dlc):
+def rwkv7_chunk_pairs_grad(dP, x, y, lx, lc, strict: bool, sub: int | None = None,
+                           diagonal_limit: float | None = None):
+    """The adjoint of rwkv7_chunk_pairs: for P[t, j] = sum_c x_tc y_jc exp(lx_tc - lc_jc) over
+    j < t (strict) or j <= t and its gradient dP -> (dx, dy, dlx, dlc):
         dx_tc = sum_j dP_tj y_jc E_tjc      dy_jc = sum_t dP_tj x_tc E_tjc
         dlx_tc = x_tc dx_tc                 dlc_jc = -y_jc dy_jc
-    E the masked exponentials (a kernel would take them by sub-chunks as the forward does)."""
+    E the masked exponentials. sub=None: term by term. By `sub`-step sub-chunks as the forward
+    forms P (rwkv7_chunk_pairs): for a key block before the query block, around e (lc at its last
+    step) both sums are products with factors at most 1 besides x and y:
+        dx[rows] = (dP[rows, cols] (y exp(e - lc))[cols]) * exp(lx - e)[rows]
+        dy[cols] = (dP[rows, cols]^T (x exp(lx - e))[rows]) * exp(e - lc)[cols];
+    a diagonal block term by term, or, with `diagonal_limit`, as a product around the decay
+    before it where its largest decay R allows (the forward's rule)."""
     C = x.shape[-2]
-    inside = torch.ones(C, C, dtype=torch.bool, device=x.device).tril(-1 if strict else 0)
-    E = (lx[..., :, None, :] - lc[..., None, :, :]).masked_fill(~inside[..., None], float("-inf")).exp()
-    dx = torch.einsum("...tj,...jc,...tjc->...tc", dP, y, E)
-    dy = torch.einsum("...tj,...tc,...tjc->...jc", dP, x, E)
+    sub = sub or C
+    if C % sub:
+        raise ValueError(f"rwkv7_chunk_pairs_grad: the chunk ({C} steps) is not a whole number of {sub}-step sub-chunks")
+    dx, dy = torch.zeros_like(x), torch.zeros_like(y)
+    inside = torch.ones(sub, sub, dtype=torch.bool, device=x.device).tril(-1 if strict else 0)
+    for i in range(C // sub):
+        rows = slice(i * sub, (i + 1) * sub)
+        d = dP[..., rows, rows].masked_fill(~inside, 0.0)
+        E = (lx[..., rows, None, :] - lc[..., None, rows, :]).masked_fill(~inside[..., None], float("-inf")).exp()
+        term_x = torch.einsum("...tj,...jc,...tjc->...tc", d, y[..., rows, :], E)
+        term_y = torch.einsum("...tj,...tc,...tjc->...jc", d, x[..., rows, :], E)
+        if diagonal_limit is None:
+            dx[..., rows, :] += term_x
+            dy[..., rows, :] += term_y
+        else:
+            e = lc[..., i * sub - 1, None, :] if i else torch.zeros_like(lc[..., :1, :])
+            spread = (e - lc[..., (i + 1) * sub - 1, None, :]).amax(-1, keepdim=True)
+            left = (lx[..., rows, :] - e).exp()
+            right = (e - lc[..., rows, :]).exp()   # inf past the dtype's range: not taken there
+            fx = (d @ (y[..., rows, :] * right)) * left
+            fy = (d.transpose(-1, -2) @ (x[..., rows, :] * left)) * right
+            dx[..., rows, :] += torch.where(spread <= diagonal_limit, fx, term_x)
+            dy[..., rows, :] += torch.where(spread <= diagonal_limit, fy, term_y)
+        for jb in range(i):
+            cols = slice(jb * sub, (jb + 1) * sub)
+            e = lc[..., (jb + 1) * sub - 1, None, :]
+            left, right = (lx[..., rows, :] - e).exp(), (e - lc[..., cols, :]).exp()
+            dx[..., rows, :] += (dP[..., rows, cols] @ (y[..., cols, :] * right)) * left
+            dy[..., cols, :] += (dP[..., rows, cols].transpose(-1, -2) @ (x[..., rows, :] * left)) * right
     return dx, dy, x * dx, -y * dy
 
 
-def rwkv7_chunked_grad(r, w, k, v, a, b, d_o, state=None, d_state=None, scale=1.0, chunk: int = 64):
+def rwkv7_chunked_grad(r, w, k, v, a, b, d_o, state=None, d_state=None, scale=1.0, chunk: int = 64,
+                       sub: int | None = None, dtype=torch.float64, diagonal_limit: float | None = None):
     """RWKV-7's gradients by the chunked form's explicit adjoint (rwkv7_chunked's notation), in
     float64 and in the three stages a chunked backward would run, each chunk from the state before
     it (the forward's checkpoints):
@@ -553,11 +586,12 @@ def rwkv7_chunked_grad(r, w, k, v, a, b, d_o, state=None, d_state=None, scale=1.
         dR' = scale dO S^T   dA' = dY S^T   dB' = Z G^T   dK' = v G^T
     then each pair matrix's adjoint (rwkv7_chunk_pairs_grad), the factors' exponentials to r, a,
     b, k and the cumulative log decays, and w's gradient as the reverse cumulative sum of lc's
-    within the chunk (le is lc a step back). -> (dr, dw, dk, dv, da, db, d_state0)."""
+    within the chunk (le is lc a step back). `dtype`, `sub` and `diagonal_limit` as in
+    rwkv7_chunked: float32 with 16-step sub-chunks is what a kernel's arithmetic would make of it.
+    -> (dr, dw, dk, dv, da, db, d_state0)."""
     B, T, H, K = r.shape
     V = v.shape[-1]
-    f64 = torch.float64
-    r, w, k, v, a, b, dO = (_to_chunks(x, chunk) for x in (r, w, k, v, a, b, d_o))
+    r, w, k, v, a, b, dO = (_to_chunks(x, chunk, dtype) for x in (r, w, k, v, a, b, d_o))
     dO = dO * scale
     n = r.shape[2]
     lc = w.cumsum(-2)
@@ -567,13 +601,13 @@ def rwkv7_chunked_grad(r, w, k, v, a, b, d_o, state=None, d_state=None, scale=1.
     Ap, Rp, Bp, Kp = a * le.exp(), r * lc.exp(), b * tail, k * tail
 
     def pairs(x, y, lx, strict):
-        return rwkv7_chunk_pairs(x, y, lx, lc, strict, chunk)   # one sub-chunk: term by term
+        return rwkv7_chunk_pairs(x, y, lx, lc, strict, sub or chunk, diagonal_limit if sub else None)
 
     L_ab, L_ak, N_rb, N_rk = pairs(a, b, le, True), pairs(a, k, le, True), pairs(r, b, lc, False), pairs(r, k, lc, False)
-    eye = torch.eye(chunk, dtype=f64, device=r.device)
+    eye = torch.eye(chunk, dtype=dtype, device=r.device)
     Minv = torch.linalg.solve_triangular(eye - L_ab, eye.expand_as(L_ab), upper=False, unitriangular=True)
     # The states before each chunk and the chunks' Z (the forward).
-    S = torch.zeros(B, H, K, V, dtype=f64, device=r.device) if state is None else state.to(f64).clone()
+    S = torch.zeros(B, H, K, V, dtype=dtype, device=r.device) if state is None else state.to(dtype).clone()
     before, Zs = [], []
     for c in range(n):
         before.append(S)
@@ -585,7 +619,7 @@ def rwkv7_chunked_grad(r, w, k, v, a, b, d_o, state=None, d_state=None, scale=1.
     Phi = torch.diag_embed(gamma[..., 0, :]) + Ap.transpose(-1, -2) @ MtB
     Psi = (Rp + N_rb @ Minv @ Ap).transpose(-1, -2) @ dO
     # Stage 2: the state gradient after every chunk, the chunks in reverse.
-    G = torch.zeros(B, H, K, V, dtype=f64, device=r.device) if d_state is None else d_state.to(f64).clone()
+    G = torch.zeros(B, H, K, V, dtype=dtype, device=r.device) if d_state is None else d_state.to(dtype).clone()
     after = [None] * n
     for c in reversed(range(n)):
         after[c] = G
@@ -616,7 +650,8 @@ def rwkv7_chunked_grad(r, w, k, v, a, b, d_o, state=None, d_state=None, scale=1.
                 ((dY @ vc.transpose(-1, -2)).tril(-1), a, k, le, True, da, dk, True),
                 ((do @ Z.transpose(-1, -2)).tril(), r, b, lc, False, dr, db, False),
                 ((do @ vc.transpose(-1, -2)).tril(), r, k, lc, False, dr, dk, False)):
-            gx, gy, glx, glc = rwkv7_chunk_pairs_grad(dP, x[:, :, c], y[:, :, c], lx[:, :, c], lcc, strict)
+            gx, gy, glx, glc = rwkv7_chunk_pairs_grad(dP, x[:, :, c], y[:, :, c], lx[:, :, c], lcc, strict, sub,
+                                                      diagonal_limit if sub else None)
             dx_to[:, :, c] += gx
             dy_to[:, :, c] += gy
             dlcc = dlcc + glc

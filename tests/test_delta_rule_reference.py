@@ -349,8 +349,39 @@ def test_rwkv7_chunked_adjoint_is_autograd_of_the_recurrence(T, decay, with_stat
     o, final = reference.rwkv7(*leaves[:6], state=leaves[6], scale=0.8)
     loss = (o * d_o).sum() + ((final * d_state).sum() if d_state is not None else 0.0)
     want = torch.autograd.grad(loss, leaves)
-    got = reference.rwkv7_chunked_grad(r, w, k, v, a, b, d_o, state=state if with_state else None, d_state=d_state,
-                                       scale=0.8, chunk=16)
+    for chunking in ({"chunk": 16}, {"chunk": 32, "sub": 16, "diagonal_limit": 60.0}):   # by sub-chunks too
+        got = reference.rwkv7_chunked_grad(r, w, k, v, a, b, d_o, state=state if with_state else None,
+                                           d_state=d_state, scale=0.8, **chunking)
+        for name, x, y in zip(("dr", "dw", "dk", "dv", "da", "db", "d_state0"), got, want):
+            assert x.shape == y.shape, name
+            torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-9, msg=f"{name} {chunking}")
+
+
+@pytest.mark.parametrize("decay", ["rwkv", "strong", "near_one", "mixed"])
+def test_rwkv7_chunked_adjoint_in_float32(decay):
+    """The chunked adjoint computed in float32 as a kernel would (64-step chunks, 16-step
+    sub-chunks, factored diagonal blocks where their decay allows) against its float64 self
+    (equal to autograd: the test above) at K = V = 64 over 200 steps, state in and out; error
+    relative to each gradient's largest element. Measured here: at most 7.6e-7 with RWKV-7's own
+    decays and decays near one; with decays down to -20 a step up to 2.6e-5 (dw) and 1.8e-5 (dr),
+    above the issue's 1e-5 for fp32, which this blueprint meets only in RWKV-7's decay range."""
+    g = torch.Generator().manual_seed(7)
+    B, T, H, K, V = 1, 200, 2, 64, 64
+    f64 = torch.float64
+    r, k = (torch.randn(B, T, H, K, generator=g, dtype=f64) for _ in range(2))
+    v, d_o = (torch.randn(B, T, H, V, generator=g, dtype=f64) for _ in range(2))
+    kk = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=g, dtype=f64), dim=-1)
+    a, b = -kk, kk * torch.rand(B, T, H, K, generator=g, dtype=f64)
+    scale = {"rwkv": torch.tensor(0.6065), "strong": torch.tensor(20.0), "near_one": torch.tensor(0.01),
+             "mixed": torch.tensor([0.6065, 20.0], dtype=f64).repeat(K // 2)}[decay]
+    w = -torch.rand(B, T, H, K, generator=g, dtype=f64) * scale
+    state, d_state = (torch.randn(B, H, K, V, generator=g, dtype=f64) for _ in range(2))
+    args = (r, w, k, v, a, b, d_o)
+    want = reference.rwkv7_chunked_grad(*args, state=state, d_state=d_state, scale=0.125, chunk=64)
+    got = reference.rwkv7_chunked_grad(*args, state=state, d_state=d_state, scale=0.125, chunk=64, sub=16,
+                                       dtype=torch.float32, diagonal_limit=60.0)
+    bound = 2e-6 if decay in ("rwkv", "near_one") else 1e-4
     for name, x, y in zip(("dr", "dw", "dk", "dv", "da", "db", "d_state0"), got, want):
-        assert x.shape == y.shape, name
-        torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-9, msg=name)
+        assert x.dtype == torch.float32 and x.isfinite().all(), name
+        err = ((x.double() - y).abs().max() / y.abs().max()).item()
+        assert err <= bound, f"{name}: {err:.2e} > {bound:.0e}"
