@@ -17,6 +17,7 @@ from . import Family, Lowering, TunePlan
 
 RECURRENT = "delta_rule/recurrent.cu.j2"
 CHUNKED = "delta_rule/chunked.cu.j2"
+CHUNKED_RWKV7 = "delta_rule/chunked_rwkv7.cu.j2"
 # With a gradient wanted, the forward saves its state every CHECKPOINT_EVERY steps: K*V fp32 per
 # (b, h) per window, a third of what bf16 r, w, k, v, a, b of the window take at K = V = 64 (as
 # flash-linear-attention's chunk kernels keep a state per 64 steps). The backward
@@ -219,6 +220,91 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
     })
 
 
+# RWKV-7's chunked kind (templates/delta_rule/chunked_rwkv7.cu.j2): chunks of 16 steps, one
+# m-tile; a warp per pair matrix, per 16 keys of the state and per 16 value columns.
+RWKV7_CHUNK = 16
+# The pair matrices are products of x exp(lx) and y exp(-lc) while a chunk's decay spread
+# max_c(-lc_C) is at most this: factors up to e^40 (2^58) times the inputs stay far inside
+# bf16's and fp32's range (2^127) and their products inside fp32's; past it (decays below
+# e^-2.5 a step, RWKV-7's own stay above e^-0.61) the kernel sums them term by term.
+RWKV7_PRODUCT_SPREAD = 40.0
+
+
+def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
+    """The RWKV-7 chunked template's shared-memory accesses: ldmatrix over its padded 16-bit
+    tiles (k or cols wide), cp.async fills of the ring, a thread per key channel over the
+    chunk's rows (2 bytes a lane), fp32 fragments and a thread per value column over X, R and
+    the pair matrices (whose reads every lane shares)."""
+    pk, pc = shared_tiles.pitch(k, 0), shared_tiles.pitch(cols, 0)
+    mat_pitch, xr_pitch = RWKV7_CHUNK + 4, cols + 4
+    layout_k, layout_c = shared_tiles.layout(k, 0), shared_tiles.layout(cols, 0)
+    rows_k = _renamed(shared_tiles.bank_accesses(k, threads, layout_k),
+                      {"ldmatrix": "row_ldmatrix", "cp_async_fill": "row_fill"}, ("ring", "decayed"))
+    pair = _renamed(shared_tiles.bank_accesses(k, threads, layout_k), {"ldmatrix": "pair_ldmatrix"}, ("decayed",))
+    state = _renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"ldmatrix": "state_ldmatrix"}, ("state",))
+    zv = _renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"ldmatrix": "zv_ldmatrix"}, ("zv",))
+    accesses = rows_k + pair + state + zv + [
+        banks.Access("column_read", 2, lambda lane, _pad: lane * 2, ("ring",)),
+        banks.Access("column_write", 2, lambda lane, _pad: lane * 2, ("decayed",)),
+        banks.contiguous("dend_write", 4, ("scalars",)),
+        banks.contiguous("lc_write", 4, ("scalars",)),
+        banks.Access("v_copy_read", 2, lambda lane, _pad: lane * 2, ("ring",)),
+        banks.Access("v_copy_write", 2, lambda lane, _pad: lane * 2, ("zv",)),
+        banks.Access("mat_fragment_write", 8, lambda lane, _pad: ((lane // 4) * mat_pitch + 2 * (lane % 4)) * 4,
+                     ("mats",)),
+        # Decays past the products' range only: a lane per (t, j) pair, 2 rows t and 16 j a warp.
+        banks.Access("lc_read", 4, lambda lane, _pad: (lane % 16) * k * 4, ("scalars",)),
+        banks.Access("raw_term_read", 2, lambda lane, _pad: (lane % 16) * pk * 2, ("ring",)),
+        banks.Access("mat_term_write", 4, lambda lane, _pad: ((lane // 16) * mat_pitch + lane % 16) * 4, ("mats",)),
+        banks.Access("xr_fragment_write", 8, lambda lane, _pad: ((lane // 4) * xr_pitch + 2 * (lane % 4)) * 4,
+                     ("xr",)),
+        banks.contiguous("xr_column_read", 4, ("xr",)),
+        banks.Access("v_column_read", 2, lambda lane, _pad: lane * 2, ("ring",)),
+        banks.broadcast("mat_broadcast", 4, ("mats",)),
+        banks.Access("z_write", 2, lambda lane, _pad: lane * 2, ("zv",)),
+        banks.Access("dend_read", 4, lambda lane, _pad: (lane // 4) * 4, ("scalars",)),
+        banks.Access("state_fragment_write", 4, lambda lane, _pad: ((lane // 4) * pc + 2 * (lane % 4)) * 2,
+                     ("state",)),
+    ]
+    return banks.model(accesses)
+
+
+def _lower_chunked_rwkv7(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    p = inst.p
+    k, cols, stages = (p[name] for name in ("k", "cols", "stages"))
+    if inst.dtype_bytes != 2:
+        raise Rejected("k", f"the chunked kind runs on tensor cores from 16-bit storage, not {inst.a['dtype']}")
+    if inst.a["variant"] != "rwkv7":
+        raise Rejected("k", f"chunked_rwkv7 forms RWKV-7's per-channel-decay chunks, not {inst.a['variant']}")
+    if k % 16 or k != cols:
+        raise Rejected("cols", f"k={k} and cols={cols}: equal multiples of 16 (a warp per 16 keys and 16 columns)")
+    warps = k // 16
+    if warps != 4:
+        raise Rejected("k", f"k={k}: the template's four warps are its four pair matrices (k = 64)")
+    if stages < 2:
+        raise Rejected("stages", f"stages={stages}: at least two (the next chunk loads under this one)")
+    if CHECKPOINT_EVERY % RWKV7_CHUNK:
+        raise Rejected("k", f"checkpoints every {CHECKPOINT_EVERY} steps must fall on {RWKV7_CHUNK}-step chunks")
+    threads = 32 * warps
+    pk, pc = shared_tiles.pitch(k, 0), shared_tiles.pitch(cols, 0)
+    steps = RWKV7_CHUNK
+    raw = 2 * steps * (5 * pk + pc)
+    smem = (stages * raw + 2 * (4 * steps * pk + 2 * steps * pk + 2 * steps * pc + k * pc)
+            + 4 * (steps * k + k + 4 * steps * (steps + 4) + 2 * steps * (cols + 4)))
+    if smem > arch.max_smem_per_block:
+        raise Rejected("stages", f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")
+    # ptxas (CUDA 13.0) uses 253 registers at two CTAs an SM and spills 60 bytes held to three
+    # (170): two CTAs an SM. B8 H64 is 512 CTAs, two waves either way.
+    regs = 253
+    ctas_per_sm = min(arch.smem_per_sm // (smem + arch.smem_reserved_per_cta), arch.regs_per_sm // (threads * regs), 8)
+    return inst.with_derived({
+        "threads": threads, "warps": warps, "smem_bytes": smem, "chunk": steps, "ctas_per_sm": ctas_per_sm,
+        "product_spread": RWKV7_PRODUCT_SPREAD,
+        "product_spread_why": "codegen/families/delta_rule.py RWKV7_PRODUCT_SPREAD says why",
+        "bank": rwkv7_chunked_bank(k, cols, threads), "threads_param": "k", "smem_param": "stages",
+    })
+
+
 def _tune_runtime(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
     return {"K": shape["K"], "V": shape["V"], "T": shape["T"], "BH": shape["B"] * shape["H"], "align": 16 // dtype_bytes,
             "sm_count": sm_count}
@@ -228,7 +314,8 @@ FAMILY = Family(
     name="delta_rule",
     axes={"dtype": ("fp32", "fp16", "bf16"), "variant": ("rwkv7", "gated_delta")},
     lowerings={RECURRENT: Lowering({"k": "int", "cols": "int", "tph": "int", "chunk": "int"}, _lower_recurrent),
-               CHUNKED: Lowering({"k": "int", "cols": "int", "warps": "int", "stages": "int"}, _lower_chunked)},
+               CHUNKED: Lowering({"k": "int", "cols": "int", "warps": "int", "stages": "int"}, _lower_chunked),
+               CHUNKED_RWKV7: Lowering({"k": "int", "cols": "int", "stages": "int"}, _lower_chunked_rwkv7)},
     support_files={"delta_rule/params.cuh.j2": "delta_rule/params.cuh",
                    "delta_rule/column.cuh.j2": "delta_rule/column.cuh",
                    "delta_rule/variants.cuh.j2": "delta_rule/variants.cuh",

@@ -138,6 +138,29 @@ def test_gated_delta_chunked_kind_through_the_dispatch(dtype):
     assert rel_err(got, want) <= TOL[dtype]
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T,V,regime", [(1777, 64, "mixed"), (300, 136, "near0"), (257, 64, "near1")])
+def test_rwkv7_chunked_kind_on_long_sequences(dtype, T, V, regime):
+    """RWKV-7's tensor-core chunked kind forced: output and final state against float64 over many
+    16-step chunks (decays by products, and term by term near 0), two value blocks, and its
+    checkpoints (the backward's input) against the recurrent kind's."""
+    B, H, K = 2, 3, 64
+    inputs = rwkv7_inputs(B, T, H, K, V, dtype, regime, seed=T)
+    state = torch.randn(B, H, K, V, device="cuda") * 0.1
+    suffix = f"_{'bf16' if dtype == torch.bfloat16 else 'fp16'}_sm90a"
+    chunked = next(n for n in delta_rule.instances() if "_chunked_rwkv7_k64_" in n and n.endswith(suffix))
+    recurrent = next(n for n in delta_rule.instances() if "rwkv7_recurrent_k64_" in n and n.endswith(suffix))
+    ref_o, ref_s = reference.rwkv7(*inputs, state=state, scale=0.5)
+    shape = delta_rule.checkpoint_shape(B, T, H, K, V)
+    got, want = (torch.full(shape, float("nan"), device="cuda") for _ in range(2))
+    poison(B * T * H * V + B * H * K * V)
+    o, s = delta_rule.delta_rule_with(chunked, *op_args("rwkv7", inputs, state, 0.5, checkpoints=got))
+    assert rel_err(o, ref_o) <= TOL[dtype] and rel_err(s, ref_s) <= TOL[dtype]
+    delta_rule.delta_rule_with(recurrent, *op_args("rwkv7", inputs, state, 0.5, checkpoints=want))
+    assert rel_err(got, want) <= TOL[dtype]
+
+
 def l2normed(x):
     """What qk_l2norm makes of q or k: normalised in fp32, rounded to its dtype."""
     return torch.nn.functional.normalize(x.float(), dim=-1).to(x.dtype)

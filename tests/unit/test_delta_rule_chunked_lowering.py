@@ -18,11 +18,26 @@ def lowered(text, tmp_path):
     return spec, insts
 
 
-def test_only_16_bit_gated_delta_is_chunked(tmp_path):
+def test_only_16_bit_instances_are_chunked_each_variant_by_its_kind(tmp_path):
     _, insts = lowered(SPEC, tmp_path)
     chunked = [i for i in insts if i.kind.startswith("chunked")]
-    assert chunked and all(i.a["variant"] == "gated_delta" and i.dtype_bytes == 2 for i in chunked)
-    assert {i.kind for i in chunked} == {"chunked", "chunked_wide"}   # chunked_candidates: the bench build
+    assert chunked and all(i.dtype_bytes == 2 for i in chunked)
+    assert {i.kind for i in chunked if i.a["variant"] == "gated_delta"} == {"chunked", "chunked_wide"}  # chunked_candidates: the bench build
+    assert {i.kind for i in chunked if i.a["variant"] == "rwkv7"} == {"chunked_rwkv7"}
+
+
+def test_rwkv7_chunked_geometry(tmp_path):
+    """Four warps (a pair matrix, 16 keys and 16 columns each), two stages of r, w, k, a, b, v
+    (rows 72 wide, padded), the decayed rows, b and k over each other, Z over V, the state in
+    bf16; the cumulative decays, exp(lc_C), the four pair matrices and X, R in fp32."""
+    by_name = {i.name: i.d for i in lowered(SPEC, tmp_path)[1]}
+    d = by_name["delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_bf16_sm90a"]
+    raw = 2 * 16 * (5 * 72 + 72)
+    tiles = 2 * (4 * 16 * 72 + 32 * 72 + 32 * 72 + 64 * 72)
+    scalars = 4 * (16 * 64 + 64 + 4 * 16 * 20 + 2 * 16 * 68)
+    assert d["smem_bytes"] == 2 * raw + tiles + scalars
+    assert (d["threads"], d["chunk"], d["ctas_per_sm"]) == (128, 16, 2)
+    assert d["product_spread"] == 40.0
 
 
 def test_shared_memory_and_the_first_kernels_layout(tmp_path):
