@@ -221,12 +221,14 @@ def test_gated_delta_l2norm_and_chunked_state_handoff():
 
 
 def test_dispatch_spreads_few_heads_over_narrow_ctas():
-    """Few heads take 32-column CTAs (the narrow kind, or the tuned table's winner for its
-    few-heads bucket, which has 32 columns too), many heads the 64-column recurrent kind."""
-    small = rwkv7_inputs(1, 16, 4, 64, 64, torch.bfloat16)
-    large = rwkv7_inputs(8, 16, 64, 64, 64, torch.bfloat16)
+    """In fp32 (the default rules) few heads take 32-column CTAs, many heads the 64-column
+    recurrent kind; in 16 bits the tuned table's winners for both buckets are the chunked kind
+    (tuned/sm_90a/delta_rule.yaml)."""
     pick = lambda x: delta_rule.OP.select(*op_args("rwkv7", x, None, 1.0))  # noqa: E731
-    assert "_k64_cols32_" in pick(small) and "_recurrent_k64_cols64_" in pick(large)
+    small, large = (rwkv7_inputs(B, 16, H, 64, 64, torch.float32) for B, H in ((1, 4), (8, 64)))
+    assert "_narrow_k64_cols32_" in pick(small) and "_recurrent_k64_cols64_" in pick(large)
+    small, large = (rwkv7_inputs(B, 16, H, 64, 64, torch.bfloat16) for B, H in ((1, 4), (8, 64)))
+    assert "_chunked_rwkv7_k64_" in pick(small) and "_chunked_rwkv7_k64_" in pick(large)
 
 
 def test_backward_dispatch_spreads_few_heads_over_narrow_ctas():
