@@ -106,10 +106,10 @@ cudaError_t launch_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_fp16_sm90a(
 size_t workspace_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_fp16_sm90a(const Params&);
 cudaError_t launch_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_recurrent_k64_cols32_tph4_chunk32_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_recurrent_k64_cols32_tph4_chunk32_bf16_sm90a(const Params&);
-cudaError_t launch_delta_rule_rwkv7_recurrent_k64_cols32_tph4_chunk32_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_delta_rule_rwkv7_recurrent_k64_cols32_tph4_chunk32_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_fp16_sm90a(const Params&);
 cudaError_t launch_delta_rule_rwkv7_recurrent_k128_cols128_tph2_chunk32_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_delta_rule_rwkv7_recurrent_k128_cols128_tph2_chunk32_bf16_sm90a(const Params&);
 cudaError_t launch_delta_rule_rwkv7_recurrent_k128_cols128_tph2_chunk32_fp16_sm90a(const Params&, cudaStream_t);
@@ -167,8 +167,8 @@ bool covers_42(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)
 bool covers_43(const Key& key) { return ((key.K <= 128) && ((key.align % 8) == 0)); }
 bool covers_44(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
 bool covers_45(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
-bool covers_46(const Key& key) { return (key.K <= 64); }
-bool covers_47(const Key& key) { return (key.K <= 64); }
+bool covers_46(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
+bool covers_47(const Key& key) { return ((key.K <= 64) && ((key.align % 8) == 0)); }
 bool covers_48(const Key& key) { return (key.K <= 128); }
 bool covers_49(const Key& key) { return (key.K <= 128); }
 bool covers_50(const Key& key) { return ((key.K <= 128) && ((key.align % 8) == 0)); }
@@ -221,8 +221,8 @@ const Entry kEntries[] = {
     {"delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a, covers_43, workspace_delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a},
     {"delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_fp16_sm90a, covers_44, workspace_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_fp16_sm90a},
     {"delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_bf16_sm90a, covers_45, workspace_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_bf16_sm90a},
-    {"delta_rule_rwkv7_recurrent_k64_cols32_tph4_chunk32_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k64_cols32_tph4_chunk32_bf16_sm90a, covers_46, workspace_delta_rule_rwkv7_recurrent_k64_cols32_tph4_chunk32_bf16_sm90a},
-    {"delta_rule_rwkv7_recurrent_k64_cols32_tph4_chunk32_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k64_cols32_tph4_chunk32_fp16_sm90a, covers_47, workspace_delta_rule_rwkv7_recurrent_k64_cols32_tph4_chunk32_fp16_sm90a},
+    {"delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_bf16_sm90a, covers_46, workspace_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_bf16_sm90a},
+    {"delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_fp16_sm90a, covers_47, workspace_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_fp16_sm90a},
     {"delta_rule_rwkv7_recurrent_k128_cols128_tph2_chunk32_bf16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k128_cols128_tph2_chunk32_bf16_sm90a, covers_48, workspace_delta_rule_rwkv7_recurrent_k128_cols128_tph2_chunk32_bf16_sm90a},
     {"delta_rule_rwkv7_recurrent_k128_cols128_tph2_chunk32_fp16_sm90a", "dispatch", launch_delta_rule_rwkv7_recurrent_k128_cols128_tph2_chunk32_fp16_sm90a, covers_49, workspace_delta_rule_rwkv7_recurrent_k128_cols128_tph2_chunk32_fp16_sm90a},
     {"delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_bf16_sm90a", "dispatch", launch_delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_bf16_sm90a, covers_50, workspace_delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_bf16_sm90a},
@@ -303,19 +303,19 @@ const Entry* delta_rule_select(const Key& key) {
   // tuned: tuned/sm_90a/delta_rule.yaml: bucket rwkv7_few_bh: when K > 32 and K <= 64 and BH * V < 64 * sm_count
   if (((key.K > 32) && (key.K <= 64) && ((key.BH * key.V) < (64 * key.sm_count)))) {
     if (key.dtype == DType::kBF16 && key.variant == 0) {
-      if (kEntries[46].covers(key)) return row(46);  // delta_rule_rwkv7_recurrent_k64_cols32_tph4_chunk32_bf16_sm90a
+      if (kEntries[46].covers(key)) return row(46);  // delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.variant == 0) {
-      if (kEntries[47].covers(key)) return row(47);  // delta_rule_rwkv7_recurrent_k64_cols32_tph4_chunk32_fp16_sm90a
+      if (kEntries[47].covers(key)) return row(47);  // delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/delta_rule.yaml: bucket rwkv7_k64: when K > 32 and K <= 64
   if (((key.K > 32) && (key.K <= 64))) {
     if (key.dtype == DType::kBF16 && key.variant == 0) {
-      if (kEntries[13].covers(key)) return row(13);  // delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a
+      if (kEntries[45].covers(key)) return row(45);  // delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.variant == 0) {
-      if (kEntries[7].covers(key)) return row(7);  // delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a
+      if (kEntries[44].covers(key)) return row(44);  // delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/delta_rule.yaml: bucket rwkv7_k128: when K > 64 and K <= 128
@@ -330,10 +330,10 @@ const Entry* delta_rule_select(const Key& key) {
   // tuned: tuned/sm_90a/delta_rule.yaml: bucket gated_k128_wide: when K > 64 and K <= 128 and T >= 256 and BH * V >= 112 * sm_count
   if (((key.K > 64) && (key.K <= 128) && (key.T >= 256) && ((key.BH * key.V) >= (112 * key.sm_count)))) {
     if (key.dtype == DType::kBF16 && key.variant == 1) {
-      if (kEntries[43].covers(key)) return row(43);  // delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a
+      if (kEntries[50].covers(key)) return row(50);  // delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.variant == 1) {
-      if (kEntries[41].covers(key)) return row(41);  // delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_fp16_sm90a
+      if (kEntries[51].covers(key)) return row(51);  // delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/delta_rule.yaml: bucket gated_k128_few_bh: when K > 64 and K <= 128 and T >= 256
@@ -348,10 +348,10 @@ const Entry* delta_rule_select(const Key& key) {
   // tuned: tuned/sm_90a/delta_rule.yaml: bucket gated_k128_short: when K > 64 and K <= 128
   if (((key.K > 64) && (key.K <= 128))) {
     if (key.dtype == DType::kBF16 && key.variant == 1) {
-      if (kEntries[50].covers(key)) return row(50);  // delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_bf16_sm90a
+      if (kEntries[43].covers(key)) return row(43);  // delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a
     }
     if (key.dtype == DType::kFP16 && key.variant == 1) {
-      if (kEntries[51].covers(key)) return row(51);  // delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_fp16_sm90a
+      if (kEntries[41].covers(key)) return row(41);  // delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/delta_rule.yaml: bucket gated_k64: when K > 32 and K <= 64 and T >= 256
@@ -367,9 +367,11 @@ const Entry* delta_rule_select(const Key& key) {
   if ((key.T >= 256)) {
     if (key.dtype == DType::kFP16 && key.variant == 0) {
       if (kEntries[44].covers(key)) return row(44);  // delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_fp16_sm90a
+      if (kEntries[47].covers(key)) return row(47);  // delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_fp16_sm90a
     }
     if (key.dtype == DType::kBF16 && key.variant == 0) {
       if (kEntries[45].covers(key)) return row(45);  // delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_bf16_sm90a
+      if (kEntries[46].covers(key)) return row(46);  // delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_bf16_sm90a
     }
   }
   // specs/delta_rule.yaml:268: when T >= 256 and BH * V >= 112 * sm_count -> chunked_wide
@@ -444,7 +446,6 @@ const Entry* delta_rule_select(const Key& key) {
     if (key.dtype == DType::kFP16 && key.variant == 0) {
       if (kEntries[6].covers(key)) return row(6);  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp16_sm90a
       if (kEntries[7].covers(key)) return row(7);  // delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_fp16_sm90a
-      if (kEntries[47].covers(key)) return row(47);  // delta_rule_rwkv7_recurrent_k64_cols32_tph4_chunk32_fp16_sm90a
       if (kEntries[8].covers(key)) return row(8);  // delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_fp16_sm90a
       if (kEntries[49].covers(key)) return row(49);  // delta_rule_rwkv7_recurrent_k128_cols128_tph2_chunk32_fp16_sm90a
     }
@@ -456,7 +457,6 @@ const Entry* delta_rule_select(const Key& key) {
     if (key.dtype == DType::kBF16 && key.variant == 0) {
       if (kEntries[12].covers(key)) return row(12);  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_bf16_sm90a
       if (kEntries[13].covers(key)) return row(13);  // delta_rule_rwkv7_recurrent_k64_cols64_tph2_chunk32_bf16_sm90a
-      if (kEntries[46].covers(key)) return row(46);  // delta_rule_rwkv7_recurrent_k64_cols32_tph4_chunk32_bf16_sm90a
       if (kEntries[14].covers(key)) return row(14);  // delta_rule_rwkv7_recurrent_k128_cols128_tph4_chunk32_bf16_sm90a
       if (kEntries[48].covers(key)) return row(48);  // delta_rule_rwkv7_recurrent_k128_cols128_tph2_chunk32_bf16_sm90a
     }
