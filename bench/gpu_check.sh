@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
 # benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_rwkv_grad / tune_paged / tune_delta_rule / tune_gated_delta_grad / tune_flash_attention / tune_flash_attention_grad a cold and a warm
-# tuning run of the family (TUNE_WARM=0: the cold one only) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving/paged_host/paged_timeline/paged_cold, delta_tests/delta_bench/delta_quick/delta_backward_bench/ncu_gated_delta, flash_tests/flash_fp8_tests/flash_grad_tests/flash_bench/flash_fp8_bench/flash_grad_profile/ncu_flash_grad, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# tuning run of the family (TUNE_WARM=0: the cold one only; TUNE_RESUME=1: resume from a carried cache) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving/paged_host/paged_timeline/paged_cold, delta_tests/delta_bench/delta_quick/delta_backward_bench/ncu_gated_delta, flash_tests/flash_fp8_tests/flash_grad_tests/flash_bench/flash_fp8_bench/flash_grad_profile/ncu_flash_grad, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last. `ab` times a change against the
 # tree without it in one call (AB_PATCH, AB_CMD: see the step below).
@@ -112,8 +112,16 @@ if want ab; then
 fi
 for fam in causal_linear rwkv rwkv_grad paged delta_rule gated_delta_grad flash_attention flash_attention_grad; do  # tune_<family>: a cold tune (its cache cleared), then a warm one
   if want "tune_$fam"; then
-    rm -rf "build/tune/$fam"
+    # TUNE_RESUME=1: keep the measurement cache (build/tune/<family>/cache.jsonl, carried in from
+    # an earlier call) and time only what it lacks; either way the cache goes back as
+    # $OUT/tune_cache_<family>.jsonl, so a tune longer than one call finishes over several.
+    if [ "${TUNE_RESUME:-0}" = 1 ]; then
+      find "build/tune/$fam" -mindepth 1 ! -name cache.jsonl -delete 2>/dev/null
+    else
+      rm -rf "build/tune/$fam"
+    fi
     step "tune_$fam" python3 -m codegen tune "specs/$fam.yaml" -j "$JOBS" --out "$OUT/r/tune"
+    cp "build/tune/$fam/cache.jsonl" "$OUT/tune_cache_$fam.jsonl" 2>/dev/null
     if [ "${TUNE_WARM:-1}" = 1 ]; then step "tune_${fam}_warm" python3 -m codegen tune "specs/$fam.yaml" -j "$JOBS" --out "$OUT/r/tune_warm"; fi
     cp "tuned/sm_90a/$fam.yaml" "$OUT/r/tune/tuned_$fam.yaml"
     cat "$OUT/r/tune/tune_$fam.md"
