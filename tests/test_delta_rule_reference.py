@@ -219,6 +219,34 @@ def test_rwkv7_by_chunks_in_float32_stays_within_1e_5(decay):
         assert ((got.double() - want).abs().max() / want.abs().max()).item() <= 5e-5
 
 
+
+@pytest.mark.parametrize("decay", ["rwkv", "strong", "near_one", "mixed"])
+def test_the_rwkv7_chunked_kinds_configuration_in_float32(decay):
+    """chunked_rwkv7's algorithm as the kernel configures it (16-step chunks, each one diagonal
+    block: a product of decayed rows while the chunk's spread is at most the lowering's
+    RWKV7_PRODUCT_SPREAD, term by term past it) in float32 against the float64 recurrence: within
+    fp32's 1e-5 whichever path each chunk takes (strong decays of up to -20 a step pass the spread
+    in a few steps; RWKV-7's own stay under it). A spread of 200 instead overflows on the strong
+    and mixed decays (checked by hand). The kernel's bf16 operands are the GPU tier's."""
+    from codegen.families.delta_rule import RWKV7_CHUNK, RWKV7_PRODUCT_SPREAD
+    g = torch.Generator().manual_seed(11)
+    B, T, H, K, V = 1, 150, 2, 64, 32
+    r, k = (torch.randn(B, T, H, K, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(B, T, H, V, generator=g, dtype=torch.float64)
+    kk = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=g, dtype=torch.float64), dim=-1)
+    iclr = torch.rand(B, T, H, K, generator=g, dtype=torch.float64)
+    scale = {"rwkv": torch.tensor(0.6065), "strong": torch.tensor(20.0), "near_one": torch.tensor(1e-3),
+             "mixed": torch.tensor([0.6065, 20.0]).repeat(K // 2)}[decay]
+    w = -torch.rand(B, T, H, K, generator=g, dtype=torch.float64) * scale
+    state = torch.randn(B, H, K, V, generator=g, dtype=torch.float64)
+    want_o, want_s = reference.rwkv7(r, w, k, v, -kk, kk * iclr, state=state, scale=0.5)
+    got_o, got_s = reference.rwkv7_chunked(r, w, k, v, -kk, kk * iclr, state=state, scale=0.5, chunk=RWKV7_CHUNK,
+                                           sub=RWKV7_CHUNK, dtype=torch.float32, diagonal_limit=RWKV7_PRODUCT_SPREAD)
+    for got, want in ((got_o, want_o), (got_s, want_s)):
+        assert got.isfinite().all()
+        assert ((got.double() - want).norm() / want.norm()).item() <= 1e-5
+
+
 def test_gated_delta_chunk_matrices_are_lower_triangular():
     """M and W vanish above the diagonal (the kernels skip those blocks), M's diagonal is beta."""
     g = torch.Generator().manual_seed(1)
