@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
 # benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_rwkv_grad / tune_paged / tune_delta_rule / tune_gated_delta_grad / tune_flash_attention / tune_flash_attention_grad a cold and a warm
-# tuning run of the family (TUNE_WARM=0: the cold one only; TUNE_RESUME=1: resume from a carried cache) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving/paged_host/paged_timeline/paged_cold, delta_tests/delta_bench/delta_quick/delta_backward_bench/ncu_gated_delta, flash_tests/flash_fp8_tests/flash_grad_tests/flash_bench/flash_fp8_bench/flash_grad_profile/ncu_flash_grad, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# tuning run of the family (TUNE_WARM=0: the cold one only; TUNE_RESUME=1: resume from a carried cache) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving/paged_host/paged_timeline/paged_cold, delta_tests/delta_bench/delta_quick/delta_shipped/delta_backward_bench/ncu_gated_delta, flash_tests/flash_fp8_tests/flash_grad_tests/flash_bench/flash_fp8_bench/flash_grad_profile/ncu_flash_grad, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last. `ab` times a change against the
 # tree without it in one call (AB_PATCH, AB_CMD: see the step below).
@@ -56,6 +56,9 @@ want first_use && step first_use bash bench/first_use.sh "$OUT/r/first_use" && c
 want delta_bench && step delta_bench python3 -m bench.delta_rule ${BENCH_ARGS:-} --out "$OUT/r"
 # Without the benchmark extension: the peers and the dispatched kinds only (no forced instances).
 want delta_quick && step delta_quick python3 -m bench.delta_rule --no-forced ${BENCH_ARGS:-} --out "$OUT/r"
+# The shipped instances forced beside the dispatch, without building the benchmark extension
+# (163 TUs with every spec's bench kinds: a cold call's build and that one leave no time to time).
+want delta_shipped && step delta_shipped python3 -m bench.delta_rule ${BENCH_ARGS:-} --out "$OUT/r"
 want delta_backward_bench && step delta_backward_bench python3 -m bench.gated_delta_backward --out "$OUT/r"
 ncu_stalls() {  # ncu_stalls NAME KERNEL_REGEX COUNT COMMAND...: Nsight Compute over COUNT kernels; stall samples summed by bench/ncu_stalls.py
   local name=$1 regex=$2 count=$3; shift 3
