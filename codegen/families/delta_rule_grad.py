@@ -11,10 +11,12 @@ from __future__ import annotations
 from ..arch import MAX_REGS, Arch
 from ..instance import KernelInstance
 from ..passes import Rejected, banks
+from ..passes import tiles as shared_tiles
 from . import Family, Lowering, TunePlan
-from .delta_rule import CHECKPOINT_CONSTANTS, CHECKPOINT_EVERY
+from .delta_rule import CHECKPOINT_CONSTANTS, CHECKPOINT_EVERY, RWKV7_CHUNK, RWKV7_PRODUCT_SPREAD, _renamed
 
 GRAD = "delta_rule_grad/recurrent_grad.cu.j2"
+CHUNKED_GRAD = "delta_rule_grad/chunked_rwkv7_grad.cu.j2"
 VECTORS = 5  # q, exp(w), k, a, b staged; dq, dw, dk, da, db reduced
 # Registers per thread besides the state, its adjoint and one gradient's terms (3 k / tph):
 # the step's scalars, addresses and staged operands in flight.
@@ -82,10 +84,80 @@ def _lower_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     })
 
 
+def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
+    """The chunked backward's shared-memory accesses: ldmatrix over its padded 16-bit tiles,
+    cp.async fills, a thread per key channel (2-byte raw reads, fp32 columns of the row
+    gradients), fp32 fragments, and a thread per value column over the scratch and the pair
+    matrices (which every lane reads at once)."""
+    chunk, mat_pitch, xp, kp = RWKV7_CHUNK, RWKV7_CHUNK + 4, cols + 4, k + 4
+    pk, pc = shared_tiles.pitch(k, 0), shared_tiles.pitch(cols, 0)
+    layout_k, layout_c = shared_tiles.layout(k, 0), shared_tiles.layout(cols, 0)
+    fragment = lambda pitch, unit: (lambda lane, _pad: ((lane // 4) * pitch + 2 * (lane % 4)) * unit)  # noqa: E731
+    accesses = (
+        _renamed(shared_tiles.bank_accesses(k, threads, layout_k),
+                 {"ldmatrix": "row_ldmatrix", "cp_async_fill": "row_fill"}, ("raw", "decayed"))
+        + _renamed(shared_tiles.bank_accesses(k, threads, layout_k), {"ldmatrix": "pair_ldmatrix"}, ("decayed",))
+        + _renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"ldmatrix": "state_ldmatrix"}, ("states",))
+        + _renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"ldmatrix": "mix_ldmatrix"}, ("mix",))
+        + [banks.Access("column_read", 2, lambda lane, _pad: lane * 2, ("raw",)),
+           banks.Access("column_write", 2, lambda lane, _pad: lane * 2, ("decayed",)),
+           banks.contiguous("key_write", 4, ("scalars",)),
+           banks.Access("key_read", 4, lambda lane, _pad: (lane // 4) * 4, ("scalars",)),
+           banks.contiguous("lc_write", 4, ("scalars",)),
+           banks.contiguous("lc_column_read", 4, ("scalars",)),
+           banks.Access("lc_read", 4, lambda lane, _pad: (lane % 16) * k * 4, ("scalars",)),
+           banks.Access("raw_term_read", 2, lambda lane, _pad: (lane % 16) * pk * 2, ("raw",)),
+           banks.Access("v_copy_read", 2, lambda lane, _pad: lane * 2, ("raw",)),
+           banks.Access("v_copy_write", 2, lambda lane, _pad: lane * 2, ("mix",)),
+           banks.Access("v_column_read", 2, lambda lane, _pad: lane * 2, ("raw",)),
+           banks.Access("z_write", 2, lambda lane, _pad: lane * 2, ("mix",)),
+           banks.Access("dy_write", 2, lambda lane, _pad: lane * 2, ("mix",)),
+           banks.Access("mat_fragment_write", 8, fragment(mat_pitch, 4), ("mats",)),
+           banks.Access("mat_term_write", 4, lambda lane, _pad: ((lane // 16) * mat_pitch + lane % 16) * 4, ("mats",)),
+           banks.broadcast("mat_broadcast", 4, ("mats",)),
+           banks.broadcast("dmat_broadcast", 4, ("mats",)),
+           banks.Access("scratch_fragment_write", 8, fragment(xp, 4), ("scratch",)),
+           banks.contiguous("scratch_column_read", 4, ("scratch",)),
+           banks.Access("drows_fragment_write", 8, fragment(kp, 4), ("drows",)),
+           banks.contiguous("drows_column_read", 4, ("drows",)),
+           banks.contiguous("drows_column_write", 4, ("drows",)),
+           banks.Access("state_fragment_write", 4, fragment(pc, 2), ("states",)),
+           banks.Access("state_fragment_read", 4, fragment(pc, 2), ("states",)),
+           banks.contiguous("stash_access", 4, ("stash",)),
+           banks.contiguous("dlc_access", 4, ("scratch",))])
+    return banks.model(accesses)
+
+
+def _lower_chunked_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
+    p = inst.p
+    k, cols = p["k"], p["cols"]
+    if inst.dtype_bytes != 2:
+        raise Rejected("k", f"the chunked backward runs on tensor cores from 16-bit storage, not {inst.a['dtype']}")
+    if k != 64 or cols != 64:
+        raise Rejected("k", f"k={k}, cols={cols}: the template's four warps take 16 keys and 16 columns each (64, 64)")
+    warps, chunk = k // 16, RWKV7_CHUNK
+    if CHECKPOINT_EVERY % chunk:
+        raise Rejected("k", f"checkpoints every {CHECKPOINT_EVERY} steps must fall on {chunk}-step chunks")
+    pk, pc = shared_tiles.pitch(k, 0), shared_tiles.pitch(cols, 0)
+    window = CHECKPOINT_EVERY // chunk
+    raw = chunk * (5 * pk + 2 * pc)
+    smem = (2 * (raw + 3 * 2 * chunk * pk + 2 * 2 * chunk * pc + (window + 1) * k * pc)
+            + 4 * (chunk * k + 2 * k + 8 * chunk * (chunk + 4) + 3 * chunk * (cols + 4) + 4 * chunk * (k + 4) + k * cols))
+    if smem > arch.max_smem_per_block:
+        raise Rejected("k", f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")
+    return inst.with_derived({
+        "threads": 32 * warps, "warps": warps, "chunk": chunk, "smem_bytes": smem, "ctas_per_sm": 1,
+        "product_spread": RWKV7_PRODUCT_SPREAD,
+        "product_spread_why": "codegen/families/delta_rule.py RWKV7_PRODUCT_SPREAD says why",
+        "bank": chunked_grad_bank(k, cols, 32 * warps), "threads_param": "k", "smem_param": "k",
+    })
+
+
 FAMILY = Family(
     name="delta_rule_grad",
     axes={"dtype": ("fp32", "fp16", "bf16")},
-    lowerings={GRAD: Lowering({"k": "int", "cols": "int", "tph": "int", "sub": "int"}, _lower_grad)},
+    lowerings={GRAD: Lowering({"k": "int", "cols": "int", "tph": "int", "sub": "int"}, _lower_grad),
+               CHUNKED_GRAD: Lowering({"k": "int", "cols": "int"}, _lower_chunked_grad)},
     support_files={"delta_rule_grad/params.cuh.j2": "delta_rule_grad/params.cuh",
                    "delta_rule/column.cuh.j2": "delta_rule_grad/column.cuh",   # the forward's, in this namespace
                    "delta_rule_grad/op_impl.h.j2": "delta_rule_grad/op_impl.h"},

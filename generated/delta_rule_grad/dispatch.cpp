@@ -152,7 +152,7 @@ const Entry* jit_select(const Key& key) {
 }
 
 const Entry* delta_rule_grad_select(const Key& key) {
-  // specs/delta_rule_grad.yaml:117: when BH * V < 64 * sm_count -> narrow
+  // specs/delta_rule_grad.yaml:138: when BH * V < 64 * sm_count -> narrow
   if (((key.BH * key.V) < (64 * key.sm_count))) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[9].covers(key)) return row(9);  // delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp32_sm90a
@@ -167,7 +167,7 @@ const Entry* delta_rule_grad_select(const Key& key) {
       if (kEntries[14].covers(key)) return row(14);  // delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a
     }
   }
-  // specs/delta_rule_grad.yaml:119: when True -> recurrent
+  // specs/delta_rule_grad.yaml:140: when True -> recurrent
   if (true) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[0].covers(key)) return row(0);  // delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp32_sm90a

@@ -313,6 +313,37 @@ def test_every_grad_instance():
     assert checked == 3 * len(family_manifest("delta_rule_grad")) >= 3 * 9 and not failures, "\n".join(failures[:20])
 
 
+
+def test_chunked_rwkv7_backward_candidate():
+    """The bench-role chunked RWKV-7 backward (specs/delta_rule_grad.yaml chunked_rwkv7, written
+    without a GPU run) against float64 autograd of the recurrence, on the recurrent forward's
+    checkpoints: every gradient and the initial state's within the 16-bit bound, across windows
+    and a partial last chunk, decays near 1, mixed and near 0 (its pair matrices term by term),
+    K and V below the bucket. Runs where the benchmark extension is built (`python -m codegen
+    build --bench --spec specs/delta_rule_grad.yaml`), else skips."""
+    names = [n for n in delta_rule.GRAD.bench_instances() if "_chunked_rwkv7_" in n]
+    if not names:
+        pytest.skip("the benchmark extension with delta_rule_grad's bench kinds is not built")
+    failures = []
+    for name in names:
+        dtype = torch.bfloat16 if name.endswith("_bf16_sm90a") else torch.float16
+        for T, K, V, regime in ((1, 64, 64, "mixed"), (17, 56, 40, "near1"), (130, 64, 64, "near0"),
+                                (300, 64, 64, "mixed")):
+            inputs = rwkv7_inputs(2, T, 3, K, V, dtype, regime, seed=T + K)
+            state = torch.randn(2, 3, K, V, device="cuda") * 0.1
+            ckpt = checkpoints_of("rwkv7", inputs, state, 0.5, recurrent_forward(64, dtype))
+            r, w, k, v, a, b = inputs
+            d_o = torch.randn(v.shape, device="cuda").to(dtype)
+            d_state = torch.randn(state.shape, device="cuda")
+            want = reference.rwkv7_grad(r, k, v, w, a, b, d_o, ckpt, d_state, 0.5, True)
+            poison(6 * 2 * T * 3 * max(K, V) + 2 * 3 * K * V)
+            got = delta_rule.GRAD.forced(name, r, k, v, w, a, b, d_o, ckpt, d_state, 0.5, True)
+            for what, x, y in zip(GRAD_NAMES, got, want):
+                err = rel_err(x, y)
+                if not err <= TOL[dtype]:
+                    failures.append(f"{name} T={T} K={K} V={V} {regime} {what}: rel err {err:.2e}")
+    assert not failures, "\n".join(failures[:20])
+
 GATED_GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "d_state0")
 
 
