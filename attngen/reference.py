@@ -667,6 +667,95 @@ def rwkv7_chunked_grad(r, w, k, v, a, b, d_o, state=None, d_state=None, scale=1.
     return tuple(_from_chunks(x, T) for x in (dr, dw, dk, dv, da, db)) + (d_state0,)
 
 
+
+def rwkv7_chunk_walk_grad(r, w, k, v, a, b, d_o, checkpoints, d_state=None, scale=1.0, chunk: int = 16,
+                          every: int = 64, dtype=torch.float64):
+    """RWKV-7's gradients step for step as the chunked backward kernel takes them
+    (templates/delta_rule_grad/chunked_rwkv7_grad.cu.j2), in `dtype`: per window of `every` steps,
+    last first, the chunk-start states rebuilt from the window's checkpoint; per chunk, last first,
+    its forward again (rwkv7_chunked's quantities; the pair matrices term by term here), then with
+    G the state's gradient after it and dO' = scale dO
+        dZ = B~ G + N_rb^T dO',  (I - L_ab)^T dY = dZ,  dv = K~ G + N_rk^T dO' + L_ak^T dY
+        dR^ = dO' S^T, dA^ = dY S^T, dB~ = Z G^T, dK~ = V G^T; the pair matrices' gradients
+    and per key channel the chain through every exponential to r, a, b, k and lc (dw its
+    reverse cumulative sum), then G <- exp(lc_C) G + R^^T dO' + A^^T dY. checkpoints
+    [B, H, ceil(T / every), K, V] (the state before every window) -> (dr, dw, dk, dv, da, db,
+    d_state0)."""
+    B, T, H, K = r.shape
+    V = v.shape[-1]
+    r, w, k, v, a, b, dO = (_to_chunks(x, chunk, dtype) for x in (r, w, k, v, a, b, d_o))
+    dO = dO * scale
+    n, per = r.shape[2], every // chunk
+    eye = torch.eye(chunk, dtype=dtype, device=r.device)
+    strict = torch.ones(chunk, chunk, dtype=torch.bool, device=r.device).tril(-1)
+    inclusive = strict | torch.eye(chunk, dtype=torch.bool, device=r.device)
+    grads = {name: torch.zeros_like(x) for name, x in (("dr", r), ("dw", w), ("dk", k), ("dv", v), ("da", a), ("db", b))}
+
+    def forward(c, S):
+        x = {name: t[:, :, c] for name, t in (("r", r), ("w", w), ("k", k), ("v", v), ("a", a), ("b", b))}
+        lc = x["w"].cumsum(-2)
+        le = torch.nn.functional.pad(lc[..., :-1, :], (0, 0, 1, 0))
+        end = lc[..., -1:, :]
+        EL = (le[..., :, None, :] - lc[..., None, :, :]).masked_fill(~strict[..., None], float("-inf")).exp()
+        EN = (lc[..., :, None, :] - lc[..., None, :, :]).masked_fill(~inclusive[..., None], float("-inf")).exp()
+        pair = lambda x_, y_, E: torch.einsum("...tc,...jc,...tjc->...tj", x_, y_, E)  # noqa: E731
+        f = dict(x, lc=lc, le=le, end=end, EL=EL, EN=EN, L_ab=pair(x["a"], x["b"], EL), L_ak=pair(x["a"], x["k"], EL),
+                 N_rb=pair(x["r"], x["b"], EN), N_rk=pair(x["r"], x["k"], EN), D=end[..., 0, :].exp(),
+                 Ah=x["a"] * le.exp(), Rh=x["r"] * lc.exp(), tail=(end - lc).exp())
+        f["Bt"], f["Kt"] = x["b"] * f["tail"], x["k"] * f["tail"]
+        Y1 = f["Ah"] @ S + f["L_ak"] @ x["v"]
+        f["Z"] = torch.linalg.solve_triangular(eye - f["L_ab"], Y1, upper=False, unitriangular=True)
+        return f
+
+    G = (torch.zeros(B, H, K, V, dtype=dtype, device=r.device) if d_state is None else d_state.to(dtype).clone())
+    for window in reversed(range(checkpoints.shape[2])):
+        c0 = window * per
+        count = min(per, n - c0)
+        S = checkpoints[:, :, window].to(dtype)
+        states = []
+        for j in range(count):
+            states.append(S)
+            if j + 1 < count:
+                f = forward(c0 + j, S)
+                S = (f["D"][..., None] * S + f["Bt"].transpose(-1, -2) @ f["Z"]
+                     + f["Kt"].transpose(-1, -2) @ f["v"])
+        for j in reversed(range(count)):
+            c, S = c0 + j, states[j]
+            f = forward(c, S)
+            do = dO[:, :, c]
+            tr = lambda m: m.transpose(-1, -2)  # noqa: E731
+            dZ = f["Bt"] @ G + tr(f["N_rb"]) @ do
+            dY = torch.linalg.solve_triangular(tr(eye - f["L_ab"]), dZ, upper=True, unitriangular=True)
+            grads["dv"][:, :, c] = f["Kt"] @ G + tr(f["N_rk"]) @ do + tr(f["L_ak"]) @ dY
+            dL_ab = (dY @ tr(f["Z"])).masked_fill(~strict, 0.0)
+            dL_ak = (dY @ tr(f["v"])).masked_fill(~strict, 0.0)
+            dN_rb = (do @ tr(f["Z"])).masked_fill(~inclusive, 0.0)
+            dN_rk = (do @ tr(f["v"])).masked_fill(~inclusive, 0.0)
+            dRh, dAh, dBt, dKt = do @ tr(S), dY @ tr(S), f["Z"] @ tr(G), f["v"] @ tr(G)
+            # Per key channel: the direct uses of R^, A^, B~, K~ and the state's decay ...
+            dr, da = dRh * f["lc"].exp(), dAh * f["le"].exp()
+            db, dk = dBt * f["tail"], dKt * f["tail"]
+            through = f["b"] * db + f["k"] * dk
+            dlc = f["r"] * dr - through
+            dend = f["D"] * (S * G).sum(-1) + through.sum(-2)
+            dlc[..., :-1, :] += (f["a"] * da)[..., 1:, :]
+            # ... then the pair matrices' adjoints (x's, its exponent's, y's, its exponent's).
+            adj = lambda dP, y_, E: torch.einsum("...tj,...jc,...tjc->...tc", dP, y_, E)  # noqa: E731
+            adj_y = lambda dP, x_, E: torch.einsum("...tj,...tc,...tjc->...jc", dP, x_, E)  # noqa: E731
+            gxa = adj(dL_ab, f["b"], f["EL"]) + adj(dL_ak, f["k"], f["EL"])
+            gxr = adj(dN_rb, f["b"], f["EN"]) + adj(dN_rk, f["k"], f["EN"])
+            gyb = adj_y(dN_rb, f["r"], f["EN"]) + adj_y(dL_ab, f["a"], f["EL"])
+            gyk = adj_y(dN_rk, f["r"], f["EN"]) + adj_y(dL_ak, f["a"], f["EL"])
+            da, dr, db, dk = da + gxa, dr + gxr, db + gyb, dk + gyk
+            dlc[..., :-1, :] += (f["a"] * gxa)[..., 1:, :]
+            dlc = dlc + f["r"] * gxr - f["b"] * gyb - f["k"] * gyk
+            dlc[..., -1, :] += dend
+            grads["dr"][:, :, c], grads["da"][:, :, c], grads["db"][:, :, c], grads["dk"][:, :, c] = dr, da, db, dk
+            grads["dw"][:, :, c] = dlc.flip(-2).cumsum(-2).flip(-2)
+            G = f["D"][..., None] * G + tr(f["Rh"]) @ do + tr(f["Ah"]) @ dY
+    out = tuple(_from_chunks(grads[name], T) for name in ("dr", "dw", "dk", "dv", "da", "db"))
+    return out + (G,)
+
 def _gated_delta_chunk_parts(q, k, g, beta, chunk: int) -> dict:
     """Per chunk, in float64: q, k, beta chunked ([B, H, n, C, K] and [B, H, n, C]); gc, the
     cumulative log decay; R = exp(gc_t - gc_j) (j <= t, else 0); K K^T and Q K^T;

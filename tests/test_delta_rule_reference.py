@@ -247,6 +247,36 @@ def test_the_rwkv7_chunked_kinds_configuration_in_float32(decay):
         assert ((got.double() - want).norm() / want.norm()).item() <= 1e-5
 
 
+
+def _rwkv7_checkpoints(r, w, k, v, a, b, state, every=64):
+    """The state before every `every` steps (the forward's checkpoints), by the recurrence."""
+    T, out, S = r.shape[1], [], state
+    for t0 in range(0, T, every):
+        out.append(S)
+        S = reference.rwkv7(*(x[:, t0:t0 + every] for x in (r, w, k, v, a, b)), state=S)[1]
+    return torch.stack(out, 2)
+
+
+@pytest.mark.parametrize("T", [1, 16, 17, 64, 130, 200])
+@pytest.mark.parametrize("decay", ["rwkv", "strong"])
+def test_the_chunked_backward_kernels_walk_is_autograd_of_rwkv7(T, decay):
+    """rwkv7_chunk_walk_grad, the chunked_rwkv7 backward kernel's steps (windows rebuilt from
+    their checkpoints, chunks of 16 in reverse, the per-channel chain through every exponential),
+    equals float64 autograd through the recurrence for every input and the initial state."""
+    g = torch.Generator().manual_seed(T)
+    r, w, k, v, a, b = _rwkv7_inputs(B=2, T=T, H=2, K=6, V=5, seed=T)
+    if decay == "strong":
+        w = w * 8
+    state = torch.randn(2, 2, 6, 5, generator=g, dtype=torch.float64)
+    d_o = torch.randn(v.shape, generator=g, dtype=torch.float64)
+    d_state = torch.randn(state.shape, generator=g, dtype=torch.float64)
+    ckpt = _rwkv7_checkpoints(r, w, k, v, a, b, state)
+    want = reference.rwkv7_grad(r, k, v, w, a, b, d_o, ckpt, d_state, 0.5, True)   # dq, dw, dk, da, db, dv, ds0
+    dr, dw, dk, dv, da, db, ds0 = reference.rwkv7_chunk_walk_grad(r, w, k, v, a, b, d_o, ckpt, d_state, 0.5)
+    for got, ref in zip((dr, dw, dk, da, db, dv, ds0), want):
+        assert torch.allclose(got, ref, rtol=1e-9, atol=1e-9), (got - ref).abs().max()
+
+
 def test_gated_delta_chunk_matrices_are_lower_triangular():
     """M and W vanish above the diagonal (the kernels skip those blocks), M's diagonal is beta."""
     g = torch.Generator().manual_seed(1)
