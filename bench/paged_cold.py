@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 import attngen  # noqa: E402
 from bench import run_meta  # noqa: E402
 from bench.causal_linear import L2_BYTES, do_bench  # noqa: E402
-from bench.paged import kv_bytes, make_case  # noqa: E402
+from bench.paged import D, kv_bytes, make_case  # noqa: E402
 
 # (S, Hq, Hkv, context): bench/paged_serving.py's rows below its 2.2 TB/s floor, one above, and its small batches.
 CASES = [(16, 8, 8, 1000), (16, 64, 8, 1000), (16, 64, 4, 1000), (16, 64, 4, 4000), (64, 64, 4, 1000),
@@ -117,7 +117,8 @@ def run() -> list:
 
 
 def kv_bytes_of(S, Hkv, ctx) -> int:
-    return S * ctx * Hkv * 128 * 2 * 2
+    """What kv_bytes counts for make_case's bf16 cache (K and V, D each), without making one."""
+    return S * ctx * Hkv * D * 2 * 2
 
 
 METHODS = ("flush_zero", "flush_read", "rotate", "warm")

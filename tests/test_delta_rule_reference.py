@@ -192,16 +192,12 @@ def test_rwkv7_pairs_with_factored_diagonal_blocks_are_the_sums(decay, strict):
         assert not reference.rwkv7_chunk_pairs(*f32, strict, sub=16, diagonal_limit=float("inf")).isfinite().all()
 
 
-@pytest.mark.parametrize("decay", ["rwkv", "strong", "near_one", "mixed"])
-def test_rwkv7_by_chunks_in_float32_stays_within_1e_5(decay):
-    """The chunked form computed in float32, as a kernel would (64-step chunks, 16-step
-    sub-chunks, factored diagonal blocks where their decay allows), against the float64
-    recurrence at K = V = 64 over 200 steps with the state in: within the issue's 1e-5 relative
-    for fp32. Measured here: the output 2.7e-7 (decays near one) to 2.1e-6 (strong decays) in
-    norm, 3.5e-6 at most in an element against the largest; the step-by-step recurrence in
-    float32 makes 1.6e-7 to 3.6e-7."""
-    g = torch.Generator().manual_seed(7)
-    B, T, H, K, V = 1, 200, 2, 64, 64
+def _rwkv7_regime_inputs(decay: str, seed: int, T: int, K: int, V: int, B: int = 1, H: int = 2):
+    """RWKV-7's inputs as its model makes them (a = -kk, b = kk * iclr, kk unit-norm) in float64,
+    log decays by regime: 'rwkv' (down to -0.6065 a step, RWKV-7's own), 'strong' (to -20),
+    'near_one' (to -1e-3), 'mixed' (alternate channels rwkv and strong), and an initial state
+    -> (r, w, k, v, a, b, state)."""
+    g = torch.Generator().manual_seed(seed)
     r, k = (torch.randn(B, T, H, K, generator=g, dtype=torch.float64) for _ in range(2))
     v = torch.randn(B, T, H, V, generator=g, dtype=torch.float64)
     kk = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=g, dtype=torch.float64), dim=-1)
@@ -210,8 +206,20 @@ def test_rwkv7_by_chunks_in_float32_stays_within_1e_5(decay):
              "mixed": torch.tensor([0.6065, 20.0]).repeat(K // 2)}[decay]
     w = -torch.rand(B, T, H, K, generator=g, dtype=torch.float64) * scale
     state = torch.randn(B, H, K, V, generator=g, dtype=torch.float64)
-    want_o, want_s = reference.rwkv7(r, w, k, v, -kk, kk * iclr, state=state, scale=0.125)
-    got_o, got_s = reference.rwkv7_chunked(r, w, k, v, -kk, kk * iclr, state=state, scale=0.125, chunk=64, sub=16,
+    return r, w, k, v, -kk, kk * iclr, state
+
+
+@pytest.mark.parametrize("decay", ["rwkv", "strong", "near_one", "mixed"])
+def test_rwkv7_by_chunks_in_float32_stays_within_1e_5(decay):
+    """The chunked form computed in float32, as a kernel would (64-step chunks, 16-step
+    sub-chunks, factored diagonal blocks where their decay allows), against the float64
+    recurrence at K = V = 64 over 200 steps with the state in: within the issue's 1e-5 relative
+    for fp32. Measured here: the output 2.7e-7 (decays near one) to 2.1e-6 (strong decays) in
+    norm, 3.5e-6 at most in an element against the largest; the step-by-step recurrence in
+    float32 makes 1.6e-7 to 3.6e-7."""
+    r, w, k, v, a, b, state = _rwkv7_regime_inputs(decay, seed=7, T=200, K=64, V=64)
+    want_o, want_s = reference.rwkv7(r, w, k, v, a, b, state=state, scale=0.125)
+    got_o, got_s = reference.rwkv7_chunked(r, w, k, v, a, b, state=state, scale=0.125, chunk=64, sub=16,
                                            dtype=torch.float32, diagonal_limit=60.0)
     assert got_o.dtype == got_s.dtype == torch.float32
     for got, want in ((got_o, want_o), (got_s, want_s)):
@@ -229,18 +237,9 @@ def test_the_rwkv7_chunked_kinds_configuration_in_float32(decay):
     in a few steps; RWKV-7's own stay under it). A spread of 200 instead overflows on the strong
     and mixed decays (checked by hand). The kernel's bf16 operands are the GPU tier's."""
     from codegen.families.delta_rule import RWKV7_CHUNK, RWKV7_PRODUCT_SPREAD
-    g = torch.Generator().manual_seed(11)
-    B, T, H, K, V = 1, 150, 2, 64, 32
-    r, k = (torch.randn(B, T, H, K, generator=g, dtype=torch.float64) for _ in range(2))
-    v = torch.randn(B, T, H, V, generator=g, dtype=torch.float64)
-    kk = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=g, dtype=torch.float64), dim=-1)
-    iclr = torch.rand(B, T, H, K, generator=g, dtype=torch.float64)
-    scale = {"rwkv": torch.tensor(0.6065), "strong": torch.tensor(20.0), "near_one": torch.tensor(1e-3),
-             "mixed": torch.tensor([0.6065, 20.0]).repeat(K // 2)}[decay]
-    w = -torch.rand(B, T, H, K, generator=g, dtype=torch.float64) * scale
-    state = torch.randn(B, H, K, V, generator=g, dtype=torch.float64)
-    want_o, want_s = reference.rwkv7(r, w, k, v, -kk, kk * iclr, state=state, scale=0.5)
-    got_o, got_s = reference.rwkv7_chunked(r, w, k, v, -kk, kk * iclr, state=state, scale=0.5, chunk=RWKV7_CHUNK,
+    r, w, k, v, a, b, state = _rwkv7_regime_inputs(decay, seed=11, T=150, K=64, V=32)
+    want_o, want_s = reference.rwkv7(r, w, k, v, a, b, state=state, scale=0.5)
+    got_o, got_s = reference.rwkv7_chunked(r, w, k, v, a, b, state=state, scale=0.5, chunk=RWKV7_CHUNK,
                                            sub=RWKV7_CHUNK, dtype=torch.float32, diagonal_limit=RWKV7_PRODUCT_SPREAD)
     for got, want in ((got_o, want_o), (got_s, want_s)):
         assert got.isfinite().all()
