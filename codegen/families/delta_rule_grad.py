@@ -90,7 +90,7 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
     gradients), fp32 fragments, and a thread per value column over the scratch and the pair
     matrices (which every lane reads at once)."""
     chunk, mat_pitch, xp, kp = RWKV7_CHUNK, RWKV7_CHUNK + 4, cols + 4, k + 4
-    pk, pc = shared_tiles.pitch(k, 0), shared_tiles.pitch(cols, 0)
+    pk, pc, pd = shared_tiles.pitch(k, 0), shared_tiles.pitch(cols, 0), shared_tiles.pitch(4 * chunk, 0)
     layout_k, layout_c = shared_tiles.layout(k, 0), shared_tiles.layout(cols, 0)
     fragment = lambda pitch, unit: (lambda lane, _pad: ((lane // 4) * pitch + 2 * (lane % 4)) * unit)  # noqa: E731
     accesses = (
@@ -99,13 +99,14 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
         + _renamed(shared_tiles.bank_accesses(k, threads, layout_k), {"ldmatrix": "pair_ldmatrix"}, ("decayed",))
         + _renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"ldmatrix": "state_ldmatrix"}, ("states",))
         + _renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"ldmatrix": "mix_ldmatrix"}, ("mix",))
+        + _renamed(shared_tiles.bank_accesses(4 * chunk, threads, shared_tiles.layout(4 * chunk, 0)),
+                   {"ldmatrix": "dm_ldmatrix"}, ("dm",))
         + [banks.Access("column_read", 2, lambda lane, _pad: lane * 2, ("raw",)),
            banks.Access("column_write", 2, lambda lane, _pad: lane * 2, ("decayed",)),
            banks.contiguous("key_write", 4, ("scalars",)),
            banks.Access("key_read", 4, lambda lane, _pad: (lane // 4) * 4, ("scalars",)),
            banks.contiguous("lc_write", 4, ("scalars",)),
-           banks.contiguous("lc_column_read", 4, ("scalars",)),
-           banks.Access("lc_read", 4, lambda lane, _pad: (lane % 16) * k * 4, ("scalars",)),
+           banks.Access("lc_read", 4, lambda lane, _pad: (lane % 16) * kp * 4, ("scalars",)),
            banks.Access("raw_term_read", 2, lambda lane, _pad: (lane % 16) * pk * 2, ("raw",)),
            banks.Access("v_copy_read", 2, lambda lane, _pad: lane * 2, ("raw",)),
            banks.Access("v_copy_write", 2, lambda lane, _pad: lane * 2, ("mix",)),
@@ -119,8 +120,8 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
            banks.Access("scratch_fragment_write", 8, fragment(xp, 4), ("scratch",)),
            banks.contiguous("scratch_column_read", 4, ("scratch",)),
            banks.Access("drows_fragment_write", 8, fragment(kp, 4), ("drows",)),
-           banks.contiguous("drows_column_read", 4, ("drows",)),
-           banks.contiguous("drows_column_write", 4, ("drows",)),
+           banks.Access("drows_access", 4, fragment(kp, 4), ("drows",)),
+           banks.Access("dm_fragment_write", 4, fragment(pd, 2), ("dm",)),
            banks.Access("state_fragment_write", 4, fragment(pc, 2), ("states",)),
            banks.Access("state_fragment_read", 4, fragment(pc, 2), ("states",)),
            banks.contiguous("stash_access", 4, ("stash",)),
@@ -141,8 +142,9 @@ def _lower_chunked_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     pk, pc = shared_tiles.pitch(k, 0), shared_tiles.pitch(cols, 0)
     window = CHECKPOINT_EVERY // chunk
     raw = chunk * (5 * pk + 2 * pc)
-    smem = (2 * (raw + 3 * 2 * chunk * pk + 2 * 2 * chunk * pc + (window + 1) * k * pc)
-            + 4 * (chunk * k + 2 * k + 8 * chunk * (chunk + 4) + 3 * chunk * (cols + 4) + 4 * chunk * (k + 4) + k * cols))
+    dm = chunk * shared_tiles.pitch(4 * chunk, 0)  # the pair matrices' gradients, bf16 side by side
+    smem = (2 * (raw + 3 * 2 * chunk * pk + 2 * 2 * chunk * pc + (window + 1) * k * pc + dm)
+            + 4 * (chunk * (k + 4) + 2 * k + 8 * chunk * (chunk + 4) + 3 * chunk * (cols + 4) + 4 * chunk * (k + 4) + k * cols))
     if smem > arch.max_smem_per_block:
         raise Rejected("k", f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")
     return inst.with_derived({
