@@ -97,7 +97,8 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
         _renamed(shared_tiles.bank_accesses(k, threads, layout_k),
                  {"ldmatrix": "row_ldmatrix", "cp_async_fill": "row_fill"}, ("raw", "decayed"))
         + _renamed(shared_tiles.bank_accesses(k, threads, layout_k), {"ldmatrix": "pair_ldmatrix"}, ("decayed",))
-        + _renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"ldmatrix": "state_ldmatrix"}, ("states",))
+        + _renamed(shared_tiles.bank_accesses(cols, threads, layout_c),
+                   {"ldmatrix": "state_ldmatrix", "cp_async_fill": "state_fill"}, ("states",))
         + _renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"ldmatrix": "mix_ldmatrix"}, ("mix",))
         + _renamed(shared_tiles.bank_accesses(4 * chunk, threads, shared_tiles.layout(4 * chunk, 0)),
                    {"ldmatrix": "dm_ldmatrix"}, ("dm",))
@@ -124,7 +125,7 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
            banks.Access("dm_fragment_write", 4, fragment(pd, 2), ("dm",)),
            banks.Access("state_fragment_write", 4, fragment(pc, 2), ("states",)),
            banks.Access("state_fragment_read", 4, fragment(pc, 2), ("states",)),
-           banks.contiguous("stash_access", 4, ("stash",)),
+           banks.contiguous("stash_access", 4, ("drows",)),
            banks.contiguous("dlc_access", 4, ("scratch",))])
     return banks.model(accesses)
 
@@ -143,12 +144,15 @@ def _lower_chunked_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     window = CHECKPOINT_EVERY // chunk
     raw = chunk * (5 * pk + 2 * pc)
     dm = chunk * shared_tiles.pitch(4 * chunk, 0)  # the pair matrices' gradients, bf16 side by side
-    smem = (2 * (raw + 3 * 2 * chunk * pk + 2 * 2 * chunk * pc + (window + 1) * k * pc + dm)
-            + 4 * (chunk * (k + 4) + 2 * k + 8 * chunk * (chunk + 4) + 3 * chunk * (cols + 4) + 4 * chunk * (k + 4) + k * cols))
+    # The chunk's start state and G in shared memory; the window's other start states in a
+    # global workspace, the fp32 stash of G over the row gradients: two CTAs per SM.
+    smem = (2 * (raw + 3 * 2 * chunk * pk + 2 * 2 * chunk * pc + 2 * k * pc + dm)
+            + 4 * (chunk * (k + 4) + 2 * k + 8 * chunk * (chunk + 4) + 3 * chunk * (cols + 4) + 4 * chunk * (k + 4)))
     if smem > arch.max_smem_per_block:
         raise Rejected("k", f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")
     return inst.with_derived({
-        "threads": 32 * warps, "warps": warps, "chunk": chunk, "smem_bytes": smem, "ctas_per_sm": 1,
+        "threads": 32 * warps, "warps": warps, "chunk": chunk, "smem_bytes": smem,
+        "ctas_per_sm": min(2, arch.smem_per_sm // (smem + arch.smem_reserved_per_cta)),
         "product_spread": RWKV7_PRODUCT_SPREAD,
         "product_spread_why": "codegen/families/delta_rule.py RWKV7_PRODUCT_SPREAD says why",
         "bank": chunked_grad_bank(k, cols, 32 * warps), "threads_param": "k", "smem_param": "k",
