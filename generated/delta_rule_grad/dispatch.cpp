@@ -44,6 +44,10 @@ cudaError_t launch_delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a(const 
 size_t workspace_delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a(const Params&);
 cudaError_t launch_delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a(const Params&);
+cudaError_t launch_delta_rule_grad_chunked_rwkv7_k64_cols64_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_grad_chunked_rwkv7_k64_cols64_fp16_sm90a(const Params&);
+cudaError_t launch_delta_rule_grad_chunked_rwkv7_k64_cols64_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_delta_rule_grad_chunked_rwkv7_k64_cols64_bf16_sm90a(const Params&);
 
 namespace {
 
@@ -62,6 +66,8 @@ bool covers_11(const Key& key) { return (key.K <= 32); }
 bool covers_12(const Key& key) { return (key.K <= 64); }
 bool covers_13(const Key& key) { return (key.K <= 32); }
 bool covers_14(const Key& key) { return (key.K <= 64); }
+bool covers_15(const Key& key) { return ((key.K <= 64) && (key.V <= 64) && ((key.align % 8) == 0)); }
+bool covers_16(const Key& key) { return ((key.K <= 64) && (key.V <= 64) && ((key.align % 8) == 0)); }
 
 const Entry kEntries[] = {
     {"delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp32_sm90a", "dispatch", launch_delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp32_sm90a, covers_0, workspace_delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp32_sm90a},
@@ -79,6 +85,8 @@ const Entry kEntries[] = {
     {"delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp16_sm90a", "dispatch", launch_delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp16_sm90a, covers_12, workspace_delta_rule_grad_narrow_k64_cols32_tph8_sub8_fp16_sm90a},
     {"delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a", "dispatch", launch_delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a, covers_13, workspace_delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a},
     {"delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a", "dispatch", launch_delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a, covers_14, workspace_delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a},
+    {"delta_rule_grad_chunked_rwkv7_k64_cols64_fp16_sm90a", "dispatch", launch_delta_rule_grad_chunked_rwkv7_k64_cols64_fp16_sm90a, covers_15, workspace_delta_rule_grad_chunked_rwkv7_k64_cols64_fp16_sm90a},
+    {"delta_rule_grad_chunked_rwkv7_k64_cols64_bf16_sm90a", "dispatch", launch_delta_rule_grad_chunked_rwkv7_k64_cols64_bf16_sm90a, covers_16, workspace_delta_rule_grad_chunked_rwkv7_k64_cols64_bf16_sm90a},
 };
 constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
 
@@ -121,10 +129,10 @@ bool delta_rule_grad_register_jit(const Entry* entry) {
   return true;
 }
 
-// The key as numbers, for codegen/jit.py: the run-time variables (K, V, T, BH, sm_count), then
+// The key as numbers, for codegen/jit.py: the run-time variables (K, V, T, BH, align, sm_count), then
 // the index of each axis value (dtype).
 std::vector<int64_t> delta_rule_grad_key_values(const Key& key) {
-  return {key.K, key.V, key.T, key.BH, key.sm_count, static_cast<int64_t>(key.dtype)};
+  return {key.K, key.V, key.T, key.BH, key.align, key.sm_count, static_cast<int64_t>(key.dtype)};
 }
 
 int delta_rule_grad_entry_count() { return kRowCount; }
@@ -152,7 +160,16 @@ const Entry* jit_select(const Key& key) {
 }
 
 const Entry* delta_rule_grad_select(const Key& key) {
-  // specs/delta_rule_grad.yaml:138: when BH * V < 64 * sm_count -> narrow
+  // specs/delta_rule_grad.yaml:141: when True -> chunked_rwkv7
+  if (true) {
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[15].covers(key)) return row(15);  // delta_rule_grad_chunked_rwkv7_k64_cols64_fp16_sm90a
+    }
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[16].covers(key)) return row(16);  // delta_rule_grad_chunked_rwkv7_k64_cols64_bf16_sm90a
+    }
+  }
+  // specs/delta_rule_grad.yaml:143: when BH * V < 64 * sm_count -> narrow
   if (((key.BH * key.V) < (64 * key.sm_count))) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[9].covers(key)) return row(9);  // delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp32_sm90a
@@ -167,7 +184,7 @@ const Entry* delta_rule_grad_select(const Key& key) {
       if (kEntries[14].covers(key)) return row(14);  // delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a
     }
   }
-  // specs/delta_rule_grad.yaml:140: when True -> recurrent
+  // specs/delta_rule_grad.yaml:145: when True -> recurrent
   if (true) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[0].covers(key)) return row(0);  // delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp32_sm90a

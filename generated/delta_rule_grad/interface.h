@@ -23,6 +23,7 @@ struct Key {
   int64_t V;  // value head size
   int64_t T;  // sequence length
   int64_t BH;  // batch * heads
+  int64_t align;  // elements every row of q, k, v, w, a, b and d_o starts on a multiple of (16 bytes at most)
   int64_t sm_count;  // multiprocessors on the current device
   DType dtype;  // the dtype of q
 };

@@ -31,6 +31,7 @@ void fill_key(const Args& a, const Outputs&, Key& key) {
   key.V = a.v.size(3);
   key.T = a.q.size(1);
   key.BH = a.q.size(0) * a.q.size(2);
+  key.align = detail::vector_align({&a.q, &a.k, &a.v, &a.w, &a.a, &a.b, &a.d_o}, 3, {key.K, key.V});
   key.sm_count = detail::sm_count(a.q.device().index(), "delta_rule_grad");
 }
 

@@ -283,13 +283,18 @@ def recurrent_forward(kb: int, dtype) -> str:
 GRAD_NAMES = ("dq", "dw", "dk", "da", "db", "dv", "d_state0")
 
 
+def recurrent_grad_rows() -> dict:
+    """delta_rule_grad's step-by-step instances (the chunked kind has a test of its own)."""
+    return {n: r for n, r in family_manifest("delta_rule_grad").items() if r["kind"] != "chunked_rwkv7"}
+
+
 def test_every_grad_instance():
-    """Each delta_rule_grad instance forced against autograd of the float64 reference: K at its
-    bucket and below, V over several CTAs (their key-side terms added), T across windows and
-    sub-windows, decays near 1 and near 0, the final state's gradient in and the initial
-    state's out. Its outputs are fp32 whatever the input dtype."""
+    """Each step-by-step delta_rule_grad instance forced against autograd of the float64
+    reference: K at its bucket and below, V over several CTAs (their key-side terms added), T
+    across windows and sub-windows, decays near 1 and near 0, the final state's gradient in and
+    the initial state's out. Its outputs are fp32 whatever the input dtype."""
     failures, worst, checked = [], {}, 0
-    for name, row in sorted(family_manifest("delta_rule_grad").items()):
+    for name, row in sorted(recurrent_grad_rows().items()):
         dtype, kb = DTYPES[row["dtype"]], row["params"]["k"]
         for T, K, V, regime in ((1, kb, kb, "mixed"), (67, kb - 4, 33, "near1"), (130, kb, 2 * kb + 8, "near0")):
             inputs = rwkv7_inputs(2, T, 3, K, V, dtype, regime, seed=T + K)
@@ -310,20 +315,18 @@ def test_every_grad_instance():
                     failures.append(f"{name} T={T} K={K} V={V} {regime} {what}: rel err {err:.2e}")
             checked += 1
     print("worst relative errors:", {k: f"{v:.1e}" for k, v in worst.items()})
-    assert checked == 3 * len(family_manifest("delta_rule_grad")) >= 3 * 9 and not failures, "\n".join(failures[:20])
+    assert checked == 3 * len(recurrent_grad_rows()) >= 3 * 9 and not failures, "\n".join(failures[:20])
 
 
 
-def test_chunked_rwkv7_backward_candidate():
-    """The bench-role chunked RWKV-7 backward (specs/delta_rule_grad.yaml chunked_rwkv7, written
-    without a GPU run) against float64 autograd of the recurrence, on the recurrent forward's
-    checkpoints: every gradient and the initial state's within the 16-bit bound, across windows
-    and a partial last chunk, decays near 1, mixed and near 0 (its pair matrices term by term),
-    K and V below the bucket. Runs where the benchmark extension is built (`python -m codegen
-    build --bench --spec specs/delta_rule_grad.yaml`), else skips."""
-    names = [n for n in delta_rule.GRAD.bench_instances() if "_chunked_rwkv7_" in n]
-    if not names:
-        pytest.skip("the benchmark extension with delta_rule_grad's bench kinds is not built")
+def test_every_chunked_rwkv7_grad_instance():
+    """The chunked RWKV-7 backward (specs/delta_rule_grad.yaml chunked_rwkv7) forced against
+    float64 autograd of the recurrence, on the recurrent forward's checkpoints: every gradient
+    and the initial state's within the 16-bit bound (bf16 tensor-core operands), one step,
+    across windows and a partial last chunk, decays near 1, mixed and near 0 (its pair matrices
+    term by term), K and V below the bucket, outputs poisoned first."""
+    names = [n for n, r in family_manifest("delta_rule_grad").items() if r["kind"] == "chunked_rwkv7"]
+    assert len(names) == 2, names
     failures = []
     for name in names:
         dtype = torch.bfloat16 if name.endswith("_bf16_sm90a") else torch.float16
