@@ -232,11 +232,15 @@ def test_dispatch_spreads_few_heads_over_narrow_ctas():
 
 
 def test_backward_dispatch_spreads_few_heads_over_narrow_ctas():
-    def pick(B, H):
-        r, w, k, v, a, b = rwkv7_inputs(B, 16, H, 64, 64, torch.bfloat16)
-        ckpt = torch.zeros(delta_rule.checkpoint_shape(B, 16, H, 64, 64), device="cuda")
+    """fp32 steps few heads over narrow CTAs; 16 bits take the chunked kind at any head count
+    (and the step-by-step kinds where its 16-byte rows do not hold)."""
+    def pick(B, H, dtype, K=64):
+        r, w, k, v, a, b = rwkv7_inputs(B, 16, H, K, 64, dtype)
+        ckpt = torch.zeros(delta_rule.checkpoint_shape(B, 16, H, K, 64), device="cuda")
         return delta_rule.GRAD.select(r, k, v, w, a, b, v, ckpt, None, 1.0, False)
-    assert "_narrow_k64_" in pick(1, 4) and "_recurrent_k64_" in pick(8, 64)
+    assert "_narrow_k64_" in pick(1, 4, torch.float32) and "_recurrent_k64_" in pick(8, 64, torch.float32)
+    assert "_chunked_rwkv7_k64_" in pick(1, 4, torch.bfloat16) and "_chunked_rwkv7_k64_" in pick(8, 64, torch.float16)
+    assert "_narrow_k64_" in pick(1, 4, torch.bfloat16, K=60)
 
 
 def test_empty_sequences_return_the_initial_state():
@@ -429,10 +433,11 @@ def check_backward(dtype, variant, T, K, V):
     want = loss_grads(lambda *x, state: ref(*x, state=state, scale=scale), [x.double() for x in inputs],
                       state.double(), d_o.double(), d_state.double())
     names = ("r", "w", "k", "v", "a", "b") if variant == "rwkv7" else ("q", "k", "v", "g", "beta")
-    # Gated DeltaNet in 16 bits runs its backward on tensor cores (gated_delta_grad): every
-    # gradient, g's, beta's and the state's (fp32 tensors) included, comes from 16-bit products,
-    # so all are held to the 16-bit tolerance. Elsewhere an fp32 leaf's gradient is fp32 work.
-    tensor_cores = variant == "gated_delta" and dtype != torch.float32
+    # Gated DeltaNet in 16 bits runs its backward on tensor cores (gated_delta_grad), as RWKV-7
+    # does within 64 keys and columns (delta_rule_grad's chunked_rwkv7): every gradient, the
+    # fp32 tensors' (g, beta, the state) included, comes from 16-bit products, so all are held to
+    # the 16-bit tolerance. Elsewhere an fp32 leaf's gradient is fp32 work.
+    tensor_cores = dtype != torch.float32 and (variant == "gated_delta" or K <= 64 and V <= 64)
     for name, x, y, leaf in zip((*names, "state"), got, want, (*inputs, state)):
         assert x.dtype == leaf.dtype and x.shape == leaf.shape, name
         tol = TOL[dtype] if tensor_cores else max(TOL[leaf.dtype], 1e-5) if leaf.dtype != torch.float32 else 2e-5
