@@ -1,7 +1,7 @@
 """Small launches of one instance per kernel kind and direction, for compute-sanitizer
 (memcheck, racecheck): `compute-sanitizer --tool racecheck python3 tests/gpu/sanitize_small.py [FAMILY ...]`
 (families: causal_linear, rwkv, paged, flash_attention, flash_attention_grad, delta_rule; default all).
-SANITIZE_INSTANCES=GLOB limits the flash attention forward and backward to the instances it matches."""
+SANITIZE_INSTANCES=GLOB limits the flash attention and delta-rule families to the instances it matches."""
 import fnmatch
 import os
 import sys
@@ -12,6 +12,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import attngen  # noqa: E402
 from attngen import reference  # noqa: E402
+
+
+def wanted(name: str) -> bool:
+    return fnmatch.fnmatch(name, os.environ.get("SANITIZE_INSTANCES", "*"))
 
 
 WANT = set(sys.argv[1:]) or {"causal_linear", "rwkv", "paged", "flash_attention", "flash_attention_grad", "delta_rule"}
@@ -100,7 +104,7 @@ def flash_attention():
 
     fa = importlib.import_module("attngen.flash_attention")
     for name in fa.instances():
-        if not fnmatch.fnmatch(name, os.environ.get("SANITIZE_INSTANCES", "*")):
+        if not wanted(name):
             continue
         seen.add(name)
         D = fa.instance_head_size(name)
@@ -143,7 +147,7 @@ def flash_attention_grad():
 
     fa = importlib.import_module("attngen.flash_attention")
     for name in fa.GRAD.instances() + fa.GRAD.bench_instances():  # the benchmark extension's candidates too, where built
-        if not fnmatch.fnmatch(name, os.environ.get("SANITIZE_INSTANCES", "*")):
+        if not wanted(name):
             continue
         seen.add(name)
         D = fa.instance_head_size(name.replace("flash_attention_grad_", "flash_attention_"))
@@ -172,7 +176,7 @@ def delta_rule_family():
     # ends mid-chunk, K below the bucket, V not a multiple of the CTA's columns, state in and out.
     from attngen import delta_rule  # noqa: E402
 
-    for name in delta_rule.instances():
+    for name in [n for n in delta_rule.instances() if wanted(n)]:
         seen.add(name)
         dtype = torch.float32 if "_fp32_" in name else torch.bfloat16 if "_bf16_" in name else torch.float16
         kb = int(name.split("_k")[1].split("_")[0])
@@ -193,7 +197,7 @@ def delta_rule_family():
         print(f"{name}: rel err {err:.2e}")
         assert err < 2e-2, (name, err)
     # every backward instance: two checkpoint windows (the second short), V over two CTAs
-    for name in delta_rule.GRAD.instances():
+    for name in [n for n in delta_rule.GRAD.instances() if wanted(n)]:
         seen.add(name)
         dtype = torch.float32 if "_fp32_" in name else torch.bfloat16 if "_bf16_" in name else torch.float16
         kb = int(name.split("_k")[1].split("_")[0])
@@ -213,7 +217,7 @@ def delta_rule_family():
     # every tensor-core Gated DeltaNet backward instance: two chunks (the second short), K and V
     # below their buckets, the walk's value columns over two CTAs where it has 64
     from attngen.gated_delta_chunked_grad import gated_delta_chunked_backward  # noqa: E402
-    for name in delta_rule.GATED_GRAD.instances():
+    for name in [n for n in delta_rule.GATED_GRAD.instances() if wanted(n)]:
         seen.add(name)
         dtype = torch.bfloat16 if "_bf16_" in name else torch.float16
         kb, vb = int(name.split("_k")[1].split("_")[0]), int(name.split("_v")[1].split("_")[0])
