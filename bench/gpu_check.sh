@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
 # benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_rwkv_grad / tune_paged / tune_delta_rule / tune_gated_delta_grad / tune_flash_attention / tune_flash_attention_grad a cold and a warm
-# tuning run of the family (TUNE_WARM=0: the cold one only; TUNE_RESUME=1: resume from a carried cache) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving/paged_host/paged_timeline/paged_cold, delta_tests/delta_bench/delta_quick/delta_shipped/delta_backward_bench/ncu_gated_delta, flash_tests/flash_fp8_tests/flash_grad_tests/flash_bench/flash_fp8_bench/flash_grad_profile/ncu_flash_grad, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# tuning run of the family (TUNE_WARM=0: the cold one only; TUNE_RESUME=1: resume from a carried cache) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving/paged_host/paged_timeline/paged_cold, delta_tests/delta_bench/delta_quick/delta_shipped/delta_backward_bench/ncu_gated_delta/rwkv7_profile/ncu_rwkv7_grad, flash_tests/flash_fp8_tests/flash_grad_tests/flash_bench/flash_fp8_bench/flash_grad_profile/ncu_flash_grad, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last. `ab` times a change against the
 # tree without it in one call (AB_PATCH, AB_CMD: see the step below).
@@ -68,10 +68,18 @@ ncu_stalls() {  # ncu_stalls NAME KERNEL_REGEX COUNT COMMAND...: Nsight Compute 
   ncu -i "$OUT/r/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/r/${name}_sass.csv"
   python3 -m bench.ncu_stalls "$OUT/r/${name}_sass.csv" > "$OUT/r/${name}_stalls.txt"
   gzip -f "$OUT/r/${name}_sass.csv"
-  rm -f "$OUT/r/$name.ncu-rep"
+  [ "${NCU_KEEP:-0}" = 1 ] || rm -f "$OUT/r/$name.ncu-rep"  # NCU_KEEP=1: the caller reads it again
 }
 # One Gated DeltaNet forward and backward; the flash attention backward at three shapes and two deterministic ones.
 want ncu_gated_delta && ncu_stalls gated_delta "prepare_kernel|chunk_kernel|walk_kernel|grads_kernel" 5 python3 -m bench.gated_delta_profile --once
+# RWKV-7's training step per kernel (torch.profiler); one dispatched backward under Nsight Compute,
+# its stall samples per CUDA source line too (rwkv7_grad_lines.csv.gz).
+want rwkv7_profile && step rwkv7_profile python3 -m bench.rwkv7_profile
+if want ncu_rwkv7_grad; then
+  NCU_KEEP=1 ncu_stalls rwkv7_grad "grad_kernel" 1 python3 -m bench.rwkv7_profile --once
+  ncu -i "$OUT/r/rwkv7_grad.ncu-rep" --page source --csv --print-source cuda > "$OUT/r/rwkv7_grad_lines.csv"
+  gzip -f "$OUT/r/rwkv7_grad_lines.csv"; rm -f "$OUT/r/rwkv7_grad.ncu-rep"
+fi
 # GRAD_PROFILE_ARGS="--d=256": one head size's shapes only (each profiled kernel counts toward NCU_COUNT).
 want flash_grad_profile && step flash_grad_profile python3 -m bench.flash_grad_profile ${GRAD_PROFILE_ARGS:-}
 want ncu_flash_grad && ncu_stalls flash_grad "backward_kernel" "${NCU_COUNT:-5}" python3 -m bench.flash_grad_profile --once ${GRAD_PROFILE_ARGS:-}
