@@ -40,7 +40,7 @@ constexpr int WINDOW_CHUNKS = kCheckpointEvery / CHUNK;
 constexpr int MAT_PITCH = CHUNK + 4;
 constexpr int XP = COLS + 4;   // floats between rows of the [CHUNK][COLS] fp32 scratch
 constexpr int KP = KB + 4;     // floats between rows of the [CHUNK][KB] fp32 row gradients
-static_assert(CHUNK == 16 && KB == 16 * WARPS && COLS == 16 * WARPS && THREADS == 2 * COLS && THREADS >= KB,
+static_assert(CHUNK == 16 && KB == 16 * WARPS && COLS == 16 * WARPS && THREADS == 2 * COLS && THREADS == 2 * KB,
               "a warp per pair matrix, per 16 keys and per 16 columns; two threads a column");
 static_assert(kCheckpointEvery % CHUNK == 0, "windows are whole chunks");
 
@@ -113,13 +113,17 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   const float scale = p.scale;
 
   // Fragments of a [KB, COLS] matrix: keys 16 warp + {g, g + 8}, columns 8 j + 2 tq + {0, 1}.
+  // (K and V are multiples of 8, as `align` has it: a fragment's two columns are both in or out.)
   auto load_matrix = [&](float (&m)[COLS / 8][4], const float* src) {  // contiguous [K, V] fp32, or null: zeros
 #pragma unroll
     for (int j = 0; j < COLS / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t key = 16 * warp + g + 8 * (e / 2), col = 8 * j + 2 * tq + e % 2;
-        m[j][e] = src && key < p.K && col < p.V ? src[key * p.V + col] : 0.f;
+      for (int hh = 0; hh < 2; ++hh) {
+        const int64_t key = 16 * warp + g + 8 * hh, col = 8 * j + 2 * tq;
+        const float2 x = src && key < p.K && col < p.V ? *reinterpret_cast<const float2*>(src + key * p.V + col)
+                                                       : make_float2(0.f, 0.f);
+        m[j][2 * hh] = x.x;
+        m[j][2 * hh + 1] = x.y;
       }
   };
   // G's fragments to and from the fp32 stash, in this thread's own slots (no barrier needed).
@@ -178,24 +182,25 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   // the pair matrices, X, and Z over V in zv_tile. Returns whether the pair matrices were
   // summed term by term (the CTA's vote). Ends at a barrier.
   auto chunk_forward = [&](const MT* s_tile) -> bool {
-    bool wide = false;
-    if (threadIdx.x < KB) {
-      const int ch = threadIdx.x;
-      float lc[CHUNK];
-      float run = 0.f;
+    // Two threads per key channel, one per half of the steps (a thread per channel left the
+    // other half of the CTA at the barrier: 17% of the stall samples, ncu at 87d35ba).
+    const int ch = threadIdx.x % KB, half = threadIdx.x / KB;
+    float end = 0.f, start = 0.f;  // lc at the chunk's last step, and before this half's first
 #pragma unroll
-      for (int t = 0; t < CHUNK; ++t) {
-        run += to_float(raw_w[RowTile::offset(t, ch)]);  // smem: column_read
-        lc[t] = run;
-      }
-      const float end = lc[CHUNK - 1];
-      wide = -end > PRODUCT_SPREAD;
-      dend[ch] = __expf(end);  // smem: key_write
-      float before = 1.f;
+    for (int t = 0; t < CHUNK; ++t) {
+      end += to_float(raw_w[RowTile::offset(t, ch)]);  // smem: column_read
+      if (t + 1 == CHUNK / 2) start = half ? end : 0.f;
+    }
+    const bool wide = -end > PRODUCT_SPREAD;
+    if (!half) dend[ch] = __expf(end);  // smem: key_write
+    {
+      float lc = start, before = __expf(start);
 #pragma unroll
-      for (int t = 0; t < CHUNK; ++t) {
-        const float decay = __expf(lc[t]), undo = __expf(-lc[t]), tail = __expf(end - lc[t]);
+      for (int i = 0; i < CHUNK / 2; ++i) {
+        const int t = half * (CHUNK / 2) + i;
         const int at = RowTile::offset(t, ch);
+        lc += to_float(raw_w[at]);  // smem: column_read
+        const float decay = __expf(lc), undo = __expf(-lc), tail = __expf(end - lc);
         const float av = to_float(raw_a[at]);  // smem: column_read
         const float rv = to_float(raw_r[at]);  // smem: column_read
         const float bv = to_float(raw_b[at]);  // smem: column_read
@@ -206,15 +211,20 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
         bkc_tile[PairTile::offset(CHUNK + t, ch)] = from_float<MT>(kv * undo);    // smem: column_write
         bkt_tile[PairTile::offset(t, ch)] = from_float<MT>(bv * tail);            // smem: column_write
         bkt_tile[PairTile::offset(CHUNK + t, ch)] = from_float<MT>(kv * tail);    // smem: column_write
-        lc_tile[t * KP + ch] = lc[t];  // smem: lc_write
+        lc_tile[t * KP + ch] = lc;  // smem: lc_write
         before = decay;
       }
-    } else {
-      for (int i = threadIdx.x - KB; i < CHUNK * COLS; i += THREADS - KB) {
-        const int t = i / COLS, col = i % COLS;
-        const T x = raw_v[ColTile::offset(t, col)];  // smem: v_copy_read
-        zv_tile[MixTile::offset(CHUNK + t, col)] = from_float<MT>(to_float(x));  // smem: v_copy_write
-      }
+    }
+    // V under Z in the 16-bit operand type, 8 values a thread.
+    for (int i = threadIdx.x; i < CHUNK * COLS / 8; i += THREADS) {
+      const int t = i / (COLS / 8), col = i % (COLS / 8) * 8;
+      const uint4 x = *reinterpret_cast<const uint4*>(raw_v + ColTile::offset(t, col));  // smem: v_copy_read
+      const T* xs = reinterpret_cast<const T*>(&x);
+      uint4 y;
+      uint32_t* ys = reinterpret_cast<uint32_t*>(&y);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ys[e] = mma::pack2<MT>(to_float(xs[2 * e]), to_float(xs[2 * e + 1]));
+      *reinterpret_cast<uint4*>(zv_tile + MixTile::offset(CHUNK + t, col)) = y;  // smem: v_copy_write
     }
     const bool termwise = __syncthreads_or(wide);
     {
@@ -408,8 +418,9 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
           float y = scratch[(CHUNK + t) * XP + col];  // smem: scratch_column_read
 #pragma unroll
           for (int s = t; s < CHUNK; ++s) y = fmaf(n_rb[s * MAT_PITCH + t], dov[s], y);  // smem: mat_broadcast
+          // dY_{t+1} last: the chain from one step's dY to the next is one fma (it was 15 - t).
 #pragma unroll
-          for (int s = t + 1; s < CHUNK; ++s) y = fmaf(l_ab[s * MAT_PITCH + t], dy[s], y);  // smem: mat_broadcast
+          for (int s = CHUNK - 1; s > t; --s) y = fmaf(l_ab[s * MAT_PITCH + t], dy[s], y);  // smem: mat_broadcast
           dy[t] = y;
         }
 #pragma unroll
@@ -528,12 +539,13 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
       const float* dn_rk = dmats + 3 * CHUNK * MAT_PITCH;
       auto input = [&](const T* x, int t, int ch) { return to_float(x[RowTile::offset(t, ch)]); };  // smem: column_read
       auto lcv = [&](int t, int ch) { return t < 0 ? 0.f : lc_tile[t * KP + ch]; };  // smem: lc_read
-      auto finish = [&](int t, int ch, float gxr, float gxa, float gyb, float gyk) {
-        const float lc = lcv(t, ch), tail = __expf(lcv(CHUNK - 1, ch) - lc);
+      // up = exp(lc_t), up_prev = exp(lc_{t-1}) (1 at t = 0), as the callers have them.
+      auto finish = [&](int t, int ch, float up, float up_prev, float gxr, float gxa, float gyb, float gyk) {
+        const float tail = __expf(lcv(CHUNK - 1, ch) - lcv(t, ch));
         const float rv = input(raw_r, t, ch), av = input(raw_a, t, ch), bv = input(raw_b, t, ch), kv = input(raw_k, t, ch);
         float* row = drows + t * KP + ch;
-        const float dr = row[0] * __expf(lc) + gxr;                        // smem: drows_access
-        const float da = row[CHUNK * KP] * __expf(lcv(t - 1, ch)) + gxa;   // smem: drows_access
+        const float dr = row[0] * up + gxr;                   // smem: drows_access
+        const float da = row[CHUNK * KP] * up_prev + gxa;     // smem: drows_access
         const float db_tail = row[2 * CHUNK * KP] * tail;                  // smem: drows_access
         const float dk_tail = row[3 * CHUNK * KP] * tail;                  // smem: drows_access
         const float n_rb = dn_rb[t * MAT_PITCH + t], n_rk = dn_rk[t * MAT_PITCH + t];  // smem: dmat_broadcast
@@ -581,8 +593,8 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int t = g + 8 * (e / 2), ch = 16 * warp + 8 * n + 2 * tq + e % 2;
-            const float up = __expf(lcv(t, ch)), down = __expf(-lcv(t, ch));
-            finish(t, ch, up * xr[n][e], __expf(lcv(t - 1, ch)) * xa[n][e], down * yb[n][e], down * yk[n][e]);
+            const float lc = lcv(t, ch), up = __expf(lc), down = __expf(-lc), up_prev = __expf(lcv(t - 1, ch));
+            finish(t, ch, up, up_prev, up * xr[n][e], up_prev * xa[n][e], down * yb[n][e], down * yk[n][e]);
           }
       } else {
         for (int e = threadIdx.x; e < CHUNK * KB; e += THREADS) {
@@ -604,7 +616,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
               gyk = fmaf(dl_ak[s * MAT_PITCH + t], el, gyk);  // smem: dmat_broadcast
             }
           }
-          finish(t, ch, gxr, gxa, gyb, gyk);
+          finish(t, ch, __expf(lc), __expf(le), gxr, gxa, gyb, gyk);
         }
       }
       __syncthreads();
