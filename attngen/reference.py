@@ -677,8 +677,10 @@ def rwkv7_chunk_walk_grad(r, w, k, v, a, b, d_o, checkpoints, d_state=None, scal
     G the state's gradient after it and dO' = scale dO
         dZ = B~ G + N_rb^T dO',  (I - L_ab)^T dY = dZ,  dv = K~ G + N_rk^T dO' + L_ak^T dY
         dR^ = dO' S^T, dA^ = dY S^T, dB~ = Z G^T, dK~ = V G^T; the pair matrices' gradients
-    and per key channel the chain through every exponential to r, a, b, k and lc (dw its
-    reverse cumulative sum), then G <- exp(lc_C) G + R^^T dO' + A^^T dY. checkpoints
+    and per step and key channel the chain through every exponential to r, a, b, k and lc (the
+    kernel's finish: the pair matrices' zero-exponent terms kept out of lc's gradient, and dw
+    summed from its three pieces without cancelling), then G <- exp(lc_C) G + R^^T dO' + A^^T dY.
+    In float32 it is what the kernel does in fp32 (its 16-bit operands aside). checkpoints
     [B, H, ceil(T / every), K, V] (the state before every window) -> (dr, dw, dk, dv, da, db,
     d_state0)."""
     B, T, H, K = r.shape
@@ -688,7 +690,9 @@ def rwkv7_chunk_walk_grad(r, w, k, v, a, b, d_o, checkpoints, d_state=None, scal
     n, per = r.shape[2], every // chunk
     eye = torch.eye(chunk, dtype=dtype, device=r.device)
     strict = torch.ones(chunk, chunk, dtype=torch.bool, device=r.device).tril(-1)
-    inclusive = strict | torch.eye(chunk, dtype=torch.bool, device=r.device)
+    diag = torch.eye(chunk, dtype=torch.bool, device=r.device)
+    inclusive = strict | diag
+    first_sub = strict & ~torch.ones(chunk, chunk, dtype=torch.bool, device=r.device).tril(-2)
     grads = {name: torch.zeros_like(x) for name, x in (("dr", r), ("dw", w), ("dk", k), ("dv", v), ("da", a), ("db", b))}
 
     def forward(c, S):
@@ -732,26 +736,40 @@ def rwkv7_chunk_walk_grad(r, w, k, v, a, b, d_o, checkpoints, d_state=None, scal
             dN_rb = (do @ tr(f["Z"])).masked_fill(~inclusive, 0.0)
             dN_rk = (do @ tr(f["v"])).masked_fill(~inclusive, 0.0)
             dRh, dAh, dBt, dKt = do @ tr(S), dY @ tr(S), f["Z"] @ tr(G), f["v"] @ tr(G)
-            # Per key channel: the direct uses of R^, A^, B~, K~ and the state's decay ...
-            dr, da = dRh * f["lc"].exp(), dAh * f["le"].exp()
-            db, dk = dBt * f["tail"], dKt * f["tail"]
-            through = f["b"] * db + f["k"] * dk
-            dlc = f["r"] * dr - through
-            dend = f["D"] * (S * G).sum(-1) + through.sum(-2)
-            dlc[..., :-1, :] += (f["a"] * da)[..., 1:, :]
-            # ... then the pair matrices' adjoints (x's, its exponent's, y's, its exponent's).
+            # Per (step, key channel): the direct uses of R^, A^, B~, K~, and the pair matrices'
+            # adjoints without their zero-exponent terms (N's diagonal, L's first subdiagonal): those
+            # add to r's, a's, b's and k's gradients but cancel from lc's, so they stay out of it.
             adj = lambda dP, y_, E: torch.einsum("...tj,...jc,...tjc->...tc", dP, y_, E)  # noqa: E731
             adj_y = lambda dP, x_, E: torch.einsum("...tj,...tc,...tjc->...jc", dP, x_, E)  # noqa: E731
-            gxa = adj(dL_ab, f["b"], f["EL"]) + adj(dL_ak, f["k"], f["EL"])
-            gxr = adj(dN_rb, f["b"], f["EN"]) + adj(dN_rk, f["k"], f["EN"])
-            gyb = adj_y(dN_rb, f["r"], f["EN"]) + adj_y(dL_ab, f["a"], f["EL"])
-            gyk = adj_y(dN_rk, f["r"], f["EN"]) + adj_y(dL_ak, f["a"], f["EL"])
-            da, dr, db, dk = da + gxa, dr + gxr, db + gyb, dk + gyk
-            dlc[..., :-1, :] += (f["a"] * gxa)[..., 1:, :]
-            dlc = dlc + f["r"] * gxr - f["b"] * gyb - f["k"] * gyk
-            dlc[..., -1, :] += dend
-            grads["dr"][:, :, c], grads["da"][:, :, c], grads["db"][:, :, c], grads["dk"][:, :, c] = dr, da, db, dk
-            grads["dw"][:, :, c] = dlc.flip(-2).cumsum(-2).flip(-2)
+            EL, EN = f["EL"].masked_fill(first_sub[..., None], 0.0), f["EN"].masked_fill(diag[..., None], 0.0)
+            gxa = adj(dL_ab, f["b"], EL) + adj(dL_ak, f["k"], EL)
+            gxr = adj(dN_rb, f["b"], EN) + adj(dN_rk, f["k"], EN)
+            gyb = adj_y(dN_rb, f["r"], EN) + adj_y(dL_ab, f["a"], EL)
+            gyk = adj_y(dN_rk, f["r"], EN) + adj_y(dL_ak, f["a"], EL)
+            dr, da = dRh * f["lc"].exp() + gxr, dAh * f["le"].exp() + gxa
+            db_tail, dk_tail = dBt * f["tail"], dKt * f["tail"]
+            n_rb, n_rk = (m.diagonal(dim1=-2, dim2=-1)[..., None] for m in (dN_rb, dN_rk))  # [t, t]
+            l_ab, l_ak = (torch.nn.functional.pad(m.diagonal(-1, dim1=-2, dim2=-1), (1, 0))[..., None]
+                          for m in (dL_ab, dL_ak))                                             # [t, t - 1]
+            after = lambda x_: torch.nn.functional.pad(x_[..., 1:, :], (0, 0, 0, 1))  # noqa: E731  x_{t+1}
+            before = lambda x_: torch.nn.functional.pad(x_[..., :-1, :], (0, 0, 1, 0))  # noqa: E731  x_{t-1}
+            zero_r = n_rb * f["b"] + n_rk * f["k"]
+            zero_a = l_ab * before(f["b"]) + l_ak * before(f["k"])
+            zero_b = n_rb * f["r"] + after(l_ab * f["a"])
+            zero_k = n_rk * f["r"] + after(l_ak * f["a"])
+            grads["dr"][:, :, c], grads["da"][:, :, c] = dr + zero_r, da + zero_a
+            grads["db"][:, :, c], grads["dk"][:, :, c] = db_tail + gyb + zero_b, dk_tail + gyk + zero_k
+            # lc's gradient in three pieces, summed without adding and removing a term (near-0
+            # decays make dw tiny against its terms): at t, r dr - b gyb - k gyk; at t - 1, a da;
+            # the tails' b dB~ + k dK~ move lc_C against lc_t (none at t = C - 1, exp(0)), so
+            # dw_t = sum_{s >= t} self_s + sum_{s > t} prev_s + exp(lc_C) sum_v S G + sum_{s < t} tails_s.
+            own = f["r"] * dr - f["b"] * gyb - f["k"] * gyk
+            prev = (f["a"] * da)[..., 1:, :]
+            tails = (f["b"] * db_tail + f["k"] * dk_tail)[..., :-1, :]
+            suffix = lambda x_: x_.flip(-2).cumsum(-2).flip(-2)  # noqa: E731
+            dw = suffix(own) + torch.nn.functional.pad(suffix(prev), (0, 0, 0, 1)) + torch.nn.functional.pad(
+                tails.cumsum(-2), (0, 0, 1, 0))
+            grads["dw"][:, :, c] = dw + (f["D"] * (S * G).sum(-1))[..., None, :]
             G = f["D"][..., None] * G + tr(f["Rh"]) @ do + tr(f["Ah"]) @ dY
     out = tuple(_from_chunks(grads[name], T) for name in ("dr", "dw", "dk", "dv", "da", "db"))
     return out + (G,)
