@@ -10,14 +10,16 @@
 // reference.rwkv7_chunked_grad's stage-3 formulas at chunk = sub = 16 walked in reverse. One CTA
 // per (b, h) holds all V <= COLS value columns, so the key-side gradients are its own sums (no
 // atomics, bit-identical from run to run). Per 64-step window, last first: the chunk-start states
-// rebuilt from the forward's checkpoint (bf16 in shared memory); then per chunk, last first, with
+// rebuilt from the forward's checkpoint (bf16, in the global workspace but the last: two CTAs per
+// SM fit in shared memory only so); then per chunk, last first, with
 // G the state's gradient after it (fp32 in registers) and dO' = scale dO:
 //   the chunk's forward again (decayed rows, pair matrices, X, Z)
 //   dZ = N_rb^T dO' + B~ G,  (I - L_ab)^T dY = dZ,  dv = N_rk^T dO' + K~ G + L_ak^T dY
 //   dL_ab = dY Z^T, dL_ak = dY V^T (j < t); dN_rb = dO' Z^T, dN_rk = dO' V^T (j <= t)
 //   dR^ = dO' S^T, dA^ = dY S^T, dB~ = Z G^T, dK~ = V G^T, then the pair matrices' adjoints
 //   (products of the decayed rows, or term by term past the spread) and the exponentials' chain
-//   to r, a, b, k and the cumulative decays, dw their reverse cumulative sum
+//   to r, a, b, k and the cumulative decays; the zero-exponent terms stay out of the decays'
+//   gradient and dw is summed without cancelling (reference.rwkv7_chunk_walk_grad, in float32 too)
 //   G <- exp(lc_C) G + R^^T dO' + A^^T dY
 // (R^ = r exp(lc), A^ = a exp(le), B~ = b exp(lc_C - lc), B^ = b exp(-lc), K likewise).
 #include "../common/device.cuh"
