@@ -68,18 +68,13 @@ ncu_stalls() {  # ncu_stalls NAME KERNEL_REGEX COUNT COMMAND...: Nsight Compute 
   ncu -i "$OUT/r/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/r/${name}_sass.csv"
   python3 -m bench.ncu_stalls "$OUT/r/${name}_sass.csv" > "$OUT/r/${name}_stalls.txt"
   gzip -f "$OUT/r/${name}_sass.csv"
-  [ "${NCU_KEEP:-0}" = 1 ] || rm -f "$OUT/r/$name.ncu-rep"  # NCU_KEEP=1: the caller reads it again
+  rm -f "$OUT/r/$name.ncu-rep"
 }
 # One Gated DeltaNet forward and backward; the flash attention backward at three shapes and two deterministic ones.
 want ncu_gated_delta && ncu_stalls gated_delta "prepare_kernel|chunk_kernel|walk_kernel|grads_kernel" 5 python3 -m bench.gated_delta_profile --once
-# RWKV-7's training step per kernel (torch.profiler); one dispatched backward under Nsight Compute,
-# its stall samples per CUDA source line too (rwkv7_grad_lines.csv.gz).
+# RWKV-7's training step per kernel (torch.profiler); one dispatched backward under Nsight Compute.
 want rwkv7_profile && step rwkv7_profile python3 -m bench.rwkv7_profile
-if want ncu_rwkv7_grad; then
-  NCU_KEEP=1 ncu_stalls rwkv7_grad "grad_kernel" 1 python3 -m bench.rwkv7_profile --once
-  ncu -i "$OUT/r/rwkv7_grad.ncu-rep" --page source --csv --print-source cuda > "$OUT/r/rwkv7_grad_lines.csv"
-  gzip -f "$OUT/r/rwkv7_grad_lines.csv"; rm -f "$OUT/r/rwkv7_grad.ncu-rep"
-fi
+want ncu_rwkv7_grad && ncu_stalls rwkv7_grad "grad_kernel" 1 python3 -m bench.rwkv7_profile --once
 # GRAD_PROFILE_ARGS="--d=256": one head size's shapes only (each profiled kernel counts toward NCU_COUNT).
 want flash_grad_profile && step flash_grad_profile python3 -m bench.flash_grad_profile ${GRAD_PROFILE_ARGS:-}
 want ncu_flash_grad && ncu_stalls flash_grad "backward_kernel" "${NCU_COUNT:-5}" python3 -m bench.flash_grad_profile --once ${GRAD_PROFILE_ARGS:-}
