@@ -141,10 +141,10 @@ def _backward(ctx, d_o, d_state, _d_checkpoints):
     d_o = torch.zeros_like(v) if d_o is None else d_o.contiguous()
     d_state = None if d_state is None else d_state.float().contiguous()
     if ctx.variant == variant("rwkv7"):
+        # The gradients come in the inputs' dtype (the op's fp32 sums rounded once, in the kernel).
         dq, dw, dk, da, db, dv, ds0 = GRAD(q, k, v, w, a, b, d_o.to(q.dtype), checkpoints, d_state, ctx.scale,
                                            ctx.has_state)
-        grads = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dw.to(w.dtype), da.to(a.dtype), db.to(b.dtype)
-        return (*grads, ds0 if ctx.has_state else None, None, None, None)
+        return (dq, dk, dv, dw, da, db, ds0 if ctx.has_state else None, None, None, None)
     tensor_core_args = (q, k, v, w, a, d_o.to(q.dtype), checkpoints, d_state, ctx.scale, ctx.has_state)
     if use_tensor_core_backward(tensor_core_args):
         *grads, ds0 = GATED_GRAD(*tensor_core_args)

@@ -435,7 +435,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
             if (s > t) y = fmaf(l_ak[s * MAT_PITCH + t], dy[s], y);       // smem: mat_broadcast
           }
           const int64_t step = c * CHUNK + t;
-          if (step < p.T && col < cols_valid) p.dv[((b * p.T + step) * p.H + h) * p.V + col] = y;
+          if (step < p.T && col < cols_valid) static_cast<T*>(p.dv)[((b * p.T + step) * p.H + h) * p.V + col] = from_float<T>(y);
         }
 #pragma unroll
         for (int t = 0; t < CHUNK; ++t) {
@@ -642,11 +642,11 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
           if (step < p.T && ch < keys_valid) {
             const int64_t at = ((b * p.T + step) * p.H + h) * p.K + ch;
             const float* row = drows + t * KP + ch;
-            p.dq[at] = row[0];               // smem: drows_access
-            p.da[at] = row[CHUNK * KP];      // smem: drows_access
-            p.db[at] = row[2 * CHUNK * KP];  // smem: drows_access
-            p.dk[at] = row[3 * CHUNK * KP];  // smem: drows_access
-            p.dw[at] = suffix + before[t];
+            static_cast<T*>(p.dq)[at] = from_float<T>(row[0]);               // smem: drows_access
+            static_cast<T*>(p.da)[at] = from_float<T>(row[CHUNK * KP]);      // smem: drows_access
+            static_cast<T*>(p.db)[at] = from_float<T>(row[2 * CHUNK * KP]);  // smem: drows_access
+            static_cast<T*>(p.dk)[at] = from_float<T>(row[3 * CHUNK * KP]);  // smem: drows_access
+            static_cast<T*>(p.dw)[at] = from_float<T>(suffix + before[t]);
           }
         }
       }

@@ -7,6 +7,9 @@
 // The adjoint recurrence is in specs/delta_rule_grad.yaml; a column's entries are spread over its
 // lanes as in the forward (templates/delta_rule/variants.cuh.j2), in a slot order per warp column
 // (struct Lane).
+#include <algorithm>
+#include <type_traits>
+
 #include "../common/device.cuh"
 #include "column.cuh"
 #include "params.cuh"
@@ -16,6 +19,7 @@ namespace delta_rule_grad {
 namespace {
 
 using T = __nv_bfloat16;
+constexpr bool kFloatOutputs = std::is_same<T, float>::value;  // the gradients' dtype is the inputs'
 constexpr int KB = 32;                     // key bucket: a column's entries (zero past K)
 constexpr int COLS = 32;                // value columns per CTA
 constexpr int LANES = 4;                // threads per column
@@ -217,14 +221,28 @@ __device__ __forceinline__ float backward_step(float (&G)[EPT], const float (&s)
   return dv;
 }
 
-__device__ __forceinline__ float* gradient(const Params& p, int vec) {
+__host__ __device__ __forceinline__ T* gradient(const Params& p, int vec) {
   switch (vec) {
-    case kQ: return p.dq;
-    case kDecay: return p.dw;
-    case kKey: return p.dk;
-    case kA: return p.da;
-    default: return p.db;
+    case kQ: return static_cast<T*>(p.dq);
+    case kDecay: return static_cast<T*>(p.dw);
+    case kKey: return static_cast<T*>(p.dk);
+    case kA: return static_cast<T*>(p.da);
+    default: return static_cast<T*>(p.db);
   }
+}
+
+// The workspace: every CTA's sub-window starts, [STARTS][GROUPS][THREADS] float4 each; then, where
+// several CTAs share a (b, h) (V > COLS) and the outputs are 16-bit, the key-side gradients'
+// fp32 sums the CTAs add into, [VECTORS][B, T, H, K], which round_sums_kernel rounds into the
+// outputs once. fp32 outputs take the sums themselves.
+__host__ __device__ __forceinline__ int64_t column_blocks(const Params& p) { return (p.V + COLS - 1) / COLS; }
+__host__ __device__ __forceinline__ int64_t start_bytes(const Params& p) {
+  return p.B * p.H * column_blocks(p) * STARTS * GROUPS * THREADS * static_cast<int64_t>(sizeof(float4));
+}
+__host__ __device__ __forceinline__ int64_t key_rows(const Params& p) { return p.B * p.T * p.H * p.K; }
+__host__ __device__ __forceinline__ float* key_sums(const Params& p, int vec) {
+  if constexpr (kFloatOutputs) return reinterpret_cast<float*>(gradient(p, vec));
+  else return reinterpret_cast<float*>(static_cast<char*>(p.workspace) + start_bytes(p)) + vec * key_rows(p);
 }
 
 __global__ void __launch_bounds__(THREADS, 1) grad_kernel(const Params p) {
@@ -298,7 +316,7 @@ __global__ void __launch_bounds__(THREADS, 1) grad_kernel(const Params p) {
           const float scaled_do = grads[l * COLS + column] * p.scale;  // smem: value_read
           float* rows = partial + (l * WARPS + warp) * VECTORS * KB;
           const float dv = backward_step(G, s, keys + l * STAGE, v, scaled_do, sa[l], rows, warp_col, at);
-          if (live && at.lane == 0) p.dv[((b * p.T + t0 + l) * p.H + h) * p.V + col] = dv;
+          if (live && at.lane == 0) static_cast<T*>(p.dv)[((b * p.T + t0 + l) * p.H + h) * p.V + col] = from_float<T>(dv);
         }
       }
       __syncthreads();
@@ -309,33 +327,48 @@ __global__ void __launch_bounds__(THREADS, 1) grad_kernel(const Params p) {
         float sum = 0.f;
 #pragma unroll
         for (int wp = 0; wp < WARPS; ++wp) sum += partial[((l * WARPS + wp) * VECTORS + vec) * KB + key];  // smem: partial_read
-        float* out = gradient(p, vec) + ((b * p.T + t0 + l) * p.H + h) * p.K + key;
-        if (gridDim.y == 1) *out = sum;
-        else atomicAdd(out, sum);  // several CTAs share the (b, h): the launcher zeroed the gradients
+        const int64_t row = ((b * p.T + t0 + l) * p.H + h) * p.K + key;
+        if (gridDim.y == 1) gradient(p, vec)[row] = from_float<T>(sum);
+        else atomicAdd(key_sums(p, vec) + row, sum);  // several CTAs share the (b, h): the launcher zeroed the sums
       }
     }
   }
   if (p.d_s0 && live) store_column(p.d_s0 + bh * p.K * p.V, G, at, col, p.K, p.V);
 }
 
+// 16-bit outputs of several CTAs per (b, h): the key-side fp32 sums rounded once into them.
+__global__ void __launch_bounds__(256) round_sums_kernel(const Params p) {
+  const int64_t rows = key_rows(p), stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const float* sums = key_sums(p, 0);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < VECTORS * rows; i += stride) {
+    gradient(p, static_cast<int>(i / rows))[i % rows] = from_float<T>(sums[i]);
+  }
+}
+
 }  // namespace
 
-// The sub-window starts of every CTA: ceil(V / COLS) per (b, h), STARTS states of its columns each.
+// The sub-window starts of every CTA (ceil(V / COLS) per (b, h), STARTS states of its columns
+// each), and the key-side sums where the outputs are 16-bit and several CTAs add into them.
 size_t workspace_delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a(const Params& p) {
-  return static_cast<size_t>(p.B * p.H * ((p.V + COLS - 1) / COLS)) * STARTS * GROUPS * THREADS * sizeof(float4);
+  const bool sums = !kFloatOutputs && column_blocks(p) > 1;
+  return static_cast<size_t>(start_bytes(p) + (sums ? VECTORS * key_rows(p) * static_cast<int64_t>(sizeof(float)) : 0));
 }
 
 cudaError_t launch_delta_rule_grad_narrow_k32_cols32_tph4_sub8_bf16_sm90a(const Params& p, cudaStream_t stream) {
   constexpr size_t smem = 60416;
-  const dim3 grid(static_cast<unsigned>(p.B * p.H), static_cast<unsigned>((p.V + COLS - 1) / COLS));
-  if (grid.y > 1) {  // the CTAs of a (b, h) add their columns' terms into the key-side gradients
-    const size_t bytes = static_cast<size_t>(p.B * p.T * p.H * p.K) * sizeof(float);
-    for (float* out : {p.dq, p.dw, p.dk, p.da, p.db}) {
-      if (const cudaError_t err = cudaMemsetAsync(out, 0, bytes, stream); err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(p.B * p.H), static_cast<unsigned>(column_blocks(p)));
+  if (grid.y > 1) {  // the CTAs of a (b, h) add their columns' terms into the key-side sums
+    const size_t bytes = static_cast<size_t>(key_rows(p)) * sizeof(float);
+    for (int vec = 0; vec < VECTORS; ++vec) {
+      if (const cudaError_t err = cudaMemsetAsync(key_sums(p, vec), 0, bytes, stream); err != cudaSuccess) return err;
     }
   }
   if (const cudaError_t err = allow_dynamic_smem(grad_kernel, smem); err != cudaSuccess) return err;
   grad_kernel<<<grid, THREADS, smem, stream>>>(p);
+  if (grid.y > 1 && !kFloatOutputs) {
+    const int64_t blocks = std::min<int64_t>((VECTORS * key_rows(p) + 255) / 256, 65535);
+    round_sums_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 

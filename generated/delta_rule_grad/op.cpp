@@ -60,12 +60,12 @@ struct Outputs {
 // Sizes are symbolic so that the Meta kernel serves dynamic shapes; on the GPU they are plain numbers.
 Outputs allocate(const Args& a) {
   Outputs out;
-  out.dq = at::empty_symint(a.q.sym_sizes().vec(), a.q.options().dtype(at::kFloat));
-  out.dw = at::empty_symint(a.q.sym_sizes().vec(), a.q.options().dtype(at::kFloat));
-  out.dk = at::empty_symint(a.q.sym_sizes().vec(), a.q.options().dtype(at::kFloat));
-  out.da = at::empty_symint(a.q.sym_sizes().vec(), a.q.options().dtype(at::kFloat));
-  out.db = at::empty_symint(a.q.sym_sizes().vec(), a.q.options().dtype(at::kFloat));
-  out.dv = at::empty_symint(a.v.sym_sizes().vec(), a.q.options().dtype(at::kFloat));
+  out.dq = at::empty_symint(a.q.sym_sizes().vec(), a.q.options().dtype(a.q.scalar_type()));
+  out.dw = at::empty_symint(a.q.sym_sizes().vec(), a.q.options().dtype(a.q.scalar_type()));
+  out.dk = at::empty_symint(a.q.sym_sizes().vec(), a.q.options().dtype(a.q.scalar_type()));
+  out.da = at::empty_symint(a.q.sym_sizes().vec(), a.q.options().dtype(a.q.scalar_type()));
+  out.db = at::empty_symint(a.q.sym_sizes().vec(), a.q.options().dtype(a.q.scalar_type()));
+  out.dv = at::empty_symint(a.v.sym_sizes().vec(), a.v.options().dtype(a.v.scalar_type()));
   out.d_state0 = at::empty_symint((a.want_d_state0 ? std::vector<c10::SymInt>{a.q.sym_size(0), a.q.sym_size(2), a.q.sym_size(3), a.v.sym_size(3)} : std::vector<c10::SymInt>{c10::SymInt(0)}), a.q.options().dtype(at::kFloat));
   return out;
 }

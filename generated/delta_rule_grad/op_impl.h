@@ -54,8 +54,8 @@ void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
   p.a = a.a.data_ptr(), p.b = a.b.data_ptr(), p.d_o = a.d_o.data_ptr();
   p.ckpt = a.checkpoints.data_ptr<float>();
   p.d_state = a.d_state ? a.d_state->data_ptr<float>() : nullptr;
-  p.dq = out.dq.data_ptr<float>(), p.dw = out.dw.data_ptr<float>(), p.dk = out.dk.data_ptr<float>();
-  p.da = out.da.data_ptr<float>(), p.db = out.db.data_ptr<float>(), p.dv = out.dv.data_ptr<float>();
+  p.dq = out.dq.data_ptr(), p.dw = out.dw.data_ptr(), p.dk = out.dk.data_ptr();
+  p.da = out.da.data_ptr(), p.db = out.db.data_ptr(), p.dv = out.dv.data_ptr();
   p.d_s0 = a.want_d_state0 ? out.d_state0.data_ptr<float>() : nullptr;
   p.B = q.size(0), p.T = q.size(1), p.H = q.size(2), p.K = q.size(3), p.V = a.v.size(3);
   p.scale = static_cast<float>(a.scale);

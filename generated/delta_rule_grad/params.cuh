@@ -23,12 +23,12 @@ struct Params {
   const void* d_o;          // [B, T, H, V]   gradient of o
   const float* ckpt;        // [B, H, ceil(T / kCheckpointEvery), K, V] contiguous: S before every window
   const float* d_state;     // [B, H, K, V] contiguous: gradient of the final state, or null (zeros)
-  float* dq;                // [B, T, H, K] contiguous fp32, as are dw, dk, da, db
-  float* dw;
-  float* dk;
-  float* da;
-  float* db;
-  float* dv;                // [B, T, H, V] contiguous fp32
+  void* dq;                 // [B, T, H, K] contiguous, the inputs' dtype, as are dw, dk, da, db
+  void* dw;
+  void* dk;
+  void* da;
+  void* db;
+  void* dv;                 // [B, T, H, V] contiguous, the inputs' dtype
   float* d_s0;              // [B, H, K, V] contiguous: gradient of the initial state, or null
   int64_t B, T, H, K, V;
   float scale;
@@ -40,7 +40,7 @@ struct Params {
   int64_t a_sb, a_st, a_sh;
   int64_t b_sb, b_st, b_sh;
   int64_t do_sb, do_st, do_sh;
-  void* workspace;          // the sub-window starts: Entry::workspace bytes, per CTA
+  void* workspace;          // Entry::workspace bytes (what each kind keeps there: its launcher says)
 };
 
 }  // namespace delta_rule_grad
