@@ -213,7 +213,8 @@ def delta_rule_family():
         want = reference.rwkv7_grad(r, k, v, w, -k, k * 0.5, d_o, ckpt, state, 1.0, True)
         err = max(((x.double() - y).norm() / y.norm()).item() for x, y in zip(got, want))
         print(f"{name}: worst rel err {err:.2e}")
-        assert err < (2e-2 if chunked else 1e-4), (name, err)
+        # the gradients come in the inputs' dtype: 16-bit ones add their rounding to fp32's bound
+        assert err < (2e-2 if chunked else 1e-4 + torch.finfo(dtype).eps / 2), (name, err)
     # every tensor-core Gated DeltaNet backward instance: two chunks (the second short), K and V
     # below their buckets, the walk's value columns over two CTAs where it has 64
     from attngen.gated_delta_chunked_grad import gated_delta_chunked_backward  # noqa: E402
