@@ -286,6 +286,9 @@ def rwkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a:
     .. cu_seqlens[i + 1] - 1, each from its own initial state; state and the final state are
     then [N, H, K, V]. The offsets are read on the host (a synchronization; under torch.compile a
     graph break), and the sequences run as one zero-padded [N, max length] batch.
+    Gradients come in the inputs' dtype (summed in fp32, rounded once). In fp16, w's gradient
+    carries the decay as a factor and underflows fp16's range (6e-5) at decays near 0, as any
+    fp16 gradient of w does: use loss scaling, or bf16.
     """
     return _run("rwkv7", {"r": r, "k": k, "v": v, "w": w, "a": a, "b": b, "state": state}, "rwkv7",
                 float(scale), bool(return_state), cu_seqlens=cu_seqlens)

@@ -287,6 +287,17 @@ def recurrent_forward(kb: int, dtype) -> str:
 GRAD_NAMES = ("dq", "dw", "dk", "da", "db", "dv", "d_state0")
 
 
+def storage_err(exact: torch.Tensor, dtype: torch.dtype) -> float:
+    """What storing the exact gradient in `dtype` costs (rel_err): the unit roundoff where it
+    is in range, more where it is not. fp16's range ends at 6e-5 (normal) / 6e-8 (subnormal), and
+    at decays near 0 the decay's gradient (scaled by the decay) falls there, as it does in
+    any fp16 gradient of w (torch's autograd included): loss scaling or bf16 is the cure.
+    Zero for fp32 outputs, which hold the fp32 arithmetic unrounded."""
+    if dtype == torch.float32:
+        return 0.0
+    return torch.finfo(dtype).eps / 2 + rel_err(exact.to(dtype), exact)
+
+
 def recurrent_grad_rows() -> dict:
     """delta_rule_grad's step-by-step instances (the chunked kind has a test of its own)."""
     return {n: r for n, r in family_manifest("delta_rule_grad").items() if r["kind"] != "chunked_rwkv7"}
@@ -297,13 +308,12 @@ def test_every_grad_instance():
     reference: K at its bucket and below, V over several CTAs (their key-side terms added), T
     across windows and sub-windows, decays near 1 and near 0, the final state's gradient in and
     the initial state's out. The arithmetic is fp32 (within 1e-5); the gradients come in the
-    inputs' dtype, rounded once (so 16-bit ones add its unit roundoff, u = eps / 2, to the bound),
-    also where several CTAs of a (b, h) sum them (V past the instance's columns); the initial
+    inputs' dtype, rounded once, also where several CTAs of a (b, h) sum them (V past the
+    instance's columns), so 16-bit ones may add their rounding (storage_err); the initial
     state's gradient stays fp32."""
     failures, worst, checked = [], {}, 0
     for name, row in sorted(recurrent_grad_rows().items()):
         dtype, kb = DTYPES[row["dtype"]], row["params"]["k"]
-        rounded = 1e-5 + torch.finfo(dtype).eps / 2
         for T, K, V, regime in ((1, kb, kb, "mixed"), (67, kb - 4, 33, "near1"), (130, kb, 2 * kb + 8, "near0")):
             inputs = rwkv7_inputs(2, T, 3, K, V, dtype, regime, seed=T + K)
             state = torch.randn(2, 3, K, V, device="cuda") * 0.1
@@ -319,7 +329,8 @@ def test_every_grad_instance():
             for what, x, y in zip(GRAD_NAMES, got, want):
                 err = rel_err(x, y)
                 worst[what] = max(worst.get(what, 0.0), err)
-                want_dtype, bound = (torch.float32, 1e-5) if what == "d_state0" else (dtype, rounded)
+                want_dtype = torch.float32 if what == "d_state0" else dtype
+                bound = 1e-5 + storage_err(y, want_dtype)
                 if x.dtype != want_dtype:
                     failures.append(f"{name} {what}: dtype {x.dtype}, want {want_dtype}")
                 if not err <= bound:
@@ -355,9 +366,10 @@ def test_every_chunked_rwkv7_grad_instance():
             got = delta_rule.GRAD.forced(name, r, k, v, w, a, b, d_o, ckpt, d_state, 0.5, True)
             for what, x, y in zip(GRAD_NAMES, got, want):
                 err = rel_err(x, y)
-                if x.dtype != (torch.float32 if what == "d_state0" else dtype):
+                want_dtype = torch.float32 if what == "d_state0" else dtype
+                if x.dtype != want_dtype:
                     failures.append(f"{name} {what}: dtype {x.dtype}, not the inputs' (d_state0: float32)")
-                if not err <= TOL[dtype]:
+                if not err <= TOL[dtype] + storage_err(y, want_dtype):
                     failures.append(f"{name} T={T} K={K} V={V} {regime} {what}: rel err {err:.2e}")
     assert not failures, "\n".join(failures[:20])
 
