@@ -93,6 +93,24 @@ def checkpoint_shape(B: int, T: int, H: int, K: int, V: int, every: int | None =
     return (B, H, (T + every - 1) // every, K, V)
 
 
+def records_numel(B: int, T: int, H: int, every: int | None = None) -> int:
+    """Bytes of the chunk records a training forward saves for Gated DeltaNet's tensor-core
+    backward (the delta_rule op's `records`): a header, then one record per 64-step chunk."""
+    every = checkpoint_every() if every is None else every
+    return (exported_constant("delta_rule_records_header_bytes")
+            + B * H * ((T + every - 1) // every) * exported_constant("delta_rule_saved_record_bytes"))
+
+
+def saves_records(variant_number: int, q: torch.Tensor) -> bool:
+    """Whether a training forward saves the chunk records: Gated DeltaNet in 16 bits, where the
+    chunked kinds run and the tensor-core backward reads them instead of solving each chunk's
+    system again (its first kernel: 0.238 ms of its 2.306 at B8 T4096 H16 K=V=128 bf16 on the
+    H100, bench/results/h100/gated_delta_profile.txt). Decided from
+    the dtype alone, so that the op's fake implementation gives the same shapes; a kind that
+    does not fill them leaves them unmarked, and the backward solves the systems itself."""
+    return variant_number == variant("gated_delta") and q.element_size() == 2
+
+
 @constant_result
 def _register() -> bool:
     """attngen::delta_rule_train: the forward that saves its checkpoints, with its fake
@@ -102,6 +120,7 @@ def _register() -> bool:
     if _registered:
         return True
     OP.packet()
+    records_numel(0, 0, 0)  # its constants read here, eagerly: the fake implementation sizes the records
     # Read here, eagerly (under torch.compile too), for the traced backward's use_tensor_core_backward.
     _TENSOR_CORE_BUCKETS[:] = sorted({(int(m[1]), int(m[2])) for m in
                                       (re.search(r"_k(\d+)_v(\d+)_", name) for name in GATED_GRAD.instances()) if m})
@@ -109,26 +128,29 @@ def _register() -> bool:
     @torch.library.custom_op("attngen::delta_rule_train", mutates_args=())
     def train_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, a: torch.Tensor,
                  b: Optional[torch.Tensor], state: Optional[torch.Tensor], variant: int, scale: float,
-                 every: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 every: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, H, K = q.shape
         checkpoints = q.new_empty(checkpoint_shape(B, T, H, K, v.shape[-1], every), dtype=torch.float32)
-        o, final = OP(q, k, v, w, a, b, state, variant, scale, True, checkpoints)
-        return o, final, checkpoints
+        records = q.new_empty(records_numel(B, T, H, every) if saves_records(variant, q) else 0, dtype=torch.uint8)
+        o, final = OP(q, k, v, w, a, b, state, variant, scale, True, checkpoints, False,
+                      records if records.numel() else None)
+        return o, final, checkpoints, records
 
     @train_op.register_fake
     def _fake(q, k, v, w, a, b, state, variant, scale, every):
         B, T, H, K = q.shape
         V = v.shape[-1]
         return (v.new_empty((B, T, H, V)), q.new_empty((B, H, K, V), dtype=torch.float32),
-                q.new_empty(checkpoint_shape(B, T, H, K, V, every), dtype=torch.float32))
+                q.new_empty(checkpoint_shape(B, T, H, K, V, every), dtype=torch.float32),
+                q.new_empty(records_numel(B, T, H, every) if saves_records(variant, q) else 0, dtype=torch.uint8))
 
     def setup_context(ctx, inputs, output):
         q, k, v, w, a, b, state, variant_, scale, _every = inputs
         ctx.variant, ctx.scale, ctx.has_state = variant_, scale, state is not None
-        ctx.save_for_backward(q, k, v, w, a, b, output[2])
-        # The checkpoints never get a gradient: without this autograd would zero one of their
-        # size (K*V fp32 per head and 64 steps) every backward; _backward takes None for o's
-        # and the final state's.
+        ctx.save_for_backward(q, k, v, w, a, b, output[2], output[3])
+        # The checkpoints and records never get a gradient: without this autograd would zero
+        # tensors of their size every backward; _backward takes None for o's and the final
+        # state's.
         ctx.set_materialize_grads(False)
 
     train_op.register_autograd(_backward, setup_context=setup_context)
@@ -136,8 +158,8 @@ def _register() -> bool:
     return True
 
 
-def _backward(ctx, d_o, d_state, _d_checkpoints):
-    q, k, v, w, a, b, checkpoints = ctx.saved_tensors
+def _backward(ctx, d_o, d_state, _d_checkpoints, _d_records):
+    q, k, v, w, a, b, checkpoints, records = ctx.saved_tensors
     d_o = torch.zeros_like(v) if d_o is None else d_o.contiguous()
     d_state = None if d_state is None else d_state.float().contiguous()
     if ctx.variant == variant("rwkv7"):
@@ -147,7 +169,7 @@ def _backward(ctx, d_o, d_state, _d_checkpoints):
         return (dq, dk, dv, dw, da, db, ds0 if ctx.has_state else None, None, None, None)
     tensor_core_args = (q, k, v, w, a, d_o.to(q.dtype), checkpoints, d_state, ctx.scale, ctx.has_state)
     if use_tensor_core_backward(tensor_core_args):
-        *grads, ds0 = GATED_GRAD(*tensor_core_args)
+        *grads, ds0 = GATED_GRAD(*tensor_core_args, records if records.numel() else None)
     elif use_chunked_backward(q.shape[0], q.shape[1], q.shape[2]):
         *grads, ds0 = gated_delta_chunked_backward(q, k, v, w, a, d_o, checkpoints, d_state, ctx.scale,
                                                    ctx.has_state, checkpoint_every())
@@ -266,7 +288,7 @@ def _run(op_name: str, tensors: dict, variant_name: str, scale: float, return_st
     if _wants_grad(tensors.values()):
         assert not qk_l2norm, "the backward takes q and k normalised: normalise them before the op"
         _register()
-        o, s, _ = torch.ops.attngen.delta_rule_train(q, k, v, w, a, b, state, number, scale, checkpoint_every())
+        o, s, _, _ = torch.ops.attngen.delta_rule_train(q, k, v, w, a, b, state, number, scale, checkpoint_every())
         return o, (s if return_state else None)
     o, s = OP(q, k, v, w, a, b, state, number, scale, return_state, None, qk_l2norm)
     return o, (s if return_state else None)

@@ -1,7 +1,8 @@
 """Where Gated DeltaNet's time goes: torch.profiler's CUDA time per kernel for one dispatched
-forward (bf16, state in and out) and one backward call (the tensor-core gated_delta_grad op on
-the forward's checkpoints, the final state's gradient given), averaged over a few calls, on the
-issue's shapes.
+forward (bf16, state in and out), one backward call (the tensor-core gated_delta_grad op on
+the forward's checkpoints, the final state's gradient given) and one training step through
+attngen.gated_delta_rule (every input and the state differentiable), averaged over a few
+calls, on the issue's shapes.
 
   python -m bench.gated_delta_profile
   ncu ... python -m bench.gated_delta_profile --once   # one forward and one backward at the first shape
@@ -52,6 +53,14 @@ def main():
             continue
         per_kernel(f"B{B} T{T} H{H} K=V={K}, bf16, backward ({delta_rule.GATED_GRAD.select(*args)})",
                    lambda: delta_rule.GATED_GRAD(*args))
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta, s)]
+
+        def step():  # a training step: the forward saves its checkpoints and chunk records
+            for x in leaves:
+                x.grad = None
+            o, final = attngen.gated_delta_rule(*leaves[:5], state=leaves[5])
+            torch.autograd.backward([o, final], [d_o, d_s])
+        per_kernel(f"B{B} T{T} H{H} K=V={K}, bf16, forward + backward", step)
 
 
 if __name__ == "__main__":

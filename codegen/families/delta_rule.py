@@ -25,6 +25,12 @@ CHUNKED_RWKV7 = "delta_rule/chunked_rwkv7.cu.j2"
 CHECKPOINT_EVERY = 64
 CHECKPOINT_CONSTANTS = {"checkpoint_every": CHECKPOINT_EVERY,
                         "checkpoint_every_why": "codegen/families/delta_rule.py CHECKPOINT_EVERY says why"}
+# Gated DeltaNet's chunk records (templates/delta_rule/chunk_prepare.cuh.j2: M, W, gc and the
+# inverse T of each 64-step chunk, 16-bit matrices) as a training forward saves them for the
+# backward, which then skips solving every chunk's system again (Params::records): a header
+# word that says they are whole, then a record per (b, h, chunk).
+SAVED_RECORD_BYTES = 3 * CHECKPOINT_EVERY * CHECKPOINT_EVERY * 2 + CHECKPOINT_EVERY * 4
+RECORD_CONSTANTS = {**CHECKPOINT_CONSTANTS, "saved_record_bytes": SAVED_RECORD_BYTES, "records_header_bytes": 16}
 
 # Per variant: the C++ step struct of templates/delta_rule/recurrent.cu.j2, the key-side
 # vectors staged per step (K floats each) and the per-step scalars.
@@ -322,6 +328,8 @@ FAMILY = Family(
                    "delta_rule/op_impl.h.j2": "delta_rule/op_impl.h"},
     tune=TunePlan(("B", "H", "T", "K", "V"), _tune_runtime, axes={"variant": "rwkv7"}),
     jit_params={"K": "k"},
-    support_constants=CHECKPOINT_CONSTANTS,
-    exported_constants={"delta_rule_checkpoint_every": "kCheckpointEvery"},
+    support_constants=RECORD_CONSTANTS,
+    exported_constants={"delta_rule_checkpoint_every": "kCheckpointEvery",
+                        "delta_rule_saved_record_bytes": "kSavedRecordBytes",
+                        "delta_rule_records_header_bytes": "kRecordsHeaderBytes"},
 )

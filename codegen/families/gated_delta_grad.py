@@ -14,7 +14,7 @@ from ..instance import KernelInstance
 from ..passes import Rejected, banks
 from ..passes import tiles as shared_tiles
 from . import Family, Lowering, TunePlan
-from .delta_rule import (CHECKPOINT_CONSTANTS, CHECKPOINT_EVERY, CHUNKED_STEPS, ROW_WARPS, chunked_bank,
+from .delta_rule import (RECORD_CONSTANTS, CHECKPOINT_EVERY, CHUNKED_STEPS, ROW_WARPS, chunked_bank,
                          prepare_geometry)
 
 CHUNKED_GRAD = "gated_delta_grad/chunked_grad.cu.j2"
@@ -107,6 +107,6 @@ FAMILY = Family(
     support_files={"gated_delta_grad/params.cuh.j2": "gated_delta_grad/params.cuh",
                    "gated_delta_grad/op_impl.h.j2": "gated_delta_grad/op_impl.h"},
     tune=TunePlan(("B", "H", "T", "K", "V"), _tune_runtime),
-    support_constants=CHECKPOINT_CONSTANTS,
+    support_constants=RECORD_CONSTANTS,
     exported_constants={"gated_delta_grad_checkpoint_every": "kCheckpointEvery"},
 )

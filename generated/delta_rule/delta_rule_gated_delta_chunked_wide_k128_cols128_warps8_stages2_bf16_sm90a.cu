@@ -60,29 +60,41 @@ constexpr int STAGE_BYTES = 2 * STAGE_ELEMS + 4 * CHUNK;
 constexpr int FIXED_BYTES = 2 * (StateTile::ELEMS + 3 * ColTile::ELEMS);
 static_assert(STAGES * STAGE_BYTES + FIXED_BYTES == 228864, "the pass and the kernel agree on shared memory");
 
-// The chunk records: M, W (and T where kRecordInverse) and gc of every chunk, by a first kernel.
-constexpr bool kRecordInverse = false;  // the forward reads M and W only
+// The chunk records: M, W and gc of every chunk, by a first kernel, in the workspace; where a
+// training forward saves them for the backward (Params::records), T too, past their header.
+__host__ __device__ __forceinline__ bool record_inverse(const Params& p) { return p.records != nullptr; }
+__device__ __forceinline__ unsigned char* records_base(const Params& p) {
+  return p.records ? static_cast<unsigned char*>(p.records) + kRecordsHeaderBytes : static_cast<unsigned char*>(p.workspace);
+}
+__device__ __forceinline__ bool skip_prepare(const Params&) { return false; }
 constexpr bool kRecordsLastChunkFirst = true;  // the walk starts at chunk 0: its records are written last
 // ---- The chunked Gated DeltaNet kinds' first kernel (templates/delta_rule/chunk_prepare.cuh.j2,
 // rendered into the forward's delta_rule/chunked.cu.j2 and the backward's
 // gated_delta_grad/chunked_grad.cu.j2, after these are
-// defined: T, KB, CHUNK, ROW_WARPS, KeyTile, MixTile, kRecordInverse, kRecordsLastChunkFirst, and a
-// Params with the forward's names for q, k, g (w), beta (a), their strides, T, H, K, qk_l2norm
-// and workspace.
-// It solves each chunk's triangular system and writes the chunk's record to the workspace.
-// One chunk's record in the workspace, per (b, h, chunk): M and W [CHUNK][CHUNK] in T, the
-// inverse T = (I + A)^-1 too where the includer sets kRecordInverse (the backward reads it),
-// then gc (CHUNK floats).
+// defined: T, KB, CHUNK, ROW_WARPS, KeyTile, MixTile, kRecordsLastChunkFirst, a Params with the
+// forward's names for q, k, g (w), beta (a), their strides, T, H, K, qk_l2norm, records and
+// workspace, and three functions of a call's Params: record_inverse (whether its records hold
+// T), records_base (where they start) and skip_prepare (whether they are already there).
+// It solves each chunk's triangular system and writes the chunk's record.
+// One chunk's record, per (b, h, chunk): M and W [CHUNK][CHUNK] in T, gc (CHUNK floats), then
+// the inverse T = (I + A)^-1 where the call's records hold it (the backward reads it; a
+// training forward writes it for the backward).
 constexpr int MATRIX_BYTES = CHUNK * CHUNK * 2;
-constexpr int RECORD_MATRICES = kRecordInverse ? 3 : 2;
-constexpr int GC_OFFSET = RECORD_MATRICES * MATRIX_BYTES;   // bytes into a record
-constexpr int RECORD_BYTES = GC_OFFSET + CHUNK * 4;
-constexpr int INVERSE_OFFSET = 2 * MATRIX_BYTES;             // T, where kRecordInverse
-static_assert(RECORD_BYTES % 16 == 0, "records are 16-byte aligned for cp.async");
+constexpr int GC_OFFSET = 2 * MATRIX_BYTES;                       // bytes into a record
+constexpr int INVERSE_OFFSET = GC_OFFSET + CHUNK * 4;             // T, where the record holds it
+constexpr int SHORT_RECORD_BYTES = INVERSE_OFFSET;                // M, W, gc: the forward's own
+constexpr int FULL_RECORD_BYTES = INVERSE_OFFSET + MATRIX_BYTES;  // and T
+static_assert(SHORT_RECORD_BYTES % 16 == 0 && FULL_RECORD_BYTES % 16 == 0 && kRecordsHeaderBytes % 16 == 0,
+              "records are 16-byte aligned for cp.async");
+static_assert(FULL_RECORD_BYTES == kSavedRecordBytes, "the saved records' size the extension exports");
+
+__host__ __device__ __forceinline__ int64_t record_bytes(const Params& p) {
+  return record_inverse(p) ? FULL_RECORD_BYTES : SHORT_RECORD_BYTES;
+}
 
 __device__ __forceinline__ unsigned char* chunk_record(const Params& p, int64_t bh, int64_t chunk) {
   const int64_t chunks = (p.T + CHUNK - 1) / CHUNK;
-  return static_cast<unsigned char*>(p.workspace) + (bh * chunks + chunk) * RECORD_BYTES;
+  return records_base(p) + (bh * chunks + chunk) * record_bytes(p);
 }
 
 // Copies rows t0 .. t0 + CHUNK - 1 (zero past `t_valid` rows) x WIDTH elements (zero past
@@ -142,6 +154,7 @@ __device__ __forceinline__ void copy_out(const T* tile, unsigned char* out) {
 }
 
 __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p) {
+  if (skip_prepare(p)) return;  // the backward, on records a training forward saved
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* keys = reinterpret_cast<T*>(smem_raw);                                   // k, then q; smem buffer: prep_keys
   T* queries = keys + KeyTile::ELEMS;
@@ -345,7 +358,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p
       *reinterpret_cast<uint2*>(m_tile + MixTile::offset(m_row, c)) = out;  // smem: prep_m_write
     }
   };
-  if constexpr (kRecordInverse) {
+  if (record_inverse(p)) {
     round_into_m(false);
     __syncthreads();
     copy_out(m_tile, record + INVERSE_OFFSET);
@@ -647,7 +660,8 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
 }  // namespace
 
 size_t workspace_delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a(const Params& p) {
-  return static_cast<size_t>(p.B * p.H * ((p.T + CHUNK - 1) / CHUNK)) * RECORD_BYTES;
+  if (p.records) return 0;  // the saved records hold them
+  return static_cast<size_t>(p.B * p.H * ((p.T + CHUNK - 1) / CHUNK) * SHORT_RECORD_BYTES);
 }
 
 cudaError_t launch_delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a(const Params& p, cudaStream_t stream) {
@@ -655,6 +669,9 @@ cudaError_t launch_delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stage
   const dim3 prep_grid(static_cast<unsigned>((p.T + CHUNK - 1) / CHUNK * p.B * p.H));
   if (const cudaError_t err = allow_dynamic_smem(prepare_kernel, prep_smem); err != cudaSuccess) return err;
   prepare_kernel<<<prep_grid, PREP_THREADS, prep_smem, stream>>>(p);
+  if (p.records) {  // whole once the kernel is done (stream order): the backward may skip its own
+    if (const cudaError_t err = cudaMemsetAsync(p.records, 1, sizeof(kRecordsValid), stream); err != cudaSuccess) return err;
+  }
   const dim3 grid(static_cast<unsigned>(p.B * p.H * ((p.V + COLS - 1) / COLS)));
   if (const cudaError_t err = allow_dynamic_smem(chunk_kernel, smem); err != cudaSuccess) return err;
   chunk_kernel<<<grid, THREADS, smem, stream>>>(p);

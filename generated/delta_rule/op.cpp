@@ -45,6 +45,7 @@ struct Args {
   bool return_state;
   const std::optional<at::Tensor>& checkpoints;
   bool qk_l2norm;
+  const std::optional<at::Tensor>& records;
 };
 
 // The outputs (op.outputs).
@@ -77,6 +78,10 @@ DType dtype_of(const char* name, const at::Tensor& t) {
 }
 
 int64_t delta_rule_checkpoint_every() { return kCheckpointEvery; }
+
+int64_t delta_rule_saved_record_bytes() { return kSavedRecordBytes; }
+
+int64_t delta_rule_records_header_bytes() { return kRecordsHeaderBytes; }
 
 // Launch `entry` with `p` on the current stream of `like`'s device, with the scratch it asks
 // for (Entry::workspace) from torch's caching allocator: stream-ordered, so CUDA graphs
@@ -155,8 +160,8 @@ Key make_key(const Args& a, const Outputs& out) {
              "without its instances, which build on first use; ATTNGEN_JIT=0 turns that off)");
 }
 
-std::tuple<at::Tensor, at::Tensor> delta_rule_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm};
+std::tuple<at::Tensor, at::Tensor> delta_rule_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm, const std::optional<at::Tensor>& records) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm, records};
   detail::clear_uncovered();
   check_all(args);
   Outputs out = allocate(args);
@@ -173,8 +178,8 @@ std::tuple<at::Tensor, at::Tensor> delta_rule_cuda(const at::Tensor& q, const at
   return result(out);
 }
 
-std::tuple<at::Tensor, at::Tensor> delta_rule_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm, const std::string& instance) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm};
+std::tuple<at::Tensor, at::Tensor> delta_rule_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm, const std::optional<at::Tensor>& records, const std::string& instance) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm, records};
   detail::clear_uncovered();
   check_all(args);
   const Entry* entry = delta_rule_find(instance.c_str());
@@ -188,19 +193,19 @@ std::tuple<at::Tensor, at::Tensor> delta_rule_with_cuda(const at::Tensor& q, con
   return result(out);
 }
 
-std::tuple<at::Tensor, at::Tensor> delta_rule_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm};
+std::tuple<at::Tensor, at::Tensor> delta_rule_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm, const std::optional<at::Tensor>& records) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm, records};
   return result(allocate(args));
 }
 
-std::tuple<at::Tensor, at::Tensor> delta_rule_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm, const std::string&) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm};
+std::tuple<at::Tensor, at::Tensor> delta_rule_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm, const std::optional<at::Tensor>& records, const std::string&) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm, records};
   return result(allocate(args));
 }
 
 // The instance the dispatch picks for these arguments ('' if none).
-std::string delta_rule_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm};
+std::string delta_rule_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm, const std::optional<at::Tensor>& records) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm, records};
   check_all(args);
   const Outputs out = allocate(args);
   const Entry* entry = delta_rule_select(make_key(args, out));
@@ -208,8 +213,8 @@ std::string delta_rule_select_name(const at::Tensor& q, const at::Tensor& k, con
 }
 
 // The dispatch key as numbers: the run-time variables, then each axis' index (codegen/jit.py).
-std::vector<int64_t> delta_rule_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm) {
-  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm};
+std::vector<int64_t> delta_rule_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& state, int64_t variant, double scale, bool return_state, const std::optional<at::Tensor>& checkpoints, bool qk_l2norm, const std::optional<at::Tensor>& records) {
+  const Args args{q, k, v, w, a, b, state, variant, scale, return_state, checkpoints, qk_l2norm, records};
   check_all(args);
   const Outputs out = allocate(args);
   return delta_rule_key_values(make_key(args, out));
@@ -237,13 +242,15 @@ std::vector<std::string> delta_rule_axis_values(const std::string& axis) {
 }  // namespace attngen
 
 TORCH_LIBRARY_FRAGMENT(attngen, m) {
-  m.def("delta_rule(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True, Tensor(a!)? checkpoints=None, bool qk_l2norm=False) -> (Tensor, Tensor)");
-  m.def("delta_rule_with(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b, Tensor? state, int variant, float scale, bool return_state, Tensor(a!)? checkpoints, bool qk_l2norm, str instance) -> (Tensor, Tensor)");
-  m.def("delta_rule_select(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True, Tensor? checkpoints=None, bool qk_l2norm=False) -> str", &attngen::delta_rule::delta_rule_select_name);
-  m.def("delta_rule_key(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True, Tensor? checkpoints=None, bool qk_l2norm=False) -> int[]", &attngen::delta_rule::delta_rule_key);
+  m.def("delta_rule(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True, Tensor(a!)? checkpoints=None, bool qk_l2norm=False, Tensor(b!)? records=None) -> (Tensor, Tensor)");
+  m.def("delta_rule_with(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b, Tensor? state, int variant, float scale, bool return_state, Tensor(a!)? checkpoints, bool qk_l2norm, Tensor(b!)? records, str instance) -> (Tensor, Tensor)");
+  m.def("delta_rule_select(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True, Tensor? checkpoints=None, bool qk_l2norm=False, Tensor? records=None) -> str", &attngen::delta_rule::delta_rule_select_name);
+  m.def("delta_rule_key(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor? b=None, Tensor? state=None, int variant=0, float scale=1.0, bool return_state=True, Tensor? checkpoints=None, bool qk_l2norm=False, Tensor? records=None) -> int[]", &attngen::delta_rule::delta_rule_key);
   m.def("delta_rule_instances(str role=\"\") -> str[]", &attngen::delta_rule::delta_rule_instances);
   m.def("delta_rule_axis_values(str axis) -> str[]", &attngen::delta_rule::delta_rule_axis_values);
   m.def("delta_rule_checkpoint_every() -> int", &attngen::delta_rule::delta_rule_checkpoint_every);
+  m.def("delta_rule_saved_record_bytes() -> int", &attngen::delta_rule::delta_rule_saved_record_bytes);
+  m.def("delta_rule_records_header_bytes() -> int", &attngen::delta_rule::delta_rule_records_header_bytes);
 }
 
 TORCH_LIBRARY_IMPL(attngen, CUDA, m) {

@@ -47,6 +47,16 @@ void check(const Args& a) {
                  str(at::IntArrayRef(want)) + " on q's device, got " + str(c) + " " + str(c.sizes()));
     }
   }
+  if (a.records) {
+    const at::Tensor& r = *a.records;
+    const int64_t want = kRecordsHeaderBytes + B * H * ((T + kCheckpointEvery - 1) / kCheckpointEvery) * kSavedRecordBytes;
+    if (a.variant != kVariantGatedDelta) fail_value(op + "records are Gated DeltaNet's (variant gated_delta), got rwkv7");
+    if (r.scalar_type() != at::kByte || !r.is_contiguous() || r.dim() != 1 || r.numel() != want || r.device() != q.device()) {
+      fail_value(op + "records must be a contiguous uint8 [" + str(kRecordsHeaderBytes) + " + B*H*ceil(T / " +
+                 str(kCheckpointEvery) + ") * " + str(kSavedRecordBytes) + "] = [" + str(want) +
+                 "] on q's device, got " + str(r) + " " + str(r.sizes()));
+    }
+  }
 }
 
 int64_t sm_count(int device) { return detail::sm_count(device, "delta_rule"); }
@@ -83,6 +93,10 @@ void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
   p.state_in = a.state ? a.state->data_ptr<float>() : nullptr;
   p.state_out = a.return_state ? out.state_out.data_ptr<float>() : nullptr;
   p.checkpoints = a.checkpoints ? a.checkpoints->data_ptr<float>() : nullptr;
+  if (a.records) {  // unmarked until a chunked kind fills them (the others never do)
+    a.records->narrow(0, 0, kRecordsHeaderBytes).zero_();
+    p.records = a.records->data_ptr();
+  }
   p.B = q.size(0), p.T = q.size(1), p.H = q.size(2), p.K = q.size(3), p.V = v.size(3);
   p.scale = static_cast<float>(a.scale);
   detail::strides_bth(q, p.q_sb, p.q_st, p.q_sh);

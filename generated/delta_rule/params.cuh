@@ -17,6 +17,12 @@ namespace delta_rule {
 constexpr int kCheckpointEvery = 64;
 // The smallest norm qk_l2norm divides by (torch.nn.functional.normalize's eps).
 constexpr float kL2Floor = 1e-12f;
+// Gated DeltaNet's chunk records as a training forward saves them for the backward
+// (Params::records; codegen/families/delta_rule.py SAVED_RECORD_BYTES): a header whose first
+// word is kRecordsValid once a chunked kind has filled them, then a record per (b, h, chunk).
+constexpr int kRecordsHeaderBytes = 16;
+constexpr int kSavedRecordBytes = 24832;
+constexpr uint32_t kRecordsValid = 0x01010101u;  // what cudaMemsetAsync(header, 1, 4) leaves
 
 struct Params {
   const void* q;            // [B, T, H, K]   (rwkv7: r)
@@ -45,7 +51,10 @@ struct Params {
   int64_t s_sb, s_sh, s_sk, s_sv;
   int64_t sm_count;
   int qk_l2norm;            // gated_delta: q and k rows divided by their L2 norms (at least kL2Floor), rounded to T
-  void* workspace;          // the chunked kinds' chunk records (Entry::workspace); unused by the recurrent ones
+  void* records;            // gated_delta: kRecordsHeaderBytes + [B, H, ceil(T / 64)] x kSavedRecordBytes bytes
+                            // the chunked kinds fill (and mark whole) for the backward, or null; the
+                            // op zeroes the header first, so that other kinds leave it unmarked
+  void* workspace;          // the chunked kinds' chunk records where none are saved (Entry::workspace)
 };
 
 }  // namespace delta_rule

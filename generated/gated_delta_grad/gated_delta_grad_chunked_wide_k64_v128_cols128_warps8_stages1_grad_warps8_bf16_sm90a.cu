@@ -72,28 +72,46 @@ using MixTile = mma::Tile<CHUNK, CHUNK, false>; // M, W, T and the per-chunk ker
 using ValueTile = mma::Tile<CHUNK, VB, false>;  // the per-chunk kernel's v, dO, dY, dU: [step][value]
 using SlabTile = mma::Tile<KB, VB, false>;      // the per-chunk kernel's S and G: [key][value]
 
-constexpr bool kRecordInverse = true;  // the per-chunk kernel reads T
+// The chunk records, T included (the per-chunk kernel reads it): those a training forward saved
+// where their header says they are whole (the first kernel then returns at once: its launch is
+// all it costs), the workspace's otherwise. Only the first kernel writes records, and only when
+// they are not saved.
+__device__ __forceinline__ bool skip_prepare(const Params& p) {
+  return p.records != nullptr && *static_cast<const uint32_t*>(p.records) == kRecordsValid;
+}
+__host__ __device__ constexpr bool record_inverse(const Params&) { return true; }
+__device__ __forceinline__ unsigned char* records_base(const Params& p) {
+  return skip_prepare(p) ? const_cast<unsigned char*>(static_cast<const unsigned char*>(p.records)) + kRecordsHeaderBytes
+                         : static_cast<unsigned char*>(p.workspace);
+}
 constexpr bool kRecordsLastChunkFirst = false;  // the walk starts at the last chunk: its records are written last
 // ---- The chunked Gated DeltaNet kinds' first kernel (templates/delta_rule/chunk_prepare.cuh.j2,
 // rendered into the forward's delta_rule/chunked.cu.j2 and the backward's
 // gated_delta_grad/chunked_grad.cu.j2, after these are
-// defined: T, KB, CHUNK, ROW_WARPS, KeyTile, MixTile, kRecordInverse, kRecordsLastChunkFirst, and a
-// Params with the forward's names for q, k, g (w), beta (a), their strides, T, H, K, qk_l2norm
-// and workspace.
-// It solves each chunk's triangular system and writes the chunk's record to the workspace.
-// One chunk's record in the workspace, per (b, h, chunk): M and W [CHUNK][CHUNK] in T, the
-// inverse T = (I + A)^-1 too where the includer sets kRecordInverse (the backward reads it),
-// then gc (CHUNK floats).
+// defined: T, KB, CHUNK, ROW_WARPS, KeyTile, MixTile, kRecordsLastChunkFirst, a Params with the
+// forward's names for q, k, g (w), beta (a), their strides, T, H, K, qk_l2norm, records and
+// workspace, and three functions of a call's Params: record_inverse (whether its records hold
+// T), records_base (where they start) and skip_prepare (whether they are already there).
+// It solves each chunk's triangular system and writes the chunk's record.
+// One chunk's record, per (b, h, chunk): M and W [CHUNK][CHUNK] in T, gc (CHUNK floats), then
+// the inverse T = (I + A)^-1 where the call's records hold it (the backward reads it; a
+// training forward writes it for the backward).
 constexpr int MATRIX_BYTES = CHUNK * CHUNK * 2;
-constexpr int RECORD_MATRICES = kRecordInverse ? 3 : 2;
-constexpr int GC_OFFSET = RECORD_MATRICES * MATRIX_BYTES;   // bytes into a record
-constexpr int RECORD_BYTES = GC_OFFSET + CHUNK * 4;
-constexpr int INVERSE_OFFSET = 2 * MATRIX_BYTES;             // T, where kRecordInverse
-static_assert(RECORD_BYTES % 16 == 0, "records are 16-byte aligned for cp.async");
+constexpr int GC_OFFSET = 2 * MATRIX_BYTES;                       // bytes into a record
+constexpr int INVERSE_OFFSET = GC_OFFSET + CHUNK * 4;             // T, where the record holds it
+constexpr int SHORT_RECORD_BYTES = INVERSE_OFFSET;                // M, W, gc: the forward's own
+constexpr int FULL_RECORD_BYTES = INVERSE_OFFSET + MATRIX_BYTES;  // and T
+static_assert(SHORT_RECORD_BYTES % 16 == 0 && FULL_RECORD_BYTES % 16 == 0 && kRecordsHeaderBytes % 16 == 0,
+              "records are 16-byte aligned for cp.async");
+static_assert(FULL_RECORD_BYTES == kSavedRecordBytes, "the saved records' size the extension exports");
+
+__host__ __device__ __forceinline__ int64_t record_bytes(const Params& p) {
+  return record_inverse(p) ? FULL_RECORD_BYTES : SHORT_RECORD_BYTES;
+}
 
 __device__ __forceinline__ unsigned char* chunk_record(const Params& p, int64_t bh, int64_t chunk) {
   const int64_t chunks = (p.T + CHUNK - 1) / CHUNK;
-  return static_cast<unsigned char*>(p.workspace) + (bh * chunks + chunk) * RECORD_BYTES;
+  return records_base(p) + (bh * chunks + chunk) * record_bytes(p);
 }
 
 // Copies rows t0 .. t0 + CHUNK - 1 (zero past `t_valid` rows) x WIDTH elements (zero past
@@ -153,6 +171,7 @@ __device__ __forceinline__ void copy_out(const T* tile, unsigned char* out) {
 }
 
 __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p) {
+  if (skip_prepare(p)) return;  // the backward, on records a training forward saved
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* keys = reinterpret_cast<T*>(smem_raw);                                   // k, then q; smem buffer: prep_keys
   T* queries = keys + KeyTile::ELEMS;
@@ -356,7 +375,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p
       *reinterpret_cast<uint2*>(m_tile + MixTile::offset(m_row, c)) = out;  // smem: prep_m_write
     }
   };
-  if constexpr (kRecordInverse) {
+  if (record_inverse(p)) {
     round_into_m(false);
     __syncthreads();
     copy_out(m_tile, record + INVERSE_OFFSET);
@@ -404,7 +423,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p
 // tensor cores read it (the walk's own products read it rounded so too).
 __device__ __forceinline__ T* after_chunk(const Params& p, int64_t bh, int64_t chunk) {
   const int64_t chunks = (p.T + CHUNK - 1) / CHUNK;
-  T* after = reinterpret_cast<T*>(static_cast<unsigned char*>(p.workspace) + p.B * p.H * chunks * RECORD_BYTES);
+  T* after = reinterpret_cast<T*>(static_cast<unsigned char*>(p.workspace) + p.B * p.H * chunks * FULL_RECORD_BYTES);
   return after + (bh * chunks + chunk) * p.K * p.V;
 }
 
@@ -1133,7 +1152,9 @@ __global__ void __launch_bounds__(GRAD_THREADS, 1) grads_kernel(const Params p) 
 
 size_t workspace_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_grad_warps8_bf16_sm90a(const Params& p) {
   const size_t chunks = static_cast<size_t>(p.B * p.H * ((p.T + CHUNK - 1) / CHUNK));
-  return chunks * RECORD_BYTES + chunks * static_cast<size_t>(p.K * p.V) * sizeof(T);
+  // The records' room is there even where saved ones are read (whether they are whole is known
+  // on the device only): an allocation from torch's cache, never touched then.
+  return chunks * FULL_RECORD_BYTES + chunks * static_cast<size_t>(p.K * p.V) * sizeof(T);
 }
 
 cudaError_t launch_gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_grad_warps8_bf16_sm90a(const Params& p, cudaStream_t stream) {

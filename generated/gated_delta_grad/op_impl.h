@@ -47,9 +47,23 @@ bool nothing_to_do(const Args& a, Outputs& out) {
   return true;
 }
 
+// The saved records' size (what the checks before dispatch cannot say: they are this op's alone).
+void check_records(const Args& a) {
+  if (!a.records) return;
+  const at::Tensor& r = *a.records;
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2);
+  const int64_t want = kRecordsHeaderBytes + B * H * ((T + kCheckpointEvery - 1) / kCheckpointEvery) * kSavedRecordBytes;
+  if (r.scalar_type() != at::kByte || !r.is_contiguous() || r.dim() != 1 || r.numel() != want || r.device() != a.q.device()) {
+    fail_value("gated_delta_grad: records must be what delta_rule saved, a contiguous uint8 [" + str(want) +
+               "] on q's device, got " + str(r) + " " + str(r.sizes()));
+  }
+}
+
 void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
   const at::Tensor& q = a.q;
+  check_records(a);
   Params p{};
+  p.records = a.records ? a.records->data_ptr() : nullptr;
   p.q = q.data_ptr(), p.k = a.k.data_ptr(), p.v = a.v.data_ptr(), p.w = a.g.data_ptr(), p.a = a.beta.data_ptr();
   p.d_o = a.d_o.data_ptr();
   p.ckpt = a.checkpoints.data_ptr<float>();

@@ -13,6 +13,10 @@ namespace gated_delta_grad {
 // Steps between the forward's state checkpoints (codegen/families/delta_rule.py CHECKPOINT_EVERY says why): a chunk.
 constexpr int kCheckpointEvery = 64;
 constexpr float kL2Floor = 1e-12f;  // unused: the backward takes q and k normalised
+// The chunk records a training forward saved (templates/delta_rule/params.cuh.j2 says their layout).
+constexpr int kRecordsHeaderBytes = 16;
+constexpr int kSavedRecordBytes = 24832;
+constexpr uint32_t kRecordsValid = 0x01010101u;
 
 struct Params {
   const void* q;            // [B, T, H, K]
@@ -39,6 +43,8 @@ struct Params {
   int64_t a_sb, a_st, a_sh;
   int64_t do_sb, do_st, do_sh;
   int qk_l2norm;            // always 0 (the chunk-record kernel reads it)
+  const void* records;      // the forward's saved chunk records, or null; read where their header says
+                            // they are whole, the first kernel skipped (it fills the workspace's otherwise)
   void* workspace;          // the chunk records, then G after every chunk (Entry::workspace)
 };
 

@@ -412,6 +412,55 @@ def test_every_gated_delta_grad_instance():
     assert checked == 4 * len(rows) >= 4 * 8 and not failures, "\n".join(failures[:20])
 
 
+def test_gated_delta_saved_records():
+    """The chunk records a training forward saves (the delta_rule op's `records`) and the
+    backward reads in place of solving each chunk's system again: every chunked Gated DeltaNet
+    forward instance fills them and marks their header, and the backward on them gives the
+    gradients it gives on its own records (equal, or within fp32 rounding where the forward's
+    key bucket differs); they are read (garbage past a marked header changes the gradients) and
+    ignored where unmarked (garbage past a zero header changes nothing); a step-by-step forward
+    leaves the header zero."""
+    header = delta_rule.exported_constant("delta_rule_records_header_bytes")
+    forwards = [n for n in delta_rule.instances() if "_gated_delta_chunked" in n]
+    assert forwards, "no chunked Gated DeltaNet forward instance"
+    failures = []
+    for name in forwards:
+        dtype = torch.bfloat16 if name.endswith("_bf16_sm90a") else torch.float16
+        kb = int(name.split("_k")[1].split("_")[0])
+        B, T, H, K, V = 2, 130, 3, kb - 8, 96
+        inputs = gated_inputs(B, T, H, K, V, dtype, "mixed", seed=K)
+        state = torch.randn(B, H, K, V, device="cuda") * 0.1
+        ckpt = torch.empty(delta_rule.checkpoint_shape(B, T, H, K, V), device="cuda")
+        records = torch.full((delta_rule.records_numel(B, T, H),), 7, dtype=torch.uint8, device="cuda")
+        args = op_args("gated_delta", inputs, state, 0.5, checkpoints=ckpt)
+        delta_rule.delta_rule_with(name, *args, records)
+        if records[:4].tolist() != [1, 1, 1, 1]:
+            failures.append(f"{name}: header {records[:4].tolist()}, not marked")
+            continue
+        q, k, v, gate, beta = inputs
+        d_o = torch.randn(v.shape, device="cuda").to(dtype)
+        grad_args = (q, k, v, gate, beta, d_o, ckpt, torch.randn(state.shape, device="cuda"), 0.5, True)
+        own = delta_rule.GATED_GRAD(*grad_args)
+        saved = delta_rule.GATED_GRAD(*grad_args, records)
+        for what, x, y in zip(GATED_GRAD_NAMES, saved, own):
+            if not rel_err(x, y) <= 1e-5:
+                failures.append(f"{name} {what}: rel err {rel_err(x, y):.2e} against the backward's own records")
+        spoiled = records.clone()
+        spoiled[header:] = 0x3c  # 16-bit 1.0-ish everywhere: a different system
+        if torch.equal(delta_rule.GATED_GRAD(*grad_args, spoiled)[0], own[0]):
+            failures.append(f"{name}: marked records not read")
+        spoiled[:header] = 0
+        if not all(torch.equal(x, y) for x, y in zip(delta_rule.GATED_GRAD(*grad_args, spoiled), own)):
+            failures.append(f"{name}: unmarked records read")
+    recurrent = next(n for n in delta_rule.instances() if "_gated_delta_recurrent_" in n and n.endswith("_bf16_sm90a"))
+    inputs = gated_inputs(1, 70, 2, 64, 64, torch.bfloat16, "mixed", seed=1)
+    records = torch.full((delta_rule.records_numel(1, 70, 2),), 1, dtype=torch.uint8, device="cuda")
+    ckpt = torch.empty(delta_rule.checkpoint_shape(1, 70, 2, 64, 64), device="cuda")
+    delta_rule.delta_rule_with(recurrent, *op_args("gated_delta", inputs, None, 0.5, checkpoints=ckpt), records)
+    assert records[:header].sum().item() == 0, f"{recurrent} left the header {records[:4].tolist()}"
+    assert not failures, "\n".join(failures[:20])
+
+
 def loss_grads(fn, inputs, state, d_o, d_state):
     """Gradients of (o * d_o).sum() + (final * d_state).sum() in every input and the state."""
     leaves = [x.detach().clone().requires_grad_() for x in (*inputs, state)]
