@@ -93,10 +93,18 @@ class Op:
         was built without its instances), or a bench-role one of the benchmark extension (`python
         -m codegen build --bench`); an error if it does not cover the call."""
         ops = self._namespace()
+        args = self._with_defaults(args)
         if instance not in self.instances() and instance in self.bench_instances():
             return getattr(getattr(torch.ops, BENCH_NAMESPACE), f"{self.name}_with")(*args, instance)
         run = getattr(ops, f"{self.name}_with")
         return _jit.call(self.name, lambda: run(*args, instance))
+
+    def _with_defaults(self, args: tuple) -> tuple:
+        """`args` completed with the op's declared defaults: `<op>_with` declares none (its
+        instance comes last), so a call that stops short of trailing optional arguments (as the
+        op itself allows) gets them here."""
+        declared = getattr(self._namespace(), self.name).default._schema.arguments
+        return tuple(args) + tuple(a.default_value for a in declared[len(args):])
 
     def select(self, *args) -> str:
         """The instance the generated dispatch picks for these arguments ('' if none)."""

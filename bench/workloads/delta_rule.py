@@ -37,7 +37,7 @@ def inputs(_torch, ops, shape: dict, dtype, seed: int) -> tuple:
 
 def run(ops, instance: str, args: tuple):
     q, k, v, w, a, b, state, number, scale, _variant = args
-    return ops.delta_rule_with(q, k, v, w, a, b, state, number, scale, True, None, False, instance)
+    return ops.delta_rule_with(q, k, v, w, a, b, state, number, scale, True, None, False, None, instance)
 
 
 def as_tensor(out):
