@@ -452,7 +452,7 @@ def test_gated_delta_saved_records():
         spoiled[:header] = 0
         if not all(torch.equal(x, y) for x, y in zip(delta_rule.GATED_GRAD(*grad_args, spoiled), own)):
             failures.append(f"{name}: unmarked records read")
-    recurrent = next(n for n in delta_rule.instances() if "_gated_delta_recurrent_" in n and n.endswith("_bf16_sm90a"))
+    recurrent = next(n for n in delta_rule.instances() if "_gated_delta_recurrent_k64_" in n and n.endswith("_bf16_sm90a"))
     inputs = gated_inputs(1, 70, 2, 64, 64, torch.bfloat16, "mixed", seed=1)
     records = torch.full((delta_rule.records_numel(1, 70, 2),), 1, dtype=torch.uint8, device="cuda")
     ckpt = torch.empty(delta_rule.checkpoint_shape(1, 70, 2, 64, 64), device="cuda")
