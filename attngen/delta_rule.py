@@ -36,8 +36,10 @@ from .gated_delta_chunked_grad import gated_delta_chunked_backward
 OP = Op("delta_rule")
 GRAD = Op("delta_rule_grad")
 # Gated DeltaNet's backward on tensor cores (specs/gated_delta_grad.yaml): 16-bit inputs and the
-# head sizes its instances cover, at every length. Forward + backward 1.33x / 1.36x fla's chunk
-# kernels at B8 T4096 H16 / B4 T8192 H32, K=V=128 bf16 (H100, bench/results/h100/delta_rule_gated_delta.md).
+# head sizes its instances cover, at every length, on the chunk records the forward saved.
+# Forward + backward 1.385x / 1.423x fla's chunk kernels at B8 T4096 H16 / B4 T8192 H32,
+# K=V=128 bf16 (H100, dcee573, bench/results/h100/delta_rule_gated_delta.md; 1.33x / 1.36x
+# before the records were saved).
 GATED_GRAD = Op("gated_delta_grad")
 # fp32 Gated DeltaNet (and head sizes no tensor-core instance covers) runs its backward by
 # chunks in torch (gated_delta_chunked_grad: batched products and a reverse scan over chunks)
