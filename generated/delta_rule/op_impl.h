@@ -21,6 +21,18 @@ void check_tensor(const std::string& what, const at::Tensor& t, const at::Tensor
   }
 }
 
+// Saved chunk records: a contiguous uint8 [header + B*H*ceil(T / 64) records] on q's device
+// (params.cuh: kRecordsHeaderBytes, kSavedRecordBytes), as attngen.delta_rule.records_numel sizes them.
+void check_records(const std::string& op, const at::Tensor& r, const at::Tensor& q) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2);
+  const int64_t want = kRecordsHeaderBytes + B * H * ((T + kCheckpointEvery - 1) / kCheckpointEvery) * kSavedRecordBytes;
+  if (r.scalar_type() != at::kByte || !r.is_contiguous() || r.dim() != 1 || r.numel() != want || r.device() != q.device()) {
+    fail_value(op + "records must be a contiguous uint8 [" + str(kRecordsHeaderBytes) + " + B*H*ceil(T / " +
+               str(kCheckpointEvery) + ") * " + str(kSavedRecordBytes) + "] = [" + str(want) + "] on q's device, got " +
+               str(r) + " " + str(r.sizes()));
+  }
+}
+
 // q, k, v and state are declared in the spec (op.args); w, a and b depend on the variant.
 void check(const Args& a) {
   const std::string op = "delta_rule: ";
@@ -48,14 +60,8 @@ void check(const Args& a) {
     }
   }
   if (a.records) {
-    const at::Tensor& r = *a.records;
-    const int64_t want = kRecordsHeaderBytes + B * H * ((T + kCheckpointEvery - 1) / kCheckpointEvery) * kSavedRecordBytes;
     if (a.variant != kVariantGatedDelta) fail_value(op + "records are Gated DeltaNet's (variant gated_delta), got rwkv7");
-    if (r.scalar_type() != at::kByte || !r.is_contiguous() || r.dim() != 1 || r.numel() != want || r.device() != q.device()) {
-      fail_value(op + "records must be a contiguous uint8 [" + str(kRecordsHeaderBytes) + " + B*H*ceil(T / " +
-                 str(kCheckpointEvery) + ") * " + str(kSavedRecordBytes) + "] = [" + str(want) +
-                 "] on q's device, got " + str(r) + " " + str(r.sizes()));
-    }
+    check_records(op, *a.records, q);
   }
 }
 

@@ -47,21 +47,21 @@ bool nothing_to_do(const Args& a, Outputs& out) {
   return true;
 }
 
-// The saved records' size (what the checks before dispatch cannot say: they are this op's alone).
-void check_records(const Args& a) {
-  if (!a.records) return;
-  const at::Tensor& r = *a.records;
-  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2);
+// Saved chunk records: a contiguous uint8 [header + B*H*ceil(T / 64) records] on q's device
+// (params.cuh: kRecordsHeaderBytes, kSavedRecordBytes), as attngen.delta_rule.records_numel sizes them.
+void check_records(const std::string& op, const at::Tensor& r, const at::Tensor& q) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2);
   const int64_t want = kRecordsHeaderBytes + B * H * ((T + kCheckpointEvery - 1) / kCheckpointEvery) * kSavedRecordBytes;
-  if (r.scalar_type() != at::kByte || !r.is_contiguous() || r.dim() != 1 || r.numel() != want || r.device() != a.q.device()) {
-    fail_value("gated_delta_grad: records must be what delta_rule saved, a contiguous uint8 [" + str(want) +
-               "] on q's device, got " + str(r) + " " + str(r.sizes()));
+  if (r.scalar_type() != at::kByte || !r.is_contiguous() || r.dim() != 1 || r.numel() != want || r.device() != q.device()) {
+    fail_value(op + "records must be a contiguous uint8 [" + str(kRecordsHeaderBytes) + " + B*H*ceil(T / " +
+               str(kCheckpointEvery) + ") * " + str(kSavedRecordBytes) + "] = [" + str(want) + "] on q's device, got " +
+               str(r) + " " + str(r.sizes()));
   }
 }
 
 void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
   const at::Tensor& q = a.q;
-  check_records(a);
+  if (a.records) check_records("gated_delta_grad: ", *a.records, q);  // its size (the declaration cannot say it)
   Params p{};
   p.records = a.records ? a.records->data_ptr() : nullptr;
   p.q = q.data_ptr(), p.k = a.k.data_ptr(), p.v = a.v.data_ptr(), p.w = a.g.data_ptr(), p.a = a.beta.data_ptr();
