@@ -95,12 +95,34 @@ def checkpoint_shape(B: int, T: int, H: int, K: int, V: int, every: int | None =
     return (B, H, (T + every - 1) // every, K, V)
 
 
-def records_numel(B: int, T: int, H: int, every: int | None = None) -> int:
+def records_numel(B: int, T: int, H: int, K: int, V: int, every: int | None = None) -> int:
     """Bytes of the chunk records a training forward saves for Gated DeltaNet's tensor-core
-    backward (the delta_rule op's `records`): a header, then one record per 64-step chunk."""
+    backward (the delta_rule op's `records`, 16-bit inputs): a header, one record per 64-step
+    chunk, then the state before every chunk in the inputs' 16-bit dtype ([K, V] each)."""
     every = checkpoint_every() if every is None else every
+    chunks = B * H * ((T + every - 1) // every)
     return (exported_constant("delta_rule_records_header_bytes")
-            + B * H * ((T + every - 1) // every) * exported_constant("delta_rule_saved_record_bytes"))
+            + chunks * (exported_constant("delta_rule_saved_record_bytes") + 2 * K * V))
+
+
+def saved_states(records: torch.Tensor, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    """The states a chunked forward saved with its records, in `dtype`: `shape` the checkpoints'
+    [B, H, ceil(T / 64), K, V], a view into `records`."""
+    B, H, n, K, V = shape
+    start = exported_constant("delta_rule_records_header_bytes") + B * H * n * exported_constant(
+        "delta_rule_saved_record_bytes")
+    return records[start:].view(dtype).view(B, H, n, K, V)
+
+
+def checkpoints_in_fp32(records: torch.Tensor, checkpoints: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The states before every chunk in fp32, for a backward that reads fp32 checkpoints: those a
+    chunked forward saved with its records where their header says so (it leaves the fp32
+    checkpoints unwritten then), the checkpoints otherwise. Decided on the device: no
+    synchronization, at the cost of reading both."""
+    if records.numel() == 0:
+        return checkpoints
+    marked = (records[:4] == 1).all()
+    return torch.where(marked, saved_states(records, dtype, tuple(checkpoints.shape)).float(), checkpoints)
 
 
 def saves_records(variant_number: int, q: torch.Tensor) -> bool:
@@ -122,7 +144,7 @@ def _register() -> bool:
     if _registered:
         return True
     OP.packet()
-    records_numel(0, 0, 0)  # its constants read here, eagerly: the fake implementation sizes the records
+    records_numel(0, 0, 0, 0, 0)  # its constants read here, eagerly: the fake implementation sizes the records
     # Read here, eagerly (under torch.compile too), for the traced backward's use_tensor_core_backward.
     _TENSOR_CORE_BUCKETS[:] = sorted({(int(m[1]), int(m[2])) for m in
                                       (re.search(r"_k(\d+)_v(\d+)_", name) for name in GATED_GRAD.instances()) if m})
@@ -133,7 +155,8 @@ def _register() -> bool:
                  every: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, H, K = q.shape
         checkpoints = q.new_empty(checkpoint_shape(B, T, H, K, v.shape[-1], every), dtype=torch.float32)
-        records = q.new_empty(records_numel(B, T, H, every) if saves_records(variant, q) else 0, dtype=torch.uint8)
+        V = v.shape[-1]
+        records = q.new_empty(records_numel(B, T, H, K, V, every) if saves_records(variant, q) else 0, dtype=torch.uint8)
         o, final = OP(q, k, v, w, a, b, state, variant, scale, True, checkpoints, False,
                       records if records.numel() else None)
         return o, final, checkpoints, records
@@ -144,7 +167,7 @@ def _register() -> bool:
         V = v.shape[-1]
         return (v.new_empty((B, T, H, V)), q.new_empty((B, H, K, V), dtype=torch.float32),
                 q.new_empty(checkpoint_shape(B, T, H, K, V, every), dtype=torch.float32),
-                q.new_empty(records_numel(B, T, H, every) if saves_records(variant, q) else 0, dtype=torch.uint8))
+                q.new_empty(records_numel(B, T, H, K, V, every) if saves_records(variant, q) else 0, dtype=torch.uint8))
 
     def setup_context(ctx, inputs, output):
         q, k, v, w, a, b, state, variant_, scale, _every = inputs
@@ -173,9 +196,11 @@ def _backward(ctx, d_o, d_state, _d_checkpoints, _d_records):
     if use_tensor_core_backward(tensor_core_args):
         *grads, ds0 = GATED_GRAD(*tensor_core_args, records if records.numel() else None)
     elif use_chunked_backward(q.shape[0], q.shape[1], q.shape[2]):
+        checkpoints = checkpoints_in_fp32(records, checkpoints, q.dtype)
         *grads, ds0 = gated_delta_chunked_backward(q, k, v, w, a, d_o, checkpoints, d_state, ctx.scale,
                                                    ctx.has_state, checkpoint_every())
     else:
+        checkpoints = checkpoints_in_fp32(records, checkpoints, q.dtype)
         *grads, ds0 = _gated_delta_backward(q, k, v, w, a, d_o, checkpoints, d_state, ctx.scale, ctx.has_state,
                                             GRAD)
     grads.append(None)  # b: unused by gated_delta

@@ -97,6 +97,17 @@ __device__ __forceinline__ unsigned char* chunk_record(const Params& p, int64_t 
   return records_base(p) + (bh * chunks + chunk) * record_bytes(p);
 }
 
+// Saved records carry the state before every chunk too, in T ([K, V] per (b, h, chunk), after
+// the records): the backward's per-chunk kernel reads S rounded to T anyway, and the training
+// forward then writes half the bytes of the fp32 checkpoints (which cost its walk 0.22 ms of
+// 0.52 at B8 T4096 H16 K=V=128 bf16 on the H100, bench/results/h100/gated_delta_profile_9a81ee7.txt).
+__device__ __forceinline__ T* saved_state(const Params& p, int64_t bh, int64_t chunk) {
+  const int64_t chunks = (p.T + CHUNK - 1) / CHUNK;
+  unsigned char* states = static_cast<unsigned char*>(const_cast<void*>(static_cast<const void*>(p.records))) +
+                          kRecordsHeaderBytes + p.B * p.H * chunks * FULL_RECORD_BYTES;
+  return reinterpret_cast<T*>(states) + (bh * chunks + chunk) * p.K * p.V;
+}
+
 // Copies rows t0 .. t0 + CHUNK - 1 (zero past `t_valid` rows) x WIDTH elements (zero past
 // `cols_valid`) of a [time][feature] tensor into a shared tile, in 16-byte pieces.
 template <class Tile, int WIDTH, int NTHREADS>
@@ -491,6 +502,21 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
         }
   };
   publish_state();
+  // The state before a chunk in T, for the backward (saved records: saved_state), from the
+  // fragments as store_state does.
+  auto save_state = [&](T* out) {
+#pragma unroll
+    for (int i = 0; i < SMT; ++i)
+#pragma unroll
+      for (int j = 0; j < SNT; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int64_t key = 16 * (wm * SMT + i) + g + 8 * hh, col = col0 + 8 * (wn * SNT + j) + 2 * tq;
+          if (key < p.K && col < p.V) {
+            *reinterpret_cast<uint32_t*>(out + key * p.V + col) = mma::pack2<T>(state[i][j][2 * hh], state[i][j][2 * hh + 1]);
+          }
+        }
+  };
 
   const int key_a_lane = mma::a_operand_lane<KeyTile>(lane);       // Q, K as A: [step][key]
   const int key_b_lane = mma::b_operand_nk_lane<KeyTile>(lane);    // K as B of Q K^T: [step][key]
@@ -523,7 +549,10 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
       if (c + STAGES - 1 < n_chunks) issue_chunk(c + STAGES - 1);
       cp_async_commit();
     }
-    if (p.checkpoints) store_state(p.checkpoints + (bh * windows + c) * p.K * p.V);
+    // Saved records take the state in T in place of the fp32 checkpoint (attngen/delta_rule.py
+    // reads it from there for any backward, by the records' header).
+    if (p.records) save_state(saved_state(p, bh, c));
+    else if (p.checkpoints) store_state(p.checkpoints + (bh * windows + c) * p.K * p.V);
 
     unsigned char* stage = ring + c % STAGES * STAGE_BYTES;
     T* sq = reinterpret_cast<T*>(stage);

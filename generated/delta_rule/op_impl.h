@@ -21,15 +21,18 @@ void check_tensor(const std::string& what, const at::Tensor& t, const at::Tensor
   }
 }
 
-// Saved chunk records: a contiguous uint8 [header + B*H*ceil(T / 64) records] on q's device
-// (params.cuh: kRecordsHeaderBytes, kSavedRecordBytes), as attngen.delta_rule.records_numel sizes them.
-void check_records(const std::string& op, const at::Tensor& r, const at::Tensor& q) {
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2);
-  const int64_t want = kRecordsHeaderBytes + B * H * ((T + kCheckpointEvery - 1) / kCheckpointEvery) * kSavedRecordBytes;
+// Saved chunk records: a contiguous uint8 [header + B*H*ceil(T / 64) x (record + K V states in
+// q's dtype)] on q's device (params.cuh: kRecordsHeaderBytes, kSavedRecordBytes), as
+// attngen.delta_rule.records_numel sizes them.
+void check_records(const std::string& op, const at::Tensor& r, const at::Tensor& q, const at::Tensor& v) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), state_bytes = q.size(3) * v.size(3) * q.element_size();
+  const int64_t want =
+      kRecordsHeaderBytes + B * H * ((T + kCheckpointEvery - 1) / kCheckpointEvery) * (kSavedRecordBytes + state_bytes);
+  if (q.element_size() != 2) fail_value(op + "records are for 16-bit inputs, got " + str(q));
   if (r.scalar_type() != at::kByte || !r.is_contiguous() || r.dim() != 1 || r.numel() != want || r.device() != q.device()) {
     fail_value(op + "records must be a contiguous uint8 [" + str(kRecordsHeaderBytes) + " + B*H*ceil(T / " +
-               str(kCheckpointEvery) + ") * " + str(kSavedRecordBytes) + "] = [" + str(want) + "] on q's device, got " +
-               str(r) + " " + str(r.sizes()));
+               str(kCheckpointEvery) + ") * (" + str(kSavedRecordBytes) + " + 2 K V)] = [" + str(want) +
+               "] on q's device, got " + str(r) + " " + str(r.sizes()));
   }
 }
 
@@ -61,7 +64,7 @@ void check(const Args& a) {
   }
   if (a.records) {
     if (a.variant != kVariantGatedDelta) fail_value(op + "records are Gated DeltaNet's (variant gated_delta), got rwkv7");
-    check_records(op, *a.records, q);
+    check_records(op, *a.records, q, a.v);
   }
 }
 

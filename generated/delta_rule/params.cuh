@@ -19,7 +19,8 @@ constexpr int kCheckpointEvery = 64;
 constexpr float kL2Floor = 1e-12f;
 // Gated DeltaNet's chunk records as a training forward saves them for the backward
 // (Params::records; codegen/families/delta_rule.py SAVED_RECORD_BYTES): a header whose first
-// word is kRecordsValid once a chunked kind has filled them, then a record per (b, h, chunk).
+// word is kRecordsValid once a chunked kind has filled them, a record per (b, h, chunk), then
+// the state before every chunk in the inputs' dtype, [K, V] per (b, h, chunk).
 constexpr int kRecordsHeaderBytes = 16;
 constexpr int kSavedRecordBytes = 24832;
 constexpr uint32_t kRecordsValid = 0x01010101u;  // what cudaMemsetAsync(header, 1, 4) leaves
@@ -51,9 +52,10 @@ struct Params {
   int64_t s_sb, s_sh, s_sk, s_sv;
   int64_t sm_count;
   int qk_l2norm;            // gated_delta: q and k rows divided by their L2 norms (at least kL2Floor), rounded to T
-  void* records;            // gated_delta: kRecordsHeaderBytes + [B, H, ceil(T / 64)] x kSavedRecordBytes bytes
-                            // the chunked kinds fill (and mark whole) for the backward, or null; the
-                            // op zeroes the header first, so that other kinds leave it unmarked
+  void* records;            // gated_delta: kRecordsHeaderBytes + [B, H, ceil(T / 64)] x (kSavedRecordBytes + 2 K V)
+                            // bytes the chunked kinds fill (and mark whole) for the backward, writing the
+                            // states there instead of to checkpoints; or null. The op zeroes the header
+                            // first, so that other kinds leave it unmarked (and write the checkpoints)
   void* workspace;          // the chunked kinds' chunk records where none are saved (Entry::workspace)
 };
 

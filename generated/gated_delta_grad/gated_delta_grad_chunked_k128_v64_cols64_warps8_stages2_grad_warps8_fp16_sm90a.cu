@@ -114,6 +114,17 @@ __device__ __forceinline__ unsigned char* chunk_record(const Params& p, int64_t 
   return records_base(p) + (bh * chunks + chunk) * record_bytes(p);
 }
 
+// Saved records carry the state before every chunk too, in T ([K, V] per (b, h, chunk), after
+// the records): the backward's per-chunk kernel reads S rounded to T anyway, and the training
+// forward then writes half the bytes of the fp32 checkpoints (which cost its walk 0.22 ms of
+// 0.52 at B8 T4096 H16 K=V=128 bf16 on the H100, bench/results/h100/gated_delta_profile_9a81ee7.txt).
+__device__ __forceinline__ T* saved_state(const Params& p, int64_t bh, int64_t chunk) {
+  const int64_t chunks = (p.T + CHUNK - 1) / CHUNK;
+  unsigned char* states = static_cast<unsigned char*>(const_cast<void*>(static_cast<const void*>(p.records))) +
+                          kRecordsHeaderBytes + p.B * p.H * chunks * FULL_RECORD_BYTES;
+  return reinterpret_cast<T*>(states) + (bh * chunks + chunk) * p.K * p.V;
+}
+
 // Copies rows t0 .. t0 + CHUNK - 1 (zero past `t_valid` rows) x WIDTH elements (zero past
 // `cols_valid`) of a [time][feature] tensor into a shared tile, in 16-byte pieces.
 template <class Tile, int WIDTH, int NTHREADS>
@@ -858,14 +869,20 @@ __global__ void __launch_bounds__(GRAD_THREADS, 1) grads_kernel(const Params p) 
     beta[tid] = tid < rows ? static_cast<const float*>(p.a)[b * p.a_sb + (t0 + tid) * p.a_st + h * p.a_sh] : 0.f;  // smem: part_read
   }
   for (int j = tid; j < PART_ROWS * CHUNK; j += GRAD_THREADS) part[j] = 0.f;  // smem: part_read
-  // G (already in T) by cp.async with the rest; S's fp32 pieces loaded into registers all at once
-  // (their latency under the copies'), then rounded to T into its tile, sum S * G in fp32 on
-  // the way. Keys past K and values past V are zero.
+  // G (already in T) by cp.async with the rest; S too where the forward saved it in T with its
+  // records, else S's fp32 pieces from the checkpoints into registers all at once (their latency
+  // under the copies'), then rounded to T into its tile. sum S * G in fp32 on the way. Keys past K
+  // and values past V are zero.
+  const bool saved = skip_prepare(p);
   const T* g_src = after_chunk(p, bh, chunk);
+  const T* s16 = saved ? saved_state(p, bh, chunk) : nullptr;
   for (int j = tid; j < KB * VB / 8; j += GRAD_THREADS) {
     const int row = j / (VB / 8), col = j % (VB / 8) * 8;
     const bool valid = row < K && col < V;
     cp_async_zfill<16>(g_tile + SlabTile::offset(row, col), valid ? g_src + row * p.V + col : g_src, valid);  // smem: state_fill
+    if (saved) {
+      cp_async_zfill<16>(s_tile + SlabTile::offset(row, col), valid ? s16 + row * p.V + col : s16, valid);  // smem: state_fill
+    }
   }
   cp_async_commit();
   constexpr int FILLS = KB * VB / 8 / GRAD_THREADS;
@@ -875,7 +892,7 @@ __global__ void __launch_bounds__(GRAD_THREADS, 1) grads_kernel(const Params p) 
 #pragma unroll
   for (int f = 0; f < FILLS; ++f) {
     const int j = tid + f * GRAD_THREADS, row = j / (VB / 8), col = j % (VB / 8) * 8;
-    const bool valid = row < K && col < V;
+    const bool valid = !saved && row < K && col < V;
     s_piece[f][0] = valid ? *reinterpret_cast<const float4*>(s_src + row * p.V + col) : make_float4(0.f, 0.f, 0.f, 0.f);
     s_piece[f][1] = valid ? *reinterpret_cast<const float4*>(s_src + row * p.V + col + 4) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
@@ -886,7 +903,17 @@ __global__ void __launch_bounds__(GRAD_THREADS, 1) grads_kernel(const Params p) 
 #pragma unroll
     for (int f = 0; f < FILLS; ++f) {
       const int j = tid + f * GRAD_THREADS, row = j / (VB / 8), col = j % (VB / 8) * 8;
-      const float* s = reinterpret_cast<const float*>(&s_piece[f][0]);
+      float s[8];
+      if (saved) {
+        const uint4 piece = *reinterpret_cast<const uint4*>(s_tile + SlabTile::offset(row, col));  // smem: state_fill
+        const T* x = reinterpret_cast<const T*>(&piece);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s[e] = to_float(x[e]);
+      } else {
+        const float* x = reinterpret_cast<const float*>(&s_piece[f][0]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s[e] = x[e];
+      }
       const uint4 g_piece = *reinterpret_cast<const uint4*>(g_tile + SlabTile::offset(row, col));  // smem: state_fill
       const T* gg = reinterpret_cast<const T*>(&g_piece);
       uint4 out;
@@ -896,7 +923,7 @@ __global__ void __launch_bounds__(GRAD_THREADS, 1) grads_kernel(const Params p) 
         op[e] = mma::pack2<T>(s[2 * e], s[2 * e + 1]);
         s_dot_g = fmaf(s[2 * e], to_float(gg[2 * e]), fmaf(s[2 * e + 1], to_float(gg[2 * e + 1]), s_dot_g));
       }
-      *reinterpret_cast<uint4*>(s_tile + SlabTile::offset(row, col)) = out;  // smem: state_fill
+      if (!saved) *reinterpret_cast<uint4*>(s_tile + SlabTile::offset(row, col)) = out;  // smem: state_fill
     }
     s_dot_g = row_sum(s_dot_g);
     s_dot_g += __shfl_xor_sync(0xffffffffu, s_dot_g, 4);

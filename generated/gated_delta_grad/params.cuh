@@ -43,8 +43,9 @@ struct Params {
   int64_t a_sb, a_st, a_sh;
   int64_t do_sb, do_st, do_sh;
   int qk_l2norm;            // always 0 (the chunk-record kernel reads it)
-  const void* records;      // the forward's saved chunk records, or null; read where their header says
-                            // they are whole, the first kernel skipped (it fills the workspace's otherwise)
+  const void* records;      // the forward's saved chunk records and states, or null; read where their
+                            // header says they are whole, the first kernel skipped and S taken from them
+                            // (ckpt unread); otherwise the first kernel fills the workspace's records
   void* workspace;          // the chunk records, then G after every chunk (Entry::workspace)
 };
 

@@ -231,11 +231,12 @@ def delta_rule_family():
         # the chunked forward of the same key bucket, saving its chunk records for the backward
         forward = next(n for n in delta_rule.instances()
                        if f"_gated_delta_chunked_k{kb}_" in n and n.endswith(name[-len("_bf16_sm90a"):]))
-        records = torch.empty(delta_rule.records_numel(B, T, H), dtype=torch.uint8, device="cuda")
+        records = torch.empty(delta_rule.records_numel(B, T, H, K, V), dtype=torch.uint8, device="cuda")
         delta_rule.delta_rule_with(forward, q, k, v, g, beta, None, state, delta_rule.variant("gated_delta"), 0.5, True,
                                    ckpt, False, records)
-        got = delta_rule.GATED_GRAD.forced(name, q, k, v, g, beta, d_o, ckpt, state, 0.5, True)
         saved = delta_rule.GATED_GRAD.forced(name, q, k, v, g, beta, d_o, ckpt, state, 0.5, True, records)
+        ckpt = delta_rule.checkpoints_in_fp32(records, ckpt, dtype)  # the forward saved the states with its records
+        got = delta_rule.GATED_GRAD.forced(name, q, k, v, g, beta, d_o, ckpt, state, 0.5, True)
         want = gated_delta_chunked_backward(*(x.double() for x in (q, k, v, g, beta, d_o, ckpt, state)), 0.5, True,
                                             delta_rule.checkpoint_every(), torch.float64)
         err = max(((x.double() - y).norm() / y.norm()).item() for x, y in zip(got + saved, want + want))

@@ -413,13 +413,16 @@ def test_every_gated_delta_grad_instance():
 
 
 def test_gated_delta_saved_records():
-    """The chunk records a training forward saves (the delta_rule op's `records`) and the
-    backward reads in place of solving each chunk's system again: every chunked Gated DeltaNet
-    forward instance fills them and marks their header, and the backward on them gives the
-    gradients it gives on its own records (equal, or within fp32 rounding where the forward's
-    key bucket differs); they are read (garbage past a marked header changes the gradients) and
-    ignored where unmarked (garbage past a zero header changes nothing); a step-by-step forward
-    leaves the header zero."""
+    """The chunk records and states a training forward saves (the delta_rule op's `records`) and
+    the backward reads in place of solving each chunk's system again and of the fp32
+    checkpoints: every chunked Gated DeltaNet forward instance fills them and marks their
+    header, the saved states are the fp32 checkpoints of the same run rounded to the dtype
+    (which it then leaves unwritten), and the backward on them gives the gradients it gives on
+    its own records and the fp32 checkpoints (dg within the 16-bit bound: its chunk-end term sums
+    S * G from the rounded S; the others within 1e-5); they are read (garbage past a marked
+    header changes the gradients) and ignored where unmarked (garbage past a zero header
+    changes nothing); a step-by-step forward leaves the header zero and writes the checkpoints;
+    checkpoints_in_fp32 picks by the header."""
     header = delta_rule.exported_constant("delta_rule_records_header_bytes")
     forwards = [n for n in delta_rule.instances() if "_gated_delta_chunked" in n]
     assert forwards, "no chunked Gated DeltaNet forward instance"
@@ -430,21 +433,29 @@ def test_gated_delta_saved_records():
         B, T, H, K, V = 2, 130, 3, kb - 8, 96
         inputs = gated_inputs(B, T, H, K, V, dtype, "mixed", seed=K)
         state = torch.randn(B, H, K, V, device="cuda") * 0.1
-        ckpt = torch.empty(delta_rule.checkpoint_shape(B, T, H, K, V), device="cuda")
-        records = torch.full((delta_rule.records_numel(B, T, H),), 7, dtype=torch.uint8, device="cuda")
-        args = op_args("gated_delta", inputs, state, 0.5, checkpoints=ckpt)
-        delta_rule.delta_rule_with(name, *args, records)
+        plain = torch.empty(delta_rule.checkpoint_shape(B, T, H, K, V), device="cuda")
+        delta_rule.delta_rule_with(name, *op_args("gated_delta", inputs, state, 0.5, checkpoints=plain))
+        ckpt = torch.full(plain.shape, float("nan"), device="cuda")
+        records = torch.full((delta_rule.records_numel(B, T, H, K, V),), 7, dtype=torch.uint8, device="cuda")
+        delta_rule.delta_rule_with(name, *op_args("gated_delta", inputs, state, 0.5, checkpoints=ckpt), records)
         if records[:4].tolist() != [1, 1, 1, 1]:
             failures.append(f"{name}: header {records[:4].tolist()}, not marked")
             continue
+        if not torch.equal(delta_rule.saved_states(records, dtype, tuple(plain.shape)), plain.to(dtype)):
+            failures.append(f"{name}: the saved states are not the checkpoints rounded to {dtype}")
+        if not torch.isnan(ckpt).all():
+            failures.append(f"{name}: wrote the fp32 checkpoints beside the saved states")
+        if not torch.equal(delta_rule.checkpoints_in_fp32(records, ckpt, dtype), plain.to(dtype).float()):
+            failures.append(f"{name}: checkpoints_in_fp32 did not take the saved states")
         q, k, v, gate, beta = inputs
         d_o = torch.randn(v.shape, device="cuda").to(dtype)
-        grad_args = (q, k, v, gate, beta, d_o, ckpt, torch.randn(state.shape, device="cuda"), 0.5, True)
+        grad_args = (q, k, v, gate, beta, d_o, plain, torch.randn(state.shape, device="cuda"), 0.5, True)
         own = delta_rule.GATED_GRAD(*grad_args)
         saved = delta_rule.GATED_GRAD(*grad_args, records)
         for what, x, y in zip(GATED_GRAD_NAMES, saved, own):
-            if not rel_err(x, y) <= 1e-5:
-                failures.append(f"{name} {what}: rel err {rel_err(x, y):.2e} against the backward's own records")
+            bound = TOL[dtype] if what == "dg" else 1e-5
+            if not rel_err(x, y) <= bound:
+                failures.append(f"{name} {what}: rel err {rel_err(x, y):.2e} against its own records and the checkpoints")
         spoiled = records.clone()
         spoiled[header:] = 0x3c  # 16-bit 1.0-ish everywhere: a different system
         if torch.equal(delta_rule.GATED_GRAD(*grad_args, spoiled)[0], own[0]):
@@ -452,12 +463,15 @@ def test_gated_delta_saved_records():
         spoiled[:header] = 0
         if not all(torch.equal(x, y) for x, y in zip(delta_rule.GATED_GRAD(*grad_args, spoiled), own)):
             failures.append(f"{name}: unmarked records read")
+        if not torch.equal(delta_rule.checkpoints_in_fp32(spoiled, plain, dtype), plain):
+            failures.append(f"{name}: checkpoints_in_fp32 took unmarked states")
     recurrent = next(n for n in delta_rule.instances() if "_gated_delta_recurrent_k64_" in n and n.endswith("_bf16_sm90a"))
     inputs = gated_inputs(1, 70, 2, 64, 64, torch.bfloat16, "mixed", seed=1)
-    records = torch.full((delta_rule.records_numel(1, 70, 2),), 1, dtype=torch.uint8, device="cuda")
-    ckpt = torch.empty(delta_rule.checkpoint_shape(1, 70, 2, 64, 64), device="cuda")
+    records = torch.full((delta_rule.records_numel(1, 70, 2, 64, 64),), 1, dtype=torch.uint8, device="cuda")
+    ckpt = torch.full(delta_rule.checkpoint_shape(1, 70, 2, 64, 64), float("nan"), device="cuda")
     delta_rule.delta_rule_with(recurrent, *op_args("gated_delta", inputs, None, 0.5, checkpoints=ckpt), records)
     assert records[:header].sum().item() == 0, f"{recurrent} left the header {records[:4].tolist()}"
+    assert torch.isfinite(ckpt).all(), f"{recurrent} did not write the checkpoints"
     assert not failures, "\n".join(failures[:20])
 
 
