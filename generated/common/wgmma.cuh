@@ -61,6 +61,30 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t smem_addr, uint32_t lead
          static_cast<uint64_t>((stride_bytes & 0x3FFFF) >> 4) << 32 | static_cast<uint64_t>(mode) << 62;
 }
 
+// `desc` with its start address moved by `bytes` (a multiple of 16): one add to the low word.
+// Shared addresses are below 2^18, so the 14-bit start field takes the sum without carrying.
+// A kernel builds a tile's descriptor once and moves it per k-step: built anew each k-step, a
+// descriptor cost ptxas (sm_90a) a mask, a shift, an or and two moves into uniform registers.
+__device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t low = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | low;
+}
+
+// `desc` as a value the compiler cannot see through: a loop that moves a loop-invariant
+// descriptor per k-step takes it so, or ptxas keeps every moved copy live across the loop (at
+// d128 the flash backward's causal variants then spilled 8-20 bytes).
+__device__ __forceinline__ uint64_t opaque(uint64_t desc) {
+  asm volatile("" : "+l"(desc));
+  return desc;
+}
+
+// This thread's warpgroup, as a value the compiler knows to be the same on every lane of the
+// warp (a shuffle from lane 0): descriptors derived from it stay in the uniform registers that
+// wgmma reads them from.
+__device__ __forceinline__ int warpgroup_index() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+}
+
 // Before the first wgmma that reads registers written since (accumulators, A fragments).
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

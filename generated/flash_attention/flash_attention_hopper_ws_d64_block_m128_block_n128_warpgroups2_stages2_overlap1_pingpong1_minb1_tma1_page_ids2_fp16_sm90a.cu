@@ -538,9 +538,9 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 
   // Consumers: warpgroup wg owns rows 64 wg .. 64 wg + 63 of a block, warp w rows 16 w ...
   pipeline::claim_registers<CONSUMER_REGS>();
-  const int wg = warp / 4;
+  const int wg = wgmma::warpgroup_index();
   const int row0 = warp * 16;
-  const uint32_t q_rows = mma::smem_addr(q_tile) + wg * 64 * 128;  // this warpgroup's Q (A, K-major)
+  const uint64_t q_rows = wgmma::descriptor(mma::smem_addr(q_tile) + wg * 64 * 128, 16, GROUP_BYTES);  // this warpgroup's Q (A, K-major)
   // Raw q.k become base-2 exponents through one factor; transformed scores are already scaled.
   // fp8 operands multiply it by a block's descale factors (descales_of).
   const float log2_scale = EXTRAS ? LOG2E : p.scale * LOG2E;
@@ -564,13 +564,13 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
   // S = Q K^T of ring position g: the warpgroup's 64 rows x BLOCK_N keys in D / 16 k-steps,
   // both operands K-major in shared memory (a k-step is 32 bytes into an atom). Not committed.
   auto issue_scores = [&](int g) {
-    const uint32_t k_addr = mma::smem_addr(k_ring + g % STAGES * KVTile::ELEMS);
+    const uint64_t q_desc = wgmma::opaque(q_rows);
+    const uint64_t k_desc = wgmma::descriptor(mma::smem_addr(k_ring + g % STAGES * KVTile::ELEMS), 16, GROUP_BYTES);
 #pragma unroll
     for (int kd = 0; kd < KD; ++kd) {
       const uint32_t step = (kd % 4) * 32;
-      const uint64_t a = wgmma::descriptor(q_rows + (kd / 4) * QTile::ATOM_BYTES + step, 16, GROUP_BYTES);
-      const uint64_t bk = wgmma::descriptor(k_addr + (kd / 4) * KVTile::ATOM_BYTES + step, 16, GROUP_BYTES);
-      ScoreMma::ss<0>(&s[0][0][0], a, bk, kd > 0);
+      ScoreMma::ss<0>(&s[0][0][0], wgmma::advance(q_desc, (kd / 4) * QTile::ATOM_BYTES + step),
+                      wgmma::advance(k_desc, (kd / 4) * KVTile::ATOM_BYTES + step), kd > 0);
     }
   };
   // O += P V of ring position g: the weights as A fragments in registers, V (rows are keys, D
@@ -579,16 +579,16 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
   // atom row (of 128 or 64 bytes).
   auto issue_output = [&](int g) {
     const uint32_t v_addr = mma::smem_addr(v_ring + g % STAGES * VTile::ELEMS);
+    const uint64_t v_desc = FP8 ? wgmma::descriptor(v_addr, 16, VTile::GROUP_BYTES, VTile::MODE)
+                                : wgmma::descriptor(v_addr, KVTile::ATOM_BYTES, GROUP_BYTES);
 #pragma unroll
     for (int kn = 0; kn < KN; ++kn) {
       if constexpr (FP8) {
         constexpr int STEPS_PER_ROW = VTile::ATOM_COLS / K_STEP;  // k-steps along an atom row of V^T
-        const uint64_t bv = wgmma::descriptor(v_addr + (kn / STEPS_PER_ROW) * VTile::ATOM_BYTES + (kn % STEPS_PER_ROW) * 32,
-                                              16, VTile::GROUP_BYTES, VTile::MODE);
-        OutputMma::rs<0>(&acc[0][0][0], pa[kn], bv, 1);
+        OutputMma::rs<0>(&acc[0][0][0], pa[kn],
+                         wgmma::advance(v_desc, (kn / STEPS_PER_ROW) * VTile::ATOM_BYTES + (kn % STEPS_PER_ROW) * 32), 1);
       } else {
-        const uint64_t bv = wgmma::descriptor(v_addr + kn * 2 * GROUP_BYTES, KVTile::ATOM_BYTES, GROUP_BYTES);
-        OutputMma::rs<1>(&acc[0][0][0], pa[kn], bv, 1);
+        OutputMma::rs<1>(&acc[0][0][0], pa[kn], wgmma::advance(v_desc, kn * 2 * GROUP_BYTES), 1);
       }
     }
   };

@@ -170,11 +170,12 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     }
   }
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = wgmma::warpgroup_index();
   const int row0 = warp * 16;                     // this warp's first key row: 16 of its warpgroup's 64
   // This warpgroup's 64 keys and values (A operands, K-major): one 64 x 16 block per k-step.
   const uint32_t k_base = mma::smem_addr(k_tile), v_base = mma::smem_addr(v_tile);
-  const uint32_t k_rows = k_base + wg * 64 * 128, v_rows = v_base + wg * 64 * 128;
+  const uint64_t k_rows = wgmma::descriptor(k_base + wg * 64 * 128, 16, GROUP_BYTES);
+  const uint64_t v_rows = wgmma::descriptor(v_base + wg * 64 * 128, 16, GROUP_BYTES);
   const uint32_t ds_base0 = mma::smem_addr(ds_tile);
   // dQ: this warpgroup's 64 query rows of the tile, DQ_COLS columns and keys.
   const int dq_row0 = DQ_BY_KEYS || BLOCK_M == 64 ? 0 : wg * 64;
@@ -218,19 +219,20 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   // S^T = K Q^T and dP^T = V dO^T of tile j for this warpgroup's 64 keys, D / 16 k-steps each,
   // issued and committed, not waited for.
   auto issue_scores = [&](float (&s)[1][NT][4], float (&dp)[1][NT][4], int j) {
-    const uint32_t q_base = mma::smem_addr(ring + j % STAGES * STAGE_ELEMS), o_base = q_base + QTile::BYTES;
+    const uint32_t q_base = mma::smem_addr(ring + j % STAGES * STAGE_ELEMS);
+    const uint64_t q_rows = wgmma::descriptor(q_base, 16, GROUP_BYTES);
+    const uint64_t o_rows = wgmma::descriptor(q_base + QTile::BYTES, 16, GROUP_BYTES);
+    const uint64_t k_desc = wgmma::opaque(k_rows), v_desc = wgmma::opaque(v_rows);
     wgmma::fence();
 #pragma unroll
     for (int kd = 0; kd < KD; ++kd) {
       const uint32_t step = (kd / 4) * KVTile::ATOM_BYTES + (kd % 4) * 32, qstep = (kd / 4) * QTile::ATOM_BYTES + (kd % 4) * 32;
-      ScoreMma::ss<0>(&s[0][0][0], wgmma::descriptor(k_rows + step, 16, GROUP_BYTES),
-                      wgmma::descriptor(q_base + qstep, 16, GROUP_BYTES), kd > 0);
+      ScoreMma::ss<0>(&s[0][0][0], wgmma::advance(k_desc, step), wgmma::advance(q_rows, qstep), kd > 0);
     }
 #pragma unroll
     for (int kd = 0; kd < KD; ++kd) {
       const uint32_t step = (kd / 4) * KVTile::ATOM_BYTES + (kd % 4) * 32, qstep = (kd / 4) * QTile::ATOM_BYTES + (kd % 4) * 32;
-      ScoreMma::ss<0>(&dp[0][0][0], wgmma::descriptor(v_rows + step, 16, GROUP_BYTES),
-                      wgmma::descriptor(o_base + qstep, 16, GROUP_BYTES), kd > 0);
+      ScoreMma::ss<0>(&dp[0][0][0], wgmma::advance(v_desc, step), wgmma::advance(o_rows, qstep), kd > 0);
     }
     wgmma::commit();
   };
@@ -278,14 +280,16 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       mma::c_as_a<T>(pa[km], s, 0, km);
       mma::c_as_a<T>(da[km], dp, 0, km);
     }
+    const uint64_t o_cols = wgmma::descriptor(o_base, QTile::ATOM_BYTES, GROUP_BYTES);
+    const uint64_t q_cols = wgmma::descriptor(q_base, QTile::ATOM_BYTES, GROUP_BYTES);
     wgmma::fence();
 #pragma unroll
     for (int km = 0; km < KM; ++km) {
-      GradMma::rs<1>(&dv[0][0][0], pa[km], wgmma::descriptor(o_base + km * 2 * GROUP_BYTES, QTile::ATOM_BYTES, GROUP_BYTES), 1);
+      GradMma::rs<1>(&dv[0][0][0], pa[km], wgmma::advance(o_cols, km * 2 * GROUP_BYTES), 1);
     }
 #pragma unroll
     for (int km = 0; km < KM; ++km) {
-      GradMma::rs<1>(&dk[0][0][0], da[km], wgmma::descriptor(q_base + km * 2 * GROUP_BYTES, QTile::ATOM_BYTES, GROUP_BYTES), 1);
+      GradMma::rs<1>(&dk[0][0][0], da[km], wgmma::advance(q_cols, km * 2 * GROUP_BYTES), 1);
     }
     wgmma::commit();
 
@@ -306,15 +310,15 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
 
     // dQ = dS K for this warpgroup's rows, columns and keys: dS K-major, K read transposed.
     float dq[1][DQ_COLS / 8][4];
+    const int kn0 = dq_kstep0;  // a multiple of 4: this warpgroup's first k-step starts an atom
+    const uint64_t ds_rows = wgmma::descriptor(ds_base + dq_row0 * 128 + (kn0 / 4) * STile::ATOM_BYTES, 16, GROUP_BYTES);
+    const uint64_t k_cols = wgmma::descriptor(k_base + (dq_col0 / 64) * KVTile::ATOM_BYTES + kn0 * 2 * GROUP_BYTES,
+                                              KVTile::ATOM_BYTES, GROUP_BYTES);
     wgmma::fence();
 #pragma unroll
     for (int step = 0; step < DQ_KSTEPS; ++step) {
-      const int kn = dq_kstep0 + step;
-      const uint64_t a = wgmma::descriptor(ds_base + dq_row0 * 128 + (kn / 4) * STile::ATOM_BYTES + (kn % 4) * 32, 16,
-                                           GROUP_BYTES);
-      const uint64_t bk = wgmma::descriptor(k_base + (dq_col0 / 64) * KVTile::ATOM_BYTES + kn * 2 * GROUP_BYTES,
-                                            KVTile::ATOM_BYTES, GROUP_BYTES);
-      DqMma::ss<1>(&dq[0][0][0], a, bk, step > 0);
+      DqMma::ss<1>(&dq[0][0][0], wgmma::advance(ds_rows, (step / 4) * STile::ATOM_BYTES + (step % 4) * 32),
+                   wgmma::advance(k_cols, step * 2 * GROUP_BYTES), step > 0);
     }
     wgmma::commit();
     bool next_in_flight = false;

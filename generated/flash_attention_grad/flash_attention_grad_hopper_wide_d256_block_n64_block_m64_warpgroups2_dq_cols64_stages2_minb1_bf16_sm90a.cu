@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   pipeline::claim_registers<DETERMINISTIC ? TURNS_CONSUMER_REGS : CONSUMER_REGS>();
   if (walk.iters > 0) pipeline::wait(&bars.kv_full, 0);  // made visible to wgmma with the first tile's fence
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4, tid = threadIdx.x % 128;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = wgmma::warpgroup_index(), tid = threadIdx.x % 128;
   const int row0 = (warp % 4) * 16;  // this warp's first key row (S^T, dP^T, dK, dV) and query row (dQ)
   const int col0 = wg * COLS;        // this warpgroup's first column of dK, dV and dQ
   const uint32_t k_base = mma::smem_addr(k_tile), v_base = mma::smem_addr(v_tile), ds_base = mma::smem_addr(ds_tile);
@@ -139,12 +139,13 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
 
     // S^T = K Q^T (warpgroup 0) or dP^T = V dO^T (warpgroup 1) for the block's keys.
     float s[1][NT][4];
+    const uint64_t score_rows = wgmma::descriptor(score_a, 16, GROUP_BYTES);
+    const uint64_t q_rows = wgmma::descriptor(q_base + score_b_offset, 16, GROUP_BYTES);
     wgmma::fence();
 #pragma unroll
     for (int kd = 0; kd < KD; ++kd) {
       const uint32_t step = (kd / 4) * KVTile::ATOM_BYTES + (kd % 4) * 32, qstep = (kd / 4) * QTile::ATOM_BYTES + (kd % 4) * 32;
-      ScoreMma::ss<0>(&s[0][0][0], wgmma::descriptor(score_a + step, 16, GROUP_BYTES),
-                      wgmma::descriptor(q_base + score_b_offset + qstep, 16, GROUP_BYTES), kd > 0);
+      ScoreMma::ss<0>(&s[0][0][0], wgmma::advance(score_rows, step), wgmma::advance(q_rows, qstep), kd > 0);
     }
     wgmma::commit();
     wgmma::wait<0>();
@@ -192,16 +193,16 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     // dV += P^T dO and dK += dS^T Q on this warpgroup's columns: A from registers, dO and Q read
     // transposed, 16 query rows per k-step.
     const uint32_t cols_offset = (col0 / 64) * QTile::ATOM_BYTES;
+    const uint64_t o_cols = wgmma::descriptor(o_base + cols_offset, QTile::ATOM_BYTES, GROUP_BYTES);
+    const uint64_t q_cols = wgmma::descriptor(q_base + cols_offset, QTile::ATOM_BYTES, GROUP_BYTES);
     wgmma::fence();
 #pragma unroll
     for (int km = 0; km < KM; ++km) {
-      GradMma::rs<1>(&dv[0][0][0], pa[km],
-                     wgmma::descriptor(o_base + cols_offset + km * 2 * GROUP_BYTES, QTile::ATOM_BYTES, GROUP_BYTES), 1);
+      GradMma::rs<1>(&dv[0][0][0], pa[km], wgmma::advance(o_cols, km * 2 * GROUP_BYTES), 1);
     }
 #pragma unroll
     for (int km = 0; km < KM; ++km) {
-      GradMma::rs<1>(&dk[0][0][0], da[km],
-                     wgmma::descriptor(q_base + cols_offset + km * 2 * GROUP_BYTES, QTile::ATOM_BYTES, GROUP_BYTES), 1);
+      GradMma::rs<1>(&dk[0][0][0], da[km], wgmma::advance(q_cols, km * 2 * GROUP_BYTES), 1);
     }
     wgmma::commit();
 
@@ -211,13 +212,13 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     for (int pass = 0; pass < COLS / DQ_COLS; ++pass) {
       const int c0 = col0 + pass * DQ_COLS;
       float dq[1][DQ_COLS / 8][4];
+      const uint64_t ds_rows = wgmma::opaque(wgmma::descriptor(ds_base, 16, GROUP_BYTES));
+      const uint64_t k_cols = wgmma::descriptor(k_base + (c0 / 64) * KVTile::ATOM_BYTES, KVTile::ATOM_BYTES, GROUP_BYTES);
       wgmma::fence();
 #pragma unroll
       for (int kn = 0; kn < KN; ++kn) {
-        DqMma::ss<1>(&dq[0][0][0], wgmma::descriptor(ds_base + (kn / 4) * STile::ATOM_BYTES + (kn % 4) * 32, 16, GROUP_BYTES),
-                     wgmma::descriptor(k_base + (c0 / 64) * KVTile::ATOM_BYTES + kn * 2 * GROUP_BYTES, KVTile::ATOM_BYTES,
-                                       GROUP_BYTES),
-                     kn > 0);
+        DqMma::ss<1>(&dq[0][0][0], wgmma::advance(ds_rows, (kn / 4) * STile::ATOM_BYTES + (kn % 4) * 32),
+                     wgmma::advance(k_cols, kn * 2 * GROUP_BYTES), kn > 0);
       }
       wgmma::commit();
       wgmma::wait<0>();
