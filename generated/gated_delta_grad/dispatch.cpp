@@ -140,7 +140,7 @@ const Entry* jit_select(const Key& key) {
 }
 
 const Entry* gated_delta_grad_select(const Key& key) {
-  // specs/gated_delta_grad.yaml:166: when BH * V >= 112 * sm_count -> chunked_wide
+  // specs/gated_delta_grad.yaml:171: when BH * V >= 112 * sm_count -> chunked_wide
   if (((key.BH * key.V) >= (112 * key.sm_count))) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[8].covers(key)) return row(8);  // gated_delta_grad_chunked_wide_k64_v128_cols128_warps8_stages1_grad_warps8_fp16_sm90a
@@ -151,7 +151,7 @@ const Entry* gated_delta_grad_select(const Key& key) {
       if (kEntries[11].covers(key)) return row(11);  // gated_delta_grad_chunked_wide_k128_v128_cols128_warps8_stages1_grad_warps8_bf16_sm90a
     }
   }
-  // specs/gated_delta_grad.yaml:168: when True -> chunked
+  // specs/gated_delta_grad.yaml:173: when True -> chunked
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return row(0);  // gated_delta_grad_chunked_k64_v64_cols64_warps8_stages2_grad_warps8_fp16_sm90a
