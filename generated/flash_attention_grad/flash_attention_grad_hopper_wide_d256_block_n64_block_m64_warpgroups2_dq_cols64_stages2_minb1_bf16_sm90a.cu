@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
 
     // S^T = K Q^T (warpgroup 0) or dP^T = V dO^T (warpgroup 1) for the block's keys.
     float s[1][NT][4];
-    const uint64_t score_rows = wgmma::descriptor(score_a, 16, GROUP_BYTES);
+    const uint64_t score_rows = wgmma::opaque(wgmma::descriptor(score_a, 16, GROUP_BYTES));
     const uint64_t q_rows = wgmma::descriptor(q_base + score_b_offset, 16, GROUP_BYTES);
     wgmma::fence();
 #pragma unroll
@@ -213,7 +213,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       const int c0 = col0 + pass * DQ_COLS;
       float dq[1][DQ_COLS / 8][4];
       const uint64_t ds_rows = wgmma::opaque(wgmma::descriptor(ds_base, 16, GROUP_BYTES));
-      const uint64_t k_cols = wgmma::descriptor(k_base + (c0 / 64) * KVTile::ATOM_BYTES, KVTile::ATOM_BYTES, GROUP_BYTES);
+      const uint64_t k_cols =
+          wgmma::opaque(wgmma::descriptor(k_base + (c0 / 64) * KVTile::ATOM_BYTES, KVTile::ATOM_BYTES, GROUP_BYTES));
       wgmma::fence();
 #pragma unroll
       for (int kn = 0; kn < KN; ++kn) {
