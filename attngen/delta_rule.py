@@ -121,7 +121,7 @@ def checkpoints_in_fp32(records: torch.Tensor, checkpoints: torch.Tensor, dtype:
     synchronization, at the cost of reading both."""
     if records.numel() == 0:
         return checkpoints
-    marked = (records[:4] == 1).all()
+    marked = records[:4].view(torch.int32)[0] == exported_constant("delta_rule_records_valid")
     return torch.where(marked, saved_states(records, dtype, tuple(checkpoints.shape)).float(), checkpoints)
 
 
@@ -145,6 +145,7 @@ def _register() -> bool:
         return True
     OP.packet()
     records_numel(0, 0, 0, 0, 0)  # its constants read here, eagerly: the fake implementation sizes the records
+    exported_constant("delta_rule_records_valid")  # the header's mark, which the backward reads
     # Read here, eagerly (under torch.compile too), for the traced backward's use_tensor_core_backward.
     _TENSOR_CORE_BUCKETS[:] = sorted({(int(m[1]), int(m[2])) for m in
                                       (re.search(r"_k(\d+)_v(\d+)_", name) for name in GATED_GRAD.instances()) if m})

@@ -331,5 +331,6 @@ FAMILY = Family(
     support_constants=RECORD_CONSTANTS,
     exported_constants={"delta_rule_checkpoint_every": "kCheckpointEvery",
                         "delta_rule_saved_record_bytes": "kSavedRecordBytes",
-                        "delta_rule_records_header_bytes": "kRecordsHeaderBytes"},
+                        "delta_rule_records_header_bytes": "kRecordsHeaderBytes",
+                        "delta_rule_records_valid": "kRecordsValid"},
 )

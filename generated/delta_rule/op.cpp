@@ -83,6 +83,8 @@ int64_t delta_rule_saved_record_bytes() { return kSavedRecordBytes; }
 
 int64_t delta_rule_records_header_bytes() { return kRecordsHeaderBytes; }
 
+int64_t delta_rule_records_valid() { return kRecordsValid; }
+
 // Launch `entry` with `p` on the current stream of `like`'s device, with the scratch it asks
 // for (Entry::workspace) from torch's caching allocator: stream-ordered, so CUDA graphs
 // capture it too. Every family's run() ends here once its Params are filled.
@@ -251,6 +253,7 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
   m.def("delta_rule_checkpoint_every() -> int", &attngen::delta_rule::delta_rule_checkpoint_every);
   m.def("delta_rule_saved_record_bytes() -> int", &attngen::delta_rule::delta_rule_saved_record_bytes);
   m.def("delta_rule_records_header_bytes() -> int", &attngen::delta_rule::delta_rule_records_header_bytes);
+  m.def("delta_rule_records_valid() -> int", &attngen::delta_rule::delta_rule_records_valid);
 }
 
 TORCH_LIBRARY_IMPL(attngen, CUDA, m) {
