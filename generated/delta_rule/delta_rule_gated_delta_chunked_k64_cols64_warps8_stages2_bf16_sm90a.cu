@@ -108,6 +108,33 @@ __device__ __forceinline__ T* saved_state(const Params& p, int64_t bh, int64_t c
   return reinterpret_cast<T*>(states) + (bh * chunks + chunk) * p.K * p.V;
 }
 
+// Copies the valid [K, V - col0] corner of a 16-bit state tile ([KB][WIDTH], columns col0 .. of
+// the [K, V] slab `out`) to memory, a 16-byte piece a thread: a warp writes whole 32-byte
+// sectors. Stored from the fragments (4 bytes a lane, two columns of 8 rows), a warp's stores
+// filled half of every sector they touched: the training forward's 16-bit saved states then cost
+// its walk 0.26 ms at B8 T4096 H16 K=V=128 bf16 against 0.22 for fp32 checkpoints stored 8
+// bytes a lane (H100, bench/results/h100/gated_delta_profile_20d739b.txt and _9a81ee7.txt).
+template <class Tile, int WIDTH, int NTHREADS>
+__device__ __forceinline__ void store_state_tile(T* out, const T* tile, int64_t K, int64_t V, int col0) {
+  const int cols_valid = static_cast<int>(V) - col0;
+  const bool whole = V % 8 == 0;  // 16-byte pieces line up with the slab's rows
+  for (int i = threadIdx.x; i < KB * WIDTH / 8; i += NTHREADS) {
+    const int key = i / (WIDTH / 8), col = i % (WIDTH / 8) * 8;
+    if (key >= K || col >= cols_valid) continue;
+    const uint4 piece = *reinterpret_cast<const uint4*>(tile + Tile::offset(key, col));  // smem: col_row_read
+    T* dst = out + key * V + col0 + col;
+    if (whole) {
+      *reinterpret_cast<uint4*>(dst) = piece;
+    } else {
+      const T* e = reinterpret_cast<const T*>(&piece);
+#pragma unroll
+      for (int x = 0; x < 8; ++x) {
+        if (col + x < cols_valid) dst[x] = e[x];
+      }
+    }
+  }
+}
+
 // Copies rows t0 .. t0 + CHUNK - 1 (zero past `t_valid` rows) x WIDTH elements (zero past
 // `cols_valid`) of a [time][feature] tensor into a shared tile, in 16-byte pieces.
 template <class Tile, int WIDTH, int NTHREADS>
@@ -502,21 +529,6 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
         }
   };
   publish_state();
-  // The state before a chunk in T, for the backward (saved records: saved_state), from the
-  // fragments as store_state does.
-  auto save_state = [&](T* out) {
-#pragma unroll
-    for (int i = 0; i < SMT; ++i)
-#pragma unroll
-      for (int j = 0; j < SNT; ++j)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int64_t key = 16 * (wm * SMT + i) + g + 8 * hh, col = col0 + 8 * (wn * SNT + j) + 2 * tq;
-          if (key < p.K && col < p.V) {
-            *reinterpret_cast<uint32_t*>(out + key * p.V + col) = mma::pack2<T>(state[i][j][2 * hh], state[i][j][2 * hh + 1]);
-          }
-        }
-  };
 
   const int key_a_lane = mma::a_operand_lane<KeyTile>(lane);       // Q, K as A: [step][key]
   const int key_b_lane = mma::b_operand_nk_lane<KeyTile>(lane);    // K as B of Q K^T: [step][key]
@@ -550,8 +562,9 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
       cp_async_commit();
     }
     // Saved records take the state in T in place of the fp32 checkpoint (attngen/delta_rule.py
-    // reads it from there for any backward, by the records' header).
-    if (p.records) save_state(saved_state(p, bh, c));
+    // reads it from there for any backward, by the records' header): the state tile holds it
+    // rounded so, published before the barrier above.
+    if (p.records) store_state_tile<StateTile, COLS, THREADS>(saved_state(p, bh, c), s_tile, p.K, p.V, col0);
     else if (p.checkpoints) store_state(p.checkpoints + (bh * windows + c) * p.K * p.V);
 
     unsigned char* stage = ring + c % STAGES * STAGE_BYTES;

@@ -125,6 +125,33 @@ __device__ __forceinline__ T* saved_state(const Params& p, int64_t bh, int64_t c
   return reinterpret_cast<T*>(states) + (bh * chunks + chunk) * p.K * p.V;
 }
 
+// Copies the valid [K, V - col0] corner of a 16-bit state tile ([KB][WIDTH], columns col0 .. of
+// the [K, V] slab `out`) to memory, a 16-byte piece a thread: a warp writes whole 32-byte
+// sectors. Stored from the fragments (4 bytes a lane, two columns of 8 rows), a warp's stores
+// filled half of every sector they touched: the training forward's 16-bit saved states then cost
+// its walk 0.26 ms at B8 T4096 H16 K=V=128 bf16 against 0.22 for fp32 checkpoints stored 8
+// bytes a lane (H100, bench/results/h100/gated_delta_profile_20d739b.txt and _9a81ee7.txt).
+template <class Tile, int WIDTH, int NTHREADS>
+__device__ __forceinline__ void store_state_tile(T* out, const T* tile, int64_t K, int64_t V, int col0) {
+  const int cols_valid = static_cast<int>(V) - col0;
+  const bool whole = V % 8 == 0;  // 16-byte pieces line up with the slab's rows
+  for (int i = threadIdx.x; i < KB * WIDTH / 8; i += NTHREADS) {
+    const int key = i / (WIDTH / 8), col = i % (WIDTH / 8) * 8;
+    if (key >= K || col >= cols_valid) continue;
+    const uint4 piece = *reinterpret_cast<const uint4*>(tile + Tile::offset(key, col));  // smem: col_row_read
+    T* dst = out + key * V + col0 + col;
+    if (whole) {
+      *reinterpret_cast<uint4*>(dst) = piece;
+    } else {
+      const T* e = reinterpret_cast<const T*>(&piece);
+#pragma unroll
+      for (int x = 0; x < 8; ++x) {
+        if (col + x < cols_valid) dst[x] = e[x];
+      }
+    }
+  }
+}
+
 // Copies rows t0 .. t0 + CHUNK - 1 (zero past `t_valid` rows) x WIDTH elements (zero past
 // `cols_valid`) of a [time][feature] tensor into a shared tile, in 16-byte pieces.
 template <class Tile, int WIDTH, int NTHREADS>
@@ -511,20 +538,6 @@ __global__ void __launch_bounds__(THREADS, 1) walk_kernel(const Params p) {
         const int64_t key = 16 * (wm * SMT + i) + g + 8 * (r / 2), col = col0 + 8 * (wn * SNT + j) + 2 * tq + r % 2;
         grad[i][j][r] = p.d_state && key < p.K && col < p.V ? p.d_state[(bh * p.K + key) * p.V + col] : 0.f;
       }
-  // G rounded to T, pairs of columns at a time, into a [K, V] slab (the workspace's G after a chunk).
-  auto store_after = [&](T* out) {
-#pragma unroll
-    for (int i = 0; i < SMT; ++i)
-#pragma unroll
-      for (int j = 0; j < SNT; ++j)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int64_t key = 16 * (wm * SMT + i) + g + 8 * hh, col = col0 + 8 * (wn * SNT + j) + 2 * tq;
-          if (key < p.K && col < p.V) {
-            *reinterpret_cast<uint32_t*>(out + key * p.V + col) = mma::pack2<T>(grad[i][j][2 * hh], grad[i][j][2 * hh + 1]);
-          }
-        }
-  };
   // G in a contiguous fp32 [K, V] slab (the initial state's gradient).
   auto store_grad = [&](float* out) {
 #pragma unroll
@@ -568,7 +581,6 @@ __global__ void __launch_bounds__(THREADS, 1) walk_kernel(const Params p) {
       if (i + STAGES - 1 < n_chunks) issue_chunk(i + STAGES - 1);
       cp_async_commit();
     }
-    store_after(after_chunk(p, bh, c));
 #pragma unroll
     for (int mi = 0; mi < SMT; ++mi)
 #pragma unroll
@@ -587,6 +599,7 @@ __global__ void __launch_bounds__(THREADS, 1) walk_kernel(const Params p) {
     const uint32_t m_addr = do_addr + 2 * ColTile::ELEMS, w_addr = m_addr + 2 * MixTile::ELEMS;
     const float* gc = reinterpret_cast<const float*>(stage + 2 * STAGE_ELEMS);
     __syncthreads();  // G's tile is whole
+    store_state_tile<StateTile, COLS, THREADS>(after_chunk(p, bh, c), g_tile, p.K, p.V, col0);  // G after chunk c
 
     // Phase 1: dU = diag(d) K G for this warp's 16 steps and WCOLS columns.
     const int t_lo = 16 * wr + g;
