@@ -1147,16 +1147,28 @@ __global__ void __launch_bounds__(GRAD_THREADS, 1) grads_kernel(const Params p) 
   }
 
   // C: dQ = diag(gamma) scale dO S^T + dP' K, then dK = diag(d) U G^T - diag(gamma) dY S^T +
-  // dA' K + dA'^T K + dP'^T Q, each for this warp's 16 steps and WK keys, stored from the fragments.
+  // dA' K + dA'^T K + dP'^T Q, each for this warp's 16 steps and WK keys, stored from the
+  // fragments. Two adjacent 8-key tiles at a time, the quad's four lanes trading their pairs so
+  // that each stores 4 consecutive keys (8 bytes): a row's 16 keys are one whole 32-byte sector
+  // per store, where 4-byte pair stores filled half of each.
   auto store_rows = [&](void* out, const float (&acc)[WK / 8][4]) {
     T* base = static_cast<T*>(out) + ((b * p.T + t0) * p.H + h) * p.K;
+    const int src = (lane & ~3) | (2 * tq & 3);  // the quad's lanes holding keys 4 tq, 4 tq + 2 of the pair of tiles
 #pragma unroll
-    for (int j = 0; j < WK / 8; ++j)
+    for (int j = 0; j < WK / 8; j += 2)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int row = t_lo + 8 * hh, key = k0 + 8 * j + 2 * tq;
-        if (row < rows && key < K) {
-          *reinterpret_cast<uint32_t*>(base + row * p.H * p.K + key) = mma::pack2<T>(acc[j][2 * hh], acc[j][2 * hh + 1]);
+        const uint32_t lo = mma::pack2<T>(acc[j][2 * hh], acc[j][2 * hh + 1]);
+        const uint32_t hi = mma::pack2<T>(acc[j + 1][2 * hh], acc[j + 1][2 * hh + 1]);
+        const uint32_t lo0 = __shfl_sync(0xffffffffu, lo, src), lo1 = __shfl_sync(0xffffffffu, lo, src + 1);
+        const uint32_t hi0 = __shfl_sync(0xffffffffu, hi, src), hi1 = __shfl_sync(0xffffffffu, hi, src + 1);
+        const uint2 piece = tq < 2 ? make_uint2(lo0, lo1) : make_uint2(hi0, hi1);
+        const int row = t_lo + 8 * hh, key = k0 + 8 * j + 4 * tq;
+        T* dst = base + row * p.H * p.K + key;
+        if (row < rows && key + 4 <= K) {
+          *reinterpret_cast<uint2*>(dst) = piece;
+        } else if (row < rows && key < K) {  // K not a multiple of 4: the pair that fits
+          *reinterpret_cast<uint32_t*>(dst) = piece.x;
         }
       }
   };
