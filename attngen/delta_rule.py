@@ -37,9 +37,10 @@ OP = Op("delta_rule")
 GRAD = Op("delta_rule_grad")
 # Gated DeltaNet's backward on tensor cores (specs/gated_delta_grad.yaml): 16-bit inputs and the
 # head sizes its instances cover, at every length, on the chunk records the forward saved.
-# Forward + backward 1.405x / 1.457x fla's chunk kernels at B8 T4096 H16 / B4 T8192 H32,
-# K=V=128 bf16 (H100, 25188a2, bench/results/h100/delta_rule_gated_delta.md; 1.385x / 1.423x
-# with fp32 checkpoints beside the records, 1.33x / 1.36x before the records were saved).
+# Forward + backward 1.581x / 1.610x fla's chunk kernels at B8 T4096 H16 / B4 T8192 H32,
+# K=V=128 bf16 (H100, bd099f0, bench/results/h100/delta_rule_gated_delta.md; 1.405x / 1.457x
+# with the saves stored from fragments, 1.385x / 1.423x with fp32 checkpoints beside the
+# records, 1.33x / 1.36x before the records were saved).
 GATED_GRAD = Op("gated_delta_grad")
 # fp32 Gated DeltaNet (and head sizes no tensor-core instance covers) runs its backward by
 # chunks in torch (gated_delta_chunked_grad: batched products and a reverse scan over chunks)
