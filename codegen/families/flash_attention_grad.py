@@ -140,11 +140,12 @@ PRODUCER_REGS = 32
 PRODUCER_REGS_TAKING_TURNS = 48
 
 
-def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s, stage_pitch: int) -> list:
+def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s, stage_pitch: int, box_swizzle: bool) -> list:
     """The thread accesses of the wgmma kernel's tiles (wgmma reads them itself): the cp.async
     fill of K, V, Q and dO, the transposing stmatrix of dS (lane 8i + j: row j of matrix i,
     query row 8 (i / 2) + j, keys from 8 (i % 2)), the per-row statistics, the staged dQ rows
-    (lane 4r + c: float2 c of row r, rows `stage_pitch` floats apart)."""
+    (lane 4r + c: float2 c of row r, rows `stage_pitch` floats apart) and dq_bulk 2's boxes
+    (rows of 32 floats, 16-byte chunk k of row r at k ^ (r % 8) when `box_swizzle`)."""
     chunks = d // 8
 
     def fill(lane, _pad):
@@ -160,7 +161,15 @@ def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s, stag
             banks.contiguous("dq_exchange_write", 16, ("dq_exchange",)),
             banks.contiguous("dq_exchange_read", 16, ("dq_exchange",)),
             banks.Access("dq_stage_write", 8, lambda lane, _pad: (lane // 4 * stage_pitch + lane % 4 * 2) * 4,
+                         ("dq_stage",)),
+            banks.Access("dq_box_write", 8, lambda lane, _pad: _box_offset(lane // 4, lane % 4 * 2, box_swizzle) * 4,
                          ("dq_stage",))] + _stats_accesses()
+
+
+def _box_offset(row: int, col: int, swizzle: bool) -> int:
+    """Float offset of (row, col) in a dq_bulk 2 box of 64 rows x 32 floats (backward_wgmma.cu.j2)."""
+    chunk = col % 32 // 4
+    return row * 32 + ((chunk ^ (row % 8)) if swizzle else chunk) * 4 + col % 4
 
 
 def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
@@ -195,9 +204,9 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if dq_exchange not in (0, 1) or dq_exchange and not (dq_by_keys and warpgroups == 2 and dq_cols % 16 == 0):
         raise Rejected("dq_exchange", f"dq_exchange={dq_exchange}: 0, or 1 with dq_by_keys=1 and two warpgroups (the two "
                                       f"products swap halves of whole 8-column tiles)")
-    if dq_bulk not in (0, 1):
-        raise Rejected("dq_bulk", f"dq_bulk={dq_bulk}: 1 (dQ rows staged in shared memory, added by bulk reductions) or 0 "
-                                  f"(every thread's atomics)")
+    if dq_bulk not in (0, 1, 2):
+        raise Rejected("dq_bulk", f"dq_bulk={dq_bulk}: 2 (a warpgroup's dQ staged in 64 x 32 boxes, a tensor bulk reduction "
+                                  f"each), 1 (dQ rows staged, a bulk reduction each) or 0 (every thread's atomics)")
     if overlap not in (0, 1):
         raise Rejected("overlap", f"overlap={overlap}: 0 or 1 (the next tile's scores during this tile's dQ atomics)")
     if producer not in (0, 1):
@@ -218,7 +227,10 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
                                f"{arch.regs_per_sm} registers of an SM")
     exchange = dq_exchange * warpgroups * (dq_cols // 16) * 128 * 16   # float4 per thread and 8-column tile
     add_cols = dq_cols // 2 if dq_exchange else dq_cols                 # the columns of dQ a warpgroup adds
-    stage = dq_bulk * warpgroups * 64 * (add_cols + STAGE_PAD) * 4       # their staged rows, padded
+    if dq_bulk == 2 and add_cols % 32:
+        raise Rejected("dq_bulk", f"dq_bulk=2 adds whole boxes of 32 columns: a warpgroup adds {add_cols}")
+    # their staged rows, padded (1), or their boxes (2)
+    stage = {0: 0, 1: warpgroups * 64 * (add_cols + STAGE_PAD) * 4, 2: warpgroups * 64 * add_cols * 4}[dq_bulk]
     ds_buffers = 2 if overlap or producer else 1   # no CTA-wide barrier per tile with a producer
     barriers = (1 + 2 * stages) * MBARRIER_BYTES if producer else 0
     smem = (2 * block_n * cols + stages * 2 * block_m * cols + ds_buffers * block_m * block_n) * 2 \
@@ -227,16 +239,20 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("stages", f"{smem} bytes of shared memory exceed the {arch.max_smem_per_block} of a block")
     if minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
         raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {arch.smem_per_sm}")
-    bank = banks.model(_wgmma_accesses(cols, block_m, block_n, atoms_layout(block_n), atoms_layout(block_m), add_cols + STAGE_PAD),
-                       unpadded=_wgmma_accesses(cols, block_m, block_n, plain_layout(cols), plain_layout(block_n), add_cols))
+    bank = banks.model(_wgmma_accesses(cols, block_m, block_n, atoms_layout(block_n), atoms_layout(block_m), add_cols + STAGE_PAD,
+                                       True),
+                       unpadded=_wgmma_accesses(cols, block_m, block_n, plain_layout(cols), plain_layout(block_n), add_cols,
+                                                False))
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "dq_rows": 64, "dq_cols": dq_cols, "regs_estimate": regs,
         "tile_cols": cols, "producer_regs": producer_regs, "consumer_regs": consumer_regs,
         "turns_producer_regs": turns_regs[0], "turns_consumer_regs": turns_regs[1],
         "loads_doc": "filled by a producer warpgroup (mbarriers)" if producer else "filled by every thread",
         "stage_pitch": add_cols + STAGE_PAD,
-        "dq_add_doc": "rows staged in shared memory, a bulk reduction each; atomics when deterministic" if dq_bulk
-                      else "atomics",
+        "dq_add_doc": {0: "atomics",
+                       1: "rows staged in shared memory, a bulk reduction each; atomics when deterministic",
+                       2: "64 x 32 boxes staged in shared memory, a tensor bulk reduction each; atomics when deterministic",
+                       }[dq_bulk],
         "bank": bank, "threads_param": "warpgroups", "smem_param": "stages",
     })
 

@@ -64,6 +64,15 @@ __device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src, ui
                "r"(smem_addr(src)), "r"(bytes)
                : "memory");
 }
+// Tensor bulk reduction (sm_90): the box at (c0, c1) (innermost coordinate first) of the 2-d
+// tensor `map` describes, added element-wise from shared memory laid out as the map's swizzle
+// says; elements of the box outside the tensor are not written. Same fence and completion rules
+// as bulk_reduce_add (bulk groups).
+__device__ __forceinline__ void tma_reduce_add_2d(const void* map, const void* src, int c0, int c1) {
+  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, { %1, %2 }], [%3];\n" ::"l"(map),
+               "r"(c0), "r"(c1), "r"(smem_addr(src))
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Until at most PENDING of this thread's bulk groups still read their shared source (.read), or
 // have not completed at all.

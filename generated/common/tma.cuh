@@ -3,7 +3,7 @@
 // Host side of TMA loads (sm_90): tensor maps that describe a [B, L, H, D] tensor of 16-bit or
 // 8-bit elements with the last dim contiguous, read in boxes of ROWS rows x 128 bytes (64 or 128
 // elements) that land in shared memory in the 128-byte swizzle of wgmma::Atoms (one box per atom).
-// The device side is pipeline::tma_load_4d.
+// The device side is pipeline::tma_load_4d (and tma_reduce_add_2d for encode_fp32_rows' maps).
 //
 // cuTensorMapEncodeTiled is a driver function; it is looked up through the runtime once, so
 // the extension links no libcuda. A map it refuses (a stride that is not a multiple of 16 bytes,
@@ -57,6 +57,23 @@ inline bool encode_rows(CUtensorMap* map, const void* base, int64_t B, int64_t L
   const CUresult r = encode(map, data_type<T>(), 4,
                             const_cast<void*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                             swizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+// The map of a contiguous fp32 matrix [rows, cols] (cols * 4 bytes a row, a multiple of 16), in
+// boxes of `box_rows` rows x 32 floats (128 bytes) in the 128-byte swizzle: 16-byte chunk c of box
+// row r at chunk c ^ (r % 8) (the box 1024-byte aligned in shared memory). For reductions into it
+// (pipeline::tma_reduce_add_2d). False when the driver refuses it.
+inline bool encode_fp32_rows(CUtensorMap* map, const float* base, int64_t rows, int64_t cols, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = encode_function();
+  if (encode == nullptr || rows <= 0 || cols <= 0) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * sizeof(float)};
+  const cuuint32_t box[2] = {32, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t unit[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(base), dims, strides, box, unit,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }

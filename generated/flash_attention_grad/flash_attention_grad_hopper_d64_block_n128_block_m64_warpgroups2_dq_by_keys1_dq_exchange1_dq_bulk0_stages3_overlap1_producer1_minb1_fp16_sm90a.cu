@@ -5,7 +5,7 @@
 //   384 threads: 2 warpgroups x 64 key rows; Q / dO tiles of 64 rows through a
 //   3-stage cp.async ring, filled by a producer warpgroup (mbarriers); dQ by warpgroup: 64 query rows x 64 columns over its own keys,
 //   added to an fp32 scratch (atomics); 133688 bytes of shared memory (128-byte-swizzled atoms, 1 KB for alignment)
-//   bank conflicts (ways, from the bank pass): cp_async_fill 1, ds_write 1, dq_exchange_write 1, dq_exchange_read 1, dq_stage_write 1, stats_read 1, stats_write 1
+//   bank conflicts (ways, from the bank pass): cp_async_fill 1, ds_write 1, dq_exchange_write 1, dq_exchange_read 1, dq_stage_write 1, dq_box_write 1, stats_read 1, stats_write 1
 // What is computed is described in params.cuh; the passes around this kernel in backward_common.cuh.
 //
 // Per query tile, each warpgroup: S^T = K Q^T and dP^T = V dO^T for its 64 keys (wgmma, both
@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "../common/pipeline.cuh"
+#include "../common/tma.cuh"
 #include "../common/wgmma.cuh"
 #include "backward_common.cuh"
 #include "backward_producer.cuh"
@@ -81,10 +82,21 @@ constexpr int EXCHANGE_FLOATS = DQ_EXCHANGE ? WARPGROUPS * DQ_HALF * 128 * 4 : 0
 // instead of every thread's float2 atomics (ncu at 4a16e0d: the atomics' region held 7% of the
 // stall samples at d128, 19% causal). Deterministic runs keep the atomics, in turn.
 constexpr bool DQ_BULK = false;
+// DQ_TMA: a warpgroup stores its 64 rows of dQ in boxes of 64 rows x 32 floats (128-byte
+// swizzle, as the tensor map reads them) and its first thread adds each box to the fp32 scratch
+// by one tensor bulk reduction: one instruction per 8 KB where DQ_BULK issues one per 256-byte
+// row (that mode lost to the atomics, 0.56-0.86x, its 64 small reductions a tile queueing on
+// the copy unit). Rows past the sequence are stored as zeros (a box may reach into the next
+// sequence's or head's rows: adding zero there is harmless). Deterministic runs keep the
+// atomics, in turn.
+constexpr bool DQ_TMA = false;
 constexpr int ADD_COLS = DQ_EXCHANGE ? DQ_COLS / 2 : DQ_COLS;  // columns of dQ a warpgroup adds
 constexpr int STAGE_PITCH = 40;  // floats between staged rows (the lowering's STAGE_PAD after ADD_COLS)
 static_assert(STAGE_PITCH >= ADD_COLS && STAGE_PITCH % 4 == 0, "whole 16-byte staged rows");
-constexpr int DQ_STAGE_FLOATS = DQ_BULK ? WARPGROUPS * 64 * STAGE_PITCH : 0;
+constexpr int BOX_COLS = 32;                    // DQ_TMA: floats per box row (128 bytes, the swizzle's span)
+constexpr int BOX_FLOATS = 64 * BOX_COLS;       // a box: 64 rows, 8 KB
+static_assert(!DQ_TMA || ADD_COLS % BOX_COLS == 0, "a warpgroup adds whole boxes");
+constexpr int DQ_STAGE_FLOATS = DQ_BULK ? WARPGROUPS * 64 * STAGE_PITCH : DQ_TMA ? WARPGROUPS * 64 * ADD_COLS : 0;
 static_assert(PRODUCER || LOOKAHEAD >= 1, "the ring holds the tiles in use and those in flight");
 static_assert(THREADS == 384, "lowering and template agree on the threads");
 static_assert(!DQ_EXCHANGE || (DQ_BY_KEYS && WARPGROUPS == 2), "the exchange pairs the two warpgroups' products");
@@ -110,8 +122,9 @@ constexpr size_t BARRIER_BYTES = PRODUCER ? sizeof(Barriers) : 0;
 // Grid: (key block, kv head, batch), (kv head, key block, batch) when DETERMINISTIC (dq's additions
 // in key-block order). WINDOW: a causal mask or window is set; EXTRAS: a soft cap or ALiBi
 // transforms the scores.
+// dq_map: the scratch's dQ as an fp32 matrix [Hq * q_rows, D] in DQ_TMA's boxes (unused otherwise).
 template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
-__global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Params p) {
+__global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Params p, const __grid_constant__ CUtensorMap dq_map) {
   // Deterministic with a producer and one adder: the producer waits for each tile's dq turn
   // (produce_tiles).
   constexpr bool PRODUCER_TAKES_TURNS = DETERMINISTIC && PRODUCER && ADDERS == 1;
@@ -122,10 +135,12 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   T* v_tile = k_tile + KVTile::ELEMS;
   T* ring = v_tile + KVTile::ELEMS;  // smem buffer: q_ring
   T* ds_tile = ring + STAGES * STAGE_ELEMS;  // smem buffer: ds_tile
-  float* stats = reinterpret_cast<float*>(ds_tile + DS_BUFFERS * STile::ELEMS);  // smem buffer: stats
+  // The staged dQ next: 1024-byte aligned after the 16-bit tiles (whole 1 KB atoms), as DQ_TMA's
+  // swizzled boxes need.
+  float* dq_stage = reinterpret_cast<float*>(ds_tile + DS_BUFFERS * STile::ELEMS);  // smem buffer: dq_stage
+  float* stats = dq_stage + DQ_STAGE_FLOATS;  // smem buffer: stats
   float4* exchange = reinterpret_cast<float4*>(stats + STAGES * STAT_FLOATS);  // smem buffer: dq_exchange
-  float* dq_stage = reinterpret_cast<float*>(exchange + EXCHANGE_FLOATS / 4);  // smem buffer: dq_stage
-  Barriers& bars = *reinterpret_cast<Barriers*>(dq_stage + DQ_STAGE_FLOATS);  // PRODUCER only
+  Barriers& bars = *reinterpret_cast<Barriers*>(exchange + EXCHANGE_FLOATS / 4);  // PRODUCER only
 
   const KeyCoords<DETERMINISTIC> at;
   const int64_t b = blockIdx.z, kv_head = at.kv_head;
@@ -302,6 +317,9 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     if constexpr (DQ_BULK) {  // the previous tile's staged rows are read: restaged after the barrier below
       if (warp % 4 == 0) pipeline::bulk_wait_read<0>();
     }
+    if constexpr (DQ_TMA && !DETERMINISTIC) {  // likewise the previous tile's boxes
+      if (threadIdx.x % 128 == 0) pipeline::bulk_wait_read<0>();
+    }
     if constexpr (DQ_BY_KEYS) {
       pipeline::named_sync(1 + wg, 128);  // this warpgroup's columns of dS complete
     } else {
@@ -361,6 +379,34 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
             if (i < seq.lq && cols > 0) {
               pipeline::bulk_reduce_add(scratch.dq + (h * p.q_rows + srow0 + i) * D + col0, staged + r * STAGE_PITCH, cols * 4);
             }
+          }
+          pipeline::bulk_commit();
+        }
+      } else if constexpr (DQ_TMA && !DETERMINISTIC) {
+        static_assert(NJ * 8 == ADD_COLS, "a warpgroup stages the columns it adds");
+        float* boxes = dq_stage + wg * 64 * ADD_COLS;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = (warp % 4) * 16 + lane / 4 + hh * 8;
+          const bool real = m0 + dq_row0 + r < seq.lq;
+#pragma unroll
+          for (int j = 0; j < NJ; ++j) {
+            // Columns 8 j + 2 (lane % 4), + 1 of the added ones: box c / 32, its 16-byte chunk
+            // (c % 32) / 4 stored at chunk ^ (r % 8), the float pair at c % 4.
+            const int c = j * 8 + lane % 4 * 2;
+            float* at = boxes + c / BOX_COLS * BOX_FLOATS + r * BOX_COLS + ((c % BOX_COLS / 4) ^ (r % 8)) * 4 + c % 4;
+            *reinterpret_cast<float2*>(at) = real ? make_float2(dq[0][J0 + j][2 * hh], dq[0][J0 + j][2 * hh + 1])  // smem: dq_box_write
+                                                  : make_float2(0.f, 0.f);
+          }
+        }
+        wgmma::fence_shared_for_async();  // the boxes are visible to the tensor reductions
+        pipeline::named_sync(1 + wg, 128);
+        if (threadIdx.x % 128 == 0) {
+          const int row = static_cast<int>(h * p.q_rows + srow0 + m0 + dq_row0);
+#pragma unroll
+          for (int x = 0; x < ADD_COLS / BOX_COLS; ++x) {
+            const int col0 = dq_col0 + J0 * 8 + x * BOX_COLS;
+            if (col0 < D) pipeline::tma_reduce_add_2d(&dq_map, boxes + x * BOX_FLOATS, col0, row);
           }
           pipeline::bulk_commit();
         }
@@ -431,6 +477,9 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   if constexpr (DQ_BULK) {  // no bulk reduction in flight past the CTA's shared memory
     if (warp % 4 == 0) pipeline::bulk_wait<0>();
   }
+  if constexpr (DQ_TMA && !DETERMINISTIC) {
+    if (threadIdx.x % 128 == 0) pipeline::bulk_wait<0>();
+  }
   wgmma::hold(dk);
   wgmma::hold(dv);
 
@@ -446,7 +495,13 @@ struct KeyBlocks {
     static_assert(smem == 2 * KVTile::BYTES + STAGES * 2 * QTile::BYTES + DS_BUFFERS * STile::BYTES + STAGES * STAT_FLOATS * 4 +
                               EXCHANGE_FLOATS * 4 + DQ_STAGE_FLOATS * 4 + BARRIER_BYTES + 1024,
                   "lowering and template agree on shared memory");
-    return launch_kernel(backward_kernel<WINDOW, EXTRAS, DETERMINISTIC>, p, key_grid<BLOCK_N>(p), THREADS, smem, stream);
+    CUtensorMap dq_map{};
+    if (DQ_TMA && !DETERMINISTIC && p.Hq * p.q_rows > 0 &&
+        !tma::encode_fp32_rows(&dq_map, Scratch<D, BLOCK_M>(p).dq, p.Hq * p.q_rows, D, 64)) {
+      return cudaErrorNotSupported;  // the driver refused the scratch's map (or has no cuTensorMapEncodeTiled)
+    }
+    return launch_kernel(backward_kernel<WINDOW, EXTRAS, DETERMINISTIC>, p, key_grid<BLOCK_N>(p), THREADS, smem, stream,
+                         dq_map);
   }
 };
 
