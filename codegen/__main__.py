@@ -6,7 +6,8 @@
                                                 render, dispatch)
   python -m codegen build [--target T] [-j N]   ninja build (extension, or cubins without CUDA torch)
   python -m codegen tune  SPEC [--out DIR]      autotune SPEC's grids on the GPU -> tuned/<arch>/
-  python -m codegen tune --reselect RUN.json    choose again from a run's measurements (no GPU)
+  python -m codegen tune --reselect RUN.json [--narrowed]
+                                                choose again from a run's measurements (no GPU)
   python -m codegen report [--out DIR]          static resource report of the built cubins (no GPU; build/report)
 
 A bad spec exits with status 2 and a message naming file:line and the field.
@@ -98,7 +99,7 @@ def _cmd_dump(args) -> int:
 def _cmd_tune(args) -> int:
     from .tune.runner import reselect, run
     if args.reselect:
-        reselect(args.spec, args.out)
+        reselect(args.spec, args.out, narrowed=args.narrowed)
     else:
         run(args.spec, args.jobs, args.out)
     return 0
@@ -155,6 +156,9 @@ def main(argv=None) -> int:
     p.add_argument("--reselect", action="store_true",
                    help="SPEC is a tuning run's tune_<spec>.json: choose the winners again from its measurements "
                         "(no GPU) and rewrite the table and report (next to the JSON unless --out)")
+    p.add_argument("--narrowed", action="store_true",
+                   help="with --reselect: the spec's tune grid was narrowed since the run; leave out the measurements "
+                        "of candidates no longer in it (recorded in the table's header) instead of refusing"),
     p.set_defaults(func=_cmd_tune)
     p = sub.add_parser("report")
     p.add_argument("--out", default=None, help="directory of report.md/.json (default build/report; the committed "

@@ -257,11 +257,14 @@ def _write(spec, root: Path, header: dict, entries: list, rows: list, out: Path,
     print(f"tune: wrote {path}; run `make gen` to emit its dispatch")
 
 
-def reselect(run_json: str, out_dir: str | None = None, *, root: Path = pipeline.ROOT) -> dict:
+def reselect(run_json: str, out_dir: str | None = None, *, root: Path = pipeline.ROOT, narrowed: bool = False) -> dict:
     """The tuned table chosen again from a tuning run's recorded measurements (its
     tune_<spec>.json), with no GPU: for a change of the selection rules (codegen/tune/select.py)
     or of what the spec's dispatch picks by default. The header keeps the run's device, date
-    and counts; `reselected` records the day of the new choice."""
+    and counts; `reselected` records the day of the new choice. `narrowed`: the spec's tune grid
+    lost points since the run (say, candidates not yet checked on the GPU); their measurements
+    are left out and named in the header's `narrowed` instead of refusing. A grid that gained
+    points needs a new run."""
     run = json.loads(Path(run_json).read_text())
     header = dict(run["header"])
     spec = pipeline.load([header["spec"]])[0]
@@ -270,11 +273,15 @@ def reselect(run_json: str, out_dir: str | None = None, *, root: Path = pipeline
     cands, _ = candidates.candidates(spec)
     defaults = _add_defaults(spec, built, cands, dev)
     names = {c.name for c in cands}
-    results = {}
+    results, left_out = {}, set()
     for row in run["rows"]:
         for m in row["measurements"]:
             if m["name"] not in names:
-                raise SystemExit(f"tune: {run_json}: {m['name']} is no longer a candidate of {spec.file}; tune again")
+                if not narrowed:
+                    raise SystemExit(f"tune: {run_json}: {m['name']} is no longer a candidate of {spec.file}; tune "
+                                     f"again (or --narrowed, if the grid only lost points)")
+                left_out.add(m["name"])
+                continue
             results[f"{row['bucket']}|{row['dtype']}|{m['name']}"] = {
                 "median_ms": m["median_ms"], "spread_ms": m["spread_ms"], "note": m.get("note", ""),
                 "jitter_ms": m.get("jitter_ms")}
@@ -284,5 +291,7 @@ def reselect(run_json: str, out_dir: str | None = None, *, root: Path = pipeline
         if "per_shape_ms" in recorded.get((row["bucket"], row["dtype"]), {}):
             row["per_shape_ms"] = recorded[(row["bucket"], row["dtype"])]["per_shape_ms"]
     header["reselected"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if left_out:
+        header["narrowed"] = sorted(left_out)
     _write(spec, root, header, entries, rows, Path(out_dir) if out_dir else Path(run_json).parent, None)
     return header

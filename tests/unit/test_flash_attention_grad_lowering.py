@@ -25,17 +25,20 @@ def test_the_warps_split_of_the_products(tmp_path):
     # K and V tiles, two stages of Q and dO, dS^T (32 columns padded by one chunk), lse and delta
     assert d256["smem_bytes"] == (2 * 64 * 256 + 2 * 2 * 32 * 256) * 2 + 64 * 40 * 2 + 2 * 2 * 32 * 4
     # the wgmma kind: dQ by 64-column halves at d128, by each warpgroup's own keys at d64 (whole tile)
-    d128 = by_name["flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a"]
+    d128 = by_name["flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_bf16_sm90a"]
     d64 = by_name["flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a"]
     assert (d128["dq_rows"], d128["dq_cols"]) == (64, 64) and (d64["dq_rows"], d64["dq_cols"]) == (64, 64)
     # d96 on the wgmma kind: tiles and dK, dV padded to two 64-column atoms, d128's split and memory
-    d96 = by_name["flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0_producer1_minb1_bf16_sm90a"]
+    d96 = by_name["flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_bf16_sm90a"]
     assert d96["tile_cols"] == 128 and (d96["dq_cols"], d96["smem_bytes"], d96["regs_estimate"]) == (
         d128["dq_cols"], d128["smem_bytes"], d128["regs_estimate"])
     # three stages of Q and dO, two dS buffers; the exchange: a float4 per thread and handed-over tile;
     # the producer's mbarriers (K and V, then full and empty per stage)
     assert d64["smem_bytes"] == (2 * 128 * 64 + 3 * 2 * 64 * 64 + 2 * 64 * 128) * 2 + 3 * 2 * 64 * 4 + 2 * 4 * 128 * 16 \
         + (1 + 2 * 3) * 8 + 1024
+    # d128 adds dQ by tensor reductions (dq_bulk 2): each warpgroup's two boxes of 64 x 32 floats
+    assert d128["smem_bytes"] == (2 * 128 * 128 + 2 * 2 * 64 * 128 + 2 * 64 * 128) * 2 + 2 * 2 * 64 * 4 \
+        + 2 * 64 * 64 * 4 + (1 + 2 * 2) * 8 + 1024
 
 
 def test_a_producer_warpgroup_takes_registers_from_the_launch_and_adds_barriers(tmp_path):
@@ -46,7 +49,7 @@ def test_a_producer_warpgroup_takes_registers_from_the_launch_and_adds_barriers(
                         "      producer: [0, 1]\n      minb: [1]\n    where:\n      # d96 pads", 1)
     assert text != SPEC
     by_name = {i.name: i.d for i in lowered(text, tmp_path)}
-    base = "flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk0_stages2_overlap0"
+    base = "flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0"
     plain, fed = by_name[base + "_producer0_minb1_bf16_sm90a"], by_name[base + "_producer1_minb1_bf16_sm90a"]
     assert (plain["threads"], fed["threads"]) == (256, 384)
     assert (fed["producer_regs"], fed["consumer_regs"]) == (32, 232)
@@ -57,17 +60,21 @@ def test_a_producer_warpgroup_takes_registers_from_the_launch_and_adds_barriers(
 
 
 def test_bulk_dq_stages_the_rows_each_warpgroup_adds(tmp_path):
-    """dq_bulk=1: each warpgroup's 64 dQ rows of the columns it adds, padded by 8 floats a row
-    (d128: 64 columns each; d64 with the exchange: half of the tile's 64)."""
-    text = SPEC.replace("      dq_bulk: [0]\n      stages: [2, 3]\n      overlap: [0, 1]\n      producer: [1]",
-                        "      dq_bulk: [0, 1]\n      stages: [2, 3]\n      overlap: [0, 1]\n      producer: [1]", 1)
-    assert text != SPEC
+    """dq_bulk=1: each warpgroup's 64 dQ rows of the columns it adds, padded by 8 floats a row;
+    dq_bulk=2: the same columns in unpadded 64 x 32 boxes (d128: 64 columns each; d64 with the
+    exchange: half of the tile's 64)."""
+    where = "(d, dq_by_keys, dq_exchange, stages, overlap, dq_bulk) in ((64, 1, 1, 3, 1, 0), (96, 0, 0, 2, 0, 2), (128, 0, 0, 2, 0, 2))"
+    assert SPEC.count(where) == 1 and SPEC.count("      dq_bulk: [0, 2]\n      stages: [2, 3]\n      overlap: [0, 1]\n      producer: [1]") == 1
+    text = SPEC.replace(where, "(d, dq_by_keys, dq_exchange, stages, overlap) in ((64, 1, 1, 3, 1), (128, 0, 0, 2, 0))").replace(
+        "      dq_bulk: [0, 2]\n      stages: [2, 3]\n      overlap: [0, 1]\n      producer: [1]",
+        "      dq_bulk: [0, 1, 2]\n      stages: [2, 3]\n      overlap: [0, 1]\n      producer: [1]", 1)
     by_name = {i.name: i.d for i in lowered(text, tmp_path)}
     for d, schedule, cols in ((128, "dq_by_keys0_dq_exchange0_dq_bulk{}_stages2_overlap0", 64),
                               (64, "dq_by_keys1_dq_exchange1_dq_bulk{}_stages3_overlap1", 32)):
         name = f"flash_attention_grad_hopper_d{d}_block_n128_block_m64_warpgroups2_{schedule}_producer1_minb1_bf16_sm90a"
-        atomics, bulk = by_name[name.format(0)], by_name[name.format(1)]
-        assert bulk["smem_bytes"] == atomics["smem_bytes"] + 2 * 64 * (cols + 8) * 4
+        atomics, rows, boxes = (by_name[name.format(mode)] for mode in (0, 1, 2))
+        assert rows["smem_bytes"] == atomics["smem_bytes"] + 2 * 64 * (cols + 8) * 4
+        assert boxes["smem_bytes"] == atomics["smem_bytes"] + 2 * 64 * cols * 4
 
 
 @pytest.mark.parametrize("edits,field,message", [
@@ -75,10 +82,10 @@ def test_bulk_dq_stages_the_rows_each_warpgroup_adds(tmp_path):
      "kernels.mma_sync.grid.dsplit", "dsplit=3: it must divide warps=8"),
     ([("block_m: [32]", "block_m: [32, 40]"), ("(96, 64, 32, 4, 1)", "(96, 64, 40, 4, 1)")],
      "kernels.mma_sync.grid.block_m", "block_m=40 is not a multiple of 16"),
-    ([("((64, 1, 1, 3, 1), (96, 0, 0, 2, 0),", "((64, 1, 1, 2, 1), (96, 0, 0, 2, 0),"),
+    ([("((64, 1, 1, 3, 1, 0), (96, 0, 0, 2, 0, 2),", "((64, 1, 1, 2, 1, 0), (96, 0, 0, 2, 0, 2),"),
       ("      producer: [1]\n      minb: [1]\n    where:\n      # d96", "      producer: [0]\n      minb: [1]\n    where:\n      # d96")],
      "kernels.hopper.grid.stages", "stages=2: the cp.async ring needs at least 3"),
-    ([("(96, 0, 0, 2, 0), (128, 0, 0, 2, 0))", "(96, 0, 0, 2, 0), (128, 0, 1, 2, 0))")],
+    ([("(96, 0, 0, 2, 0, 2), (128, 0, 0, 2, 0, 2))", "(96, 0, 0, 2, 0, 2), (128, 0, 1, 2, 0, 2))")],
      "kernels.hopper.grid.dq_exchange", "dq_exchange=1: 0, or 1 with dq_by_keys=1"),
 ])
 def test_impossible_knobs_are_refused_at_their_spec(tmp_path, edits, field, message):
@@ -95,8 +102,8 @@ def test_impossible_knobs_are_refused_at_their_spec(tmp_path, edits, field, mess
 def test_a_d64_query_tile_the_warpgroups_cannot_split_is_refused(tmp_path):
     """dQ of a 64 x 64 tile does not split into whole 64-column atoms over two warpgroups: the
     column split is refused and names the knob that splits the keys instead."""
-    text = SPEC.replace('"(d, dq_by_keys, dq_exchange, stages, overlap) in ((64, 1, 1, 3, 1), (96, 0, 0, 2, 0),',
-                        '"(d, dq_by_keys, dq_exchange, stages, overlap) in ((64, 0, 0, 2, 0), (96, 0, 0, 2, 0),', 1)
+    text = SPEC.replace('"(d, dq_by_keys, dq_exchange, stages, overlap, dq_bulk) in ((64, 1, 1, 3, 1, 0), (96, 0, 0, 2, 0, 2),',
+                        '"(d, dq_by_keys, dq_exchange, stages, overlap, dq_bulk) in ((64, 0, 0, 2, 0, 0), (96, 0, 0, 2, 0, 2),', 1)
     assert text != SPEC
     with pytest.raises(SpecError) as info:
         lowered(text, tmp_path)

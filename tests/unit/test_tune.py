@@ -229,6 +229,39 @@ def test_reselect_chooses_again_from_a_runs_measurements(tmp_path, monkeypatch):
         assert e["time_ms"] == round(max(x["median_ms"] for x in rows[(e["bucket"], e["dtype"])]["measurements"]), 5)
 
 
+def test_reselect_narrowed_leaves_out_candidates_the_grid_lost(tmp_path):
+    """`--reselect --narrowed`: a measured candidate the spec's grid no longer holds (the fastest
+    here) is left out, named in the table's header and the report, and never wins; without
+    --narrowed the same run is refused."""
+    import json
+
+    import yaml
+
+    from codegen.tune import runner
+    dev = runner.Device("Test GPU", 132, "2.x", "13.0", "nvcc test")
+    fake_build = lambda spec, cands, jobs: (tmp_path / "fake.so", {}, {c.name: c.name for c in cands})  # noqa: E731
+
+    def fake_measure(jobs, so_path, on_result):
+        for job in jobs:
+            on_result(job, {"median_ms": _cost(job), "spread_ms": 0.0, "note": "", "jitter_ms": 0.0})
+
+    runner.run(str(ROOT / "specs" / "causal_linear.yaml"), root=tmp_path, device=dev, build_fn=fake_build,
+               measure_fn=fake_measure, out_dir=str(tmp_path / "out"))
+    run_json = tmp_path / "out" / "tune_causal_linear.json"
+    run = json.loads(run_json.read_text())
+    gone = "causal_linear_fwd_gone_point_bf16_sm90a"
+    for row in run["rows"]:
+        row["measurements"].append({"name": gone, "median_ms": 1e-6, "spread_ms": 0.0, "jitter_ms": 0.0})
+    run_json.write_text(json.dumps(run))
+    with pytest.raises(SystemExit, match="no longer a candidate.*--narrowed"):
+        runner.reselect(str(run_json), str(tmp_path / "refused"), root=tmp_path)
+    header = runner.reselect(str(run_json), str(tmp_path / "narrowed"), root=tmp_path, narrowed=True)
+    table = yaml.safe_load((tmp_path / "tuned" / "sm_90a" / "causal_linear.yaml").read_text())
+    assert header["narrowed"] == [gone] and table["narrowed"] == [gone]
+    assert all(e["instance"] != gone for e in table["buckets"])
+    assert gone in (tmp_path / "narrowed" / "tune_causal_linear.md").read_text()
+
+
 def test_reselect_refuses_a_run_of_candidates_the_spec_no_longer_has(tmp_path):
     import json
 
