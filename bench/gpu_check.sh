@@ -135,11 +135,13 @@ for fam in causal_linear rwkv rwkv_grad paged delta_rule gated_delta_grad flash_
   fi
 done
 # After a tune in this call: the new table's dispatch generated and built, then timed and tested
-# (regen, then paged_serving_tuned / paged_tests_tuned / flash_bench_tuned), before the machine and its table go back.
+# (regen, then paged_serving_tuned / paged_tests_tuned / flash_bench_tuned / flash_grad_tests_tuned), before the machine and its table go back.
 if want regen; then step regen bash -c "python3 -m codegen gen && python3 -m codegen build -j $JOBS"; fi
 want paged_serving_tuned && step paged_serving_tuned python3 -m bench.paged_serving --out "$OUT/r/tuned"
 want flash_bench_tuned && step flash_bench_tuned python3 -m bench.flash_attention ${BENCH_ARGS:-} --out "$OUT/r/tuned"
 want paged_tests_tuned && step paged_tests_tuned python3 -m pytest -q -m gpu tests/gpu/test_paged.py -p no:cacheprovider
+# A table tuned in this call shipped only after the tier ran its instances: its own check is one small shape.
+want flash_grad_tests_tuned && step flash_grad_tests_tuned python3 -m pytest -q -m gpu tests/gpu/test_flash_attention_grad.py -p no:cacheprovider -s
 if want retune; then
   cp bench/results/h100/tune_causal_linear.json "$OUT/r/tune_first.json"
   rm -rf build/tune
