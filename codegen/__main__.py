@@ -158,7 +158,7 @@ def main(argv=None) -> int:
                         "(no GPU) and rewrite the table and report (next to the JSON unless --out)")
     p.add_argument("--narrowed", action="store_true",
                    help="with --reselect: the spec's tune grid was narrowed since the run; leave out the measurements "
-                        "of candidates no longer in it (recorded in the table's header) instead of refusing"),
+                        "of candidates no longer in it (recorded in the table's header) instead of refusing")
     p.set_defaults(func=_cmd_tune)
     p = sub.add_parser("report")
     p.add_argument("--out", default=None, help="directory of report.md/.json (default build/report; the committed "

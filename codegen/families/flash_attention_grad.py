@@ -131,6 +131,9 @@ def _lower_backward(inst: KernelInstance, arch: Arch) -> KernelInstance:
 
 WGMMA_REG_OVERHEAD = 40   # addresses and loop state: the wgmma kernel reads no operand fragments
 STAGE_PAD = 8   # floats after each staged dQ row: 16-byte rows, and 8 rows of float2 stores in two wavefronts
+# dq_bulk 2's boxes: 64 rows (a warpgroup's dQ rows) of 32 floats, the 128-byte span of the tensor
+# map's swizzle (tma::encode_fp32_rows); the template reads both from the lowering.
+BOX_ROWS, BOX_COLS = 64, 32
 # The producer warpgroup's registers after setmaxnreg (the rest go to the consumers: 232 each with
 # two consumer warpgroups): it holds two row pointers and a row per copy loop.
 PRODUCER_REGS = 32
@@ -168,8 +171,8 @@ def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s, stag
 
 def _box_offset(row: int, col: int, swizzle: bool) -> int:
     """Float offset of (row, col) in a dq_bulk 2 box of 64 rows x 32 floats (backward_wgmma.cu.j2)."""
-    chunk = col % 32 // 4
-    return row * 32 + ((chunk ^ (row % 8)) if swizzle else chunk) * 4 + col % 4
+    chunk = col % BOX_COLS // 4
+    return row * BOX_COLS + ((chunk ^ (row % 8)) if swizzle else chunk) * 4 + col % 4
 
 
 def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
@@ -227,8 +230,8 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
                                f"{arch.regs_per_sm} registers of an SM")
     exchange = dq_exchange * warpgroups * (dq_cols // 16) * 128 * 16   # float4 per thread and 8-column tile
     add_cols = dq_cols // 2 if dq_exchange else dq_cols                 # the columns of dQ a warpgroup adds
-    if dq_bulk == 2 and add_cols % 32:
-        raise Rejected("dq_bulk", f"dq_bulk=2 adds whole boxes of 32 columns: a warpgroup adds {add_cols}")
+    if dq_bulk == 2 and add_cols % BOX_COLS:
+        raise Rejected("dq_bulk", f"dq_bulk=2 adds whole boxes of {BOX_COLS} columns: a warpgroup adds {add_cols}")
     # their staged rows, padded (1), or their boxes (2)
     stage = {0: 0, 1: warpgroups * 64 * (add_cols + STAGE_PAD) * 4, 2: warpgroups * 64 * add_cols * 4}[dq_bulk]
     ds_buffers = 2 if overlap or producer else 1   # no CTA-wide barrier per tile with a producer
@@ -248,7 +251,7 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         "tile_cols": cols, "producer_regs": producer_regs, "consumer_regs": consumer_regs,
         "turns_producer_regs": turns_regs[0], "turns_consumer_regs": turns_regs[1],
         "loads_doc": "filled by a producer warpgroup (mbarriers)" if producer else "filled by every thread",
-        "stage_pitch": add_cols + STAGE_PAD,
+        "stage_pitch": add_cols + STAGE_PAD, "box_rows": BOX_ROWS, "box_cols": BOX_COLS,
         "dq_add_doc": {0: "atomics",
                        1: "rows staged in shared memory, a bulk reduction each; atomics when deterministic",
                        2: "64 x 32 boxes staged in shared memory, a tensor bulk reduction each; atomics when deterministic",

@@ -93,8 +93,10 @@ constexpr bool DQ_TMA = false;
 constexpr int ADD_COLS = DQ_EXCHANGE ? DQ_COLS / 2 : DQ_COLS;  // columns of dQ a warpgroup adds
 constexpr int STAGE_PITCH = 40;  // floats between staged rows (the lowering's STAGE_PAD after ADD_COLS)
 static_assert(STAGE_PITCH >= ADD_COLS && STAGE_PITCH % 4 == 0, "whole 16-byte staged rows");
-constexpr int BOX_COLS = 32;                    // DQ_TMA: floats per box row (128 bytes, the swizzle's span)
-constexpr int BOX_FLOATS = 64 * BOX_COLS;       // a box: 64 rows, 8 KB
+constexpr int BOX_ROWS = 64;       // DQ_TMA: a box holds a warpgroup's dQ rows...
+constexpr int BOX_COLS = 32;       // ...of this many floats (128 bytes, the map's swizzle span)
+constexpr int BOX_FLOATS = BOX_ROWS * BOX_COLS;
+static_assert(BOX_ROWS == DQ_ROWS && BOX_COLS * sizeof(float) == 128, "a box: a warpgroup's rows, one swizzle span wide");
 static_assert(!DQ_TMA || ADD_COLS % BOX_COLS == 0, "a warpgroup adds whole boxes");
 constexpr int DQ_STAGE_FLOATS = DQ_BULK ? WARPGROUPS * 64 * STAGE_PITCH : DQ_TMA ? WARPGROUPS * 64 * ADD_COLS : 0;
 static_assert(PRODUCER || LOOKAHEAD >= 1, "the ring holds the tiles in use and those in flight");
@@ -497,7 +499,7 @@ struct KeyBlocks {
                   "lowering and template agree on shared memory");
     CUtensorMap dq_map{};
     if (DQ_TMA && !DETERMINISTIC && p.Hq * p.q_rows > 0 &&
-        !tma::encode_fp32_rows(&dq_map, Scratch<D, BLOCK_M>(p).dq, p.Hq * p.q_rows, D, 64)) {
+        !tma::encode_fp32_rows(&dq_map, Scratch<D, BLOCK_M>(p).dq, p.Hq * p.q_rows, D, BOX_ROWS)) {
       return cudaErrorNotSupported;  // the driver refused the scratch's map (or has no cuTensorMapEncodeTiled)
     }
     return launch_kernel(backward_kernel<WINDOW, EXTRAS, DETERMINISTIC>, p, key_grid<BLOCK_N>(p), THREADS, smem, stream,
