@@ -23,25 +23,9 @@ import attngen  # noqa: E402
 from attngen import paged  # noqa: E402
 from bench import run_meta  # noqa: E402
 from bench.paged import make_case  # noqa: E402
-from bench.paged_serving import SMALL_CASES  # noqa: E402
+from bench.paged_serving import GRAPH_CALLS as CALLS, SMALL_CASES, graph_of  # noqa: E402
 
-CALLS = 20     # calls a graph holds, as bench/paged_serving.py captures them
 REPLAYS = 10   # replays profiled
-
-
-def graph_of(call) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph
 
 
 def per_call(kernels: list) -> list:

@@ -98,6 +98,26 @@ def _kernel_us(fn, calls: int = 50) -> dict:
     return names
 
 
+GRAPH_CALLS = 20   # calls a CUDA graph of a small batch holds (times are per call)
+
+
+def graph_of(call) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of GRAPH_CALLS back-to-back calls (one call first on a side stream, as
+    capture wants), replayed once."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
 def small_table() -> list:
     rows = []
     for S, Hq, Hkv, ctx in SMALL_CASES:
@@ -129,31 +149,17 @@ def small_table() -> list:
             issued += 20
         torch.cuda.synchronize()
         row["eager_host_us"] = host * 1e6 / issued
-        # A CUDA graph of 20 calls, replayed: per call.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            call()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(20):
-                call()
-        graph.replay()
-        torch.cuda.synchronize()
-        row["graph_us"] = do_bench(graph.replay) * 1e3 / 20
+        # A CUDA graph of GRAPH_CALLS calls, replayed: per call.
+        graph = graph_of(call)
+        row["graph_us"] = do_bench(graph.replay) * 1e3 / GRAPH_CALLS
         row["kernels_us"] = _kernel_us(call)
         row["kernel_us"] = sum(row["kernels_us"].values())
         row["graph_tbps"] = _tbps(nbytes, row["graph_us"] / 1e3)
         row["candidates_graph_us"] = {}
         for name in (n for n in candidates() if "_mt1_" in n):
             forced = lambda: paged.paged_decode_with(name, *case)  # noqa: E731
-            forced()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(20):
-                    forced()
-            row["candidates_graph_us"][short(name)] = do_bench(g.replay) * 1e3 / 20
+            g = graph_of(forced)
+            row["candidates_graph_us"][short(name)] = do_bench(g.replay) * 1e3 / GRAPH_CALLS
         rows.append(row)
         print(json.dumps(row), flush=True)
         case = graph = None
