@@ -46,6 +46,14 @@ cudaError_t launch_flash_attention_grad_hopper_wide_d256_block_n64_block_m64_war
 size_t workspace_flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_stages2_minb1_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_stages2_minb1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_stages2_minb1_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a(const Params&, cudaStream_t);
@@ -69,8 +77,12 @@ bool covers_12(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0)
 bool covers_13(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 bool covers_14(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
 bool covers_15(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
-bool covers_16(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_17(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_16(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_17(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_18(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_19(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
+bool covers_20(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
+bool covers_21(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
 
 const Entry kEntries[] = {
     {"flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a, covers_0, workspace_flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a},
@@ -89,8 +101,12 @@ const Entry kEntries[] = {
     {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_bf16_sm90a, covers_13, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_bf16_sm90a},
     {"flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_stages2_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_stages2_minb1_fp16_sm90a, covers_14, workspace_flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_stages2_minb1_fp16_sm90a},
     {"flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_stages2_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_stages2_minb1_bf16_sm90a, covers_15, workspace_flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_stages2_minb1_bf16_sm90a},
-    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a, covers_16, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a},
-    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a, covers_17, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a},
+    {"flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_bf16_sm90a, covers_16, workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_bf16_sm90a},
+    {"flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_fp16_sm90a, covers_17, workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_fp16_sm90a},
+    {"flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_bf16_sm90a, covers_18, workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_bf16_sm90a},
+    {"flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_fp16_sm90a, covers_19, workspace_flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_fp16_sm90a},
+    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a, covers_20, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a},
+    {"flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a", "dispatch", launch_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a, covers_21, workspace_flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a},
 };
 constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
 
@@ -167,46 +183,46 @@ const Entry* flash_attention_grad_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d64_causal_long: when D == 64 and causal == 1 and Lk >= 2048
   if (((key.D == 64) && (key.causal == 1) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a
+      if (kEntries[17].covers(key)) return row(17);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d64_causal: when D == 64 and causal == 1
   if (((key.D == 64) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a
+      if (kEntries[17].covers(key)) return row(17);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d64_long: when D == 64 and Lk >= 2048
   if (((key.D == 64) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a
+      if (kEntries[18].covers(key)) return row(18);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d64: when D == 64
   if ((key.D == 64)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a
+      if (kEntries[18].covers(key)) return row(18);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128_gqa_long: when D == 128 and G >= 4 and causal == 0 and Lk >= 2048
   if (((key.D == 128) && (key.G >= 4) && (key.causal == 0) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[16].covers(key)) return row(16);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a
+      if (kEntries[20].covers(key)) return row(20);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[17].covers(key)) return row(17);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128_causal_long: when D == 128 and causal == 1 and Lk >= 2048
@@ -230,10 +246,10 @@ const Entry* flash_attention_grad_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128_long: when D == 128 and Lk >= 2048
   if (((key.D == 128) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[16].covers(key)) return row(16);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a
+      if (kEntries[20].covers(key)) return row(20);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[17].covers(key)) return row(17);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128: when D == 128
@@ -245,22 +261,26 @@ const Entry* flash_attention_grad_select(const Key& key) {
       if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_fp16_sm90a
     }
   }
-  // specs/flash_attention_grad.yaml:278: when True -> hopper
+  // specs/flash_attention_grad.yaml:277: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a
+      if (kEntries[17].covers(key)) return row(17);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_fp16_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_fp16_sm90a
       if (kEntries[9].covers(key)) return row(9);  // flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_fp16_sm90a
       if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_fp16_sm90a
-      if (kEntries[17].covers(key)) return row(17);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
       if (kEntries[11].covers(key)) return row(11);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_bf16_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_bf16_sm90a
+      if (kEntries[18].covers(key)) return row(18);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_bf16_sm90a
       if (kEntries[12].covers(key)) return row(12);  // flash_attention_grad_hopper_d96_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_bf16_sm90a
       if (kEntries[13].covers(key)) return row(13);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_bf16_sm90a
-      if (kEntries[16].covers(key)) return row(16);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a
+      if (kEntries[20].covers(key)) return row(20);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention_grad.yaml:280: when True -> hopper_wide
+  // specs/flash_attention_grad.yaml:279: when True -> hopper_wide
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[14].covers(key)) return row(14);  // flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_stages2_minb1_fp16_sm90a
@@ -269,7 +289,7 @@ const Entry* flash_attention_grad_select(const Key& key) {
       if (kEntries[15].covers(key)) return row(15);  // flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_stages2_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention_grad.yaml:282: when True -> mma_sync
+  // specs/flash_attention_grad.yaml:281: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return row(0);  // flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a
