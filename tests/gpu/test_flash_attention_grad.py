@@ -201,7 +201,7 @@ def test_strided_inputs_and_gradients():
 @pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"window": (300, 50), "soft_cap": 4.0}],
                          ids=["full", "causal", "window-softcap"])
 def test_deterministic_gradients_are_bit_identical(D, kwargs):
-    """deterministic=True: dq's additions in key-block order, so two runs give the same bits (many
+    """deterministic=True: dq's additions in a fixed order of key blocks, so two runs give the same bits (many
     key blocks and a GQA group add to each query row), and within the bound."""
     q, k, v, d_out = make(2, 1100, 1300, 8, 2, D, torch.bfloat16, seed=D)
     first = grads_through_the_op(q, k, v, d_out, deterministic=True, **kwargs)
@@ -210,6 +210,19 @@ def test_deterministic_gradients_are_bit_identical(D, kwargs):
         for name, a, b in zip(("dq", "dk", "dv"), first, again):
             assert torch.equal(a, b), f"{name} differs between two deterministic runs"
     check_grads(first, q, k, v, d_out, f"deterministic D={D} {kwargs}", **kwargs)
+
+
+@pytest.mark.parametrize("D", HEAD_SIZES)
+def test_deterministic_causal_with_rows_that_see_no_key(D):
+    """Causal with Lq > Lk (the first 200 rows see no key) and a partial last query tile: each
+    tile's dq order counts exactly the key blocks that visit it (dq_rank; a miscount would leave a
+    block waiting for a turn that never comes)."""
+    q, k, v, d_out = make(2, 1300, 1100, 8, 2, D, torch.bfloat16, seed=D + 1)
+    first = grads_through_the_op(q, k, v, d_out, deterministic=True, causal=True)
+    again = grads_through_the_op(q, k, v, d_out, deterministic=True, causal=True)
+    for name, a, b in zip(("dq", "dk", "dv"), first, again):
+        assert torch.equal(a, b), f"{name} differs between two deterministic runs"
+    check_grads(first, q, k, v, d_out, f"deterministic causal Lq > Lk D={D}", causal=True)
 
 
 def test_deterministic_varlen():
