@@ -272,6 +272,10 @@ __device__ __forceinline__ int first_key_block(const Params& p, const Sequence& 
   return left >= 0 ? max(0, m0 + (seq.lk - seq.lq) - left) / BLOCK_N : 0;
 }
 
+// Orders this thread's global-memory accesses through the generic proxy (a dq turn taken or
+// passed) with its tensor bulk reductions (the async proxy), either way round.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
 // The meeting of one adder's threads: the whole CTA, or a named barrier of `threads`.
 __device__ __forceinline__ void adder_sync(int barrier, int threads) {
   if (threads == static_cast<int>(blockDim.x)) {

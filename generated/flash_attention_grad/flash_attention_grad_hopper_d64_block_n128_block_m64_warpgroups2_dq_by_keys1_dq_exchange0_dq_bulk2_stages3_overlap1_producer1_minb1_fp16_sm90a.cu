@@ -80,15 +80,16 @@ constexpr int EXCHANGE_FLOATS = DQ_EXCHANGE ? WARPGROUPS * DQ_HALF * 128 * 4 : 0
 // DQ_BULK: a warpgroup stores the dQ rows it adds to a staging tile in shared memory, and one of
 // its warps adds them to the fp32 scratch a row per bulk reduction (cp.reduce.async.bulk)
 // instead of every thread's float2 atomics (ncu at 4a16e0d: the atomics' region held 7% of the
-// stall samples at d128, 19% causal). Deterministic runs keep the atomics, in turn.
+// stall samples at d128, 19% causal). Deterministic runs add by atomics, in turn.
 constexpr bool DQ_BULK = false;
 // DQ_TMA: a warpgroup stores its 64 rows of dQ in boxes of 64 rows x 32 floats (128-byte
 // swizzle, as the tensor map reads them) and its first thread adds each box to the fp32 scratch
 // by one tensor bulk reduction: one instruction per 8 KB where DQ_BULK issues one per 256-byte
 // row (that mode lost to the atomics, 0.56-0.86x, its 64 small reductions a tile queueing on
 // the copy unit). Rows past the sequence are stored as zeros (a box may reach into the next
-// sequence's or head's rows: adding zero there is harmless). Deterministic runs keep the
-// atomics, in turn.
+// sequence's or head's rows: adding zero there is harmless). Deterministic runs add the boxes in
+// turn too, and pass the turn a tile late, once the reductions have completed: waiting for them
+// and fencing at once would stall the adder every tile.
 constexpr bool DQ_TMA = true;
 constexpr int ADD_COLS = DQ_EXCHANGE ? DQ_COLS / 2 : DQ_COLS;  // columns of dQ a warpgroup adds
 constexpr int STAGE_PITCH = 72;  // floats between staged rows (the lowering's STAGE_PAD after ADD_COLS)
@@ -256,6 +257,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
 
   // OVERLAP: the next tile's scores, in flight across the end of an iteration.
   float s_next[1][OVERLAP ? NT : 1][4], dp_next[1][OVERLAP ? NT : 1][4];
+  int* passed_late = nullptr;  // DQ_TMA, deterministic: the turn of the tile before, passed during this one
   if constexpr (OVERLAP) {
     if (iters > 0) {
       make_ready(0);
@@ -322,6 +324,13 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     if constexpr (DQ_TMA && !DETERMINISTIC) {  // likewise the previous tile's boxes
       if (threadIdx.x % 128 == 0) pipeline::bulk_wait_read<0>();
     }
+    if constexpr (DQ_TMA && DETERMINISTIC) {  // the previous tile's reductions complete: its turn passes now
+      if (threadIdx.x % 128 == 0) {
+        pipeline::bulk_wait<0>();
+        fence_proxy_async_global();
+      }
+      if (it > 0) pass_turn(passed_late, adder_barrier, ADDER_THREADS);
+    }
     if constexpr (DQ_BY_KEYS) {
       pipeline::named_sync(1 + wg, 128);  // this warpgroup's columns of dS complete
     } else {
@@ -384,7 +393,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
           }
           pipeline::bulk_commit();
         }
-      } else if constexpr (DQ_TMA && !DETERMINISTIC) {
+      } else if constexpr (DQ_TMA) {
         static_assert(NJ * 8 == ADD_COLS, "a warpgroup stages the columns it adds");
         float* boxes = dq_stage + wg * 64 * ADD_COLS;
 #pragma unroll
@@ -404,6 +413,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         wgmma::fence_shared_for_async();  // the boxes are visible to the tensor reductions
         pipeline::named_sync(1 + wg, 128);
         if (threadIdx.x % 128 == 0) {
+          if constexpr (DETERMINISTIC) fence_proxy_async_global();  // after the turn's acquire
           const int row = static_cast<int>(h * p.q_rows + srow0 + m0 + dq_row0);
 #pragma unroll
           for (int x = 0; x < ADD_COLS / BOX_COLS; ++x) {
@@ -473,14 +483,22 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     } else {
       add_tiles(Zero{}, std::integral_constant<int, DQ_COLS / 8>{});
     }
-    if constexpr (DETERMINISTIC) pass_turn(turn, adder_barrier, ADDER_THREADS);
+    if constexpr (DETERMINISTIC && DQ_TMA) {
+      passed_late = turn;
+    } else if constexpr (DETERMINISTIC) {
+      pass_turn(turn, adder_barrier, ADDER_THREADS);
+    }
   }
   if constexpr (!PRODUCER) cp_async_wait<0>();  // with no tile to visit, K and V were never waited for
   if constexpr (DQ_BULK) {  // no bulk reduction in flight past the CTA's shared memory
     if (warp % 4 == 0) pipeline::bulk_wait<0>();
   }
-  if constexpr (DQ_TMA && !DETERMINISTIC) {
+  if constexpr (DQ_TMA) {
     if (threadIdx.x % 128 == 0) pipeline::bulk_wait<0>();
+  }
+  if constexpr (DQ_TMA && DETERMINISTIC) {  // the last tile's turn
+    if (threadIdx.x % 128 == 0) fence_proxy_async_global();
+    if (iters > 0) pass_turn(passed_late, adder_barrier, ADDER_THREADS);
   }
   wgmma::hold(dk);
   wgmma::hold(dv);
@@ -498,7 +516,7 @@ struct KeyBlocks {
                               EXCHANGE_FLOATS * 4 + DQ_STAGE_FLOATS * 4 + BARRIER_BYTES + 1024,
                   "lowering and template agree on shared memory");
     CUtensorMap dq_map{};
-    if (DQ_TMA && !DETERMINISTIC && p.Hq * p.q_rows > 0 &&
+    if (DQ_TMA && p.Hq * p.q_rows > 0 &&
         !tma::encode_fp32_rows(&dq_map, Scratch<D, BLOCK_M>(p).dq, p.Hq * p.q_rows, D, BOX_ROWS)) {
       return cudaErrorNotSupported;  // the driver refused the scratch's map (or has no cuTensorMapEncodeTiled)
     }
