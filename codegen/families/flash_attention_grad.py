@@ -157,6 +157,9 @@ def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s, stag
     def ds_write(lane, _pad):
         return offset_s((lane >> 4) * 8 + (lane & 7), ((lane >> 3) & 1) * 8) * 2
 
+    def box(lane, _pad):
+        return _box_offset(lane // 4, lane % 4 * 2, box_swizzle) * 4
+
     # dq's exchange (the template holds it whether or not dq_exchange compiles it in): a float4
     # per thread, consecutive threads at consecutive 16 bytes.
     return [banks.Access("cp_async_fill", CHUNK, fill, ("kv_tiles", "q_ring")),
@@ -165,8 +168,8 @@ def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s, stag
             banks.contiguous("dq_exchange_read", 16, ("dq_exchange",)),
             banks.Access("dq_stage_write", 8, lambda lane, _pad: (lane // 4 * stage_pitch + lane % 4 * 2) * 4,
                          ("dq_stage",)),
-            banks.Access("dq_box_write", 8, lambda lane, _pad: _box_offset(lane // 4, lane % 4 * 2, box_swizzle) * 4,
-                         ("dq_stage",))] + _stats_accesses()
+            banks.Access("dq_box_write", 8, box, ("dq_stage",)),
+            banks.Access("dq_box_read", 8, box, ("dq_stage",))] + _stats_accesses()   # deterministic: a sum onto the boxes
 
 
 def _box_offset(row: int, col: int, swizzle: bool) -> int:

@@ -5,7 +5,7 @@
 //   384 threads: 2 warpgroups x 64 key rows; Q / dO tiles of 64 rows through a
 //   3-stage cp.async ring, filled by a producer warpgroup (mbarriers); dQ by warpgroup: 64 query rows x 64 columns,
 //   added to an fp32 scratch (64 x 32 boxes staged in shared memory, a tensor bulk reduction each; atomics when deterministic); 231992 bytes of shared memory (128-byte-swizzled atoms, 1 KB for alignment)
-//   bank conflicts (ways, from the bank pass): cp_async_fill 1, ds_write 1, dq_exchange_write 1, dq_exchange_read 1, dq_stage_write 1, dq_box_write 1, stats_read 1, stats_write 1
+//   bank conflicts (ways, from the bank pass): cp_async_fill 1, ds_write 1, dq_exchange_write 1, dq_exchange_read 1, dq_stage_write 1, dq_box_write 1, dq_box_read 1, stats_read 1, stats_write 1
 // What is computed is described in params.cuh; the passes around this kernel in backward_common.cuh.
 //
 // Per query tile, each warpgroup: S^T = K Q^T and dP^T = V dO^T for its 64 keys (wgmma, both
@@ -75,7 +75,6 @@ constexpr int DQ_KSTEPS = DQ_BY_KEYS ? 4 : KN;  // ...over this many 16-key step
 constexpr bool DQ_EXCHANGE = false;
 constexpr int DQ_HALF = DQ_COLS / 16;           // 8-column tiles a warpgroup hands over
 constexpr int ADDERS = DQ_BY_KEYS && !DQ_EXCHANGE ? WARPGROUPS : 1;  // who adds to a tile's dq, each in turn when deterministic
-constexpr int ADDER_THREADS = CONSUMER_THREADS / ADDERS;
 constexpr int EXCHANGE_FLOATS = DQ_EXCHANGE ? WARPGROUPS * DQ_HALF * 128 * 4 : 0;
 // DQ_BULK: a warpgroup stores the dQ rows it adds to a staging tile in shared memory, and one of
 // its warps adds them to the fp32 scratch a row per bulk reduction (cp.reduce.async.bulk)
@@ -128,9 +127,14 @@ constexpr size_t BARRIER_BYTES = PRODUCER ? sizeof(Barriers) : 0;
 // dq_map: the scratch's dQ as an fp32 matrix [Hq * q_rows, D] in DQ_TMA's boxes (unused otherwise).
 template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Params p, const __grid_constant__ CUtensorMap dq_map) {
+  // Deterministic, DQ_TMA with dQ by keys: the warpgroups' products are summed in warpgroup 0's
+  // boxes first (it stores, then warpgroup 1 adds its own), so the CTA adds one block a tile in one
+  // turn, which its producer can wait for (consumers polling for a turn each cost 1.6-1.8x).
+  constexpr bool COMBINE = DETERMINISTIC && DQ_TMA && DQ_BY_KEYS && !DQ_EXCHANGE;
+  constexpr int adders = COMBINE ? 1 : ADDERS, adder_threads = CONSUMER_THREADS / adders;
   // Deterministic with a producer and one adder: the producer waits for each tile's dq turn
   // (produce_tiles).
-  constexpr bool PRODUCER_TAKES_TURNS = DETERMINISTIC && PRODUCER && ADDERS == 1;
+  constexpr bool PRODUCER_TAKES_TURNS = DETERMINISTIC && PRODUCER && adders == 1;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // wgmma descriptors assume 1024-byte aligned atoms: align the base (the launch adds 1 KB).
   const uint32_t raw = mma::smem_addr(smem_raw);
@@ -200,7 +204,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   const int dq_col0 = !DQ_BY_KEYS && BLOCK_M == 64 ? wg * DQ_COLS : 0;
   const int dq_kstep0 = DQ_BY_KEYS ? wg * 4 : 0;
   // The named barrier of this warpgroup, or the consumers' (the CTA's without a producer).
-  const int adder_barrier = ADDERS > 1 ? 1 + wg : (PRODUCER ? CONSUMERS_BARRIER : 0);
+  const int adder_barrier = adders > 1 ? 1 + wg : (PRODUCER ? CONSUMERS_BARRIER : 0);
   // The consumer threads meet (the whole CTA, where every thread is one).
   auto consumers_sync = [] {
     if constexpr (PRODUCER) {
@@ -329,7 +333,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         pipeline::bulk_wait<0>();
         fence_proxy_async_global();
       }
-      if (it > 0) pass_turn(passed_late, adder_barrier, ADDER_THREADS);
+      if (it > 0) pass_turn(passed_late, adder_barrier, adder_threads);
     }
     if constexpr (DQ_BY_KEYS) {
       pipeline::named_sync(1 + wg, 128);  // this warpgroup's columns of dS complete
@@ -395,24 +399,39 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         }
       } else if constexpr (DQ_TMA) {
         static_assert(NJ * 8 == ADD_COLS, "a warpgroup stages the columns it adds");
-        float* boxes = dq_stage + wg * 64 * ADD_COLS;
+        float* boxes = dq_stage + (COMBINE ? 0 : wg * 64 * ADD_COLS);
+        auto stage_boxes = [&](bool onto) {  // onto: add this warpgroup's values to those stored there
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = (warp % 4) * 16 + lane / 4 + hh * 8;
-          const bool real = m0 + dq_row0 + r < seq.lq;
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = (warp % 4) * 16 + lane / 4 + hh * 8;
+            const bool real = m0 + dq_row0 + r < seq.lq;
 #pragma unroll
-          for (int j = 0; j < NJ; ++j) {
-            // Columns 8 j + 2 (lane % 4), + 1 of the added ones: box c / 32, its 16-byte chunk
-            // (c % 32) / 4 stored at chunk ^ (r % 8), the float pair at c % 4.
-            const int c = j * 8 + lane % 4 * 2;
-            float* at = boxes + c / BOX_COLS * BOX_FLOATS + r * BOX_COLS + ((c % BOX_COLS / 4) ^ (r % 8)) * 4 + c % 4;
-            *reinterpret_cast<float2*>(at) = real ? make_float2(dq[0][J0 + j][2 * hh], dq[0][J0 + j][2 * hh + 1])  // smem: dq_box_write
-                                                  : make_float2(0.f, 0.f);
+            for (int j = 0; j < NJ; ++j) {
+              // Columns 8 j + 2 (lane % 4), + 1 of the added ones: box c / 32, its 16-byte chunk
+              // (c % 32) / 4 stored at chunk ^ (r % 8), the float pair at c % 4.
+              const int c = j * 8 + lane % 4 * 2;
+              float* at = boxes + c / BOX_COLS * BOX_FLOATS + r * BOX_COLS + ((c % BOX_COLS / 4) ^ (r % 8)) * 4 + c % 4;
+              float2 x = real ? make_float2(dq[0][J0 + j][2 * hh], dq[0][J0 + j][2 * hh + 1]) : make_float2(0.f, 0.f);
+              if (onto) {
+                const float2 before = *reinterpret_cast<const float2*>(at);  // smem: dq_box_read
+                x = make_float2(before.x + x.x, before.y + x.y);
+              }
+              *reinterpret_cast<float2*>(at) = x;  // smem: dq_box_write
+            }
           }
+        };
+        if constexpr (COMBINE) {
+          if (wg == 0) stage_boxes(false);
+          consumers_sync();  // warpgroup 0's block stored
+          if (wg == 1) stage_boxes(true);
+          wgmma::fence_shared_for_async();
+          consumers_sync();  // the sum stored and visible to the tensor reductions
+        } else {
+          stage_boxes(false);
+          wgmma::fence_shared_for_async();  // the boxes are visible to the tensor reductions
+          pipeline::named_sync(1 + wg, 128);
         }
-        wgmma::fence_shared_for_async();  // the boxes are visible to the tensor reductions
-        pipeline::named_sync(1 + wg, 128);
-        if (threadIdx.x % 128 == 0) {
+        if (COMBINE ? threadIdx.x == 0 : threadIdx.x % 128 == 0) {
           if constexpr (DETERMINISTIC) fence_proxy_async_global();  // after the turn's acquire
           const int row = static_cast<int>(h * p.q_rows + srow0 + m0 + dq_row0);
 #pragma unroll
@@ -472,7 +491,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     int* turn = DETERMINISTIC ? scratch.turn(p, h, b, m0) : nullptr;
     if constexpr (DETERMINISTIC && !PRODUCER_TAKES_TURNS) {
       const int first = first_key_block<BLOCK_N>(p, seq, m0, WINDOW);
-      wait_turn(turn, (at.x - first) * ADDERS + (DQ_BY_KEYS && !DQ_EXCHANGE ? wg : 0), adder_barrier, ADDER_THREADS);
+      wait_turn(turn, (at.x - first) * adders + (adders > 1 ? wg : 0), adder_barrier, adder_threads);
     }
     if constexpr (DQ_EXCHANGE) {
       if (wg == 0) {
@@ -486,7 +505,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     if constexpr (DETERMINISTIC && DQ_TMA) {
       passed_late = turn;
     } else if constexpr (DETERMINISTIC) {
-      pass_turn(turn, adder_barrier, ADDER_THREADS);
+      pass_turn(turn, adder_barrier, adder_threads);
     }
   }
   if constexpr (!PRODUCER) cp_async_wait<0>();  // with no tile to visit, K and V were never waited for
@@ -498,7 +517,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   }
   if constexpr (DQ_TMA && DETERMINISTIC) {  // the last tile's turn
     if (threadIdx.x % 128 == 0) fence_proxy_async_global();
-    if (iters > 0) pass_turn(passed_late, adder_barrier, ADDER_THREADS);
+    if (iters > 0) pass_turn(passed_late, adder_barrier, adder_threads);
   }
   wgmma::hold(dk);
   wgmma::hold(dv);
