@@ -128,7 +128,6 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     for (int e = 0; e < 4; ++e) dk[0][j][e] = dv[0][j][e] = 0.f;
   }
 
-  int* passed_late = nullptr;  // deterministic: the turn of the tile before, passed during this one
 #pragma unroll 1
   for (int it = 0; it < walk.iters; ++it) {
     const int stage = it % STAGES;
@@ -207,11 +206,6 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     }
     wgmma::commit();
 
-    // Deterministic: the tile before's turn passes here, a tile after its atomics (they are done:
-    // the release's fence does not wait for them, as right after them it stalled every tile).
-    if constexpr (DETERMINISTIC) {
-      if (it > 0) pass_turn(passed_late, CONSUMERS_BARRIER, CONSUMER_THREADS);
-    }
     // dQ = dS K on this warpgroup's columns, DQ_COLS at a time: dS K-major, K read transposed.
     int* turn = DETERMINISTIC ? scratch.turn(p, h, b, m0) : nullptr;
 #pragma unroll
@@ -244,10 +238,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         }
       }
     }
-    passed_late = turn;
-  }
-  if constexpr (DETERMINISTIC) {  // the last tile's turn
-    if (walk.iters > 0) pass_turn(passed_late, CONSUMERS_BARRIER, CONSUMER_THREADS);
+    if constexpr (DETERMINISTIC) pass_turn(turn, CONSUMERS_BARRIER, CONSUMER_THREADS);
   }
   wgmma::hold(dk);
   wgmma::hold(dv);
