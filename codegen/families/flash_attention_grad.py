@@ -257,7 +257,8 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         "stage_pitch": add_cols + STAGE_PAD, "box_rows": BOX_ROWS, "box_cols": BOX_COLS,
         "dq_add_doc": {0: "atomics",
                        1: "rows staged in shared memory, a bulk reduction each; atomics when deterministic",
-                       2: "64 x 32 boxes staged in shared memory, a tensor bulk reduction each; atomics when deterministic",
+                       2: "64 x 32 boxes staged in shared memory, a tensor bulk reduction each; in turn when "
+                          "deterministic, each turn passed a tile late",
                        }[dq_bulk],
         "bank": bank, "threads_param": "warpgroups", "smem_param": "stages",
     })
