@@ -259,13 +259,10 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     wgmma::commit();
   };
 
-  // OVERLAP: the next tile's scores, in flight across the end of an iteration. Not when
-  // deterministic: the next tile's stage waits for its turn, which would hold this tile's additions
-  // (and the turn they pass) behind the predecessor's next tile.
-  constexpr bool OVERLAP_TILES = OVERLAP && !DETERMINISTIC;
-  float s_next[1][OVERLAP_TILES ? NT : 1][4], dp_next[1][OVERLAP_TILES ? NT : 1][4];
+  // OVERLAP: the next tile's scores, in flight across the end of an iteration.
+  float s_next[1][OVERLAP ? NT : 1][4], dp_next[1][OVERLAP ? NT : 1][4];
   int* passed_late = nullptr;  // DQ_TMA, deterministic: the turn of the tile before, passed during this one
-  if constexpr (OVERLAP_TILES) {
+  if constexpr (OVERLAP) {
     if (iters > 0) {
       make_ready(0);
       issue_scores(s_next, dp_next, 0);
@@ -275,7 +272,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     const bool more = it + 1 < iters;
     // Scores of this tile: issued here, or during the previous tile (registers renamed when unrolled).
     float s[1][NT][4], dp[1][NT][4];
-    if constexpr (OVERLAP_TILES) {
+    if constexpr (OVERLAP) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -358,7 +355,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     }
     wgmma::commit();
     bool next_in_flight = false;
-    if constexpr (OVERLAP_TILES) {
+    if constexpr (OVERLAP) {
       if (more) {  // the next tile's scores run on the tensor cores during this tile's dQ atomics
         make_ready(it + 1);
         issue_scores(s_next, dp_next, it + 1);
