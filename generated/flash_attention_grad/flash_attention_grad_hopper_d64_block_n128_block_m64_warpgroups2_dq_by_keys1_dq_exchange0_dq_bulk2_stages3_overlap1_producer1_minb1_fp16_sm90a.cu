@@ -57,6 +57,7 @@ constexpr int PRODUCER_REGS = 32, CONSUMER_REGS = 232;
 // The split where the producer also takes the deterministic dq turns (backward_kernel).
 constexpr int TURNS_PRODUCER_REGS = 48, TURNS_CONSUMER_REGS = 224;
 constexpr int CONSUMERS_BARRIER = 3;  // named barrier of the consumer threads (1, 2: each warpgroup's)
+constexpr int BOXES_STORED = 4;       // named barrier: warpgroup 0's dQ boxes stored for warpgroup 1 (COMBINE)
 constexpr int NT = BLOCK_M / 8;              // 8-column (query) tiles of the transposed scores
 constexpr int DT = D_TILE / 8;               // 8-column tiles of dK, dV
 constexpr int DT_STORED = D / 8;             // those stored
@@ -128,8 +129,9 @@ constexpr size_t BARRIER_BYTES = PRODUCER ? sizeof(Barriers) : 0;
 template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Params p, const __grid_constant__ CUtensorMap dq_map) {
   // Deterministic, DQ_TMA with dQ by keys: the warpgroups' products are summed in warpgroup 0's
-  // boxes first (it stores, then warpgroup 1 adds its own), so the CTA adds one block a tile in one
-  // turn, which its producer can wait for (consumers polling for a turn each cost 1.6-1.8x).
+  // boxes first (it stores and goes on; warpgroup 1 adds its own and issues the reductions), so
+  // the CTA adds one block a tile in one turn, which its producer can wait for (consumers polling
+  // for a turn each cost 1.6-1.8x).
   constexpr bool COMBINE = DETERMINISTIC && DQ_TMA && DQ_BY_KEYS && !DQ_EXCHANGE;
   constexpr int adders = COMBINE ? 1 : ADDERS, adder_threads = CONSUMER_THREADS / adders;
   // Deterministic with a producer and one adder: the producer waits for each tile's dq turn
@@ -421,17 +423,21 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
           }
         };
         if constexpr (COMBINE) {
-          if (wg == 0) stage_boxes(false);
-          consumers_sync();  // warpgroup 0's block stored
-          if (wg == 1) stage_boxes(true);
-          wgmma::fence_shared_for_async();
-          consumers_sync();  // the sum stored and visible to the tensor reductions
+          if (wg == 0) {
+            stage_boxes(false);
+            pipeline::named_arrive(BOXES_STORED, CONSUMER_THREADS);
+          } else {
+            pipeline::named_sync(BOXES_STORED, CONSUMER_THREADS);  // warpgroup 0's block stored
+            stage_boxes(true);
+            wgmma::fence_shared_for_async();
+            pipeline::named_sync(1 + wg, 128);  // the sum stored and visible to the tensor reductions
+          }
         } else {
           stage_boxes(false);
           wgmma::fence_shared_for_async();  // the boxes are visible to the tensor reductions
           pipeline::named_sync(1 + wg, 128);
         }
-        if (COMBINE ? threadIdx.x == 0 : threadIdx.x % 128 == 0) {
+        if (COMBINE ? threadIdx.x == 128 : threadIdx.x % 128 == 0) {
           if constexpr (DETERMINISTIC) fence_proxy_async_global();  // after the turn's acquire
           const int row = static_cast<int>(h * p.q_rows + srow0 + m0 + dq_row0);
 #pragma unroll
