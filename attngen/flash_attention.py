@@ -200,7 +200,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     [B, Lq, Hq, D] in q's dtype, and with return_lse the natural-log log-sum-exp
     [B, Hq, Lq] fp32 (-inf for a row that sees no key; its output is zeros). Differentiable in
     q, k, v (and through lse); deterministic=True makes the backward add dq's parts in a fixed
-    order, so gradients are bit-identical from run to run (at a cost: bench/flash_attention_grad.py).
+    order, so gradients are bit-identical from run to run (at a cost, about 1.1-1.4x the backward
+    below d256 on the H100: bench/flash_grad_deterministic.py).
     `instance` forces a compiled forward instance by name (benchmarks, tests).
 
     FP8: with float8_e4m3fn q, k, v the products run on fp8 tensor cores (fp32 accumulation, the
