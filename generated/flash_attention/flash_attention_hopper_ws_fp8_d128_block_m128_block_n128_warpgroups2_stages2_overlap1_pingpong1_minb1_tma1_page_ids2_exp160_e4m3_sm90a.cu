@@ -102,6 +102,10 @@ constexpr float P_SCALE = 256.f, LOG2_P_SCALE = 8.f;
 // and no fp32 copy of the weights.
 constexpr bool EXP16 = false;
 static_assert(FP8 || !EXP16, "half-precision weights feed e4m3 operands only");
+// A row's weights are taken against a max up to RESCALE_SLACK (base-2 exponent units) below its
+// true one, and the output rescaled only when a warp's rows outgrow that (softmax::online_step_lazy):
+// 16-bit weights up to 2^8. fp8 weights are scaled to e4m3's range already: they keep the max exact.
+constexpr float RESCALE_SLACK = FP8 ? 0.f : 8.f;
 static_assert(!FP8 || (BLOCK_N % VTile::ATOM_COLS == 0 && O_COLS <= 256), "V^T tiles: whole atoms of keys, a box of rows");
 
 // Shared memory after the 1 KB-aligned tiles: the mbarriers of the Q tile and of each stage.
@@ -443,6 +447,58 @@ __device__ __forceinline__ uint32_t exp2_half2(uint32_t x) {
   return y;
 }
 
+// The max of row h's scores in this thread, pairwise: a tree log2(2 NT) deep, where a running
+// max is a chain of 2 NT dependent FMNMX ahead of the row's exponentials.
+template <int NT_>
+__device__ __forceinline__ float thread_row_max(const float (&s)[1][NT_][4], int h) {
+  float m[NT_];
+#pragma unroll
+  for (int nt = 0; nt < NT_; ++nt) m[nt] = fmaxf(s[0][nt][2 * h], s[0][nt][2 * h + 1]);
+#pragma unroll
+  for (int stride = 1; stride < NT_; stride *= 2)
+#pragma unroll
+    for (int i = 0; i + stride < NT_; i += 2 * stride) m[i] = fmaxf(m[i], m[i + stride]);
+  return m[0];
+}
+
+// softmax::online_step with a stale maximum: while no row of the warp has a score more than
+// `slack` (base-2 exponent units) above the max its earlier weights were taken against, that
+// max stays, the tile's weights (at most 2^slack) are taken against it too, and nothing earlier
+// is rescaled. Returns whether the warp moved its maxima (then `rescale` holds the factors, as
+// online_step gives them; otherwise the caller skips the rescale). The choice is the warp's (a
+// vote), so the skip is a uniform branch; the log-sum-exp stays exact, the weights and sums being
+// relative to whatever max the row keeps.
+template <int NT_>
+__device__ __forceinline__ bool online_step_lazy(float (&s)[1][NT_][4], float (&row_max)[2], float (&row_sum)[2],
+                                                 float (&rescale)[2], float log2_scale, float slack) {
+  float tile_max[2];
+  bool grows = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    tile_max[h] = softmax::quad_max(fmaxf(row_max[h], thread_row_max(s, h)));
+    grows |= (tile_max[h] - row_max[h]) * log2_scale > slack;  // no max yet: +inf; NaN: false
+  }
+  const bool moved = __any_sync(0xffffffffu, grows);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float top = moved ? tile_max[h] : row_max[h];
+    const float base = top == -INFINITY ? 0.f : top * log2_scale;
+    rescale[h] = moved ? softmax::fast_exp2(row_max[h] * log2_scale - base) : 1.f;
+    row_max[h] = top;
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NT_; ++nt) {
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        s[0][nt][e] = softmax::fast_exp2(fmaf(s[0][nt][e], log2_scale, -base));
+        sum += s[0][nt][e];
+      }
+    }
+    row_sum[h] = moved ? row_sum[h] * rescale[h] + sum : row_sum[h] + sum;
+  }
+  return moved;
+}
+
 // EXP16's online-softmax step (softmax::online_step's running max, rescale factors and sums):
 // the weights of the tile, scaled by P_SCALE, go straight into packed e4m3 A fragments `pw`
 // (the layout pack_fp8_weights gives), not back into the scores.
@@ -661,7 +717,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     // Tile `it` of this block (ring position t + it) after its scores completed: its K slot
     // and, after the block's last scores, the Q tile are released; the scores are transformed,
     // masked where the tile has invisible keys, and go through the online softmax.
-    auto softmax_step = [&](int it, float (&rescale)[2]) {
+    auto softmax_step = [&](int it, float (&rescale)[2]) -> bool {
       release(&bars.k_empty[(t + it) % STAGES]);
       if (it == tiles - 1) release(&bars.q_empty);
       const int n0 = (block.tile0 + it) * BLOCK_N;
@@ -669,8 +725,9 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
       transform_scores<1, NT, EXTRAS>(s, p, block, row0, n0, seq.lk, block.partial(n0, seq.lk), slope, lane);
       if constexpr (EXP16) {
         fp8_weights_in_pairs(s, row_max, row_sum, rescale, log2_block, pw);
+        return true;
       } else {
-        softmax::online_step<1, NT>(s, row_max, row_sum, rescale, log2_block);
+        return online_step_lazy<NT>(s, row_max, row_sum, rescale, log2_block, RESCALE_SLACK);
       }
     };
     if (tiles > 0) {
@@ -693,13 +750,13 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
           wgmma::wait<0>();
         }
         wgmma::hold(s);
-        softmax_step(it, rescale);
+        const bool rescaled = softmax_step(it, rescale);
         if (OVERLAP) {
           wgmma::wait<0>();  // P V of the previous tile is in the output: now it may be rescaled
           wgmma::hold(acc);
           release(&bars.v_empty[(g - 1) % STAGES]);
         }
-        softmax::rescale_rows<1, DT>(acc, rescale);
+        if (rescaled) softmax::rescale_rows<1, DT>(acc, rescale);
         pack_weights();
         if (!OVERLAP) output_step(g);
       }
