@@ -200,6 +200,8 @@ def register_split(consumers: int, minb: int, arch: Arch, producer: int = PRODUC
 
 
 MBARRIER_BYTES = 8
+# The lazy rescale's largest slack: 16-bit weights up to 2^15, within fp16's 65504.
+MAX_SLACK = 15
 TMA_BOX_ROWS = 256  # cuTensorMapEncodeTiled: every box dim is at most 256 elements
 
 
@@ -224,6 +226,10 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if stages < 2:
         raise Rejected("stages", f"stages={stages}: the ring needs at least 2")
     elem = inst.dtype_bytes
+    slack = p.get("slack", 0)   # the fp8 kinds have no such axis: their weights keep the exact max
+    if not 0 <= slack <= MAX_SLACK:
+        raise Rejected("slack", f"slack={slack}: 0 (every tile rescales) to {MAX_SLACK} (weights up to 2^slack, "
+                                f"within fp16's range)")
     cols = tile_columns(d, elem)
     out_cols = d if elem == 1 else cols           # fp8: V^T's rows; else V's padded columns
     rows_per_copier = block_n * cols * elem // 16 // 128   # key rows each producer thread copies per tile
@@ -247,7 +253,7 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
                        unpadded=atoms_bank_accesses(wide, block_m, staged_epilogue=False, offset=plain_layout(wide)))
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank": bank, "tile_cols": cols,
-        "out_cols": out_cols, "out_ctype": "__nv_bfloat16" if elem == 1 else inst.ctype, "exp16": 0,
+        "out_cols": out_cols, "out_ctype": "__nv_bfloat16" if elem == 1 else inst.ctype, "exp16": 0, "slack": slack,
         "producer_regs": producer_regs, "consumer_regs": consumer_regs,
         "loads_doc": "TMA, a box per page of a paged cache, cp.async for packed batches" if tma else "cp.async",
         "threads_param": "warpgroups", "smem_param": "stages",
@@ -283,7 +289,7 @@ FAMILY = Family(
                                  "stages": "int", "overlap": "int0", "minb": "int"}, _lower_wgmma),
         FORWARD_WS: Lowering({"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int",
                               "overlap": "int0", "pingpong": "int0", "minb": "int", "tma": "int0",
-                              "page_ids": "int"},
+                              "page_ids": "int", "slack": "int0"},
                              _lower_warp_specialized),
         FORWARD_WS_FP8: Lowering({"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int",
                                   "overlap": "int0", "pingpong": "int0", "minb": "int", "tma": "int0",

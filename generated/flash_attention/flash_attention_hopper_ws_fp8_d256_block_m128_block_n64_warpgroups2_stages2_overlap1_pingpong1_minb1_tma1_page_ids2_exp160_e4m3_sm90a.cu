@@ -102,10 +102,12 @@ constexpr float P_SCALE = 256.f, LOG2_P_SCALE = 8.f;
 // and no fp32 copy of the weights.
 constexpr bool EXP16 = false;
 static_assert(FP8 || !EXP16, "half-precision weights feed e4m3 operands only");
-// A row's weights are taken against a max up to RESCALE_SLACK (base-2 exponent units) below its
-// true one, and the output rescaled only when a warp's rows outgrow that (softmax::online_step_lazy):
-// 16-bit weights up to 2^8. fp8 weights are scaled to e4m3's range already: they keep the max exact.
-constexpr float RESCALE_SLACK = FP8 ? 0.f : 8.f;
+// SLACK (the spec's slack): a row's weights are taken against a max up to SLACK (base-2 exponent
+// units) below its true one, and the output is rescaled only when a warp's rows outgrow that
+// (online_step_lazy); 0: the exact max, every tile rescaled (softmax::online_step). The fp8
+// kinds take 0: their weights are scaled into e4m3's range against the exact max.
+constexpr int SLACK = 0;
+static_assert(!FP8 || SLACK == 0, "fp8 weights are scaled against the exact max");
 static_assert(!FP8 || (BLOCK_N % VTile::ATOM_COLS == 0 && O_COLS <= 256), "V^T tiles: whole atoms of keys, a box of rows");
 
 // Shared memory after the 1 KB-aligned tiles: the mbarriers of the Q tile and of each stage.
@@ -726,8 +728,11 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
       if constexpr (EXP16) {
         fp8_weights_in_pairs(s, row_max, row_sum, rescale, log2_block, pw);
         return true;
+      } else if constexpr (SLACK > 0) {
+        return online_step_lazy<NT>(s, row_max, row_sum, rescale, log2_block, static_cast<float>(SLACK));
       } else {
-        return online_step_lazy<NT>(s, row_max, row_sum, rescale, log2_block, RESCALE_SLACK);
+        softmax::online_step<1, NT>(s, row_max, row_sum, rescale, log2_block);
+        return true;
       }
     };
     if (tiles > 0) {

@@ -18,7 +18,7 @@ def shipped():
 def test_the_d256_warp_specialized_point():
     by_name = shipped()
     d = by_name["flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_"
-                "page_ids2_bf16_sm90a"].d
+                "page_ids2_slack8_bf16_sm90a"].d
     # 384 threads at one CTA an SM: 168 registers a thread at launch; the producer keeps 64 and
     # each consumer warpgroup claims (168 * 384 - 64 * 128) / 256 rounded down to 8.
     assert (d["threads"], d["producer_regs"], d["consumer_regs"]) == (384, 64, 216)
@@ -31,7 +31,7 @@ def test_the_d256_warp_specialized_point():
 
 def test_the_d256_48_key_point_and_its_spill_allowance():
     by_name = shipped()
-    name = "flash_attention_hopper_ws_d256_block_m128_block_n{}_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_bf16_sm90a"
+    name = "flash_attention_hopper_ws_d256_block_m128_block_n{}_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a"
     d48, d32 = by_name[name.format(48)].d, by_name[name.format(32)].d
     # scores 48 / 2, output 256 / 2, the wgmma overhead: within the consumers' 216
     assert d48["regs_estimate"] == 24 + 128 + 40 <= d48["consumer_regs"] == 216
@@ -53,7 +53,7 @@ def test_d96_pads_its_tiles_to_whole_atoms():
     """d96 runs d128's schedule on tiles of two 64-column atoms: the same registers and shared
     memory as d128, the output accumulator 128 columns wide (the epilogue stores 96)."""
     by_name = shipped()
-    name = "flash_attention_hopper_ws_d{}_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_bf16_sm90a"
+    name = "flash_attention_hopper_ws_d{}_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a"
     d96, d128 = by_name[name.format(96)].d, by_name[name.format(128)].d
     assert d96["tile_cols"] == 128 == d128["tile_cols"]
     for field in ("regs_estimate", "smem_bytes", "consumer_regs"):

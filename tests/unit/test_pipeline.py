@@ -278,7 +278,7 @@ def _warp_specialized(**over):
     """A hopper_ws flash attention instance (bf16) with the given parameters changed."""
     from codegen.instance import KernelInstance
     params = {"d": 128, "block_m": 128, "block_n": 128, "warpgroups": 2, "stages": 2, "overlap": 1,
-              "pingpong": 1, "minb": 1, "tma": 1, "page_ids": 2}
+              "pingpong": 1, "minb": 1, "tma": 1, "page_ids": 2, "slack": 0}
     params.update(over)
     dtype = params.pop("dtype", "bf16")
     return KernelInstance(family="flash_attention", op="flash_attention", kind="hopper_ws",
@@ -293,6 +293,7 @@ def test_warp_specialized_pass_rejects_what_the_kernel_cannot_do():
                         ({"d": 72}, "d"), ({"d": 320}, "d"), ({"d": 256, "block_n": 128}, "block_n"),
                         ({"warpgroups": 3, "block_m": 192, "d": 64}, "block_n"), ({"stages": 4}, "stages"),
                         ({"tma": 2}, "tma"), ({"page_ids": 3}, "page_ids"), ({"page_ids": 0}, "page_ids"),
+                        ({"slack": 16}, "slack"),
                         ({"warpgroups": 5, "block_m": 320, "d": 64, "block_n": 64}, "block_m")]:
         with pytest.raises(Rejected) as info:
             lower_one(_warp_specialized(**over))
