@@ -463,30 +463,26 @@ __device__ __forceinline__ float thread_row_max(const float (&s)[1][NT_][4], int
   return m[0];
 }
 
-// softmax::online_step with a stale maximum: while no row of the warp has a score more than
-// `slack` (base-2 exponent units) above the max its earlier weights were taken against, that
-// max stays, the tile's weights (at most 2^slack) are taken against it too, and nothing earlier
-// is rescaled. Returns whether the warp moved its maxima (then `rescale` holds the factors, as
-// online_step gives them; otherwise the caller skips the rescale). The choice is the warp's (a
-// vote), so the skip is a uniform branch; the log-sum-exp stays exact, the weights and sums being
-// relative to whatever max the row keeps.
+// softmax::online_step with a stale maximum: while a row has no score more than `slack` (base-2
+// exponent units) above the max its earlier weights were taken against, that max stays and the
+// tile's weights (at most 2^slack) are taken against it too; a row that outgrows it moves it, as
+// online_step does, with its rescale factor in `rescale` (1 for the rows that kept theirs).
+// Returns whether any row of the warp moved (a vote, off the exponentials' path): otherwise the
+// caller skips the output's rescale, a uniform branch. The log-sum-exp stays exact, the weights
+// and sums being relative to whatever max the row keeps.
 template <int NT_>
 __device__ __forceinline__ bool online_step_lazy(float (&s)[1][NT_][4], float (&row_max)[2], float (&row_sum)[2],
                                                  float (&rescale)[2], float log2_scale, float slack) {
-  float tile_max[2];
-  bool grows = false;
+  bool moved = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    tile_max[h] = softmax::quad_max(fmaxf(row_max[h], thread_row_max(s, h)));
-    grows |= (tile_max[h] - row_max[h]) * log2_scale > slack;  // no max yet: +inf; NaN: false
-  }
-  const bool moved = __any_sync(0xffffffffu, grows);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float top = moved ? tile_max[h] : row_max[h];
+    const float tile_max = softmax::quad_max(fmaxf(row_max[h], thread_row_max(s, h)));
+    const bool grows = (tile_max - row_max[h]) * log2_scale > slack;  // no max yet: +inf; NaN: false
+    const float top = grows ? tile_max : row_max[h];
     const float base = top == -INFINITY ? 0.f : top * log2_scale;
-    rescale[h] = moved ? softmax::fast_exp2(row_max[h] * log2_scale - base) : 1.f;
+    rescale[h] = grows ? softmax::fast_exp2(row_max[h] * log2_scale - base) : 1.f;
     row_max[h] = top;
+    moved |= grows;
     float sum = 0.f;
 #pragma unroll
     for (int nt = 0; nt < NT_; ++nt) {
@@ -496,9 +492,9 @@ __device__ __forceinline__ bool online_step_lazy(float (&s)[1][NT_][4], float (&
         sum += s[0][nt][e];
       }
     }
-    row_sum[h] = moved ? row_sum[h] * rescale[h] + sum : row_sum[h] + sum;
+    row_sum[h] = row_sum[h] * rescale[h] + sum;
   }
-  return moved;
+  return __any_sync(0xffffffffu, moved);
 }
 
 // EXP16's online-softmax step (softmax::online_step's running max, rescale factors and sums):
