@@ -42,22 +42,22 @@ cudaError_t launch_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2
 size_t workspace_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a(const Params&);
-cudaError_t launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a(const Params&);
-cudaError_t launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a(const Params&);
-cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a(const Params&, cudaStream_t);
@@ -68,14 +68,14 @@ cudaError_t launch_flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warp
 size_t workspace_flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a(const Params&);
-cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a(const Params&);
-cudaError_t launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a(const Params&);
-cudaError_t launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a(const Params&, cudaStream_t);
-size_t workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a(const Params&);
 
 namespace {
 
@@ -126,23 +126,23 @@ const Entry kEntries[] = {
     {"flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a, covers_11, workspace_flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a},
     {"flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a", "dispatch", launch_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a, covers_12, workspace_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a},
     {"flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a", "dispatch", launch_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a, covers_13, workspace_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_14, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
-    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_15, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
-    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_16, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a, covers_14, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a},
+    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a, covers_15, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a},
+    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a, covers_16, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a},
     {"flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_17, workspace_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
     {"flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_18, workspace_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_19, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
-    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_20, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
-    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_21, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a, covers_19, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a},
+    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a, covers_20, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a},
+    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a, covers_21, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a},
     {"flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_22, workspace_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
     {"flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_23, workspace_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
     {"flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a, covers_24, workspace_flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a},
     {"flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a, covers_25, workspace_flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a},
     {"flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a, covers_26, workspace_flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_27, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_28, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
-    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_29, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
-    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_30, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a, covers_27, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a, covers_28, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a},
+    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a, covers_29, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a},
+    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a, covers_30, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a},
 };
 constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
 
@@ -219,100 +219,100 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64_causal_long: when D == 64 and causal == 1 and Lk >= 2048
   if (((key.D == 64) && (key.causal == 1) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64_causal: when D == 64 and causal == 1
   if (((key.D == 64) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[27].covers(key)) return row(27);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[27].covers(key)) return row(27);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[28].covers(key)) return row(28);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[28].covers(key)) return row(28);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64_long: when D == 64 and Lk >= 2048
   if (((key.D == 64) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[27].covers(key)) return row(27);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[27].covers(key)) return row(27);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[28].covers(key)) return row(28);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[28].covers(key)) return row(28);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64: when D == 64
   if ((key.D == 64)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_gqa_long: when D == 128 and G >= 4 and causal == 0 and Lk >= 2048
   if (((key.D == 128) && (key.G >= 4) && (key.causal == 0) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[29].covers(key)) return row(29);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[29].covers(key)) return row(29);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[30].covers(key)) return row(30);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[30].covers(key)) return row(30);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_causal_long: when D == 128 and causal == 1 and Lk >= 2048
   if (((key.D == 128) && (key.causal == 1) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_causal: when D == 128 and causal == 1
   if (((key.D == 128) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_long: when D == 128 and Lk >= 2048
   if (((key.D == 128) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128: when D == 128
   if ((key.D == 128)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d96_causal: when D == 96 and causal == 1
   if (((key.D == 96) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d96: when D == 96
   if ((key.D == 96)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d256_causal: when D == 256 and causal == 1
@@ -333,7 +333,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
     }
   }
-  // specs/flash_attention.yaml:452: when True -> hopper_ws_fp8
+  // specs/flash_attention.yaml:456: when True -> hopper_ws_fp8
   if (true) {
     if (key.dtype == DType::kE4M3) {
       if (kEntries[24].covers(key)) return row(24);  // flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
@@ -341,28 +341,28 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[26].covers(key)) return row(26);  // flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
     }
   }
-  // specs/flash_attention.yaml:454: when True -> hopper_ws
+  // specs/flash_attention.yaml:458: when True -> hopper_ws
   if (true) {
     if (key.dtype == DType::kFP16) {
-      if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
-      if (kEntries[28].covers(key)) return row(28);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
-      if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
-      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
-      if (kEntries[30].covers(key)) return row(30);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[28].covers(key)) return row(28);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[30].covers(key)) return row(30);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
       if (kEntries[17].covers(key)) return row(17);  // flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
       if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
-      if (kEntries[27].covers(key)) return row(27);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
-      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
-      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
-      if (kEntries[29].covers(key)) return row(29);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[27].covers(key)) return row(27);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[29].covers(key)) return row(29);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
       if (kEntries[22].covers(key)) return row(22);  // flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
       if (kEntries[23].covers(key)) return row(23);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:456: when True -> hopper
+  // specs/flash_attention.yaml:460: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[8].covers(key)) return row(8);  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a
@@ -375,7 +375,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[13].covers(key)) return row(13);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:458: when True -> mma_sync
+  // specs/flash_attention.yaml:462: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return row(0);  // flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a
