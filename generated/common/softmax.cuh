@@ -32,6 +32,22 @@ __device__ __forceinline__ float quad_sum(float x) {
 // Row r = 2 * mt + h of this thread (h = 0: row g, h = 1: row g + 8 of m-tile mt) holds the
 // scores s[mt][*][2h] and s[mt][*][2h + 1].
 //
+// Row r = 2 * mt + h's scores replaced by their weights against `base` (the row's max in exponent
+// units, 0 while it has none), returning their sum in this lane.
+template <int MT, int NT>
+__device__ __forceinline__ float row_weights(float (&s)[MT][NT][4], int mt, int h, float base, float log2_scale) {
+  float sum = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+      s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], log2_scale, -base));
+      sum += s[mt][nt][e];
+    }
+  }
+  return sum;
+}
+
 // One step over a tile of scores: updates the running max of every row (over the quad), writes
 // the rescale factor of the row's earlier sums and outputs to `rescale`, replaces the scores by
 // their weights and adds them to this lane's part of the running sum (summed over the quad once,
@@ -52,18 +68,53 @@ __device__ __forceinline__ void online_step(float (&s)[MT][NT][4], float (&row_m
       const float base = tile_max == -INFINITY ? 0.f : tile_max * log2_scale;
       rescale[r] = fast_exp2(row_max[r] * log2_scale - base);  // row_max == -inf: exp2(-inf) = 0 (nothing yet)
       row_max[r] = tile_max;
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], log2_scale, -base));
-          sum += s[mt][nt][e];
-        }
-      }
-      row_sum[r] = row_sum[r] * rescale[r] + sum;
+      row_sum[r] = row_sum[r] * rescale[r] + row_weights(s, mt, h, base, log2_scale);
     }
   }
+}
+
+// The max of row r = 2 * mt + h's scores in this thread, pairwise: a tree log2(2 NT) deep, where
+// a running max is a chain of 2 NT dependent FMNMX ahead of the row's exponentials.
+template <int MT, int NT>
+__device__ __forceinline__ float thread_row_max(const float (&s)[MT][NT][4], int mt, int h) {
+  float m[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) m[nt] = fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]);
+#pragma unroll
+  for (int stride = 1; stride < NT; stride *= 2)
+#pragma unroll
+    for (int i = 0; i + stride < NT; i += 2 * stride) m[i] = fmaxf(m[i], m[i + stride]);
+  return m[0];
+}
+
+// online_step with a stale maximum: while a row has no score more than `slack` (base-2 exponent
+// units) above the max its earlier weights were taken against, that max stays and the tile's
+// weights (at most 2^slack) are taken against it too; a row that outgrows it moves it, as
+// online_step does, with its rescale factor in `rescale` (1 for the rows that kept theirs).
+// Returns whether any row of the warp moved (a vote, off the exponentials' path): otherwise the
+// caller may skip rescale_rows, a uniform branch. The log-sum-exp stays exact (finish), the
+// weights and sums being relative to whatever max the row keeps.
+template <int MT, int NT>
+__device__ __forceinline__ bool online_step_lazy(float (&s)[MT][NT][4], float (&row_max)[2 * MT],
+                                                 float (&row_sum)[2 * MT], float (&rescale)[2 * MT], float log2_scale,
+                                                 float slack) {
+  bool moved = false;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 2 * mt + h;
+      const float tile_max = quad_max(fmaxf(row_max[r], thread_row_max(s, mt, h)));
+      const bool grows = (tile_max - row_max[r]) * log2_scale > slack;  // no max yet: +inf; NaN: false
+      const float top = grows ? tile_max : row_max[r];
+      const float base = top == -INFINITY ? 0.f : top * log2_scale;
+      rescale[r] = grows ? fast_exp2(row_max[r] * log2_scale - base) : 1.f;
+      row_max[r] = top;
+      moved |= grows;
+      row_sum[r] = row_sum[r] * rescale[r] + row_weights(s, mt, h, base, log2_scale);
+    }
+  }
+  return __any_sync(0xffffffffu, moved);
 }
 
 // After the last step: each row's total (over the quad), the factor that normalizes its output

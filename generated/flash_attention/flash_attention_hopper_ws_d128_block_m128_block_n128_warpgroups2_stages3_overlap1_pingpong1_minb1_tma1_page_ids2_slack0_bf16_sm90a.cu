@@ -104,7 +104,7 @@ constexpr bool EXP16 = false;
 static_assert(FP8 || !EXP16, "half-precision weights feed e4m3 operands only");
 // SLACK (the spec's slack): a row's weights are taken against a max up to SLACK (base-2 exponent
 // units) below its true one, and the output is rescaled only when a warp's rows outgrow that
-// (online_step_lazy); 0: the exact max, every tile rescaled (softmax::online_step). The fp8
+// (softmax::online_step_lazy); 0: the exact max, every tile rescaled (softmax::online_step). The fp8
 // kinds take 0: their weights are scaled into e4m3's range against the exact max.
 constexpr int SLACK = 0;
 static_assert(!FP8 || SLACK == 0, "fp8 weights are scaled against the exact max");
@@ -449,54 +449,6 @@ __device__ __forceinline__ uint32_t exp2_half2(uint32_t x) {
   return y;
 }
 
-// The max of row h's scores in this thread, pairwise: a tree log2(2 NT) deep, where a running
-// max is a chain of 2 NT dependent FMNMX ahead of the row's exponentials.
-template <int NT_>
-__device__ __forceinline__ float thread_row_max(const float (&s)[1][NT_][4], int h) {
-  float m[NT_];
-#pragma unroll
-  for (int nt = 0; nt < NT_; ++nt) m[nt] = fmaxf(s[0][nt][2 * h], s[0][nt][2 * h + 1]);
-#pragma unroll
-  for (int stride = 1; stride < NT_; stride *= 2)
-#pragma unroll
-    for (int i = 0; i + stride < NT_; i += 2 * stride) m[i] = fmaxf(m[i], m[i + stride]);
-  return m[0];
-}
-
-// softmax::online_step with a stale maximum: while a row has no score more than `slack` (base-2
-// exponent units) above the max its earlier weights were taken against, that max stays and the
-// tile's weights (at most 2^slack) are taken against it too; a row that outgrows it moves it, as
-// online_step does, with its rescale factor in `rescale` (1 for the rows that kept theirs).
-// Returns whether any row of the warp moved (a vote, off the exponentials' path): otherwise the
-// caller skips the output's rescale, a uniform branch. The log-sum-exp stays exact, the weights
-// and sums being relative to whatever max the row keeps.
-template <int NT_>
-__device__ __forceinline__ bool online_step_lazy(float (&s)[1][NT_][4], float (&row_max)[2], float (&row_sum)[2],
-                                                 float (&rescale)[2], float log2_scale, float slack) {
-  bool moved = false;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float tile_max = softmax::quad_max(fmaxf(row_max[h], thread_row_max(s, h)));
-    const bool grows = (tile_max - row_max[h]) * log2_scale > slack;  // no max yet: +inf; NaN: false
-    const float top = grows ? tile_max : row_max[h];
-    const float base = top == -INFINITY ? 0.f : top * log2_scale;
-    rescale[h] = grows ? softmax::fast_exp2(row_max[h] * log2_scale - base) : 1.f;
-    row_max[h] = top;
-    moved |= grows;
-    float sum = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < NT_; ++nt) {
-#pragma unroll
-      for (int e = 2 * h; e < 2 * h + 2; ++e) {
-        s[0][nt][e] = softmax::fast_exp2(fmaf(s[0][nt][e], log2_scale, -base));
-        sum += s[0][nt][e];
-      }
-    }
-    row_sum[h] = row_sum[h] * rescale[h] + sum;
-  }
-  return __any_sync(0xffffffffu, moved);
-}
-
 // EXP16's online-softmax step (softmax::online_step's running max, rescale factors and sums):
 // the weights of the tile, scaled by P_SCALE, go straight into packed e4m3 A fragments `pw`
 // (the layout pack_fp8_weights gives), not back into the scores.
@@ -725,7 +677,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
         fp8_weights_in_pairs(s, row_max, row_sum, rescale, log2_block, pw);
         return true;
       } else if constexpr (SLACK > 0) {
-        return online_step_lazy<NT>(s, row_max, row_sum, rescale, log2_block, static_cast<float>(SLACK));
+        return softmax::online_step_lazy<1, NT>(s, row_max, row_sum, rescale, log2_block, static_cast<float>(SLACK));
       } else {
         softmax::online_step<1, NT>(s, row_max, row_sum, rescale, log2_block);
         return true;
