@@ -60,6 +60,21 @@ def test_d96_pads_its_tiles_to_whole_atoms():
         assert d96[field] == d128[field], field
 
 
+def test_the_lazy_rescale_reaches_the_kernel_as_the_spec_sets_it():
+    """`slack` (the lazy rescale's 2^slack) is the 16-bit kinds' axis, rendered as SLACK; the fp8
+    kinds have no such axis and take 0 (their weights are scaled against the exact max)."""
+    by_name = shipped()
+    d256 = by_name["flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_"
+                   "page_ids2_slack8_bf16_sm90a"]
+    d128 = by_name["flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_"
+                   "page_ids2_slack0_bf16_sm90a"]
+    fp8 = by_name[FP8_NAME.format(128)]
+    assert (d256.d["slack"], d128.d["slack"], fp8.d["slack"]) == (8, 0, 0)
+    for inst, slack in ((d256, 8), (d128, 0), (fp8, 0)):
+        text = (ROOT / "generated" / "flash_attention" / f"{inst.name}.cu").read_text()
+        assert f"constexpr int SLACK = {slack};" in text, inst.name
+
+
 FLASH_KEY = {"B": 2, "Hq": 16, "Hkv": 16, "G": 1, "Lq": 1024, "Lk": 1024, "align": 8, "sm_count": 132, "causal": 0}
 
 
