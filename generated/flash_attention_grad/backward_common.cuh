@@ -164,11 +164,13 @@ struct TileWalk {
 
 // The transposed scores s (rows: this warp's keys from row0 of the block; columns: the tile's
 // query rows) and dP^T in, the weights P^T and dS^T (with the scale and the soft cap's
-// derivative) out. lse2 and delta: the tile's rows, from shared memory.
-template <int MT, int NT, bool EXTRAS, class KB>
-__device__ __forceinline__ void weights_and_grads(float (&s)[MT][NT][4], float (&dp)[MT][NT][4], const Params& p,
-                                                  const KB& kb, int row0, int m0, int lk, bool partial, float slope,
-                                                  const float* lse2, const float* delta, int lane) {
+// derivative) out. lse2 and delta: the tile's rows, from shared memory. MASK: which pairs the
+// mask is tested on (weights_and_grads decides it once a tile).
+enum class Mask { kNone, kTested, kIfPartial };
+template <int MT, int NT, bool EXTRAS, Mask MASK, class KB>
+__device__ __forceinline__ void tile_weights_and_grads(float (&s)[MT][NT][4], float (&dp)[MT][NT][4], const Params& p,
+                                                       const KB& kb, int row0, int m0, int lk, bool partial, float slope,
+                                                       const float* lse2, const float* delta, int lane) {
   const float log2_scale = EXTRAS ? LOG2E : p.scale * LOG2E;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -191,12 +193,31 @@ __device__ __forceinline__ void weights_and_grads(float (&s)[MT][NT][4], float (
           }
           x -= slope * fabsf(static_cast<float>(i + kb.shift - j));
         }
-        const bool seen = !partial || kb.visible(i, j, lk);
+        const bool seen = MASK == Mask::kNone || (MASK == Mask::kIfPartial && !partial) || kb.visible(i, j, lk);
         const float weight = seen ? softmax::fast_exp2(fmaf(x, log2_scale, -((e & 1) ? base.y : base.x))) : 0.f;
         s[mt][nt][e] = weight;
         dp[mt][nt][e] = weight * (dp[mt][nt][e] - ((e & 1) ? dsum.y : dsum.x)) * slope_of_cap * p.scale;
       }
     }
+  }
+}
+
+// tile_weights_and_grads with the mask's test compiled in only for the tiles that need it: a
+// run-time `partial` inside the unrolled loop left every element of every tile its index
+// arithmetic, compares and a convergence barrier around its exponential (ptxas, CUDA 13.0).
+// SPLIT false keeps the test in the loop: the two copies spilled 8 bytes with a soft cap or ALiBi
+// (EXTRAS, d128) and in hopper_wide's deterministic variants.
+template <int MT, int NT, bool EXTRAS, bool SPLIT = !EXTRAS, class KB>
+__device__ __forceinline__ void weights_and_grads(float (&s)[MT][NT][4], float (&dp)[MT][NT][4], const Params& p,
+                                                  const KB& kb, int row0, int m0, int lk, bool partial, float slope,
+                                                  const float* lse2, const float* delta, int lane) {
+  if constexpr (!SPLIT) {
+    tile_weights_and_grads<MT, NT, EXTRAS, Mask::kIfPartial>(s, dp, p, kb, row0, m0, lk, partial, slope, lse2, delta,
+                                                             lane);
+  } else if (partial) {
+    tile_weights_and_grads<MT, NT, EXTRAS, Mask::kTested>(s, dp, p, kb, row0, m0, lk, true, slope, lse2, delta, lane);
+  } else {
+    tile_weights_and_grads<MT, NT, EXTRAS, Mask::kNone>(s, dp, p, kb, row0, m0, lk, false, slope, lse2, delta, lane);
   }
 }
 

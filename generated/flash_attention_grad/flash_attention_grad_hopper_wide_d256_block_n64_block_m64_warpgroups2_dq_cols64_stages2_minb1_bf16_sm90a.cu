@@ -176,8 +176,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       }
       const float* stat = stats + stage * STAT_FLOATS;
       const float slope = EXTRAS && p.alibi ? p.alibi[h] : 0.f;
-      weights_and_grads<1, NT, EXTRAS>(s, dp, p, kb, row0, m0, seq.lk, kb.partial(m0, seq.lk), slope, stat,
-                                       stat + BLOCK_M, lane);
+      weights_and_grads<1, NT, EXTRAS, !EXTRAS && !DETERMINISTIC>(s, dp, p, kb, row0, m0, seq.lk, kb.partial(m0, seq.lk),
+                                                                  slope, stat, stat + BLOCK_M, lane);
 #pragma unroll
       for (int km = 0; km < KM; ++km) {
         mma::c_as_a<T>(pa[km], s, 0, km);
