@@ -13,7 +13,7 @@
 namespace attngen {
 namespace flash_attention_grad {
 
-// The scratch: dq accumulators [Hq, q_rows, D], then lse in base-2 units and delta, [Hq, q_rows]
+// The scratch: dq accumulators [Hq, q_rows, D], then lse in base-2 units and delta (delta_factor), [Hq, q_rows]
 // each; when deterministic, one turn counter per (query head, sequence, BLOCK_M-row query tile).
 template <int D, int BLOCK_M>
 struct Scratch {
@@ -47,6 +47,13 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// Does a call score with a soft cap or ALiBi (the key-block kernel's EXTRAS variant)?
+__host__ __device__ __forceinline__ bool has_extras(const Params& p) { return p.soft_cap > 0.f || p.alibi != nullptr; }
+
+// The factor the scratch's delta carries: the score scale where the key-block kernel takes
+// scale * (dP - delta) as one FMA (no extras; tile_weights_and_grads), else 1.
+__device__ __forceinline__ float delta_factor(const Params& p) { return has_extras(p) ? 1.f : p.scale; }
+
 constexpr int PREP_ROWS = 16;  // rows per CTA of prepare and finish (4 per warp)
 
 // Grid: (blocks of PREP_ROWS query rows, query head, batch); a warp per row at a time.
@@ -78,7 +85,7 @@ __global__ void __launch_bounds__(128) prepare_kernel(const Params p) {
       const int64_t at = b * p.lse_sb + h * p.lse_sh + seq.q_row0 + i;
       const float lse = p.lse[at];
       scratch.lse2[row] = lse == -INFINITY ? INFINITY : lse * LOG2E;  // no key: every weight exp2(x - inf) = 0
-      scratch.delta[row] = sum - (p.d_lse ? p.d_lse[at] : 0.f);
+      scratch.delta[row] = (sum - (p.d_lse ? p.d_lse[at] : 0.f)) * delta_factor(p);
     }
   }
 }
@@ -196,7 +203,11 @@ __device__ __forceinline__ void tile_weights_and_grads(float (&s)[MT][NT][4], fl
         const bool seen = MASK == Mask::kNone || (MASK == Mask::kIfPartial && !partial) || kb.visible(i, j, lk);
         const float weight = seen ? softmax::fast_exp2(fmaf(x, log2_scale, -((e & 1) ? base.y : base.x))) : 0.f;
         s[mt][nt][e] = weight;
-        dp[mt][nt][e] = weight * (dp[mt][nt][e] - ((e & 1) ? dsum.y : dsum.x)) * slope_of_cap * p.scale;
+        // Without extras delta comes scaled (prepare_kernel): scale * (dP - delta) is one FMA. With
+        // them the product keeps its old order: the FMA form spilled 36-48 bytes at d128.
+        const float dsum_e = (e & 1) ? dsum.y : dsum.x;
+        dp[mt][nt][e] = EXTRAS ? weight * (dp[mt][nt][e] - dsum_e) * slope_of_cap * p.scale
+                               : weight * fmaf(dp[mt][nt][e], p.scale, -dsum_e);
       }
     }
   }
@@ -339,8 +350,7 @@ cudaError_t launch_key_blocks(const Params& p, cudaStream_t stream) {
       { {KeyBlocks::template launch<true, false, false>, KeyBlocks::template launch<true, false, true>},
         {KeyBlocks::template launch<true, true, false>, KeyBlocks::template launch<true, true, true>} } };
   const bool window = p.window_left >= 0 || p.window_right >= 0;
-  const bool extras = p.soft_cap > 0.f || p.alibi != nullptr;
-  return variants[window][extras][p.deterministic != 0](p, stream);
+  return variants[window][has_extras(p)][p.deterministic != 0](p, stream);
 }
 
 // The three kernels of a backward on `stream`: prepare, the instance's key-block kernel
