@@ -263,10 +263,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
 
   // OVERLAP: the next tile's scores, in flight across the end of an iteration.
   float s_next[1][OVERLAP ? NT : 1][4], dp_next[1][OVERLAP ? NT : 1][4];
-  // Deterministic: the turn of the tile before, passed during this one. Passed right after its
-  // additions, the release fence waited on them (an L2 round trip a tile) with the CTA halted
-  // behind it; a tile later they have landed (DQ_TMA: its bulk reductions are waited for first).
-  int* passed_late = nullptr;
+  int* passed_late = nullptr;  // DQ_TMA, deterministic: the turn of the tile before, passed during this one
   if constexpr (OVERLAP) {
     if (iters > 0) {
       make_ready(0);
@@ -333,12 +330,10 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     if constexpr (DQ_TMA && !DETERMINISTIC) {  // likewise the previous tile's boxes
       if (threadIdx.x % 128 == 0) pipeline::bulk_wait_read<0>();
     }
-    if constexpr (DETERMINISTIC) {  // the previous tile's additions complete: its turn passes now
-      if constexpr (DQ_TMA) {
-        if (threadIdx.x % 128 == 0) {
-          pipeline::bulk_wait<0>();
-          fence_proxy_async_global();
-        }
+    if constexpr (DQ_TMA && DETERMINISTIC) {  // the previous tile's reductions complete: its turn passes now
+      if (threadIdx.x % 128 == 0) {
+        pipeline::bulk_wait<0>();
+        fence_proxy_async_global();
       }
       if (it > 0) pass_turn(passed_late, adder_barrier, adder_threads);
     }
@@ -513,7 +508,11 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     } else {
       add_tiles(Zero{}, std::integral_constant<int, DQ_COLS / 8>{});
     }
-    if constexpr (DETERMINISTIC) passed_late = turn;
+    if constexpr (DETERMINISTIC && DQ_TMA) {
+      passed_late = turn;
+    } else if constexpr (DETERMINISTIC) {
+      pass_turn(turn, adder_barrier, adder_threads);
+    }
   }
   if constexpr (!PRODUCER) cp_async_wait<0>();  // with no tile to visit, K and V were never waited for
   if constexpr (DQ_BULK) {  // no bulk reduction in flight past the CTA's shared memory
@@ -522,10 +521,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   if constexpr (DQ_TMA) {
     if (threadIdx.x % 128 == 0) pipeline::bulk_wait<0>();
   }
-  if constexpr (DETERMINISTIC) {  // the last tile's turn
-    if constexpr (DQ_TMA) {
-      if (threadIdx.x % 128 == 0) fence_proxy_async_global();
-    }
+  if constexpr (DQ_TMA && DETERMINISTIC) {  // the last tile's turn
+    if (threadIdx.x % 128 == 0) fence_proxy_async_global();
     if (iters > 0) pass_turn(passed_late, adder_barrier, adder_threads);
   }
   wgmma::hold(dk);

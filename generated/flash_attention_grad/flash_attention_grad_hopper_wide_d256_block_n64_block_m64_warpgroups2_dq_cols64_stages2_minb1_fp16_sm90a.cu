@@ -128,9 +128,6 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     for (int e = 0; e < 4; ++e) dk[0][j][e] = dv[0][j][e] = 0.f;
   }
 
-  // Deterministic: the turn of the tile before, passed during this one, once its additions have
-  // landed (right after them, the release fence waited an L2 round trip a tile).
-  int* passed_late = nullptr;
 #pragma unroll 1
   for (int it = 0; it < walk.iters; ++it) {
     const int stage = it % STAGES;
@@ -151,9 +148,6 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       ScoreMma::ss<0>(&s[0][0][0], wgmma::advance(score_rows, step), wgmma::advance(q_rows, qstep), kd > 0);
     }
     wgmma::commit();
-    if constexpr (DETERMINISTIC) {  // while the scores run: the previous tile's turn passes
-      if (it > 0) pass_turn(passed_late, CONSUMERS_BARRIER, CONSUMER_THREADS);
-    }
     wgmma::wait<0>();
     wgmma::hold(s);
 
@@ -244,10 +238,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         }
       }
     }
-    if constexpr (DETERMINISTIC) passed_late = turn;
-  }
-  if constexpr (DETERMINISTIC) {  // the last tile's turn
-    if (walk.iters > 0) pass_turn(passed_late, CONSUMERS_BARRIER, CONSUMER_THREADS);
+    if constexpr (DETERMINISTIC) pass_turn(turn, CONSUMERS_BARRIER, CONSUMER_THREADS);
   }
   wgmma::hold(dk);
   wgmma::hold(dv);
