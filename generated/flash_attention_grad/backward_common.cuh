@@ -13,8 +13,9 @@
 namespace attngen {
 namespace flash_attention_grad {
 
-// The scratch: dq accumulators [Hq, q_rows, D], then lse in base-2 units and delta (delta_factor), [Hq, q_rows]
-// each; when deterministic, one turn counter per (query head, sequence, BLOCK_M-row query tile).
+// The scratch: dq accumulators [Hq, q_rows, D], then lse in base-2 units and delta times
+// delta_factor, [Hq, q_rows] each; when deterministic, one turn counter per (query head,
+// sequence, BLOCK_M-row query tile).
 template <int D, int BLOCK_M>
 struct Scratch {
   float* dq;

@@ -70,8 +70,9 @@ struct Params {
   int64_t q_rows;                // rows of the scratch per head: B * Lq, or the packed token count
   int deterministic;             // 1: dq's additions in key-block order (bit-identical from run to run)
   // Scratch (Entry::workspace): per query head and row, the fp32 dq accumulator [Hq, q_rows, D],
-  // then lse in base-2 units (+inf where the row sees no key) and delta (times the scale without soft cap or ALiBi: backward_common.cuh), each [Hq, q_rows], then
-  // (deterministic) the turn counters of backward_common.cuh.
+  // then lse in base-2 units (+inf where the row sees no key) and delta (times the scale when
+  // there is no soft cap or ALiBi: delta_factor), each [Hq, q_rows], then (deterministic) the turn
+  // counters of backward_common.cuh.
   void* workspace;
 };
 
