@@ -137,6 +137,13 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   // Deterministic with a producer and one adder: the producer waits for each tile's dq turn
   // (produce_tiles).
   constexpr bool PRODUCER_TAKES_TURNS = DETERMINISTIC && PRODUCER && adders == 1;
+  // With the producer, dK += dS^T Q is issued after dQ = dS K: the tensor cores run it while dQ is
+  // added, and the stage (Q) is released once it completes (H100, bench/flash_grad_quick at 24f6949:
+  // +0.7-1.7% at d96 / d128). Without the producer the cp.async ring refills a slot as soon as its
+  // tile's products are waited for: dK goes first. So it does with OVERLAP (the d64 schedule: ptxas
+  // serialized every wgmma of six of its eight variants) and when deterministic (d128 N16384 7%
+  // slower: the turn's wait then holds the stage longer; with a soft cap or ALiBi 8 bytes of spills).
+  constexpr bool DK_LAST = PRODUCER && !OVERLAP && !DETERMINISTIC;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // wgmma descriptors assume 1024-byte aligned atoms: align the base (the launch adds 1 KB).
   const uint32_t raw = mma::smem_addr(smem_raw);
@@ -307,15 +314,18 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     }
     const uint64_t o_cols = wgmma::descriptor(o_base, QTile::ATOM_BYTES, GROUP_BYTES);
     const uint64_t q_cols = wgmma::descriptor(q_base, QTile::ATOM_BYTES, GROUP_BYTES);
+    auto issue_dk = [&] {
+#pragma unroll
+      for (int km = 0; km < KM; ++km) {
+        GradMma::rs<1>(&dk[0][0][0], da[km], wgmma::advance(q_cols, km * 2 * GROUP_BYTES), 1);
+      }
+    };
     wgmma::fence();
 #pragma unroll
     for (int km = 0; km < KM; ++km) {
       GradMma::rs<1>(&dv[0][0][0], pa[km], wgmma::advance(o_cols, km * 2 * GROUP_BYTES), 1);
     }
-#pragma unroll
-    for (int km = 0; km < KM; ++km) {
-      GradMma::rs<1>(&dk[0][0][0], da[km], wgmma::advance(q_cols, km * 2 * GROUP_BYTES), 1);
-    }
+    if constexpr (!DK_LAST) issue_dk();
     wgmma::commit();
 
     // dS (rows: queries, columns: keys) for dQ, stored transposed from the A fragments meanwhile.
@@ -356,6 +366,10 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
                    wgmma::advance(k_cols, step * 2 * GROUP_BYTES), step > 0);
     }
     wgmma::commit();
+    if constexpr (DK_LAST) {
+      issue_dk();
+      wgmma::commit();
+    }
     bool next_in_flight = false;
     if constexpr (OVERLAP) {
       if (more) {  // the next tile's scores run on the tensor cores during this tile's dQ atomics
@@ -365,12 +379,12 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       }
     }
     if (next_in_flight) {
-      wgmma::wait<1>();  // dV, dK and dQ of tile `it` complete
+      wgmma::wait<DK_LAST ? 2 : 1>();  // dV and dQ (and dK unless DK_LAST) of tile `it` complete
     } else {
-      wgmma::wait<0>();
+      wgmma::wait<DK_LAST ? 1 : 0>();
     }
     wgmma::hold(dq);
-    if constexpr (PRODUCER) pipeline::arrive(&bars.empty[it % STAGES]);  // this thread's reads of the stage are done
+    if constexpr (PRODUCER && !DK_LAST) pipeline::arrive(&bars.empty[it % STAGES]);  // this thread's reads of the stage are done
     // The 8-column tiles J0 .. J0 + NJ of this thread's dq rows, added to the scratch: by atomics,
     // or staged (DQ_BULK) and added a row per bulk reduction by the warpgroup's first warp.
     auto add_tiles = [&](auto j0, auto nj) {
@@ -507,6 +521,14 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       }
     } else {
       add_tiles(Zero{}, std::integral_constant<int, DQ_COLS / 8>{});
+    }
+    if constexpr (DK_LAST) {  // dK, the stage's last reader, ran while dQ was added
+      if (next_in_flight) {
+        wgmma::wait<1>();
+      } else {
+        wgmma::wait<0>();
+      }
+      pipeline::arrive(&bars.empty[it % STAGES]);
     }
     if constexpr (DETERMINISTIC && DQ_TMA) {
       passed_late = turn;
