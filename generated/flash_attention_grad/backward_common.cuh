@@ -149,27 +149,19 @@ struct KeyBlock {
   }
 };
 
-// The query tiles a key block visits: step s of its walk is query head kv_head * group + s / tiles
-// of the kv head's group, its tile tile0 + s % tiles. Iteration `it` takes step (it + start) % iters.
-// With `rotate` (runs that are not deterministic, whose dq additions may come in any order) key
-// block x of `blocks` starts x / blocks of the way along its walk: the blocks of a head that run at
-// once then add into different query tiles' dq rows, where walking in step they all reduced into
-// the same 32 KB of the scratch together (H100 at 7c8d6a5: d128 B1 H24 N16384, 128 blocks a head,
-// 446 TFLOP/s against 470 at N4096 with 32 a head).
+// The query tiles a key block visits, in order: iteration `it` is query head
+// kv_head * group + it / tiles of the kv head's group, its tile tile0 + it % tiles.
 template <typename T, int BLOCK_M>
 struct TileWalk {
   int64_t b, kv_head, q_row0;
-  int group, tile0, tiles, iters, start;
+  int group, tile0, tiles, iters;
 
   template <class KB>
-  __device__ __forceinline__ TileWalk(const Params& p, const Sequence& seq, int64_t b_, int64_t kv_head_, const KB& kb,
-                                      bool rotate = false, int x = 0, int blocks = 1)
+  __device__ __forceinline__ TileWalk(const Params& p, const Sequence& seq, int64_t b_, int64_t kv_head_, const KB& kb)
       : b(b_), kv_head(kv_head_), q_row0(seq.q_row0), group(static_cast<int>(p.Hq / p.Hkv)), tile0(kb.tile0),
-        tiles(kb.tiles), iters(group * kb.tiles),
-        start(rotate ? static_cast<int>(static_cast<int64_t>(x) * (group * kb.tiles) / blocks) : 0) {}
-  __device__ __forceinline__ int step(int it) const { return it + start >= iters ? it + start - iters : it + start; }
-  __device__ __forceinline__ int64_t head(int it) const { return kv_head * group + step(it) / tiles; }
-  __device__ __forceinline__ int row0(int it) const { return (tile0 + step(it) % tiles) * BLOCK_M; }
+        tiles(kb.tiles), iters(group * kb.tiles) {}
+  __device__ __forceinline__ int64_t head(int it) const { return kv_head * group + it / tiles; }
+  __device__ __forceinline__ int row0(int it) const { return (tile0 + it % tiles) * BLOCK_M; }
   __device__ __forceinline__ const T* q(const Params& p, int it) const {
     return static_cast<const T*>(p.q) + b * p.q_sb + (q_row0 + row0(it)) * p.q_sl + head(it) * p.q_sh;
   }

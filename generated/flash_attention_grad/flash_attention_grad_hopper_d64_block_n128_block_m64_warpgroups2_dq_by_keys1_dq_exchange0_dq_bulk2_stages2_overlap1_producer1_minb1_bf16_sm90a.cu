@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   const int n0 = at.x * BLOCK_N;
   if (n0 >= seq.lk) return;
   const KeyBlock<BLOCK_M, BLOCK_N, WINDOW> kb(p, seq, n0);
-  const TileWalk<T, BLOCK_M> walk(p, seq, b, kv_head, kb, !DETERMINISTIC, at.x, (seq.lk + BLOCK_N - 1) / BLOCK_N);
+  const TileWalk<T, BLOCK_M> walk(p, seq, b, kv_head, kb);
   const int iters = walk.iters;
   const Scratch<D, BLOCK_M> scratch(p);
   const int64_t srow0 = scratch_row0(p, b, seq);
