@@ -192,19 +192,19 @@ const Entry* flash_attention_grad_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d64_causal: when D == 64 and causal == 1
   if (((key.D == 64) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[16].covers(key)) return row(16);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_bf16_sm90a
+      if (kEntries[18].covers(key)) return row(18);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[17].covers(key)) return row(17);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_fp16_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d64_long: when D == 64 and Lk >= 2048
   if (((key.D == 64) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[18].covers(key)) return row(18);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_bf16_sm90a
+      if (kEntries[16].covers(key)) return row(16);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[19].covers(key)) return row(19);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages3_overlap1_producer1_minb1_fp16_sm90a
+      if (kEntries[17].covers(key)) return row(17);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange0_dq_bulk2_stages2_overlap1_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d64: when D == 64
@@ -225,31 +225,49 @@ const Entry* flash_attention_grad_select(const Key& key) {
       if (kEntries[21].covers(key)) return row(21);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a
     }
   }
+  // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128_causal_longest: when D == 128 and causal == 1 and Lk >= 8192
+  if (((key.D == 128) && (key.causal == 1) && (key.Lk >= 8192))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[13].covers(key)) return row(13);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128_longest: when D == 128 and causal == 0 and Lk >= 8192
+  if (((key.D == 128) && (key.causal == 0) && (key.Lk >= 8192))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[13].covers(key)) return row(13);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_fp16_sm90a
+    }
+  }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128_causal_long: when D == 128 and causal == 1 and Lk >= 2048
   if (((key.D == 128) && (key.causal == 1) && (key.Lk >= 2048))) {
-    if (key.dtype == DType::kBF16) {
-      if (kEntries[13].covers(key)) return row(13);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_bf16_sm90a
-    }
-    if (key.dtype == DType::kFP16) {
-      if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_fp16_sm90a
-    }
-  }
-  // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128_causal: when D == 128 and causal == 1
-  if (((key.D == 128) && (key.causal == 1))) {
-    if (key.dtype == DType::kBF16) {
-      if (kEntries[13].covers(key)) return row(13);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_bf16_sm90a
-    }
-    if (key.dtype == DType::kFP16) {
-      if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_fp16_sm90a
-    }
-  }
-  // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128_long: when D == 128 and Lk >= 2048
-  if (((key.D == 128) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
       if (kEntries[20].covers(key)) return row(20);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
       if (kEntries[21].covers(key)) return row(21);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128_causal: when D == 128 and causal == 1
+  if (((key.D == 128) && (key.causal == 1))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[20].covers(key)) return row(20);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[21].covers(key)) return row(21);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_fp16_sm90a
+    }
+  }
+  // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128_long: when D == 128 and Lk >= 2048
+  if (((key.D == 128) && (key.Lk >= 2048))) {
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[13].covers(key)) return row(13);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_bf16_sm90a
+    }
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention_grad.yaml: bucket d128: when D == 128
@@ -261,7 +279,7 @@ const Entry* flash_attention_grad_select(const Key& key) {
       if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_fp16_sm90a
     }
   }
-  // specs/flash_attention_grad.yaml:293: when True -> hopper
+  // specs/flash_attention_grad.yaml:294: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a
@@ -280,7 +298,7 @@ const Entry* flash_attention_grad_select(const Key& key) {
       if (kEntries[20].covers(key)) return row(20);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention_grad.yaml:295: when True -> hopper_wide
+  // specs/flash_attention_grad.yaml:296: when True -> hopper_wide
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[14].covers(key)) return row(14);  // flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_stages2_minb1_fp16_sm90a
@@ -289,7 +307,7 @@ const Entry* flash_attention_grad_select(const Key& key) {
       if (kEntries[15].covers(key)) return row(15);  // flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_stages2_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention_grad.yaml:297: when True -> mma_sync
+  // specs/flash_attention_grad.yaml:298: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return row(0);  // flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a
