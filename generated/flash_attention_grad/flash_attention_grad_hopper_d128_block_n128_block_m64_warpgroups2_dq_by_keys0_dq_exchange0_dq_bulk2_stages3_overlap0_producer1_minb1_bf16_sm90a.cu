@@ -378,11 +378,17 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         next_in_flight = true;
       }
     }
-    if (next_in_flight) {
-      wgmma::wait<DK_LAST ? 2 : 1>();  // dV and dQ (and dK unless DK_LAST) of tile `it` complete
-    } else {
-      wgmma::wait<DK_LAST ? 1 : 0>();
-    }
+    // Waits for this tile's products, all but the newest LATER groups (and the next tile's scores,
+    // when they are in flight).
+    auto wait_products = [&](auto later) {
+      constexpr int LATER = decltype(later)::value;
+      if (next_in_flight) {
+        wgmma::wait<LATER + 1>();
+      } else {
+        wgmma::wait<LATER>();
+      }
+    };
+    wait_products(std::integral_constant<int, DK_LAST ? 1 : 0>{});  // dV and dQ (and dK unless DK_LAST) of tile `it` complete
     wgmma::hold(dq);
     if constexpr (PRODUCER && !DK_LAST) pipeline::arrive(&bars.empty[it % STAGES]);  // this thread's reads of the stage are done
     // The 8-column tiles J0 .. J0 + NJ of this thread's dq rows, added to the scratch: by atomics,
@@ -523,11 +529,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       add_tiles(Zero{}, std::integral_constant<int, DQ_COLS / 8>{});
     }
     if constexpr (DK_LAST) {  // dK, the stage's last reader, ran while dQ was added
-      if (next_in_flight) {
-        wgmma::wait<1>();
-      } else {
-        wgmma::wait<0>();
-      }
+      wait_products(Zero{});
       pipeline::arrive(&bars.empty[it % STAGES]);
     }
     if constexpr (DETERMINISTIC && DQ_TMA) {
