@@ -262,6 +262,11 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
                       arch.regs_per_sm // (threads * min(MAX_REGS, regs)), arch.max_ctas_per_sm)
     if ctas_per_sm < 1:
         raise Rejected("stages", f"{smem} bytes of shared memory leave no room for one CTA per SM")
+    # The main loop loads a thread's block-table entries of a tile together, then uses them, where
+    # the register budget of the occupancy leaves 24 registers over the estimate; with less (the
+    # d80 fp8 instances: 16 and 10 over) they spilled 4 bytes, so there each entry is loaded at
+    # its row, as before.
+    batch_page_ids = min(255, arch.regs_per_sm // (threads * ctas_per_sm)) - regs >= 24
 
     # The tiles: fills and ldmatrix reads as in flash attention (rows padded by a chunk where
     # they are not whole 128-byte lines); fp8 rows land raw (d bytes) and each warp widens its
@@ -303,7 +308,8 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         "cache_doc": (f"fp8 e{kv_e}m{7 - kv_e}, read straight into half MMA operands (q scaled into half's range per row)"
                       if direct else f"fp8 e{kv_e}m{7 - kv_e}, widened to {inst.a['dtype']} in shared memory tile by tile"
                       if kv_e else f"{inst.a['dtype']}, as q"),
-        "fp8_direct": "true" if direct else "false", **_merge(p, True, arch),
+        "fp8_direct": "true" if direct else "false", "batch_page_ids": "true" if batch_page_ids else "false",
+        **_merge(p, True, arch),
         "bank": bank,
         "threads_param": "warps", "smem_param": "stages",
     })

@@ -46,6 +46,9 @@ constexpr int MIN_PART = 256;   // split: no partition shorter than this (tokens
 constexpr int MERGE_ROWS = 1;  // split: query rows per CTA of the merge
 constexpr bool PDL = true;            // split: the merge launched as a programmatic dependent
 constexpr int CTAS_PER_SM = 3;  // occupancy (shared memory, threads) from the lowering
+// The main loop's tiles: a thread's block-table entries loaded together before their rows' copies
+// (the lowering's choice: where the register budget allows), or each at its row.
+constexpr bool BATCH_PAGE_IDS = true;
 constexpr int KV_E = 5;           // fp8 cache: exponent bits (4: e4m3, 5: e5m2); 0: the cache holds T
 constexpr bool FP8 = KV_E != 0;
 // fp8 read straight from its raw rows into MMA operands (the lowering's choice: D 64, 128 or
@@ -313,24 +316,72 @@ __device__ __forceinline__ void pv_fp8(float (&acc)[MT][DT][4], const uint32_t (
   }
 }
 
-// Stage the K and V rows of tokens [first, first + TILE); rows at or past `end` are
-// zero-filled and never address the cache (their block-table entries may be junk).
-__device__ __forceinline__ void issue_tile(C* stage, const Params& p, const int32_t* pages, int64_t kv_head,
-                                           int first, int end) {
-  constexpr int ROW_CHUNKS = D / C_CHUNK;
-  const C* k = static_cast<const C*>(p.k);
-  const C* v = static_cast<const C*>(p.v);
-  const int slot_mask = (1 << p.block_shift) - 1;
+// A tile is staged in two steps. First the block-table entries of this thread's rows of it,
+// every one loaded before any is used: their index is clamped to the table's width instead of
+// tested against the context's end, so the loads are independent of each other and of the
+// context length, and their round trips overlap. (Each row's load inside its `valid` branch
+// had every row wait out its own before its address math.)
+constexpr int ROW_CHUNKS = D / C_CHUNK;           // 16-byte copies of a K or V row
+constexpr int TILE_CHUNKS = TILE * ROW_CHUNKS;
+constexpr int CHUNKS_PER_THREAD = (TILE_CHUNKS + THREADS - 1) / THREADS;
+struct TilePages {
+  int32_t id[CHUNKS_PER_THREAD];  // the page of this thread's j-th copy
+};
+
+// Copy j of this thread: chunk threadIdx.x + j * THREADS of the tile.
+__device__ __forceinline__ unsigned tile_chunk(int j) { return threadIdx.x + static_cast<unsigned>(j) * THREADS; }
+
+// A read-only int32 load kept in program order (volatile). The prologue loads the context length
+// and then the first tiles' entries ahead of the test that retires a CTA past its context; nvcc
+// would otherwise move the entries behind that test and the CTA would wait out the two round
+// trips one after the other.
+__device__ __forceinline__ int32_t load_in_order(const int32_t* at) {
+  int32_t id;
+  asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(id) : "l"(at));
+  return id;
+}
+
+// `pages` is the sequence's row of the block table; with a table of width 0 (no tile is staged
+// then) any valid address, whose entry is loaded and never used. IN_ORDER: volatile loads (the
+// prologue's); in the main loop nvcc schedules them.
+template <bool IN_ORDER>
+__device__ __forceinline__ TilePages load_tile_pages(const Params& p, const int32_t* pages, int first) {
+  const unsigned last_block = p.max_blocks > 0 ? static_cast<unsigned>(p.max_blocks) - 1u : 0u;
+  TilePages tp;
 #pragma unroll
-  for (int i = threadIdx.x; i < TILE * ROW_CHUNKS; i += THREADS) {
-    const int row = i / ROW_CHUNKS, col = i % ROW_CHUNKS * C_CHUNK;
-    const int t = first + row;
-    const bool valid = t < end;
+  for (int j = 0; j < CHUNKS_PER_THREAD; ++j) {
+    const unsigned t = static_cast<unsigned>(first) + tile_chunk(j) / ROW_CHUNKS;
+    const int32_t* at = pages + min(t >> p.block_shift, last_block);
+    tp.id[j] = IN_ORDER ? load_in_order(at) : __ldg(at);
+  }
+  return tp;
+}
+
+// Then the copies of K and V rows of tokens [first, first + TILE); rows at or past `end` are
+// zero-filled and never address the cache (their block-table entries may be junk). HAVE_IDS:
+// the entries are in `tp`; otherwise each valid row loads its own from `pages`.
+template <bool HAVE_IDS>
+__device__ __forceinline__ void issue_tile(C* stage, const Params& p, const int32_t* pages, const TilePages& tp,
+                                           int64_t kv_head, int first, int end) {
+  const C* k = static_cast<const C*>(p.k) + kv_head * p.k_sh;
+  const C* v = static_cast<const C*>(p.v) + kv_head * p.v_sh;
+  const unsigned slot_mask = (1u << p.block_shift) - 1u;
+#pragma unroll
+  for (int j = 0; j < CHUNKS_PER_THREAD; ++j) {
+    const unsigned i = tile_chunk(j);
+    if (TILE_CHUNKS % THREADS != 0 && i >= TILE_CHUNKS) break;
+    const unsigned row = i / ROW_CHUNKS, col = i % ROW_CHUNKS * C_CHUNK;
+    const unsigned t = static_cast<unsigned>(first) + row;
+    const bool valid = static_cast<int>(t) < end;
+    // A valid row's entry is a block of the cache, so not negative: unsigned products. (Offsets
+    // set in a branch: selecting between two computed pointers made the instances at 168
+    // registers spill.)
     int64_t k_at = 0, v_at = 0;
     if (valid) {
-      const int64_t page = __ldg(pages + (t >> p.block_shift)), slot = t & slot_mask;
-      k_at = page * p.k_sb + slot * p.k_st + kv_head * p.k_sh + col;
-      v_at = page * p.v_sb + slot * p.v_st + kv_head * p.v_sh + col;
+      const int32_t id = HAVE_IDS ? tp.id[j] : __ldg(pages + (t >> p.block_shift));
+      const uint64_t block = static_cast<uint32_t>(id), slot = t & slot_mask;
+      k_at = block * p.k_sb + slot * p.k_st + col;
+      v_at = block * p.v_sb + slot * p.v_st + col;
     }
     const int at = FP8_DIRECT ? raw_at(row, col) : FP8 ? row * D + col : KVTile::offset(row, col);
     cp_async_zfill<16>(stage + at, k + k_at, valid);  // smem: cp_async_fill
@@ -387,9 +438,14 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
   const bool split_kv = gridDim.z > 1;
 
   const int64_t capacity = p.max_blocks << p.block_shift;
-  const int64_t len = p.context_lens[seq];
-  const int n = static_cast<int>(len < 0 ? 0 : (len > capacity ? capacity : len));
+  const int64_t len = load_in_order(p.context_lens + seq);  // volatile: issued ahead of the entries below
   const int begin = static_cast<int>(blockIdx.z * split.part_tokens);
+  const int32_t* pages = capacity > 0 ? p.block_table + seq * p.bt_ss : p.context_lens + seq;
+  // The first tiles' block-table entries, loaded beside the context length.
+  TilePages first_pages[STAGES - 1];
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) first_pages[s] = load_tile_pages<true>(p, pages, begin + s * TILE);
+  const int n = static_cast<int>(len < 0 ? 0 : (len > capacity ? capacity : len));
   if (blockIdx.z > 0 && begin >= n) return;  // past this sequence's context: the merge skips it
   const int end = min(static_cast<int>(begin + split.part_tokens), n);  // tokens staged: [begin, end)
 
@@ -404,11 +460,10 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
       cp_async_zfill<16>(q_tile + QTile::offset(r, col), src, row.real);  // smem: cp_async_fill
     }
   }
-  const int32_t* pages = p.block_table + seq * p.bt_ss;
   const int tiles = max(0, (end - begin + TILE - 1) / TILE);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < tiles) issue_tile(ring + s * STAGE_ELEMS, p, pages, kv_head, begin + s * TILE, end);
+    if (s < tiles) issue_tile<true>(ring + s * STAGE_ELEMS, p, pages, first_pages[s], kv_head, begin + s * TILE, end);
     cp_async_commit();
   }
 
@@ -459,7 +514,15 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile `it` (and the queries) landed for every thread; the slot refilled below is free
     const int ahead = it + STAGES - 1;
-    if (ahead < tiles) issue_tile(ring + ahead % STAGES * STAGE_ELEMS, p, pages, kv_head, begin + ahead * TILE, end);
+    if (ahead < tiles) {
+      C* stage = ring + ahead % STAGES * STAGE_ELEMS;
+      const int first = begin + ahead * TILE;
+      if constexpr (BATCH_PAGE_IDS) {
+        issue_tile<true>(stage, p, pages, load_tile_pages<false>(p, pages, first), kv_head, first, end);
+      } else {
+        issue_tile<false>(stage, p, pages, TilePages{}, kv_head, first, end);
+      }
+    }
     cp_async_commit();
     const int first = begin + it * TILE + warp * WARP_TOKENS;  // this warp's tokens: [first, first + WARP_TOKENS)
     if (first >= end) continue;
