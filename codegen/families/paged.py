@@ -23,6 +23,8 @@ instance's own `merge_rows` and `pdl` knobs, so the tuner sweeps it with the ker
 """
 from __future__ import annotations
 
+import math
+
 from ..arch import MAX_REGS, Arch
 from ..instance import KernelInstance
 from ..passes import Rejected, banks, vectorize
@@ -262,11 +264,13 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
                       arch.regs_per_sm // (threads * min(MAX_REGS, regs)), arch.max_ctas_per_sm)
     if ctas_per_sm < 1:
         raise Rejected("stages", f"{smem} bytes of shared memory leave no room for one CTA per SM")
-    # The main loop loads a thread's block-table entries of a tile together, then uses them, where
-    # the register budget of the occupancy leaves 24 registers over the estimate; with less (the
-    # d80 fp8 instances: 16 and 10 over) they spilled 4 bytes, so there each entry is loaded at
-    # its row, as before.
-    batch_page_ids = min(255, arch.regs_per_sm // (threads * ctas_per_sm)) - regs >= 24
+    # The K and V copies of a tile: where a row's 16-byte chunks divide the threads, thread x
+    # copies chunk x % row_chunks of its own rows, runs of run_rows consecutive rows that lie in
+    # one page (pages of 8 tokens or more; tiles start at a multiple of the tile), one block-table
+    # entry and one address per run; otherwise (0) each row loads its entry (templates/paged).
+    row_chunks = d * (1 if kv_e else 2) // 16
+    fits = threads % row_chunks == 0 and tile * row_chunks % threads == 0
+    run_rows = math.gcd(tile * row_chunks // threads, 8) if fits else 0
 
     # The tiles: fills and ldmatrix reads as in flash attention (rows padded by a chunk where
     # they are not whole 128-byte lines); fp8 rows land raw (d bytes) and each warp widens its
@@ -296,7 +300,14 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     def merge_read(lane, _pad):
         return ((lane // (d // 8)) * (d + 8) + lane % (d // 8) * 8) * 4
 
+    # A warp's run copies: lane x writes chunk x % row_chunks of the first row of its run (the
+    # runs of lanes a row's width apart start rows_per_thread apart).
+    def run_fill(lane, _pad, offset=shared_tiles.layout(d, swizzle), chunks=max(row_chunks, 1),
+                 rows_per_thread=tile * row_chunks // threads if run_rows else 1):
+        return offset(lane // chunks * rows_per_thread, lane % chunks * (8 if not kv_e else 16)) * 2
+
     rest = [banks.Access("fp8_raw_read", 8, raw_read, ("ring",)), banks.Access("fp8_wide_write", 16, wide_write, ("wide",)),
+            banks.Access("kv_run_fill", 16, run_fill, ("ring",)),
             *_direct_fp8_accesses(d, swizzle),
             banks.Access("merge_write", 8, merge_write, ("merge",)), banks.Access("merge_read", 16, merge_read, ("merge",)),
             banks.Access("stat_write", 4, stat_write, ("merge",)), banks.Access("stat_read", 4, stat_read, ("merge",))]
@@ -308,7 +319,7 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         "cache_doc": (f"fp8 e{kv_e}m{7 - kv_e}, read straight into half MMA operands (q scaled into half's range per row)"
                       if direct else f"fp8 e{kv_e}m{7 - kv_e}, widened to {inst.a['dtype']} in shared memory tile by tile"
                       if kv_e else f"{inst.a['dtype']}, as q"),
-        "fp8_direct": "true" if direct else "false", "batch_page_ids": "true" if batch_page_ids else "false",
+        "fp8_direct": "true" if direct else "false", "run_rows": run_rows,
         **_merge(p, True, arch),
         "bank": bank,
         "threads_param": "warps", "smem_param": "stages",

@@ -143,8 +143,12 @@ void run(const Entry* entry, const Args& a, const Key&, Outputs& outputs) {
   p.q = a.q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
-  p.block_table = a.block_table.data_ptr<int32_t>();
   p.context_lens = a.context_lens.data_ptr<int32_t>();
+  // A table of width 0 has no entry to read: the kernels load the entries of their first tiles
+  // before they know that no tile is staged, so they are pointed at the context lengths (one
+  // int per sequence) instead, whose loads are never used.
+  const bool no_blocks = a.block_table.size(1) == 0;
+  p.block_table = no_blocks ? p.context_lens : a.block_table.data_ptr<int32_t>();
   p.alibi = a.alibi_slopes ? a.alibi_slopes->data_ptr<float>() : nullptr;
   p.k_scale = a.k_scale ? a.k_scale->data_ptr<float>() : nullptr;
   p.v_scale = a.v_scale ? a.v_scale->data_ptr<float>() : nullptr;
@@ -160,7 +164,7 @@ void run(const Entry* entry, const Args& a, const Key&, Outputs& outputs) {
   p.q_ss = q.ss, p.q_sq = q.sq, p.q_sh = q.sh;
   p.k_sb = k.stride(0), p.k_st = k.stride(1), p.k_sh = k.stride(2);
   p.v_sb = v.stride(0), p.v_st = v.stride(1), p.v_sh = v.stride(2);
-  p.bt_ss = a.block_table.stride(0);
+  p.bt_ss = no_blocks ? 1 : a.block_table.stride(0);
   p.out_ss = out.ss, p.out_sq = out.sq, p.out_sh = out.sh;  // contiguous (split.cuh)
   p.sm_count = detail::sm_count(a.q.device().index(), "paged_decode");
   launch(entry, p, a.q);

@@ -7,7 +7,7 @@
 //   on m16n8k16 tensor cores; 73792 bytes of shared memory (2 stages of K and V,
 //   rows XOR-swizzled); about 2 CTAs per SM
 //   cache: fp8 e4m3, read straight into half MMA operands (q scaled into half's range per row)
-//   bank conflicts (ways, from the bank pass): ldmatrix 1, cp_async_fill 1, fp8_raw_read 1, fp8_wide_write 1, fp8_k_read 1, fp8_v_read 1, q_convert_read 4, q_convert_write 4, factor_write 1, factor_read 1, merge_read_permuted 4, merge_write 1, merge_read 2, stat_write 1, stat_read 1
+//   bank conflicts (ways, from the bank pass): ldmatrix 1, cp_async_fill 1, fp8_raw_read 1, fp8_wide_write 1, kv_run_fill 2, fp8_k_read 1, fp8_v_read 1, q_convert_read 4, q_convert_write 4, factor_write 1, factor_read 1, merge_read_permuted 4, merge_write 1, merge_read 2, stat_write 1, stat_read 1
 // What is computed is described in params.cuh.
 #include <cmath>
 #include <cstdint>
@@ -46,9 +46,6 @@ constexpr int MIN_PART = 256;   // split: no partition shorter than this (tokens
 constexpr int MERGE_ROWS = 1;  // split: query rows per CTA of the merge
 constexpr bool PDL = true;            // split: the merge launched as a programmatic dependent
 constexpr int CTAS_PER_SM = 2;  // occupancy (shared memory, threads) from the lowering
-// The main loop's tiles: a thread's block-table entries loaded together before their rows' copies
-// (the lowering's choice: where the register budget allows), or each at its row.
-constexpr bool BATCH_PAGE_IDS = true;
 constexpr int KV_E = 4;           // fp8 cache: exponent bits (4: e4m3, 5: e5m2); 0: the cache holds T
 constexpr bool FP8 = KV_E != 0;
 // fp8 read straight from its raw rows into MMA operands (the lowering's choice: D 64, 128 or
@@ -316,20 +313,27 @@ __device__ __forceinline__ void pv_fp8(float (&acc)[MT][DT][4], const uint32_t (
   }
 }
 
-// A tile is staged in two steps. First the block-table entries of this thread's rows of it,
-// every one loaded before any is used: their index is clamped to the table's width instead of
-// tested against the context's end, so the loads are independent of each other and of the
-// context length, and their round trips overlap. (Each row's load inside its `valid` branch
-// had every row wait out its own before its address math.)
-constexpr int ROW_CHUNKS = D / C_CHUNK;           // 16-byte copies of a K or V row
-constexpr int TILE_CHUNKS = TILE * ROW_CHUNKS;
-constexpr int CHUNKS_PER_THREAD = (TILE_CHUNKS + THREADS - 1) / THREADS;
+// The K and V copies of a tile. A row is ROW_CHUNKS 16-byte chunks. Where they divide the
+// threads (the lowering's RUN_ROWS > 0), thread x copies chunk x % ROW_CHUNKS of its own
+// ROWS_PER_THREAD consecutive rows, in runs of RUN_ROWS rows (a power of two, at most 8) that
+// start at a multiple of RUN_ROWS and so lie in one page wherever pages hold RUN_ROWS tokens or
+// more: one block-table entry and one address per run, the rows a stride apart. (Chunk x of the
+// tile for every row, as the Q copy goes, cost a block-table load and 64-bit address math per
+// 16-byte copy, and each load waited out in its row's branch; a warp's copies still cover
+// whole rows.) Otherwise, or with smaller pages, each row loads its own entry.
+constexpr int ROW_CHUNKS = D / C_CHUNK;
+constexpr int RUN_ROWS = 8;
+constexpr int ROWS_PER_THREAD = RUN_ROWS ? TILE * ROW_CHUNKS / THREADS : 1;
+constexpr int RUNS = RUN_ROWS ? ROWS_PER_THREAD / RUN_ROWS : 1;
+static_assert(RUN_ROWS == 0 || (THREADS % ROW_CHUNKS == 0 && ROWS_PER_THREAD * THREADS == TILE * ROW_CHUNKS &&
+                                (RUN_ROWS & (RUN_ROWS - 1)) == 0 && RUN_ROWS <= 8 && ROWS_PER_THREAD % RUN_ROWS == 0),
+              "runs of rows: whole rows over the threads, power-of-two runs of at most 8 rows");
 struct TilePages {
-  int32_t id[CHUNKS_PER_THREAD];  // the page of this thread's j-th copy
+  int32_t id[RUNS];  // the page of each run of this thread's rows
 };
 
-// Copy j of this thread: chunk threadIdx.x + j * THREADS of the tile.
-__device__ __forceinline__ unsigned tile_chunk(int j) { return threadIdx.x + static_cast<unsigned>(j) * THREADS; }
+// Whether this call's pages hold a run (block sizes are powers of two from 1).
+__device__ __forceinline__ bool runs_fit(const Params& p) { return RUN_ROWS > 0 && (1 << p.block_shift) >= RUN_ROWS; }
 
 // A read-only int32 load kept in program order (volatile). The prologue loads the context length
 // and then the first tiles' entries ahead of the test that retires a CTA past its context; nvcc
@@ -341,51 +345,74 @@ __device__ __forceinline__ int32_t load_in_order(const int32_t* at) {
   return id;
 }
 
-// `pages` is the sequence's row of the block table; with a table of width 0 (no tile is staged
-// then) any valid address, whose entry is loaded and never used. IN_ORDER: volatile loads (the
-// prologue's); in the main loop nvcc schedules them.
+// The block-table entries of this thread's runs of the tile at `first` (none without runs).
+// `pages` is the sequence's row of the table; the index is clamped to the table's width, not
+// tested against the context's end, so the load waits on nothing (an entry past the context is
+// junk and never used; a table of width 0 is replaced by the context lengths, op_impl.h).
+// IN_ORDER: the prologue's volatile loads.
 template <bool IN_ORDER>
 __device__ __forceinline__ TilePages load_tile_pages(const Params& p, const int32_t* pages, int first) {
-  const unsigned last_block = p.max_blocks > 0 ? static_cast<unsigned>(p.max_blocks) - 1u : 0u;
-  TilePages tp;
+  TilePages tp{};
+  if constexpr (RUN_ROWS > 0) {
+    const unsigned last_block = p.max_blocks > 0 ? static_cast<unsigned>(p.max_blocks) - 1u : 0u;
+    const unsigned row0 = threadIdx.x / ROW_CHUNKS * ROWS_PER_THREAD;
 #pragma unroll
-  for (int j = 0; j < CHUNKS_PER_THREAD; ++j) {
-    const unsigned t = static_cast<unsigned>(first) + tile_chunk(j) / ROW_CHUNKS;
-    const int32_t* at = pages + min(t >> p.block_shift, last_block);
-    tp.id[j] = IN_ORDER ? load_in_order(at) : __ldg(at);
+    for (int r = 0; r < RUNS; ++r) {
+      const unsigned t = static_cast<unsigned>(first) + row0 + r * RUN_ROWS;
+      const int32_t* at = pages + min(t >> p.block_shift, last_block);
+      tp.id[r] = IN_ORDER ? load_in_order(at) : __ldg(at);
+    }
   }
   return tp;
 }
 
-// Then the copies of K and V rows of tokens [first, first + TILE); rows at or past `end` are
-// zero-filled and never address the cache (their block-table entries may be junk). HAVE_IDS:
-// the entries are in `tp`; otherwise each valid row loads its own from `pages`.
-template <bool HAVE_IDS>
+// Stage the K and V rows of tokens [first, first + TILE); rows at or past `end` are zero-filled
+// and never address the cache (their block-table entries may be junk). `tp`: the entries of this
+// thread's runs, where runs_fit.
 __device__ __forceinline__ void issue_tile(C* stage, const Params& p, const int32_t* pages, const TilePages& tp,
                                            int64_t kv_head, int first, int end) {
-  const C* k = static_cast<const C*>(p.k) + kv_head * p.k_sh;
-  const C* v = static_cast<const C*>(p.v) + kv_head * p.v_sh;
   const unsigned slot_mask = (1u << p.block_shift) - 1u;
+  if (runs_fit(p)) {
+    const C* k = static_cast<const C*>(p.k) + kv_head * p.k_sh;
+    const C* v = static_cast<const C*>(p.v) + kv_head * p.v_sh;
+    const unsigned row0 = threadIdx.x / ROW_CHUNKS * ROWS_PER_THREAD, col = threadIdx.x % ROW_CHUNKS * C_CHUNK;
 #pragma unroll
-  for (int j = 0; j < CHUNKS_PER_THREAD; ++j) {
-    const unsigned i = tile_chunk(j);
-    if (TILE_CHUNKS % THREADS != 0 && i >= TILE_CHUNKS) break;
-    const unsigned row = i / ROW_CHUNKS, col = i % ROW_CHUNKS * C_CHUNK;
-    const unsigned t = static_cast<unsigned>(first) + row;
-    const bool valid = static_cast<int>(t) < end;
-    // A valid row's entry is a block of the cache, so not negative: unsigned products. (Offsets
-    // set in a branch: selecting between two computed pointers made the instances at 168
-    // registers spill.)
+    for (int r = 0; r < RUNS; ++r) {
+      const unsigned run = row0 + r * RUN_ROWS, t0 = static_cast<unsigned>(first) + run;
+      // Where the run's first row is valid its entry is a block of the cache (so not negative)
+      // and every row of the run lies in that block: the addresses of the rows past `end` are in
+      // bounds too, and only the zero fill tells those rows apart. A run wholly past `end`
+      // points every copy at the cache's base.
+      const bool run_valid = static_cast<int>(t0) < end;
+      const uint64_t block = static_cast<uint32_t>(tp.id[r]), slot0 = t0 & slot_mask;
+      const C* k_row = run_valid ? k + (block * p.k_sb + slot0 * p.k_st + col) : k;
+      const C* v_row = run_valid ? v + (block * p.v_sb + slot0 * p.v_st + col) : v;
+      const int64_t k_step = run_valid ? p.k_st : 0, v_step = run_valid ? p.v_st : 0;
+#pragma unroll
+      for (int i = 0; i < RUN_ROWS; ++i) {
+        const bool valid = static_cast<int>(t0 + i) < end;
+        const int at = FP8_DIRECT ? raw_at(run + i, col) : FP8 ? (run + i) * D + col : KVTile::offset(run + i, col);
+        cp_async_zfill<16>(stage + at, k_row, valid);  // smem: kv_run_fill
+        cp_async_zfill<16>(stage + RAW_TILE + at, v_row, valid);  // smem: kv_run_fill
+        k_row += k_step, v_row += v_step;
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = threadIdx.x; i < TILE * ROW_CHUNKS; i += THREADS) {
+    const int row = i / ROW_CHUNKS, col = i % ROW_CHUNKS * C_CHUNK;
+    const int t = first + row;
+    const bool valid = t < end;
     int64_t k_at = 0, v_at = 0;
     if (valid) {
-      const int32_t id = HAVE_IDS ? tp.id[j] : __ldg(pages + (t >> p.block_shift));
-      const uint64_t block = static_cast<uint32_t>(id), slot = t & slot_mask;
-      k_at = block * p.k_sb + slot * p.k_st + col;
-      v_at = block * p.v_sb + slot * p.v_st + col;
+      const int64_t page = __ldg(pages + (t >> p.block_shift)), slot = t & slot_mask;
+      k_at = page * p.k_sb + slot * p.k_st + kv_head * p.k_sh + col;
+      v_at = page * p.v_sb + slot * p.v_st + kv_head * p.v_sh + col;
     }
     const int at = FP8_DIRECT ? raw_at(row, col) : FP8 ? row * D + col : KVTile::offset(row, col);
-    cp_async_zfill<16>(stage + at, k + k_at, valid);  // smem: cp_async_fill
-    cp_async_zfill<16>(stage + RAW_TILE + at, v + v_at, valid);  // smem: cp_async_fill
+    cp_async_zfill<16>(stage + at, static_cast<const C*>(p.k) + k_at, valid);  // smem: cp_async_fill
+    cp_async_zfill<16>(stage + RAW_TILE + at, static_cast<const C*>(p.v) + v_at, valid);  // smem: cp_async_fill
   }
 }
 
@@ -440,11 +467,13 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
   const int64_t capacity = p.max_blocks << p.block_shift;
   const int64_t len = load_in_order(p.context_lens + seq);  // volatile: issued ahead of the entries below
   const int begin = static_cast<int>(blockIdx.z * split.part_tokens);
-  const int32_t* pages = capacity > 0 ? p.block_table + seq * p.bt_ss : p.context_lens + seq;
-  // The first tiles' block-table entries, loaded beside the context length.
+  const int32_t* pages = p.block_table + seq * p.bt_ss;
+  // The first tiles' block-table entries, loaded beside the context length; the main loop loads
+  // each later tile's one tile before it stages it.
   TilePages first_pages[STAGES - 1];
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) first_pages[s] = load_tile_pages<true>(p, pages, begin + s * TILE);
+  TilePages next_pages = load_tile_pages<true>(p, pages, begin + (STAGES - 1) * TILE);
   const int n = static_cast<int>(len < 0 ? 0 : (len > capacity ? capacity : len));
   if (blockIdx.z > 0 && begin >= n) return;  // past this sequence's context: the merge skips it
   const int end = min(static_cast<int>(begin + split.part_tokens), n);  // tokens staged: [begin, end)
@@ -463,7 +492,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
   const int tiles = max(0, (end - begin + TILE - 1) / TILE);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < tiles) issue_tile<true>(ring + s * STAGE_ELEMS, p, pages, first_pages[s], kv_head, begin + s * TILE, end);
+    if (s < tiles) issue_tile(ring + s * STAGE_ELEMS, p, pages, first_pages[s], kv_head, begin + s * TILE, end);
     cp_async_commit();
   }
 
@@ -515,13 +544,8 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) decode_kernel(const Para
     __syncthreads();  // tile `it` (and the queries) landed for every thread; the slot refilled below is free
     const int ahead = it + STAGES - 1;
     if (ahead < tiles) {
-      C* stage = ring + ahead % STAGES * STAGE_ELEMS;
-      const int first = begin + ahead * TILE;
-      if constexpr (BATCH_PAGE_IDS) {
-        issue_tile<true>(stage, p, pages, load_tile_pages<false>(p, pages, first), kv_head, first, end);
-      } else {
-        issue_tile<false>(stage, p, pages, TilePages{}, kv_head, first, end);
-      }
+      issue_tile(ring + ahead % STAGES * STAGE_ELEMS, p, pages, next_pages, kv_head, begin + ahead * TILE, end);
+      next_pages = load_tile_pages<false>(p, pages, begin + (ahead + 1) * TILE);
     }
     cp_async_commit();
     const int first = begin + it * TILE + warp * WARP_TOKENS;  // this warp's tokens: [first, first + WARP_TOKENS)

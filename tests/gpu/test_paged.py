@@ -130,6 +130,50 @@ def test_every_instance():
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("block_size", [1, 4, 8, 64])
+def test_grouped_instances_at_every_page_size(block_size):
+    """grouped_mma copies a thread's rows of a tile in runs of up to 8 consecutive rows, one
+    block-table entry a run, where pages hold a run (8 tokens and more), and a row at a time
+    otherwise: every 16-bit instance over both, pages shuffled and the cache rows past each
+    context NaN (a run that copied them without the zero fill would show)."""
+    rows = {n: r for n, r in family_manifest("paged").items() if r["kind"] == "grouped_mma" and r["dtype"] == "bf16"}
+    assert rows, "no grouped_mma instances in the manifest"
+    failures, cases = [], {}
+    for name, row in sorted(rows.items()):
+        D, kv_e = row["params"]["d"], row["params"].get("kv_e", 0)
+        if (D, kv_e) not in cases:
+            case = make_case([1, 7, 8, 9, 63, 64, 65, 300], 8, 2, D, torch.bfloat16, block_size=block_size,
+                             seed=D + block_size, Q=2)
+            extras = {}
+            if kv_e:
+                case, k_scale, v_scale = quantized(case, FP8[kv_e], per_head=True)
+                extras = {"k_scale": k_scale, "v_scale": v_scale}
+            cases[(D, kv_e)] = (case, extras, expected(case, **extras))
+        case, extras, want = cases[(D, kv_e)]
+        poison(want.numel() * 4 + 8 * 8 * 2 * 8 * D * 4)
+        try:
+            err = worst_rel_err(paged.paged_decode_with(name, *case, **extras), want)
+        except AssertionError as bad:
+            failures.append(f"{name}: {bad}")
+            continue
+        if err > TOL[torch.bfloat16]:
+            failures.append(f"{name}: relative error {err:.2e}")
+    assert not failures, "\n".join(failures)
+
+
+def test_grouped_mma_with_a_block_table_of_width_zero():
+    """No tile is staged, but the kernel loads its first tiles' entries before it knows that:
+    the bindings point it at the context lengths instead of an empty table."""
+    q, k, v, _, _ = make_case([3, 5], 8, 2, 128, torch.bfloat16, seed=11)
+    bt = torch.empty(2, 0, dtype=torch.int32, device="cuda")
+    cl = torch.zeros(2, dtype=torch.int32, device="cuda")
+    poison(2 * 8 * 128 * 4)
+    for name, row in sorted(family_manifest("paged").items()):
+        if row["kind"] == "grouped_mma" and row["dtype"] == "bf16" and row["params"]["d"] == 128 and not row["params"]["kv_e"]:
+            out = paged.paged_decode_with(name, q, k, v, bt, cl)
+            assert torch.count_nonzero(out) == 0 and torch.isfinite(out).all(), name
+
+
 def matrix():
     """The issue's matrix: every (G, Q) in bf16; the corners and a middle in fp16 and fp32."""
     for G in GROUPS:
