@@ -104,6 +104,7 @@ Split split_with(int64_t capacity, int64_t parts) {
 }
 Split split_of(const Params& p) {
   const int64_t capacity = p.max_blocks << p.block_shift;
+  if (capacity == 0) return {1, TILE};  // a block table of width 0: nothing to stage (and no partition to size)
   const int64_t ctas = p.S * p.Hkv * row_blocks(p);
   const int64_t slots = CTAS_PER_SM * p.sm_count;
   // One wave of whole contexts when it fits and shares the SMs evenly (the busiest SM within

@@ -141,19 +141,21 @@ def test_grouped_instances_at_every_page_size(block_size):
     failures, cases = [], {}
     for name, row in sorted(rows.items()):
         D, kv_e = row["params"]["d"], row["params"].get("kv_e", 0)
-        if (D, kv_e) not in cases:
-            case = make_case([1, 7, 8, 9, 63, 64, 65, 300], 8, 2, D, torch.bfloat16, block_size=block_size,
-                             seed=D + block_size, Q=2)
+        G, Q = instance_group(row["params"])   # the rows an instance covers
+        key = (D, kv_e, G, Q)
+        if key not in cases:
+            case = make_case([1, 7, 8, 9, 63, 64, 65, 300], 2 * G, 2, D, torch.bfloat16, block_size=block_size,
+                             seed=D + block_size, Q=Q)
             extras = {}
             if kv_e:
                 case, k_scale, v_scale = quantized(case, FP8[kv_e], per_head=True)
                 extras = {"k_scale": k_scale, "v_scale": v_scale}
-            cases[(D, kv_e)] = (case, extras, expected(case, **extras))
-        case, extras, want = cases[(D, kv_e)]
-        poison(want.numel() * 4 + 8 * 8 * 2 * 8 * D * 4)
+            cases[key] = (case, extras, expected(case, **extras))
+        case, extras, want = cases[key]
+        poison(want.numel() * 4 + 8 * 2 * G * Q * 2 * D * 4)
         try:
             err = worst_rel_err(paged.paged_decode_with(name, *case, **extras), want)
-        except AssertionError as bad:
+        except (AssertionError, ValueError) as bad:
             failures.append(f"{name}: {bad}")
             continue
         if err > TOL[torch.bfloat16]:
@@ -161,17 +163,23 @@ def test_grouped_instances_at_every_page_size(block_size):
     assert not failures, "\n".join(failures)
 
 
-def test_grouped_mma_with_a_block_table_of_width_zero():
-    """No tile is staged, but the kernel loads its first tiles' entries before it knows that:
-    the bindings point it at the context lengths instead of an empty table."""
-    q, k, v, _, _ = make_case([3, 5], 8, 2, 128, torch.bfloat16, seed=11)
+def test_a_block_table_of_width_zero():
+    """No tile is staged, but grouped_mma loads its first tiles' entries before it knows that:
+    the bindings point it at the context lengths instead of an empty table; every instance
+    returns zeros, and so does the dispatched op."""
+    _, k, v, _, _ = make_case([3, 5], 8, 2, 128, torch.bfloat16, seed=11)
     bt = torch.empty(2, 0, dtype=torch.int32, device="cuda")
     cl = torch.zeros(2, dtype=torch.int32, device="cuda")
-    poison(2 * 8 * 128 * 4)
     for name, row in sorted(family_manifest("paged").items()):
         if row["kind"] == "grouped_mma" and row["dtype"] == "bf16" and row["params"]["d"] == 128 and not row["params"]["kv_e"]:
+            G, Q = instance_group(row["params"])
+            q = torch.randn(2, Q, 2 * G, 128, device="cuda", dtype=torch.bfloat16)
+            poison(q.numel() * 4)
             out = paged.paged_decode_with(name, q, k, v, bt, cl)
             assert torch.count_nonzero(out) == 0 and torch.isfinite(out).all(), name
+    q = torch.randn(2, 8, 128, device="cuda", dtype=torch.bfloat16)
+    out = attngen.paged_decode(q, k, v, bt, cl)
+    assert torch.count_nonzero(out) == 0 and torch.isfinite(out).all()
 
 
 def matrix():
