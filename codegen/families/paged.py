@@ -265,9 +265,10 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if ctas_per_sm < 1:
         raise Rejected("stages", f"{smem} bytes of shared memory leave no room for one CTA per SM")
     # The K and V copies of a tile: where a row's 16-byte chunks divide the threads, thread x
-    # copies chunk x % row_chunks of its own rows, runs of run_rows consecutive rows that lie in
-    # one page (pages of 8 tokens or more; tiles start at a multiple of the tile), one block-table
-    # entry and one address per run; otherwise (0) each row loads its entry (templates/paged).
+    # copies chunk x % row_chunks of its own rows, in runs of run_rows (a power of two, at most 8)
+    # consecutive rows that start at a multiple of run_rows, so lie in one page wherever pages hold
+    # run_rows tokens or more (the kernel checks the block size at run time): one block-table
+    # entry and one address per run. Otherwise (0) each row loads its entry (decode_mma.cu.j2).
     row_chunks = d * (1 if kv_e else 2) // 16
     fits = threads % row_chunks == 0 and tile * row_chunks % threads == 0
     run_rows = math.gcd(tile * row_chunks // threads, 8) if fits else 0
@@ -302,9 +303,9 @@ def _lower_mma(inst: KernelInstance, arch: Arch) -> KernelInstance:
 
     # A warp's run copies: lane x writes chunk x % row_chunks of the first row of its run (the
     # runs of lanes a row's width apart start rows_per_thread apart).
-    def run_fill(lane, _pad, offset=shared_tiles.layout(d, swizzle), chunks=max(row_chunks, 1),
+    def run_fill(lane, _pad, offset=shared_tiles.layout(d, swizzle),
                  rows_per_thread=tile * row_chunks // threads if run_rows else 1):
-        return offset(lane // chunks * rows_per_thread, lane % chunks * (8 if not kv_e else 16)) * 2
+        return offset(lane // row_chunks * rows_per_thread, lane % row_chunks * (16 if kv_e else 8)) * 2
 
     rest = [banks.Access("fp8_raw_read", 8, raw_read, ("ring",)), banks.Access("fp8_wide_write", 16, wide_write, ("wide",)),
             banks.Access("kv_run_fill", 16, run_fill, ("ring",)),

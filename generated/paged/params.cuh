@@ -22,7 +22,7 @@ struct Params {
   const void* q;               // [S, Q, Hq, D], last dim contiguous
   const void* k;               // cache viewed [blocks, block_size, Hkv, D], last dim contiguous
   const void* v;               // same view as k
-  const int32_t* block_table;  // [S, max_blocks] (the context lengths where max_blocks is 0: never read then)
+  const int32_t* block_table;  // [S, max_blocks] (the context lengths where max_blocks is 0: loaded, never used)
   const int32_t* context_lens; // [S]
   const float* alibi;          // [Hq] fp32 slopes, or null
   const float* k_scale;        // fp8 cache: [1] or [Hkv] fp32 dequantization scales, or null (1)
