@@ -15,7 +15,7 @@ help:
 	@echo "gpu-test   gpu tier (needs the built extension and a GPU)"
 	@echo "gpu-check  on the GPU machine: build, gpu tests, sanitizers, quick bench; logs under \$$OUT"
 	@echo "bench      side-by-side benchmarks, results under bench/results/<gpu>/"
-	@echo "tune       autotune SPEC's grids on the GPU (SPEC=specs/x.yaml), write tuned/<arch>/, then make gen"
+	@echo "tune       autotune SPEC's grids on the GPU (SPEC=specs/x.yaml; BUCKETS=\"a b\": those buckets only), write tuned/<arch>/, then make gen"
 	@echo "report     static resource report of the built cubins (registers, spills, occupancy, bank ways) and the roofline of the committed benchmarks, into build/report/ (REFRESH=1: the committed bench/results/h100/; no GPU)"
 	@echo "list       instances a build would contain (FILTER=glob)"
 	@echo "info       what this build holds: families, instances, arch, torch, tuned tables (python -m attngen.info)"
@@ -47,7 +47,7 @@ bench:
 	$(PYTHON) -m bench.causal_linear && $(PYTHON) -m bench.rwkv && $(PYTHON) -m bench.paged && $(PYTHON) -m bench.flash_attention && $(PYTHON) -m bench.flash_attention_fp8 && $(PYTHON) -m bench.flash_attention_grad && $(PYTHON) -m bench.delta_rule && $(PYTHON) -m bench.paged_attention
 
 tune:
-	$(PYTHON) -m codegen tune $(or $(SPEC),specs/causal_linear.yaml) $(if $(JOBS),-j $(JOBS))
+	$(PYTHON) -m codegen tune $(or $(SPEC),specs/causal_linear.yaml) $(if $(JOBS),-j $(JOBS)) $(foreach b,$(BUCKETS),--bucket $(b))
 
 # build/report/ unless REFRESH=1, which rewrites the committed copy in bench/results/h100/.
 REPORT_DIR = $(if $(REFRESH),bench/results/h100,build/report)

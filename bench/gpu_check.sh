@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
 # benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_rwkv_grad / tune_paged / tune_delta_rule / tune_gated_delta_grad / tune_flash_attention / tune_flash_attention_grad a cold and a warm
-# tuning run of the family (TUNE_WARM=0: the cold one only; TUNE_RESUME=1: resume from a carried cache) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving/paged_host/paged_timeline/paged_graph_timeline/paged_cold, delta_tests/delta_bench/delta_quick/delta_shipped/delta_backward_bench/ncu_gated_delta/rwkv7_profile/ncu_rwkv7_grad, flash_tests/flash_fp8_tests/flash_grad_tests/flash_bench/flash_fp8_bench/flash_grad_det/flash_grad_profile/ncu_flash_grad, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# tuning run of the family (TUNE_WARM=0: the cold one only; TUNE_RESUME=1: resume from a carried cache; TUNE_BUCKETS="a b": those buckets only) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving/paged_host/paged_timeline/paged_graph_timeline/paged_cold, delta_tests/delta_bench/delta_quick/delta_shipped/delta_backward_bench/ncu_gated_delta/rwkv7_profile/ncu_rwkv7_grad, flash_tests/flash_fp8_tests/flash_grad_tests/flash_bench/flash_fp8_bench/flash_grad_det/flash_grad_profile/ncu_flash_grad, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last. `ab` times a change against the
 # tree without it in one call (AB_PATCH, AB_CMD: see the step below).
@@ -131,7 +131,10 @@ for fam in causal_linear rwkv rwkv_grad paged delta_rule gated_delta_grad flash_
     else
       rm -rf "build/tune/$fam"
     fi
-    step "tune_$fam" python3 -m codegen tune "specs/$fam.yaml" -j "$JOBS" --out "$OUT/r/tune"
+    # TUNE_BUCKETS="a b": those buckets only (the committed run JSON seeds the other buckets' rows)
+    bucket_args=(); for b in ${TUNE_BUCKETS:-}; do bucket_args+=(--bucket "$b"); done
+    if [ -n "${TUNE_BUCKETS:-}" ]; then mkdir -p "$OUT/r/tune" && cp "bench/results/h100/tune_$fam.json" "$OUT/r/tune/" 2>/dev/null; fi
+    step "tune_$fam" python3 -m codegen tune "specs/$fam.yaml" -j "$JOBS" --out "$OUT/r/tune" "${bucket_args[@]}"
     cp "build/tune/$fam/cache.jsonl" "$OUT/tune_cache_$fam.jsonl" 2>/dev/null
     if [ "${TUNE_WARM:-1}" = 1 ]; then step "tune_${fam}_warm" python3 -m codegen tune "specs/$fam.yaml" -j "$JOBS" --out "$OUT/r/tune_warm"; fi
     cp "tuned/sm_90a/$fam.yaml" "$OUT/r/tune/tuned_$fam.yaml"

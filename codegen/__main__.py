@@ -5,7 +5,8 @@
   python -m codegen dump  STAGE [SPEC ...]      print what a stage holds (load, expand, lower,
                                                 render, dispatch)
   python -m codegen build [--target T] [-j N]   ninja build (extension, or cubins without CUDA torch)
-  python -m codegen tune  SPEC [--out DIR]      autotune SPEC's grids on the GPU -> tuned/<arch>/
+  python -m codegen tune  SPEC [--out DIR] [--bucket NAME ...]
+                                               autotune SPEC's grids on the GPU -> tuned/<arch>/
   python -m codegen tune --reselect RUN.json [--narrowed]
                                                 choose again from a run's measurements (no GPU)
   python -m codegen report [--out DIR]          static resource report of the built cubins (no GPU; build/report)
@@ -99,9 +100,12 @@ def _cmd_dump(args) -> int:
 def _cmd_tune(args) -> int:
     from .tune.runner import reselect, run
     if args.reselect:
+        if args.bucket:
+            print("error: --bucket times buckets again; --reselect chooses from a run's measurements", file=sys.stderr)
+            return 2
         reselect(args.spec, args.out, narrowed=args.narrowed)
     else:
-        run(args.spec, args.jobs, args.out)
+        run(args.spec, args.jobs, args.out, buckets=args.bucket)
     return 0
 
 
@@ -153,6 +157,9 @@ def main(argv=None) -> int:
     p.add_argument("spec")
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.add_argument("--out", default=None, help="report directory (default bench/results/<gpu>)")
+    p.add_argument("--bucket", action="append", default=None, metavar="NAME",
+                   help="time only this bucket (repeatable); the table's other entries stay as measured before "
+                        "(on the same device), each with the day it was")
     p.add_argument("--reselect", action="store_true",
                    help="SPEC is a tuning run's tune_<spec>.json: choose the winners again from its measurements "
                         "(no GPU) and rewrite the table and report (next to the JSON unless --out)")

@@ -14,8 +14,10 @@ from .instance import KernelInstance
 from .spec import Spec
 from .yamlloc import LocDict, LocList, load_located
 
+# `tuned`: the day an entry was measured, where a later run re-timed other buckets only (the
+# header's date is the last run's).
 ENTRY_KEYS = {"bucket", "dtype", "serves", "kind", "params", "instance", "time_ms", "spread_ms",
-              "runner_up", "runner_up_ms", "default", "default_ms", "speedup_vs_default", "candidates"}
+              "runner_up", "runner_up_ms", "default", "default_ms", "speedup_vs_default", "candidates", "tuned"}
 
 
 def table_path(root: Path, spec: Spec) -> Path:

@@ -9,6 +9,9 @@ def markdown(header: dict, entries: list[dict], seconds: float | None) -> str:
     """seconds: the run's duration (None: the winners were chosen again from a run's measurements)."""
     took = (f"this run took {seconds:.0f} s." if seconds is not None
             else f"winners chosen again on {header.get('reselected')} from that run's measurements.")
+    if header.get("retimed"):
+        took += (f" It timed the buckets {', '.join(header['retimed'])} only; the others are as an earlier run "
+                 f"measured them, on the day in the table's `tuned`.")
     if header.get("narrowed"):
         took += (f" The grid was narrowed since: the measurements of {len(header['narrowed'])} candidates no longer "
                  f"in it were left out ({', '.join(f'`{n}`' for n in header['narrowed'])}).")

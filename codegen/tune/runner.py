@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from .. import dispatch, pipeline
 from ..arch import DTYPE_BYTES
 from ..build import cuda_home
@@ -100,11 +102,11 @@ def _runtime(spec, bucket, dtype: str, dev: Device) -> dict:
     return family(spec.family).tune.runtime(bucket.shape, DTYPE_BYTES[dtype], dev.sm_count)
 
 
-def _add_defaults(spec, built, cands, dev: Device) -> dict:
+def _add_defaults(spec, built, cands, dev: Device, buckets=None) -> dict:
     """The instance the default rules pick per (bucket, dtype), added to the candidates so
     that every winner's speed-up over the default is measured in the same run."""
     names, defaults = {c.name for c in cands}, {}
-    for bucket in spec.tune.buckets:
+    for bucket in buckets or spec.tune.buckets:
         for dtype in spec.tune.dtypes:
             axes = {"dtype": dtype, **candidates.timed_axes(spec, bucket)}
             inst = dispatch.select(spec, built, _runtime(spec, bucket, dtype, dev), axes)
@@ -115,11 +117,11 @@ def _add_defaults(spec, built, cands, dev: Device) -> dict:
     return defaults
 
 
-def _plan(spec, cands, failed, sources, store, dev: Device):
+def _plan(spec, cands, failed, sources, store, dev: Device, buckets):
     """(results known already: failed builds and cache hits, jobs still to time)."""
     results, todo = {}, []
     workload = _workload_source(pipeline.ROOT, spec)
-    for bucket in spec.tune.buckets:
+    for bucket in buckets:
         for dtype in spec.tune.dtypes:
             axes = {"dtype": dtype, **candidates.timed_axes(spec, bucket)}
             for inst, k in ((i, k) for i in _smallest_buckets(spec, cands, _runtime(spec, bucket, dtype, dev), axes)
@@ -160,11 +162,11 @@ def _entry(spec, bucket, dtype, inst, choice, default, default_ms, count) -> dic
         "candidates": count}
 
 
-def _choose_all(spec, cands, results, defaults):
+def _choose_all(spec, cands, results, defaults, buckets=None):
     """(tuned-table entries, report rows) from all measurements."""
     by_name = {c.name: c for c in cands}
     entries, rows = [], []
-    for bucket in spec.tune.buckets:
+    for bucket in buckets or spec.tune.buckets:
         for dtype in spec.tune.dtypes:
             prefix = f"{bucket.name}|{dtype}|"
             per_name: dict[str, dict] = {}   # candidate -> {shape index: Measurement}
@@ -194,10 +196,60 @@ def _choose_all(spec, cands, results, defaults):
     return entries, rows
 
 
+def _chosen_buckets(spec, names) -> list:
+    """The spec's buckets named in `names` (all of them for None), in dispatch order."""
+    if not names:
+        return list(spec.tune.buckets)
+    known = [b.name for b in spec.tune.buckets]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"tune: no bucket {', '.join(map(repr, unknown))} in {spec.file}; its buckets: "
+                         f"{', '.join(known)}")
+    return [b for b in spec.tune.buckets if b.name in names]
+
+
+def _timed_by(spec, cands, buckets, dev: Device) -> list:
+    """The candidates that some bucket of `buckets` times (what a run of those buckets builds)."""
+    keep = {c.name for bucket in buckets for dtype in spec.tune.dtypes
+            for c in _smallest_buckets(spec, cands, _runtime(spec, bucket, dtype, dev),
+                                       {"dtype": dtype, **candidates.timed_axes(spec, bucket)})}
+    return [c for c in cands if c.name in keep]
+
+
+def _kept_from_before(spec, root: Path, out: Path, header: dict, timed: list) -> tuple[list, list]:
+    """A run of some buckets (`timed`): the table's entries and the run JSON's rows of the other
+    buckets, as an earlier run on the same device measured them; each entry kept carries the
+    day it was measured (`tuned`). Refused where no table exists or another device made it."""
+    path = table.table_path(root, spec)
+    if not path.is_file():
+        raise SystemExit(f"tune: {path} does not exist: the first run of {spec.file} times every bucket "
+                         f"(leave out --bucket)")
+    old = yaml.safe_load(path.read_text()) or {}
+    if (old.get("device"), old.get("sm_count")) != (header["device"], header["sm_count"]):
+        raise SystemExit(f"tune: {path} was measured on {old.get('device')} ({old.get('sm_count')} SMs), this is "
+                         f"{header['device']} ({header['sm_count']} SMs): time every bucket (leave out --bucket)")
+    names = {b.name for b in timed}
+    entries = [{**e, "tuned": e.get("tuned", old.get("date"))} for e in old.get("buckets", [])
+               if e["bucket"] not in names]
+    run_json = out / f"tune_{spec.stem}.json"
+    rows = ([r for r in json.loads(run_json.read_text())["rows"] if r["bucket"] not in names]
+            if run_json.is_file() else [])
+    return entries, rows
+
+
+def _in_dispatch_order(spec, items: list) -> list:
+    """Table entries or report rows ordered as the spec's buckets, then its tuned dtypes."""
+    order = {b.name: i for i, b in enumerate(spec.tune.buckets)}
+    return sorted(items, key=lambda x: (order.get(x["bucket"], len(order)),
+                                        spec.tune.dtypes.index(x["dtype"]) if x["dtype"] in spec.tune.dtypes else 0))
+
+
 def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None, *, root: Path = pipeline.ROOT,
-        device: Device | None = None, build_fn=build.build, measure_fn=_measure_on_gpu) -> dict:
+        device: Device | None = None, build_fn=build.build, measure_fn=_measure_on_gpu,
+        buckets: list[str] | None = None) -> dict:
     """Tune `spec_path`; returns the table header. `device`, `build_fn` and `measure_fn` are
-    the GPU-facing parts (the CPU tests pass stand-ins with a deterministic cost)."""
+    the GPU-facing parts (the CPU tests pass stand-ins with a deterministic cost). `buckets`:
+    time only these (by name) and keep the table's other entries as measured before."""
     t_start = time.monotonic()
     spec = pipeline.load([spec_path])[0]
     if spec.tune is None:
@@ -205,10 +257,14 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None, *, 
     if family(spec.family).tune.runtime is None:
         raise SystemExit(f"tune: the {spec.family} family declares no tuning plan (its TunePlan's runtime, "
                          f"codegen/families/{spec.family}.py)")
+    timed = _chosen_buckets(spec, buckets)
     dev = device or Device.current()
     built = pipeline.lower(pipeline.expand([spec]), use_tuned=False)[0][1]
     cands, rejected = candidates.candidates(spec)
-    defaults = _add_defaults(spec, built, cands, dev)
+    if buckets:
+        cands = _timed_by(spec, cands, timed, dev)
+        print(f"tune: buckets {', '.join(b.name for b in timed)} only", flush=True)
+    defaults = _add_defaults(spec, built, cands, dev, timed)
     print(f"tune: {len(cands)} candidates ({len(rejected)} rejected by the passes)", flush=True)
     for rej in rejected[:5]:
         print(f"  rejected {rej.instance.name}: {rej.param}: {rej.reason}")
@@ -217,7 +273,7 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None, *, 
     for name, why in failed.items():
         print(f"  {name}: {why} (scored as infinitely slow)")
     store = cache.Cache(root / build.layout_for(spec.stem).build / "cache.jsonl")
-    results, todo = _plan(spec, cands, failed, sources, store, dev)
+    results, todo = _plan(spec, cands, failed, sources, store, dev, timed)
     print(f"tune: {len(results)} measurements cached, {len(todo)} to time", flush=True)
     progress = Progress(len(todo), "time")
 
@@ -228,7 +284,7 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None, *, 
     if todo:
         measure_fn(sorted(todo, key=lambda j: j["id"]), str(so_path), on_result)
 
-    entries, rows = _choose_all(spec, cands, results, defaults)
+    entries, rows = _choose_all(spec, cands, results, defaults, timed)
     header = {"spec": spec.file, "arch": spec.arch, "device": dev.name, "sm_count": dev.sm_count,
               "torch": dev.torch, "cuda": dev.cuda, "compiler": dev.compiler,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -240,6 +296,10 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None, *, 
                         + ("; a bucket with `also:` shapes scores the geometric mean over its shapes"
                            if any(b.also for b in spec.tune.buckets) else "")}
     out = Path(out_dir) if out_dir else root / "bench" / "results" / ("h100" if "H100" in dev.name else "gpu")
+    if buckets:
+        header["retimed"] = [b.name for b in timed]
+        kept_entries, kept_rows = _kept_from_before(spec, root, out, header, timed)
+        entries, rows = _in_dispatch_order(spec, entries + kept_entries), _in_dispatch_order(spec, rows + kept_rows)
     _write(spec, root, header, entries, rows, out, time.monotonic() - t_start)
     return header
 

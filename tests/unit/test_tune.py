@@ -194,6 +194,66 @@ def test_runner_end_to_end_on_cpu_resumes_from_the_cache(tmp_path):
     assert [e["instance"] for e in doc2["buckets"]] == [e["instance"] for e in doc["buckets"]]
 
 
+def test_a_run_of_some_buckets_keeps_the_others_as_measured(tmp_path):
+    """`tune SPEC --bucket NAME`: only the candidates that bucket times are built and timed, its
+    entries are chosen again, and the table keeps every other entry as the earlier run measured
+    it (with that run's day in `tuned`), in dispatch order; the table still becomes dispatch
+    rules. Unknown buckets, a table from another device and no table at all are refused."""
+    import json
+
+    import yaml
+
+    from codegen import lower
+    from codegen.tune import runner
+    dev = runner.Device("Test GPU", 132, "2.x", "13.0", "nvcc test")
+    built, timed = [], []
+
+    def fake_build(spec, cands, jobs):
+        built.append(len(cands))
+        return tmp_path / "fake.so", {}, {c.name: c.name for c in cands}
+
+    def measure(cost):
+        def fake_measure(jobs, so_path, on_result):
+            for job in jobs:
+                timed.append(job["id"])
+                on_result(job, {"median_ms": cost(job), "spread_ms": 0.0, "note": ""})
+        return fake_measure
+
+    spec_file = str(ROOT / "specs" / "causal_linear.yaml")
+    spec = pipeline.load([spec_file])[0]
+    path = tmp_path / "tuned" / "sm_90a" / "causal_linear.yaml"
+    kw = dict(root=tmp_path, device=dev, build_fn=fake_build, out_dir=str(tmp_path / "out"))
+    with pytest.raises(SystemExit, match="does not exist"):
+        runner.run(spec_file, measure_fn=measure(_cost), buckets=[spec.tune.buckets[0].name], **kw)
+    runner.run(spec_file, measure_fn=measure(_cost), **kw)
+    first = yaml.safe_load(path.read_text())
+    first["date"] = "2026-01-01 00:00 UTC"          # the earlier run's day, told apart from today's
+    path.write_text(yaml.safe_dump(first, sort_keys=False))
+    (tmp_path / "build" / "tune" / "causal_linear" / "cache.jsonl").unlink()   # time again, not from the cache
+    name = spec.tune.buckets[1].name
+    built.clear(), timed.clear()
+    header = runner.run(spec_file, measure_fn=measure(lambda job: 10.0 - _cost(job)), buckets=[name], **kw)
+    assert header["retimed"] == [name] and timed and all(t.startswith(f"{name}|") for t in timed)
+    assert built[0] < len(candidates.candidates(spec)[0])   # only what the bucket times was built
+    again = yaml.safe_load(path.read_text())
+    assert [(e["bucket"], e["dtype"]) for e in again["buckets"]] == [(e["bucket"], e["dtype"]) for e in first["buckets"]]
+    for old, new in zip(first["buckets"], again["buckets"]):
+        if old["bucket"] == name:
+            assert "tuned" not in new and new["instance"] != old["instance"]   # the reversed cost's winner
+        else:
+            assert new == {**old, "tuned": "2026-01-01 00:00 UTC"}
+    rows = json.loads((tmp_path / "out" / "tune_causal_linear.json").read_text())["rows"]
+    assert [(r["bucket"], r["dtype"]) for r in rows] == [(e["bucket"], e["dtype"]) for e in again["buckets"]]
+    assert "timed the buckets " + name + " only" in (tmp_path / "out" / "tune_causal_linear.md").read_text()
+    extra, rules = table.load_rules(spec, path, lower.lower_one)
+    assert len(rules) == len({e["bucket"] for e in again["buckets"]}) and extra   # a rule a bucket
+    with pytest.raises(SystemExit, match=r"no bucket 'nope' in .*; its buckets: " + spec.tune.buckets[0].name):
+        runner.run(spec_file, measure_fn=measure(_cost), buckets=["nope"], **kw)
+    other = {**kw, "device": runner.Device("Other GPU", 78, "2.x", "13.0", "nvcc test")}
+    with pytest.raises(SystemExit, match="was measured on Test GPU .* time every bucket"):
+        runner.run(spec_file, measure_fn=measure(_cost), buckets=[name], **other)
+
+
 def test_reselect_chooses_again_from_a_runs_measurements(tmp_path, monkeypatch):
     """`tune --reselect RUN.json` (no GPU): the same measurements give the same table, and a
     changed selection rule is applied to them without timing anything."""
