@@ -4,7 +4,8 @@
 # tuning run of the family (TUNE_WARM=0: the cold one only; TUNE_RESUME=1: resume from a carried cache; TUNE_BUCKETS="a b": those buckets only) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving/paged_host/paged_timeline/paged_graph_timeline/paged_cold, delta_tests/delta_bench/delta_quick/delta_shipped/delta_backward_bench/ncu_gated_delta/rwkv7_profile/ncu_rwkv7_grad, flash_tests/flash_fp8_tests/flash_grad_tests/flash_bench/flash_fp8_bench/flash_grad_det/flash_grad_profile/ncu_flash_grad, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last. `ab` times a change against the
-# tree without it in one call (AB_PATCH, AB_CMD: see the step below).
+# tree without it in one call (AB_PATCH, AB_CMD: see the step below); `ab_jit` the same with the
+# kernels built on first use instead of `make build` (BUILD=0).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT/r"
@@ -120,6 +121,24 @@ if want ab; then
     mkdir -p "$OUT/r/ab_$side"
     ATTNGEN_COMMIT="${ATTNGEN_COMMIT:-tree}-ab-$side" step "ab_$side" bash -c "${AB_CMD//\{out\}/$OUT/r/ab_$side}"
   done
+fi
+# ab_jit: the same A/B without building the extension: each side's kernels build on first use,
+# in a JIT cache of the side's own (the bindings about 20 s, 5-8 s an instance), for a change to
+# the few instances AB_CMD calls, where a cold `make build` takes 3-4 minutes of a call. A
+# prebuilt extension is moved aside for it: a process loads one before any first-use build (an
+# A/B on a warm machine once timed call 3's prebuilt kernels on both sides). Run with BUILD=0.
+if want ab_jit; then
+  aside=build/lib/attngen_ext.so
+  [ -f "$aside" ] && mv "$aside" "$aside.ab_jit"
+  for side in before after; do
+    if [ "$side" = before ]; then patch -R -p1 < "$AB_PATCH"; else patch -p1 < "$AB_PATCH"; fi > "$OUT/r/ab_patch_$side.log" 2>&1 \
+      || { echo "ab_jit: the patch did not apply ($side)"; status+=("ab_$side|1|0"); break; }
+    python3 -m codegen gen > "$OUT/r/ab_gen_$side.log" 2>&1 || { echo "ab_jit: gen failed ($side)"; break; }
+    mkdir -p "$OUT/r/ab_$side"
+    ATTNGEN_CACHE="/tmp/attngen_ab_jit_$side" ATTNGEN_COMMIT="${ATTNGEN_COMMIT:-tree}-ab-$side" \
+      step "ab_$side" bash -c "${AB_CMD//\{out\}/$OUT/r/ab_$side}"
+  done
+  [ -f "$aside.ab_jit" ] && mv "$aside.ab_jit" "$aside"
 fi
 for fam in causal_linear rwkv rwkv_grad paged delta_rule gated_delta_grad flash_attention flash_attention_grad; do  # tune_<family>: a cold tune (its cache cleared), then a warm one
   if want "tune_$fam"; then
