@@ -170,10 +170,11 @@ def time_training(fn, inputs) -> tuple[float, torch.Tensor]:
     return do_bench(step), grad
 
 
-def run(only: str | None = None, forced: bool = True, on_row=None) -> tuple[list, str | None]:
+def run(only: str | None = None, forced: bool = True, on_row=None, training: bool = True) -> tuple[list, str | None]:
     """The rows of every shape (of `only`'s variant): attngen and fla side by side, forward and
     forward + backward, and with `forced` every instance of the key bucket forced (the longest
-    part: RWKV-7's backward instances take 30-55 ms a call at B8 T4096 H64). `on_row(rows,
+    part: RWKV-7's backward instances take 30-55 ms a call at B8 T4096 H64); training=False
+    leaves out forward + backward (fla's chunk backward compiles for minutes). `on_row(rows,
     missing)` after each shape, so that a run stopped at a time limit keeps what it measured."""
     missing = have_fla()
     names = ["attngen"] + ([] if missing else ["fla_chunk", "fla_fused_recurrent"])
@@ -199,7 +200,7 @@ def run(only: str | None = None, forced: bool = True, on_row=None) -> tuple[list
                 row["rel_err_vs_attngen"][name] = ((out - ours).norm() / ours.norm()).item()
         row["train_ms"], row["grad_rel_err_vs_attngen"] = {}, {}
         ours = None
-        for name in names:
+        for name in names if training else ():
             try:
                 try:
                     row["train_ms"][name], grad = time_training(impl_fn(name, variant), inputs)
@@ -289,6 +290,8 @@ def main():
     parser.add_argument("--only", choices=["rwkv7", "gated_delta", "kda"], help="one variant's shapes")
     parser.add_argument("--no-forced", action="store_true",
                         help="skip forcing every instance of the key bucket (the peers and the dispatched kinds only)")
+    parser.add_argument("--forward-only", action="store_true",
+                        help="the forward alone (no forward + backward rows): a quick A/B of forward kernels")
     args = parser.parse_args()
     started = time.time()
     out = Path(args.out)
@@ -300,7 +303,7 @@ def main():
         (out / f"{name}.json").write_text(json.dumps({"meta": meta, "fla_missing": missing, "rows": rows}, indent=1)
                                           + "\n")
         (out / f"{name}.md").write_text(markdown(rows, missing, meta))
-    run(args.only, forced=not args.no_forced, on_row=write)
+    run(args.only, forced=not args.no_forced, on_row=write, training=not args.forward_only)
     print((out / f"{name}.md").read_text())
 
 
