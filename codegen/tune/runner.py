@@ -216,18 +216,19 @@ def _timed_by(spec, cands, buckets, dev: Device) -> list:
     return [c for c in cands if c.name in keep]
 
 
-def _kept_from_before(spec, root: Path, out: Path, header: dict, timed: list) -> tuple[list, list]:
+def _kept_from_before(spec, root: Path, out: Path, dev: Device, timed: list) -> tuple[list, list]:
     """A run of some buckets (`timed`): the table's entries and the run JSON's rows of the other
     buckets, as an earlier run on the same device measured them; each entry kept carries the
-    day it was measured (`tuned`). Refused where no table exists or another device made it."""
+    day it was measured (`tuned`). Refused, before anything is built or timed, where no table
+    exists or another device made it."""
     path = table.table_path(root, spec)
     if not path.is_file():
         raise SystemExit(f"tune: {path} does not exist: the first run of {spec.file} times every bucket "
                          f"(leave out --bucket)")
     old = yaml.safe_load(path.read_text()) or {}
-    if (old.get("device"), old.get("sm_count")) != (header["device"], header["sm_count"]):
+    if (old.get("device"), old.get("sm_count")) != (dev.name, dev.sm_count):
         raise SystemExit(f"tune: {path} was measured on {old.get('device')} ({old.get('sm_count')} SMs), this is "
-                         f"{header['device']} ({header['sm_count']} SMs): time every bucket (leave out --bucket)")
+                         f"{dev.name} ({dev.sm_count} SMs): time every bucket (leave out --bucket)")
     names = {b.name for b in timed}
     entries = [{**e, "tuned": e.get("tuned", old.get("date"))} for e in old.get("buckets", [])
                if e["bucket"] not in names]
@@ -259,6 +260,8 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None, *, 
                          f"codegen/families/{spec.family}.py)")
     timed = _chosen_buckets(spec, buckets)
     dev = device or Device.current()
+    out = Path(out_dir) if out_dir else root / "bench" / "results" / ("h100" if "H100" in dev.name else "gpu")
+    kept_entries, kept_rows = _kept_from_before(spec, root, out, dev, timed) if buckets else ([], [])
     built = pipeline.lower(pipeline.expand([spec]), use_tuned=False)[0][1]
     cands, rejected = candidates.candidates(spec)
     if buckets:
@@ -295,10 +298,8 @@ def run(spec_path: str, jobs: int | None = None, out_dir: str | None = None, *, 
                            if any(b.timing == "graph" for b in spec.tune.buckets) else "")
                         + ("; a bucket with `also:` shapes scores the geometric mean over its shapes"
                            if any(b.also for b in spec.tune.buckets) else "")}
-    out = Path(out_dir) if out_dir else root / "bench" / "results" / ("h100" if "H100" in dev.name else "gpu")
     if buckets:
         header["retimed"] = [b.name for b in timed]
-        kept_entries, kept_rows = _kept_from_before(spec, root, out, header, timed)
         entries, rows = _in_dispatch_order(spec, entries + kept_entries), _in_dispatch_order(spec, rows + kept_rows)
     _write(spec, root, header, entries, rows, out, time.monotonic() - t_start)
     return header

@@ -250,8 +250,10 @@ def test_a_run_of_some_buckets_keeps_the_others_as_measured(tmp_path):
     with pytest.raises(SystemExit, match=r"no bucket 'nope' in .*; its buckets: " + spec.tune.buckets[0].name):
         runner.run(spec_file, measure_fn=measure(_cost), buckets=["nope"], **kw)
     other = {**kw, "device": runner.Device("Other GPU", 78, "2.x", "13.0", "nvcc test")}
+    built.clear()
     with pytest.raises(SystemExit, match="was measured on Test GPU .* time every bucket"):
         runner.run(spec_file, measure_fn=measure(_cost), buckets=[name], **other)
+    assert not built   # refused before anything was built or timed
 
 
 def test_reselect_chooses_again_from_a_runs_measurements(tmp_path, monkeypatch):
