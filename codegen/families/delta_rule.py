@@ -155,17 +155,23 @@ def chunked_bank(k: int, cols: int, swizzle_k: int, swizzle_c: int, swizzle_m: i
                        unpadded=tile_accesses(lambda d, _swizzle: shared_tiles.plain_layout(d)) + scalars)
 
 
-def prepare_geometry(k: int, arch: Arch) -> dict:
+# The first kernel's registers a thread (it is held to 65536 / (PREP_THREADS * its CTAs per SM)):
+# 124-125 unbounded (ptxas at 68ea6a0). The forward's at k = 128 fits 96 without spills (5 CTAs an
+# SM); at k = 64 it spills 28 bytes there, the backward's 44 (it also writes the inverse): those
+# keep 128 (4 CTAs), as does any other k.
+FORWARD_PREP_REGS, BACKWARD_PREP_REGS = {64: 128, 128: 96}, 128
+
+
+def prepare_geometry(k: int, arch: Arch, prep_regs: int) -> dict:
     """The chunk records' first kernel (templates/delta_rule/chunk_prepare.cuh.j2, padded tiles):
     its threads, shared memory and CTAs per SM, for the forward's chunked kinds and the
-    backward's (gated_delta_grad). Its k and q tiles, M, A in fp32 (over the tiles where T and
-    A both fit there), beta and gc."""
+    backward's (gated_delta_grad), at most `prep_regs` registers a thread. Its k and q tiles, M,
+    A in fp32 (over the tiles where T and A both fit there), beta and gc."""
     steps = CHUNKED_STEPS
     pitch_k, pitch_m = shared_tiles.pitch(k, 0), shared_tiles.pitch(steps, 0)
     a_bytes = 4 * steps * A_PITCH
     a_over_tiles = 2 * 2 * steps * pitch_k >= 2 * a_bytes  # T and A both fit over the k and q tiles
     prep_smem = 2 * steps * (2 * pitch_k + pitch_m) + (0 if a_over_tiles else a_bytes) + 4 * 2 * steps
-    prep_regs = 128  # ptxas: 124-125 at 68ea6a0 (the kernel is held to 65536 / (PREP_THREADS * its CTAs per SM))
     prep_ctas_per_sm = min(arch.smem_per_sm // (prep_smem + arch.smem_reserved_per_cta),
                            arch.regs_per_sm // (PREP_THREADS * prep_regs), 8)
     return {"prep_threads": PREP_THREADS, "prep_smem_bytes": prep_smem, "chunk": steps, "a_pitch": A_PITCH,
@@ -218,7 +224,7 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
                       arch.regs_per_sm // (threads * max(regs, 64)), 8)
     bank = chunked_bank(k, cols, swizzle_k, swizzle_c, swizzle_m, threads)
     return inst.with_derived({
-        "threads": threads, "smem_bytes": smem, **prepare_geometry(k, arch),
+        "threads": threads, "smem_bytes": smem, **prepare_geometry(k, arch, FORWARD_PREP_REGS.get(k, BACKWARD_PREP_REGS)),
         "warps_m": warps_m, "warps_n": warps_n, "ctas_per_sm": ctas_per_sm, "regs_estimate": regs,
         "swizzle_k": "true" if swizzle_k else "false", "swizzle_c": "true" if swizzle_c else "false",
         "swizzle_m": "true" if swizzle_m else "false",

@@ -15,7 +15,7 @@ from ..passes import Rejected, banks
 from ..passes import tiles as shared_tiles
 from . import Family, Lowering, TunePlan
 from .delta_rule import (RECORD_CONSTANTS, CHECKPOINT_EVERY, CHUNKED_STEPS, ROW_WARPS, chunked_bank,
-                         prepare_geometry)
+                         prepare_geometry, BACKWARD_PREP_REGS)
 
 CHUNKED_GRAD = "gated_delta_grad/chunked_grad.cu.j2"
 # Registers of the reverse walk besides its fp32 fragments (the state's gradient, two [16, cols
@@ -87,7 +87,7 @@ def _lower_chunked_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
         banks.contiguous("part_read", 4, ("exchange",)),
     ]))
     return inst.with_derived({
-        "threads": threads, "smem_bytes": walk_smem, "grad_smem_bytes": grad_smem, **prepare_geometry(k, arch),
+        "threads": threads, "smem_bytes": walk_smem, "grad_smem_bytes": grad_smem, **prepare_geometry(k, arch, BACKWARD_PREP_REGS),
         "warps_m": warps_m, "warps_n": warps_n, "walk_regs_estimate": walk_regs,
         "swizzle_k": "false", "swizzle_c": "false", "swizzle_m": "false",
         "scalar_rows": scalar_rows, "bank": bank, "threads_param": "warps", "smem_param": "cols",

@@ -110,6 +110,24 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 __device__ __forceinline__ void wait_for_primary_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
+// Launches `kernel` on `stream`; where `dependent`, as the programmatic dependent of the grid
+// before it there (cudaLaunchAttributeProgrammaticStreamSerialization).
+template <typename... Params, typename... Args>
+cudaError_t launch_maybe_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                   bool dependent, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute early[1];
+  early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = early;
+  config.numAttrs = dependent ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int PENDING>

@@ -88,6 +88,16 @@ static_assert(SHORT_RECORD_BYTES % 16 == 0 && FULL_RECORD_BYTES % 16 == 0 && kRe
               "records are 16-byte aligned for cp.async");
 static_assert(FULL_RECORD_BYTES == kSavedRecordBytes, "the saved records' size the extension exports");
 
+// The 16 steps of a chunk (its row block) that warp `warp` of a walk or per-chunk kernel takes,
+// where warps lie ROW_WARPS along the steps, then along the columns. The two warps of a scheduler
+// (warp % 4 on sm_90) take row blocks r and ROW_WARPS - 1 - r, so that the triangular products (a
+// row block's work grows or shrinks with r) weigh the same on each of them: in the forward's
+// walk 80 mma a scheduler each, where row blocks r, r gave 32 to 128.
+__device__ __forceinline__ int balanced_row_block(int warp) {
+  const int r = warp % ROW_WARPS;
+  return warp / ROW_WARPS % 2 ? ROW_WARPS - 1 - r : r;
+}
+
 __host__ __device__ __forceinline__ int64_t record_bytes(const Params& p) {
   return record_inverse(p) ? FULL_RECORD_BYTES : SHORT_RECORD_BYTES;
 }
@@ -193,7 +203,10 @@ __device__ __forceinline__ void copy_out(const T* tile, unsigned char* out) {
   }
 }
 
-__global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p) {
+__global__ void __launch_bounds__(PREP_THREADS, 5) prepare_kernel(const Params p) {
+  // The forward's walk, launched as this grid's programmatic dependent, may take the SMs this
+  // grid's last wave leaves (no effect where the next kernel is launched otherwise).
+  allow_dependent_launch();
   if (skip_prepare(p)) return;  // the backward, on records a training forward saved
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* keys = reinterpret_cast<T*>(smem_raw);                                   // k, then q; smem buffer: prep_keys
@@ -466,7 +479,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;           // fragment row and column pair of this lane
-  const int wr = warp % ROW_WARPS, wc = warp / ROW_WARPS;  // this warp's 16 steps and WCOLS columns
+  const int wr = balanced_row_block(warp), wc = warp / ROW_WARPS;  // this warp's 16 steps and WCOLS columns
   const int cw0 = wc * WCOLS;
   const int wm = warp % WARPS_M, wn = warp / WARPS_M;      // this warp's part of the state
 
@@ -543,6 +556,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
   const int64_t windows = n_chunks;  // checkpoints: one per chunk (CHUNK == kCheckpointEvery)
   const float scale = p.scale;
 
+  wait_for_primary_grid();  // launched as the first kernel's dependent: its records are whole from here
 #pragma unroll
   for (int c = 0; c < STAGES - 1; ++c) {
     if (c < n_chunks) issue_chunk(c);
@@ -718,8 +732,9 @@ cudaError_t launch_delta_rule_gated_delta_chunked_k128_cols64_warps8_stages2_fp1
   }
   const dim3 grid(static_cast<unsigned>(p.B * p.H * ((p.V + COLS - 1) / COLS)));
   if (const cudaError_t err = allow_dynamic_smem(chunk_kernel, smem); err != cudaSuccess) return err;
-  chunk_kernel<<<grid, THREADS, smem, stream>>>(p);
-  return cudaGetLastError();
+  // Without saved records (whose header's memset sits between the two) the walk is the first
+  // kernel's programmatic dependent: its launch and its state's load overlap that grid's last wave.
+  return launch_maybe_dependent(chunk_kernel, grid, dim3(THREADS), smem, stream, p.records == nullptr, p);
 }
 
 }  // namespace delta_rule

@@ -105,6 +105,16 @@ static_assert(SHORT_RECORD_BYTES % 16 == 0 && FULL_RECORD_BYTES % 16 == 0 && kRe
               "records are 16-byte aligned for cp.async");
 static_assert(FULL_RECORD_BYTES == kSavedRecordBytes, "the saved records' size the extension exports");
 
+// The 16 steps of a chunk (its row block) that warp `warp` of a walk or per-chunk kernel takes,
+// where warps lie ROW_WARPS along the steps, then along the columns. The two warps of a scheduler
+// (warp % 4 on sm_90) take row blocks r and ROW_WARPS - 1 - r, so that the triangular products (a
+// row block's work grows or shrinks with r) weigh the same on each of them: in the forward's
+// walk 80 mma a scheduler each, where row blocks r, r gave 32 to 128.
+__device__ __forceinline__ int balanced_row_block(int warp) {
+  const int r = warp % ROW_WARPS;
+  return warp / ROW_WARPS % 2 ? ROW_WARPS - 1 - r : r;
+}
+
 __host__ __device__ __forceinline__ int64_t record_bytes(const Params& p) {
   return record_inverse(p) ? FULL_RECORD_BYTES : SHORT_RECORD_BYTES;
 }
@@ -211,6 +221,9 @@ __device__ __forceinline__ void copy_out(const T* tile, unsigned char* out) {
 }
 
 __global__ void __launch_bounds__(PREP_THREADS, 4) prepare_kernel(const Params p) {
+  // The forward's walk, launched as this grid's programmatic dependent, may take the SMs this
+  // grid's last wave leaves (no effect where the next kernel is launched otherwise).
+  allow_dependent_launch();
   if (skip_prepare(p)) return;  // the backward, on records a training forward saved
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* keys = reinterpret_cast<T*>(smem_raw);                                   // k, then q; smem buffer: prep_keys
@@ -508,7 +521,10 @@ __global__ void __launch_bounds__(THREADS, 1) walk_kernel(const Params p) {
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;
-  const int wr = warp % ROW_WARPS, wc = warp / ROW_WARPS;
+  // Balanced row blocks: phase 2's triangular products then weigh the same on every scheduler
+  // (H100: the walk 0.505 -> 0.496 ms at B8 T4096 H16 K=V=128 bf16, 1.001 -> 0.989 at B4 T8192
+  // H32; bench/results/h100/gated_delta_profile_balanced_rows_ab.txt).
+  const int wr = balanced_row_block(warp), wc = warp / ROW_WARPS;
   const int cw0 = wc * WCOLS;
   const int wm = warp % WARPS_M, wn = warp / WARPS_M;
 
@@ -863,6 +879,9 @@ __global__ void __launch_bounds__(GRAD_THREADS, 1) grads_kernel(const Params p) 
   const int64_t chunk = blockIdx.x / (p.B * p.H), bh = blockIdx.x % (p.B * p.H), b = bh / p.H, h = bh % p.H;
   const int64_t t0 = chunk * CHUNK, rows = p.T - t0 < CHUNK ? p.T - t0 : CHUNK;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+  // Plain row blocks: balanced ones (as the walks take them) made this kernel 1% slower, its
+  // triangular products a small share (H100: 1.500 -> 1.512 ms at B8 T4096 H16 K=V=128 bf16,
+  // 2.936 -> 2.969 at B4 T8192 H32; bench/results/h100/gated_delta_profile_balanced_rows_ab.txt).
   const int wr = warp % ROW_WARPS, wc = warp / ROW_WARPS;
   const int m0 = 16 * wr, t_lo = m0 + g;
   const int K = static_cast<int>(p.K), V = static_cast<int>(p.V);

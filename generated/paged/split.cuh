@@ -119,16 +119,8 @@ __global__ void __launch_bounds__(ROWS * D / 4) merge_partitions(const MergePara
 // dependent (cudaLaunchAttributeProgrammaticStreamSerialization).
 template <typename T, int D, int ROWS, bool PDL>
 cudaError_t launch_merge(const MergeParams& p, cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(p.S), static_cast<unsigned>((p.rows + ROWS - 1) / ROWS));
-  config.blockDim = dim3(ROWS * D / 4);
-  config.stream = stream;
-  cudaLaunchAttribute early[1];
-  early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  early[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = early;
-  config.numAttrs = PDL ? 1 : 0;
-  return cudaLaunchKernelEx(&config, merge_partitions<T, D, ROWS, PDL>, p);
+  const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>((p.rows + ROWS - 1) / ROWS));
+  return launch_maybe_dependent(merge_partitions<T, D, ROWS, PDL>, grid, dim3(ROWS * D / 4), 0, stream, PDL, p);
 }
 
 }  // namespace
