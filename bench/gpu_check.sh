@@ -26,6 +26,9 @@ step() {  # step NAME COMMAND...: run, log to $OUT/r/NAME.log, remember exit sta
   local rc=$?
   status+=("$name|$rc|$((SECONDS - t0))")
   tail -n 3 "$OUT/r/$name.log"
+  # The bundle refreshed after every step: a call cut by the device's limit still brings back the
+  # logs of the steps it finished (one 600 s call of 2026-11-28 brought back nothing).
+  tar -czf "$OUT/all.tgz" -C "$OUT/r" . 2>/dev/null
   return $rc
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/r/device.txt"
@@ -127,6 +130,8 @@ fi
 # the few instances AB_CMD calls, where a cold `make build` takes 3-4 minutes of a call. A
 # prebuilt extension is moved aside for it: a process loads one before any first-use build (an
 # A/B on a warm machine once timed call 3's prebuilt kernels on both sides). Run with BUILD=0.
+# The GPU test tier skips itself without a prebuilt extension (tests/gpu/conftest.py): tests as
+# AB_CMD run nothing here; `ab` (with the build) runs them.
 if want ab_jit; then
   aside=build/lib/attngen_ext.so
   [ -f "$aside" ] && mv "$aside" "$aside.ab_jit"
