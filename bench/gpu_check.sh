@@ -132,17 +132,34 @@ fi
 # A/B on a warm machine once timed call 3's prebuilt kernels on both sides). Run with BUILD=0.
 # The GPU test tier skips itself without a prebuilt extension (tests/gpu/conftest.py): tests as
 # AB_CMD run nothing here; `ab` (with the build) runs them.
+# Several patches, AB_PATCH="a.patch b.patch" (the tree holding them all, in that order): the
+# before side without any, then after_1 with a, ..., after with all of them, so that one call
+# tells each step's share (this session's first A/B of three changes at once could not).
+ab_jit_side() {  # ab_jit_side NAME: the tree regenerated, AB_CMD run with a JIT cache of its own
+  python3 -m codegen gen > "$OUT/r/ab_gen_$1.log" 2>&1 || { echo "ab_jit: gen failed ($1)"; return 1; }
+  mkdir -p "$OUT/r/ab_$1"
+  ATTNGEN_CACHE="/tmp/attngen_ab_jit_$1" ATTNGEN_COMMIT="${ATTNGEN_COMMIT:-tree}-ab-$1" \
+    step "ab_$1" bash -c "${AB_CMD//\{out\}/$OUT/r/ab_$1}"
+  return 0  # AB_CMD failing on one side still leaves the others to run
+}
 if want ab_jit; then
   aside=build/lib/attngen_ext.so
   [ -f "$aside" ] && mv "$aside" "$aside.ab_jit"
-  for side in before after; do
-    if [ "$side" = before ]; then patch -R -p1 < "$AB_PATCH"; else patch -p1 < "$AB_PATCH"; fi > "$OUT/r/ab_patch_$side.log" 2>&1 \
-      || { echo "ab_jit: the patch did not apply ($side)"; status+=("ab_$side|1|0"); break; }
-    python3 -m codegen gen > "$OUT/r/ab_gen_$side.log" 2>&1 || { echo "ab_jit: gen failed ($side)"; break; }
-    mkdir -p "$OUT/r/ab_$side"
-    ATTNGEN_CACHE="/tmp/attngen_ab_jit_$side" ATTNGEN_COMMIT="${ATTNGEN_COMMIT:-tree}-ab-$side" \
-      step "ab_$side" bash -c "${AB_CMD//\{out\}/$OUT/r/ab_$side}"
+  read -r -a patches <<< "$AB_PATCH"
+  applied=${#patches[@]}
+  while [ "$applied" -gt 0 ] && patch -R -p1 < "${patches[applied - 1]}" >> "$OUT/r/ab_patch_before.log" 2>&1; do
+    applied=$((applied - 1))
   done
+  if [ "$applied" -gt 0 ]; then
+    echo "ab_jit: ${patches[applied - 1]} did not come off the tree"; status+=("ab_before|1|0")
+  elif ab_jit_side before; then
+    for ((i = 1; i <= ${#patches[@]}; i++)); do
+      side=after; [ "$i" -lt "${#patches[@]}" ] && side=after_$i
+      patch -p1 < "${patches[i - 1]}" > "$OUT/r/ab_patch_$side.log" 2>&1 \
+        || { echo "ab_jit: ${patches[i - 1]} did not apply"; status+=("ab_$side|1|0"); break; }
+      ab_jit_side "$side" || break
+    done
+  fi
   [ -f "$aside.ab_jit" ] && mv "$aside.ab_jit" "$aside"
 fi
 for fam in causal_linear rwkv rwkv_grad paged delta_rule gated_delta_grad flash_attention flash_attention_grad; do  # tune_<family>: a cold tune (its cache cleared), then a warm one
