@@ -37,6 +37,11 @@ if [ "${BUILD:-1}" = 1 ]; then  # BUILD=0: the steps need no default build (the 
   # kernel of the steps after it was then built on first use.
   CAP=${BUILD_S:-900} step build python3 -m codegen build -j "$JOBS" || tail -50 "$OUT/r/build.log"
 fi
+# PREBUILD="delta_rule gated_delta_grad ...": those families' instances and the bindings built into
+# the first-use cache (python -m attngen.prebuild), with BUILD=0 in place of `make build`: their
+# tests (which run on first-use builds where no extension is prebuilt) and benchmarks then compile
+# nothing, after a build of a tenth of the instances for the delta-rule families.
+if [ -n "${PREBUILD:-}" ]; then CAP=${BUILD_S:-900} step prebuild python3 -m attngen.prebuild $PREBUILD -j "$JOBS"; fi
 # The benchmark extension (bench-role kinds, forced side by side with the dispatched ones).
 # BENCH_SPECS="specs/a.yaml ...": only those specs' bench-role kinds (a shorter build).
 bench_specs=(); for s in ${BENCH_SPECS:-}; do bench_specs+=(--spec "$s"); done
@@ -130,8 +135,7 @@ fi
 # the few instances AB_CMD calls, where a cold `make build` takes 3-4 minutes of a call. A
 # prebuilt extension is moved aside for it: a process loads one before any first-use build (an
 # A/B on a warm machine once timed call 3's prebuilt kernels on both sides). Run with BUILD=0.
-# The GPU test tier skips itself without a prebuilt extension (tests/gpu/conftest.py): tests as
-# AB_CMD run nothing here; `ab` (with the build) runs them.
+# GPU tests as AB_CMD build their instances on first use (each side's own cache): name few.
 # Several patches, AB_PATCH="a.patch b.patch" (the tree holding them all, in that order): the
 # before side without any, then after_1 with a, ..., after with all of them, so that one call
 # tells each step's share (this session's first A/B of three changes at once could not).

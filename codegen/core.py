@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import build as build_stage
@@ -108,3 +109,29 @@ def record_row(cache_root: Path, cache_tag: str, name: str, library: Path) -> No
     tmp = record.with_name(f".{name}.{os.getpid()}")
     tmp.write_text(f"{library}\n")
     os.replace(tmp, record)
+
+
+def prebuild(cache_root: Path, cache_tag: str, families: list[str], arch_dir, jobs: int | None = None,
+             builder=run_ninja, compiler=jit.run_nvcc, on_row=None) -> list[Path]:
+    """The core and every row of `families`' tables built ahead of their first use, `jobs`
+    compiles at a time (nvcc processes: threads only wait on them), each row recorded by name as
+    a first use records it: a process then runs those families' ops, forced instances included,
+    with no compile. `arch_dir(arch)` is the runtime's directory of an arch's instances;
+    `on_row(plan, library)` follows each row. -> the rows' libraries."""
+    specs = pipeline.load()
+    unknown = sorted(set(families) - {spec.family for spec in specs})
+    if unknown:
+        raise ValueError(f"no spec declares the families {unknown}; the specs' families are "
+                         f"{sorted({spec.family for spec in specs})}")
+    build(cache_root, cache_tag, builder=builder)
+    plans = [plan for spec in specs if spec.family in families for plan in jit.row_plans(spec, cache_tag)]
+
+    def one(plan: jit.Plan) -> Path:
+        library = jit.build(plan, arch_dir(plan.inst.arch), compiler=compiler)
+        record_row(cache_root, cache_tag, plan.inst.name, library)
+        if on_row is not None:
+            on_row(plan, library)
+        return library
+
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        return list(pool.map(one, plans))

@@ -128,24 +128,32 @@ def plan(spec: Spec, runtime: dict, axes: dict, cache_tag: str = "") -> Plan:
                       (f" ({'; '.join(reasons.values())})" if reasons else " (no dispatch rule applies)"))
 
 
+def _planned(spec: Spec, inst: KernelInstance, cache_tag: str) -> Plan:
+    sources = render_sources(spec, inst)
+    return Plan(spec, inst, sources, digest(sources, cache_tag))
+
+
 def plan_named(spec: Spec, name: str, cache_tag: str = "") -> Plan:
     """The plan of a row of the spec's table by its name: what an extension built without its
     instances (codegen/core.py) asks for when its dispatch picks a row that is not built yet."""
     (spec, instances), = pipeline.lower(pipeline.expand([spec]))  # with the tuned table's rules
     for inst in instances:
         if inst.name == name:
-            sources = render_sources(spec, inst)
-            return Plan(spec, inst, sources, digest(sources, cache_tag))
+            return _planned(spec, inst, cache_tag)
     raise Unbuildable(f"{spec.op.name}: the spec has no instance named {name} (the extension's table is "
                       "older than the specs: rebuild it)")
+
+
+def row_plans(spec: Spec, cache_tag: str = "") -> list[Plan]:
+    """The plans of every row of the spec's table, as plan_named makes each (one lowering)."""
+    (spec, instances), = pipeline.lower(pipeline.expand([spec]))
+    return [_planned(spec, inst, cache_tag) for inst in instances]
 
 
 def plan_instance(spec: Spec, inst: KernelInstance, cache_tag: str = "") -> Plan:
     """A plan for an instance chosen by the caller (the bank check's unpadded twins), checked by
     every lowering pass but by no dispatch rule: it is reached by name (`<op>_with`)."""
-    lowered = lower.lower_one(inst)
-    sources = render_sources(spec, lowered)
-    return Plan(spec, lowered, sources, digest(sources, cache_tag))
+    return _planned(spec, lower.lower_one(inst), cache_tag)
 
 
 def render_sources(spec: Spec, inst: KernelInstance) -> dict:

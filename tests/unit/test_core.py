@@ -123,3 +123,39 @@ def test_a_built_row_is_found_again_without_a_plan(tmp_path, monkeypatch):
     monkeypatch.setattr(_jit, "register", lambda op, path: registered.append((op, path)))
     monkeypatch.setattr(jit, "plan_named", lambda *a, **k: pytest.fail("a recorded row needs no plan"))
     assert _jit.ensure("paged_decode", [128], "paged_row") == library and registered == [("paged_decode", library)]
+
+
+def test_prebuild_builds_every_row_of_its_families_once_and_records_each(tmp_path, monkeypatch):
+    """python -m attngen.prebuild's work (core.prebuild) with a fake ninja and nvcc: the core and
+    each row of the named families' tables, every library recorded under its row's name (what a
+    first use looks up before it plans), nothing of other families; a second run compiles
+    nothing; a family no spec declares is named with the ones that exist."""
+    monkeypatch.setattr(core, "sources", lambda: {"build.ninja": "# fake\n"})
+    linked, compiled, seen = [], [], []
+
+    def fake_ninja(entry):
+        linked.append(entry)
+        (entry / "lib").mkdir()
+        (entry / "lib" / "attngen_ext.so").write_bytes(b"\x7fELF core")
+
+    def fake_nvcc(plan, src, out):
+        compiled.append(plan.inst.name)
+        assert (src / plan.inst.filename).is_file()
+        out.write_bytes(b"\x7fELF " + plan.inst.name.encode())
+
+    arch_dir = lambda arch: tmp_path / arch  # noqa: E731  (the runtime's _jit.cache_dir)
+    families = ["gated_delta_grad", "delta_rule_grad"]
+    rows = [i.name for spec, instances in pipeline.lower(pipeline.expand(pipeline.load()))
+            if spec.family in families for i in instances]
+    assert rows, "the families have rows"
+    libraries = core.prebuild(tmp_path, "tag", families, arch_dir, jobs=4, builder=fake_ninja, compiler=fake_nvcc,
+                              on_row=lambda plan, library: seen.append(plan.inst.name))
+    assert sorted(compiled) == sorted(rows) == sorted(seen) and len(linked) == 1
+    for name, library in zip(rows, libraries):
+        assert core.built_row(tmp_path, "tag", name) == library and library.read_bytes() == b"\x7fELF " + name.encode()
+        assert library.is_relative_to(tmp_path / "sm_90a")
+    assert core.library_path(tmp_path, "tag").read_bytes() == b"\x7fELF core"
+    assert core.prebuild(tmp_path, "tag", families, arch_dir, builder=fake_ninja, compiler=fake_nvcc) == libraries
+    assert len(compiled) == len(rows) and len(linked) == 1, "a second run finds everything built"
+    with pytest.raises(ValueError, match=r"\['no_such_family'\]; the specs' families are \[.*'paged'"):
+        core.prebuild(tmp_path, "tag", ["paged", "no_such_family"], arch_dir, builder=fake_ninja, compiler=fake_nvcc)
