@@ -54,6 +54,10 @@ def test_shared_memory_and_the_first_kernels_layout(tmp_path):
     k64 = by_name["delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_fp16_sm90a"]
     assert k64["a_over_tiles"] == "false"
     assert k64["prep_smem_bytes"] == 2 * 64 * (2 * 72 + 72) + 4 * 64 * 68 + 4 * 2 * 64
+    # the first kernel held to 96 registers at k = 128 (no spills there): 5 CTAs an SM; 128 at k = 64
+    assert (wide["prep_ctas_per_sm"], k64["prep_ctas_per_sm"]) == (5, 4)
+    assert "__launch_bounds__(PREP_THREADS, 5) prepare_kernel" in (
+        ROOT / "generated" / "delta_rule" / "delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a.cu").read_text()
 
 
 @pytest.mark.parametrize("old,new,field,message", [

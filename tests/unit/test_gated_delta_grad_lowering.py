@@ -43,6 +43,7 @@ def test_shared_memory_of_the_walk_and_the_per_chunk_kernel(tmp_path):
     assert (wide["warps_m"], wide["warps_n"]) == (8, 1)
     # the chunk records' kernel is the forward's (codegen/families/delta_rule.py prepare_geometry)
     assert d["prep_smem_bytes"] == 2 * 64 * (2 * 136 + 72) + 4 * 2 * 64
+    assert d["prep_ctas_per_sm"] == 4, "the backward's first kernel keeps 128 registers (it spills at 96)"
     # 16 warps (the bench-role candidates' point): 4 column warps' partial sums, 32 scalar rows, 16 sums of S * G
     text = SPEC.replace("grad_warps: [8]           # the per-chunk", "grad_warps: [16]          # the per-chunk")
     by_name = {i.name: i.d for i in lowered(text, tmp_path)[1]}
