@@ -158,7 +158,9 @@ def chunked_bank(k: int, cols: int, swizzle_k: int, swizzle_c: int, swizzle_m: i
 # The first kernel's registers a thread (it is held to 65536 / (PREP_THREADS * its CTAs per SM)):
 # 124-125 unbounded (ptxas at 68ea6a0). The forward's at k = 128 fits 96 without spills (5 CTAs an
 # SM); at k = 64 it spills 28 bytes there, the backward's 44 (it also writes the inverse): those
-# keep 128 (4 CTAs), as does any other k.
+# keep 128 (4 CTAs), as does any other k. At 96 the forward's first kernel went 0.222 -> 0.206 ms
+# at B8 T4096 H16 K=V=128 bf16 (H200, with the walk's changes of 86ea255 beside it;
+# bench/results/h100/gated_delta_balanced_rows_ab.md).
 FORWARD_PREP_REGS, BACKWARD_PREP_REGS = {64: 128, 128: 96}, 128
 
 

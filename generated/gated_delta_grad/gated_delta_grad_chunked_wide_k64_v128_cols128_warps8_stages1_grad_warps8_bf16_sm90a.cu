@@ -109,7 +109,9 @@ static_assert(FULL_RECORD_BYTES == kSavedRecordBytes, "the saved records' size t
 // where warps lie ROW_WARPS along the steps, then along the columns. The two warps of a scheduler
 // (warp % 4 on sm_90) take row blocks r and ROW_WARPS - 1 - r, so that the triangular products (a
 // row block's work grows or shrinks with r) weigh the same on each of them: in the forward's
-// walk 80 mma a scheduler each, where row blocks r, r gave 32 to 128.
+// walk 80 mma a scheduler each, where row blocks r, r gave 32 to 128 (the walk 0.310 -> 0.302 ms
+// at B8 T4096 H16 K=V=128 bf16 on an H200, with the PDL launch; the backward's walk 0.505 ->
+// 0.496 on the H100; bench/results/h100/gated_delta_balanced_rows_ab.md).
 __device__ __forceinline__ int balanced_row_block(int warp) {
   const int r = warp % ROW_WARPS;
   return warp / ROW_WARPS % 2 ? ROW_WARPS - 1 - r : r;
