@@ -79,7 +79,10 @@ ncu_stalls() {  # ncu_stalls NAME KERNEL_REGEX COUNT COMMAND...: Nsight Compute 
   ncu -i "$OUT/r/$name.ncu-rep" --page details > "$OUT/r/${name}_ncu.txt"
   ncu -i "$OUT/r/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/r/${name}_sass.csv"
   python3 -m bench.ncu_stalls "$OUT/r/${name}_sass.csv" > "$OUT/r/${name}_stalls.txt"
-  gzip -f "$OUT/r/${name}_sass.csv"
+  # The same counters per line of the generated CUDA source (the kernels carry -lineinfo), for
+  # reading where a template's phases stall; kept even where this ncu cannot print it.
+  ncu -i "$OUT/r/$name.ncu-rep" --page source --csv --print-source cuda > "$OUT/r/${name}_cuda.csv" 2>&1 || true
+  gzip -f "$OUT/r/${name}_sass.csv" "$OUT/r/${name}_cuda.csv"
   rm -f "$OUT/r/$name.ncu-rep"
 }
 # One Gated DeltaNet forward and backward; the flash attention backward at three shapes and two deterministic ones.
