@@ -27,7 +27,7 @@ step() {  # step NAME COMMAND...: run, log to $OUT/r/NAME.log, remember exit sta
   status+=("$name|$rc|$((SECONDS - t0))")
   tail -n 3 "$OUT/r/$name.log"
   # The bundle refreshed after every step: a call cut by the device's limit still brings back the
-  # logs of the steps it finished (one 600 s call of 2026-11-28 brought back nothing).
+  # logs of the steps it finished (bundled only at the end, they came back only from calls that ended).
   tar -czf "$OUT/all.tgz" -C "$OUT/r" . 2>/dev/null
   return $rc
 }

@@ -12,10 +12,10 @@ def pytest_collection_modifyitems(config, items):
     reason = None
     if not torch.cuda.is_available():
         reason = "no CUDA device"
-    elif not _ext.available() and _jit.cannot_build():
+    elif not _ext.available() and (why := _jit.cannot_build()):
         # Without `make build` the ops run where their kernels can build on first use (after
         # `python -m attngen.prebuild FAMILY...`, with no compile at all).
-        reason = "extension not built (make build), nor buildable on first use: " + "; ".join(_jit.cannot_build())
+        reason = "extension not built (make build), nor buildable on first use: " + "; ".join(why)
     for item in items:
         if "gpu" in item.keywords and reason:
             item.add_marker(pytest.mark.skip(reason=reason))
