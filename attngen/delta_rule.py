@@ -96,14 +96,18 @@ def checkpoint_shape(B: int, T: int, H: int, K: int, V: int, every: int | None =
     return (B, H, (T + every - 1) // every, K, V)
 
 
-def records_numel(B: int, T: int, H: int, K: int, V: int, every: int | None = None) -> int:
-    """Bytes of the chunk records a training forward saves for Gated DeltaNet's tensor-core
-    backward (the delta_rule op's `records`, 16-bit inputs): a header, one record per 64-step
-    chunk, then the state before every chunk in the inputs' 16-bit dtype ([K, V] each)."""
+def records_numel(B: int, T: int, H: int, K: int, V: int, every: int | None = None, rwkv7: bool = False) -> int:
+    """Bytes of the chunk records a training forward saves for the tensor-core backwards (the
+    delta_rule op's `records`, 16-bit inputs): a header, then for Gated DeltaNet one record per
+    64-step chunk and the state before every chunk in the inputs' 16-bit dtype ([K, V] each);
+    for RWKV-7 (`rwkv7`) the state before every 16-step chunk in bf16 ([K, V] each)."""
+    header = exported_constant("delta_rule_records_header_bytes")
+    if rwkv7:
+        chunk = exported_constant("delta_rule_rwkv7_record_chunk")
+        return header + B * H * ((T + chunk - 1) // chunk) * 2 * K * V
     every = checkpoint_every() if every is None else every
     chunks = B * H * ((T + every - 1) // every)
-    return (exported_constant("delta_rule_records_header_bytes")
-            + chunks * (exported_constant("delta_rule_saved_record_bytes") + 2 * K * V))
+    return header + chunks * (exported_constant("delta_rule_saved_record_bytes") + 2 * K * V)
 
 
 def saved_states(records: torch.Tensor, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
@@ -127,13 +131,22 @@ def checkpoints_in_fp32(records: torch.Tensor, checkpoints: torch.Tensor, dtype:
 
 
 def saves_records(variant_number: int, q: torch.Tensor) -> bool:
-    """Whether a training forward saves the chunk records: Gated DeltaNet in 16 bits, where the
-    chunked kinds run and the tensor-core backward reads them instead of solving each chunk's
+    """Whether a training forward saves the chunk records: in 16 bits, where the chunked kinds
+    run. Gated DeltaNet's tensor-core backward reads them instead of solving each chunk's
     system again (its first kernel: 0.238 ms of its 2.306 at B8 T4096 H16 K=V=128 bf16 on the
-    H100, bench/results/h100/gated_delta_profile.txt). Decided from
+    H100, bench/results/h100/gated_delta_profile.txt); RWKV-7's chunked backward reads each
+    16-step chunk's start state instead of rebuilding it from the checkpoints. Decided from
     the dtype alone, so that the op's fake implementation gives the same shapes; a kind that
-    does not fill them leaves them unmarked, and the backward solves the systems itself."""
-    return variant_number == variant("gated_delta") and q.element_size() == 2
+    does not fill them leaves them unmarked, and the backward works from the checkpoints."""
+    return q.element_size() == 2
+
+
+def _records_numel(variant_number: int, q: torch.Tensor, V: int, every: int) -> int:
+    """The records' bytes a training forward allocates for these inputs (0: none saved)."""
+    if not saves_records(variant_number, q):
+        return 0
+    B, T, H, K = q.shape
+    return records_numel(B, T, H, K, V, every, rwkv7=variant_number == variant("rwkv7"))
 
 
 @constant_result
@@ -145,7 +158,7 @@ def _register() -> bool:
     if _registered:
         return True
     OP.packet()
-    records_numel(0, 0, 0, 0, 0)  # its constants read here, eagerly: the fake implementation sizes the records
+    records_numel(0, 0, 0, 0, 0), records_numel(0, 0, 0, 0, 0, rwkv7=True)  # its constants read here, eagerly: the fake implementation sizes the records
     exported_constant("delta_rule_records_valid")  # the header's mark, which the backward reads
     # Read here, eagerly (under torch.compile too), for the traced backward's use_tensor_core_backward.
     _TENSOR_CORE_BUCKETS[:] = sorted({(int(m[1]), int(m[2])) for m in
@@ -158,7 +171,7 @@ def _register() -> bool:
         B, T, H, K = q.shape
         checkpoints = q.new_empty(checkpoint_shape(B, T, H, K, v.shape[-1], every), dtype=torch.float32)
         V = v.shape[-1]
-        records = q.new_empty(records_numel(B, T, H, K, V, every) if saves_records(variant, q) else 0, dtype=torch.uint8)
+        records = q.new_empty(_records_numel(variant, q, V, every), dtype=torch.uint8)
         o, final = OP(q, k, v, w, a, b, state, variant, scale, True, checkpoints, False,
                       records if records.numel() else None)
         return o, final, checkpoints, records
@@ -169,7 +182,7 @@ def _register() -> bool:
         V = v.shape[-1]
         return (v.new_empty((B, T, H, V)), q.new_empty((B, H, K, V), dtype=torch.float32),
                 q.new_empty(checkpoint_shape(B, T, H, K, V, every), dtype=torch.float32),
-                q.new_empty(records_numel(B, T, H, K, V, every) if saves_records(variant, q) else 0, dtype=torch.uint8))
+                q.new_empty(_records_numel(variant, q, V, every), dtype=torch.uint8))
 
     def setup_context(ctx, inputs, output):
         q, k, v, w, a, b, state, variant_, scale, _every = inputs
@@ -192,7 +205,7 @@ def _backward(ctx, d_o, d_state, _d_checkpoints, _d_records):
     if ctx.variant == variant("rwkv7"):
         # The gradients come in the inputs' dtype (the op's fp32 sums rounded once, in the kernel).
         dq, dw, dk, da, db, dv, ds0 = GRAD(q, k, v, w, a, b, d_o.to(q.dtype), checkpoints, d_state, ctx.scale,
-                                           ctx.has_state)
+                                           ctx.has_state, records if records.numel() else None)
         return (dq, dk, dv, dw, da, db, ds0 if ctx.has_state else None, None, None, None)
     tensor_core_args = (q, k, v, w, a, d_o.to(q.dtype), checkpoints, d_state, ctx.scale, ctx.has_state)
     if use_tensor_core_backward(tensor_core_args):

@@ -30,7 +30,16 @@ CHECKPOINT_CONSTANTS = {"checkpoint_every": CHECKPOINT_EVERY,
 # backward, which then skips solving every chunk's system again (Params::records): a header
 # word that says they are whole, then a record per (b, h, chunk).
 SAVED_RECORD_BYTES = 3 * CHECKPOINT_EVERY * CHECKPOINT_EVERY * 2 + CHECKPOINT_EVERY * 4
-RECORD_CONSTANTS = {**CHECKPOINT_CONSTANTS, "saved_record_bytes": SAVED_RECORD_BYTES, "records_header_bytes": 16}
+# RWKV-7's chunked kind (templates/delta_rule/chunked_rwkv7.cu.j2): chunks of 16 steps, one
+# m-tile; a warp per pair matrix, per 16 keys of the state and per 16 value columns.
+RWKV7_CHUNK = 16
+# RWKV-7's records (16-bit, the chunked_rwkv7 kinds): the header, then the state before every
+# RWKV7_CHUNK-step chunk in bf16, [K, V] per (b, h, chunk). The backward then reads each chunk's
+# start state instead of rebuilding a window's from its fp32 checkpoint (a quarter of its
+# stall samples on the H200 at B8 T4096 H64 K=V=64, Nsight Compute at 0e9daa1); the fp32
+# checkpoints are still written, for the backward kinds that read them.
+RECORD_CONSTANTS = {**CHECKPOINT_CONSTANTS, "saved_record_bytes": SAVED_RECORD_BYTES, "records_header_bytes": 16,
+                    "records_valid": "0x01010101u", "rwkv7_record_chunk": RWKV7_CHUNK}
 
 # Per variant: the C++ step struct of templates/delta_rule/recurrent.cu.j2, the key-side
 # vectors staged per step (K floats each) and the per-step scalars.
@@ -234,9 +243,6 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
     })
 
 
-# RWKV-7's chunked kind (templates/delta_rule/chunked_rwkv7.cu.j2): chunks of 16 steps, one
-# m-tile; a warp per pair matrix, per 16 keys of the state and per 16 value columns.
-RWKV7_CHUNK = 16
 # The pair matrices are products of x exp(lx) and y exp(-lc) while a chunk's decay spread
 # max_c(-lc_C) is at most this: factors up to e^40 (2^58) times the inputs stay far inside
 # bf16's and fp32's range (2^127) and their products inside fp32's; past it (decays below
@@ -340,5 +346,6 @@ FAMILY = Family(
     exported_constants={"delta_rule_checkpoint_every": "kCheckpointEvery",
                         "delta_rule_saved_record_bytes": "kSavedRecordBytes",
                         "delta_rule_records_header_bytes": "kRecordsHeaderBytes",
-                        "delta_rule_records_valid": "kRecordsValid"},
+                        "delta_rule_records_valid": "kRecordsValid",
+                        "delta_rule_rwkv7_record_chunk": "kRwkv7RecordChunk"},
 )

@@ -13,7 +13,7 @@ from ..instance import KernelInstance
 from ..passes import Rejected, banks
 from ..passes import tiles as shared_tiles
 from . import Family, Lowering, TunePlan
-from .delta_rule import CHECKPOINT_CONSTANTS, CHECKPOINT_EVERY, RWKV7_CHUNK, RWKV7_PRODUCT_SPREAD, _renamed
+from .delta_rule import RECORD_CONSTANTS, CHECKPOINT_EVERY, RWKV7_CHUNK, RWKV7_PRODUCT_SPREAD, _renamed
 
 GRAD = "delta_rule_grad/recurrent_grad.cu.j2"
 CHUNKED_GRAD = "delta_rule_grad/chunked_rwkv7_grad.cu.j2"
@@ -169,5 +169,5 @@ FAMILY = Family(
                    "delta_rule_grad/op_impl.h.j2": "delta_rule_grad/op_impl.h"},
     tune=TunePlan(("B", "H", "T", "K", "V"), None),
     jit_params={"K": "k"},
-    support_constants=CHECKPOINT_CONSTANTS,
+    support_constants=RECORD_CONSTANTS,
 )

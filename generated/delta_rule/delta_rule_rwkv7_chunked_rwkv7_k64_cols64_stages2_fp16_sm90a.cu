@@ -45,6 +45,7 @@ constexpr int XR_PITCH = COLS + 4;           // floats between rows of X and R
 static_assert(CHUNK == 16 && KB == 16 * WARPS && COLS == 16 * WARPS && THREADS == 2 * COLS && THREADS >= KB,
               "a warp per pair matrix, per 16 keys of the state and per 16 columns of X and R; two threads a column");
 static_assert(kCheckpointEvery % CHUNK == 0 && STAGES >= 2, "checkpoints fall on chunk starts; a chunk ahead in flight");
+static_assert(CHUNK == kRwkv7RecordChunk, "the saved records hold the state before each chunk");
 
 using RowTile = mma::Tile<CHUNK, KB, false>;        // a chunk's key-side rows: [step][key]
 using PairTile = mma::Tile<2 * CHUNK, KB, false>;   // b exp(lc_C - lc) over k exp(lc_C - lc)
@@ -137,6 +138,20 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
         }
       }
   };
+  // The state before chunk c, rounded to bf16, into the saved records ([B, H, chunks, K, V] past
+  // their header) for the backward, which reads it there instead of rebuilding it.
+  auto store_record = [&](int64_t c) {
+    MT* out = reinterpret_cast<MT*>(static_cast<unsigned char*>(p.records) + kRecordsHeaderBytes) + (bh * n_chunks + c) * p.K * p.V;
+#pragma unroll
+    for (int j = 0; j < COLS / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int64_t key = 16 * warp + g + 8 * hh, col = col0 + 8 * j + 2 * tq;
+        if (key < p.K && col < p.V) {
+          *reinterpret_cast<uint32_t*>(out + key * p.V + col) = mma::pack2<MT>(state[j][2 * hh], state[j][2 * hh + 1]);
+        }
+      }
+  };
   auto publish_state = [&]() {
 #pragma unroll
     for (int j = 0; j < COLS / 8; ++j)
@@ -172,6 +187,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
     if (p.checkpoints && c % CHECKPOINT_CHUNKS == 0) {
       store_state(p.checkpoints + (bh * windows + c / CHECKPOINT_CHUNKS) * p.K * p.V);
     }
+    if (p.records) store_record(c);
     const T* raw = reinterpret_cast<const T*>(ring + c % STAGES * RAW_BYTES);
     const T* raw_r = raw;
     const T* raw_w = raw + RowTile::ELEMS;
@@ -369,7 +385,9 @@ cudaError_t launch_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_fp16_sm90a(
   const dim3 grid(static_cast<unsigned>(p.B * p.H * ((p.V + COLS - 1) / COLS)));
   if (const cudaError_t err = allow_dynamic_smem(chunk_kernel, SMEM_BYTES); err != cudaSuccess) return err;
   chunk_kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(p);
-  return cudaGetLastError();
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess || !p.records) return err;
+  // Whole once the kernel is done (stream order): the backward reads the states from them.
+  return cudaMemsetAsync(p.records, 1, sizeof(kRecordsValid), stream);
 }
 
 }  // namespace delta_rule

@@ -17,12 +17,15 @@ namespace delta_rule {
 constexpr int kCheckpointEvery = 64;
 // The smallest norm qk_l2norm divides by (torch.nn.functional.normalize's eps).
 constexpr float kL2Floor = 1e-12f;
-// Gated DeltaNet's chunk records as a training forward saves them for the backward
-// (Params::records; codegen/families/delta_rule.py SAVED_RECORD_BYTES): a header whose first
-// word is kRecordsValid once a chunked kind has filled them, a record per (b, h, chunk), then
-// the state before every chunk in the inputs' dtype, [K, V] per (b, h, chunk).
+// The chunk records a training forward saves for the backward (Params::records;
+// codegen/families/delta_rule.py RECORD_CONSTANTS): a header whose first word is kRecordsValid
+// once a chunked kind has filled them, then
+//   gated_delta: a record per (b, h, 64-step chunk) (SAVED_RECORD_BYTES), then the state before
+//                every chunk in the inputs' dtype, [K, V] per (b, h, chunk);
+//   rwkv7:       the state before every kRwkv7RecordChunk-step chunk in bf16, [K, V] per (b, h, chunk).
 constexpr int kRecordsHeaderBytes = 16;
 constexpr int kSavedRecordBytes = 24832;
+constexpr int kRwkv7RecordChunk = 16;
 constexpr uint32_t kRecordsValid = 0x01010101u;  // what cudaMemsetAsync(header, 1, 4) leaves
 
 struct Params {
@@ -54,8 +57,10 @@ struct Params {
   int qk_l2norm;            // gated_delta: q and k rows divided by their L2 norms (at least kL2Floor), rounded to T
   void* records;            // gated_delta: kRecordsHeaderBytes + [B, H, ceil(T / 64)] x (kSavedRecordBytes + 2 K V)
                             // bytes the chunked kinds fill (and mark whole) for the backward, writing the
-                            // states there instead of to checkpoints; or null. The op zeroes the header
-                            // first, so that other kinds leave it unmarked (and write the checkpoints)
+                            // states there instead of to checkpoints; rwkv7: kRecordsHeaderBytes +
+                            // [B, H, ceil(T / kRwkv7RecordChunk)] x 2 K V, the bf16 states beside the
+                            // checkpoints; or null. The op zeroes the header first, so that other kinds
+                            // leave it unmarked (and write the checkpoints)
   void* workspace;          // the chunked kinds' chunk records where none are saved (Entry::workspace)
 };
 

@@ -9,9 +9,10 @@
 // chunked_rwkv7 (templates/delta_rule/chunked_rwkv7.cu.j2, whose header gives the notation),
 // reference.rwkv7_chunked_grad's stage-3 formulas at chunk = sub = 16 walked in reverse. One CTA
 // per (b, h) holds all V <= COLS value columns, so the key-side gradients are its own sums (no
-// atomics, bit-identical from run to run). Per 64-step window, last first: the chunk-start states
-// rebuilt from the forward's checkpoint (bf16, in the global workspace but the last: two CTAs per
-// SM fit in shared memory only so); then per chunk, last first, with
+// atomics, bit-identical from run to run). Each chunk's start state comes from the records the
+// forward saved (bf16, loaded while the chunk after it ends) or, without them, per 64-step window,
+// last first, rebuilt from the forward's checkpoint (bf16, in the global workspace but the last:
+// two CTAs per SM fit in shared memory only so); then per chunk, last first, with
 // G the state's gradient after it (fp32 in registers) and dO' = scale dO:
 //   the chunk's forward again (decayed rows, pair matrices, X, Z)
 //   dZ = N_rb^T dO' + B~ G,  (I - L_ab)^T dY = dZ,  dv = N_rk^T dO' + K~ G + L_ak^T dY
@@ -45,6 +46,7 @@ constexpr int KP = KB + 4;     // floats between rows of the [CHUNK][KB] fp32 ro
 static_assert(CHUNK == 16 && KB == 16 * WARPS && COLS == 16 * WARPS && THREADS == 2 * COLS && THREADS == 2 * KB,
               "a warp per pair matrix, per 16 keys and per 16 columns; two threads a column");
 static_assert(kCheckpointEvery % CHUNK == 0, "windows are whole chunks");
+static_assert(CHUNK == kRwkv7RecordChunk, "the saved records hold the state before each chunk");
 
 using RowTile = mma::Tile<CHUNK, KB, false>;        // raw rows: [step][key]
 using PairTile = mma::Tile<2 * CHUNK, KB, false>;   // two [step][key] row blocks, one over the other
@@ -165,8 +167,8 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   const int dm_a_lane = mma::a_operand_lane<DmTile>(lane);
   const int dm_at_lane = mma::a_operand_trans_lane<DmTile>(lane);
 
-  // Chunk c's rows into the raw tiles (dO too where `with_do`), waited for.
-  auto load_chunk = [&](int64_t c, bool with_do) {
+  // Chunk c's rows into the raw tiles (dO too where `with_do`), issued, not committed.
+  auto issue_rows = [&](int64_t c, bool with_do) {
     const int64_t t0 = c * CHUNK, rows = p.T - t0;
     load_chunk_rows<RowTile, KB>(raw_r, r + t0 * p.q_st, p.q_st, rows, keys_valid);
     load_chunk_rows<RowTile, KB>(raw_w, w + t0 * p.w_st, p.w_st, rows, keys_valid);
@@ -175,9 +177,23 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     load_chunk_rows<RowTile, KB>(raw_b, bb + t0 * p.b_st, p.b_st, rows, keys_valid);
     load_chunk_rows<ColTile, COLS>(raw_v, v + t0 * p.v_st, p.v_st, rows, cols_valid);
     if (with_do) load_chunk_rows<ColTile, COLS>(raw_do, d_o + t0 * p.do_st, p.do_st, rows, cols_valid);
+  };
+  // The same, with whatever else was issued, waited for.
+  auto load_chunk = [&](int64_t c, bool with_do) {
+    issue_rows(c, with_do);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
+  };
+  // Chunk c's start state from the saved records into the state tile, issued, not committed.
+  auto issue_record = [&](int64_t c) {
+    const MT* rec = reinterpret_cast<const MT*>(static_cast<const unsigned char*>(p.records) + kRecordsHeaderBytes) +
+                    (bh * n_chunks + c) * p.K * p.V;
+    for (int i = threadIdx.x; i < KB * COLS / 8; i += THREADS) {
+      const int key = i / (COLS / 8), col = i % (COLS / 8) * 8;
+      const bool valid = key < keys_valid && col < cols_valid;
+      cp_async_zfill<16>(s_tile + StateTile::offset(key, col), valid ? rec + key * p.V + col : rec, valid);  // smem: state_fill
+    }
   };
 
   // The chunk's forward from the state tile s_tile: the decayed rows, the cumulative decays,
@@ -319,359 +335,377 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   float grad[COLS / 8][4];  // G, the gradient of the state after the current chunk
   load_matrix(grad, p.d_state ? p.d_state + bh * p.K * p.V : nullptr);
 
-  for (int64_t window = windows - 1; window >= 0; --window) {
-    const int64_t c0 = window * WINDOW_CHUNKS;
-    const int count = static_cast<int>(n_chunks - c0 < WINDOW_CHUNKS ? n_chunks - c0 : WINDOW_CHUNKS);
-    // The window's chunk-start states, from its checkpoint (G waits in the stash meanwhile).
+  // Without records: the start states of a window's chunks (count of them from chunk c0), from
+  // its checkpoint: all but the last into the workspace, the last into the state tile (G waits
+  // in the stash meanwhile).
+  auto rebuild_window = [&](int64_t c0, int count) {
     __syncthreads();  // the last chunk is done with the row gradients (the stash) and the state tile
     stash(grad, true);
-    {
-      float state[COLS / 8][4];
-      load_matrix(state, p.ckpt + (bh * windows + window) * p.K * p.V);
-      for (int j = 0; j < count; ++j) {
-        publish(s_tile, state);
-        if (j + 1 == count) break;
+    float state[COLS / 8][4];
+    load_matrix(state, p.ckpt + (bh * windows + c0 / WINDOW_CHUNKS) * p.K * p.V);
+    for (int j = 0; j < count; ++j) {
+      publish(s_tile, state);
+      if (j + 1 == count) break;
 #pragma unroll
-        for (int jj = 0; jj < COLS / 8; ++jj)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int key = 16 * warp + g + 8 * hh, col = 8 * jj + 2 * tq;
-            *reinterpret_cast<uint32_t*>(saved + (j * KB + key) * COLS + col) =
-                mma::pack2<MT>(state[jj][2 * hh], state[jj][2 * hh + 1]);
-          }
-        __syncthreads();  // the state tile is whole; the last chunk is done with the tiles
-        load_chunk(c0 + j, false);
-        chunk_forward(s_tile);
+      for (int jj = 0; jj < COLS / 8; ++jj)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const float d = dend[16 * warp + g + 8 * hh];  // smem: key_read
-#pragma unroll
-          for (int jj = 0; jj < COLS / 8; ++jj) {
-            state[jj][2 * hh] *= d;
-            state[jj][2 * hh + 1] *= d;
-          }
+          const int key = 16 * warp + g + 8 * hh, col = 8 * jj + 2 * tq;
+          *reinterpret_cast<uint32_t*>(saved + (j * KB + key) * COLS + col) =
+              mma::pack2<MT>(state[jj][2 * hh], state[jj][2 * hh + 1]);
         }
+      __syncthreads();  // the state tile is whole; the last chunk is done with the tiles
+      load_chunk(c0 + j, false);
+      chunk_forward(s_tile);
 #pragma unroll
-        for (int ks = 0; ks < 2; ++ks) {
-          uint32_t ap[4];
-          mma::ldmatrix_x4_trans(ap, bkt_addr + 2 * PairTile::moved(pair_at_lane, 16 * ks, 16 * warp));  // smem: pair_ldmatrix
+      for (int hh = 0; hh < 2; ++hh) {
+        const float d = dend[16 * warp + g + 8 * hh];  // smem: key_read
 #pragma unroll
-          for (int jp = 0; jp < COLS / 16; ++jp) {
-            uint32_t bz[4];
-            mma::ldmatrix_x4_trans(bz, zv_addr + 2 * MixTile::moved(mix_b_kn_lane, 16 * ks, 16 * jp));  // smem: mix_ldmatrix
-            mma::m16n8k16<MT>(state[2 * jp], ap, bz[0], bz[1]);
-            mma::m16n8k16<MT>(state[2 * jp + 1], ap, bz[2], bz[3]);
-          }
+        for (int jj = 0; jj < COLS / 8; ++jj) {
+          state[jj][2 * hh] *= d;
+          state[jj][2 * hh + 1] *= d;
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        uint32_t ap[4];
+        mma::ldmatrix_x4_trans(ap, bkt_addr + 2 * PairTile::moved(pair_at_lane, 16 * ks, 16 * warp));  // smem: pair_ldmatrix
+#pragma unroll
+        for (int jp = 0; jp < COLS / 16; ++jp) {
+          uint32_t bz[4];
+          mma::ldmatrix_x4_trans(bz, zv_addr + 2 * MixTile::moved(mix_b_kn_lane, 16 * ks, 16 * jp));  // smem: mix_ldmatrix
+          mma::m16n8k16<MT>(state[2 * jp], ap, bz[0], bz[1]);
+          mma::m16n8k16<MT>(state[2 * jp + 1], ap, bz[2], bz[3]);
         }
       }
     }
     stash(grad, false);
+  };
 
-    for (int j = count - 1; j >= 0; --j) {
-      const int64_t c = c0 + j;
-      __syncthreads();  // the chunk after is done with the tiles; the saved states are written
+  // Each chunk's start state: from the saved records where the forward filled them (the
+  // header, read here: no host sync), each chunk's issued while the chunk after it finishes;
+  // otherwise rebuilt per 64-step window as the window's last chunk begins.
+  const bool from_records = p.records != nullptr && *static_cast<const uint32_t*>(p.records) == kRecordsValid;
+  if (from_records) issue_record(n_chunks - 1), issue_rows(n_chunks - 1, true);
+  for (int64_t c = n_chunks - 1; c >= 0; --c) {
+    const int64_t c0 = c / WINDOW_CHUNKS * WINDOW_CHUNKS;
+    const int j = static_cast<int>(c - c0);
+    const int count = static_cast<int>(n_chunks - c0 < WINDOW_CHUNKS ? n_chunks - c0 : WINDOW_CHUNKS);
+    if (!from_records && j + 1 == count) rebuild_window(c0, count);
+    __syncthreads();  // the chunk after is done with the tiles; the saved states are written
+    if (!from_records) {
       if (j + 1 < count) {  // the last chunk's start state is s_tile already
         for (int i = threadIdx.x; i < KB * COLS / 8; i += THREADS) {
           const int key = i / (COLS / 8), col = i % (COLS / 8) * 8;
           cp_async_zfill<16>(s_tile + StateTile::offset(key, col), saved + (j * KB + key) * COLS + col, true);  // smem: state_fill
         }
       }
-      load_chunk(c, true);  // commits and waits for the state too
-      publish(g_tile, grad);
-      const bool termwise = chunk_forward(s_tile);  // ends at a barrier: G's tile is whole too
+      issue_rows(c, true);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();  // the chunk's rows and start state (issued by the chunk after it, from records) landed
+    publish(g_tile, grad);
+    const bool termwise = chunk_forward(s_tile);  // ends at a barrier: G's tile is whole too
 
-      // B~ G and K~ G, this warp's 16 columns.
-      {
-        float bg[2][4] = {}, kg[2][4] = {};
+    // B~ G and K~ G, this warp's 16 columns.
+    {
+      float bg[2][4] = {}, kg[2][4] = {};
 #pragma unroll
-        for (int ks = 0; ks < KB / 16; ++ks) {
-          uint32_t ab[4], ak[4], bs[4];
-          mma::ldmatrix_x4(ab, bkt_addr + 2 * PairTile::moved(row_a_lane, 0, 16 * ks));      // smem: row_ldmatrix
-          mma::ldmatrix_x4(ak, bkt_addr + 2 * PairTile::moved(row_a_lane, CHUNK, 16 * ks));  // smem: row_ldmatrix
-          mma::ldmatrix_x4_trans(bs, g_addr + 2 * StateTile::moved(state_b_kn_lane, 16 * ks, 16 * warp));  // smem: state_ldmatrix
-          mma::m16n8k16<MT>(bg[0], ab, bs[0], bs[1]);
-          mma::m16n8k16<MT>(bg[1], ab, bs[2], bs[3]);
-          mma::m16n8k16<MT>(kg[0], ak, bs[0], bs[1]);
-          mma::m16n8k16<MT>(kg[1], ak, bs[2], bs[3]);
-        }
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int t = g + 8 * hh, col = 16 * warp + 8 * n + 2 * tq;
-            *reinterpret_cast<float2*>(scratch + (CHUNK + t) * XP + col) = make_float2(bg[n][2 * hh], bg[n][2 * hh + 1]);  // smem: scratch_fragment_write
-            *reinterpret_cast<float2*>(scratch + (2 * CHUNK + t) * XP + col) = make_float2(kg[n][2 * hh], kg[n][2 * hh + 1]);  // smem: scratch_fragment_write
-          }
+      for (int ks = 0; ks < KB / 16; ++ks) {
+        uint32_t ab[4], ak[4], bs[4];
+        mma::ldmatrix_x4(ab, bkt_addr + 2 * PairTile::moved(row_a_lane, 0, 16 * ks));      // smem: row_ldmatrix
+        mma::ldmatrix_x4(ak, bkt_addr + 2 * PairTile::moved(row_a_lane, CHUNK, 16 * ks));  // smem: row_ldmatrix
+        mma::ldmatrix_x4_trans(bs, g_addr + 2 * StateTile::moved(state_b_kn_lane, 16 * ks, 16 * warp));  // smem: state_ldmatrix
+        mma::m16n8k16<MT>(bg[0], ab, bs[0], bs[1]);
+        mma::m16n8k16<MT>(bg[1], ab, bs[2], bs[3]);
+        mma::m16n8k16<MT>(kg[0], ak, bs[0], bs[1]);
+        mma::m16n8k16<MT>(kg[1], ak, bs[2], bs[3]);
       }
-      __syncthreads();
-
-      // dZ, dY (backward substitution) and dv, a thread per column; dO' over dY in bf16.
-      {
-        const int col = threadIdx.x % COLS, half = threadIdx.x / COLS;
-        const float* l_ab = mats;
-        const float* l_ak = mats + CHUNK * MAT_PITCH;
-        const float* n_rb = mats + 2 * CHUNK * MAT_PITCH;
-        const float* n_rk = mats + 3 * CHUNK * MAT_PITCH;
-        float dov[CHUNK], dy[CHUNK];
 #pragma unroll
-        for (int t = 0; t < CHUNK; ++t) dov[t] = scale * to_float(raw_do[ColTile::offset(t, col)]);  // smem: v_column_read
-#pragma unroll
-        for (int t = CHUNK - 1; t >= 0; --t) {
-          float y = scratch[(CHUNK + t) * XP + col];  // smem: scratch_column_read
-#pragma unroll
-          for (int s = t; s < CHUNK; ++s) y = fmaf(n_rb[s * MAT_PITCH + t], dov[s], y);  // smem: mat_broadcast
-          // dY_{t+1} last: the chain from one step's dY to the next is one fma (it was 15 - t).
-#pragma unroll
-          for (int s = CHUNK - 1; s > t; --s) y = fmaf(l_ab[s * MAT_PITCH + t], dy[s], y);  // smem: mat_broadcast
-          dy[t] = y;
-        }
-#pragma unroll
-        for (int i = 0; i < CHUNK / 2; ++i) {
-          const int t = half * (CHUNK / 2) + i;
-          float y = scratch[(2 * CHUNK + t) * XP + col];  // smem: scratch_column_read
-#pragma unroll
-          for (int s = 0; s < CHUNK; ++s) {
-            if (s >= t) y = fmaf(n_rk[s * MAT_PITCH + t], dov[s], y);     // smem: mat_broadcast
-            if (s > t) y = fmaf(l_ak[s * MAT_PITCH + t], dy[s], y);       // smem: mat_broadcast
-          }
-          const int64_t step = c * CHUNK + t;
-          if (step < p.T && col < cols_valid) static_cast<T*>(p.dv)[((b * p.T + step) * p.H + h) * p.V + col] = from_float<T>(y);
-        }
-#pragma unroll
-        for (int t = 0; t < CHUNK; ++t) {
-          dy_tile[MixTile::offset(half * CHUNK + t, col)] = from_float<MT>(half ? dy[t] : dov[t]);  // smem: dy_write
-        }
-      }
-      __syncthreads();
-
-      // The pair matrices' gradients (warp m) and 16 key columns of dR^, dA^, dB~, dK~.
-      {
-        const int m = warp;
-        const bool strict = m < 2;
-        const int a_row = m < 2 ? CHUNK : 0;         // dY or dO'
-        const int b_row = m % 2 == 0 ? 0 : CHUNK;    // Z or V
-        float acc[2][4] = {};
-#pragma unroll
-        for (int ks = 0; ks < COLS / 16; ++ks) {
-          uint32_t ad[4], bz[4];
-          mma::ldmatrix_x4(ad, dy_addr + 2 * MixTile::moved(mix_a_lane, a_row, 16 * ks));    // smem: mix_ldmatrix
-          mma::ldmatrix_x4(bz, zv_addr + 2 * MixTile::moved(mix_b_nk_lane, b_row, 16 * ks));  // smem: mix_ldmatrix
-          mma::m16n8k16<MT>(acc[0], ad, bz[0], bz[1]);
-          mma::m16n8k16<MT>(acc[1], ad, bz[2], bz[3]);
-        }
-        float* dmat = dmats + m * CHUNK * MAT_PITCH;
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int t = g + 8 * hh, jj = 8 * n + 2 * tq;
-            const float lo = (strict ? jj < t : jj <= t) ? acc[n][2 * hh] : 0.f;
-            const float hi = (strict ? jj + 1 < t : jj + 1 <= t) ? acc[n][2 * hh + 1] : 0.f;
-            *reinterpret_cast<float2*>(dmat + t * MAT_PITCH + jj) = make_float2(lo, hi);  // smem: mat_fragment_write
-            // bf16 for the products, less the zero-exponent terms (j = t - 1 of L, j = t of N)
-            const int last = strict ? t - 1 : t;
-            *reinterpret_cast<uint32_t*>(dm_tile + DmTile::offset(t, 16 * m + jj)) =  // smem: dm_fragment_write
-                mma::pack2<MT>(jj < last ? lo : 0.f, jj + 1 < last ? hi : 0.f);
-          }
-        // dR^ = dO' S^T, dA^ = dY S^T (pass 0), dB~ = Z G^T, dK~ = V G^T (pass 1): [CHUNK, KB], this
-        // warp's 16 keys; two products a pass.
-#pragma unroll 1
-        for (int pass = 0; pass < 2; ++pass) {
-          const uint32_t lhs = pass ? zv_addr : dy_addr;  // dO' over dY, or Z over V
-          const uint32_t rhs = pass ? g_addr : mma::smem_addr(s_tile);
-          float rows[2][2][4] = {};
-#pragma unroll
-          for (int ks = 0; ks < COLS / 16; ++ks) {
-            uint32_t a0[4], a1[4], bm[4];
-            mma::ldmatrix_x4(a0, lhs + 2 * MixTile::moved(mix_a_lane, 0, 16 * ks));      // smem: mix_ldmatrix
-            mma::ldmatrix_x4(a1, lhs + 2 * MixTile::moved(mix_a_lane, CHUNK, 16 * ks));  // smem: mix_ldmatrix
-            mma::ldmatrix_x4(bm, rhs + 2 * StateTile::moved(state_b_nk_lane, 16 * warp, 16 * ks));  // smem: state_ldmatrix
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-              mma::m16n8k16<MT>(rows[0][n], a0, bm[2 * n], bm[2 * n + 1]);
-              mma::m16n8k16<MT>(rows[1][n], a1, bm[2 * n], bm[2 * n + 1]);
-            }
-          }
-#pragma unroll
-          for (int q2 = 0; q2 < 2; ++q2)
-#pragma unroll
-            for (int n = 0; n < 2; ++n)
-#pragma unroll
-              for (int hh = 0; hh < 2; ++hh) {
-                const int t = g + 8 * hh, key = 16 * warp + 8 * n + 2 * tq;
-                *reinterpret_cast<float2*>(drows + ((2 * pass + q2) * CHUNK + t) * KP + key) =  // smem: drows_fragment_write
-                    make_float2(rows[q2][n][2 * hh], rows[q2][n][2 * hh + 1]);
-              }
-        }
-        // exp(lc_C) sum_v S G per key (G before this chunk's update: the state decay's gradient).
+      for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const int key = 16 * warp + g + 8 * hh;
-          float sum = 0.f;
-#pragma unroll
-          for (int jj = 0; jj < COLS / 8; ++jj) {
-            const uint32_t s2 = *reinterpret_cast<const uint32_t*>(s_tile + StateTile::offset(key, 8 * jj + 2 * tq));  // smem: state_fragment_read
-            const MT* sv = reinterpret_cast<const MT*>(&s2);
-            sum = fmaf(to_float(sv[0]), grad[jj][2 * hh], sum);
-            sum = fmaf(to_float(sv[1]), grad[jj][2 * hh + 1], sum);
-          }
-          sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-          sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-          if (tq == 0) ddecay[key] = dend[key] * sum;  // smem: key_write
+          const int t = g + 8 * hh, col = 16 * warp + 8 * n + 2 * tq;
+          *reinterpret_cast<float2*>(scratch + (CHUNK + t) * XP + col) = make_float2(bg[n][2 * hh], bg[n][2 * hh + 1]);  // smem: scratch_fragment_write
+          *reinterpret_cast<float2*>(scratch + (2 * CHUNK + t) * XP + col) = make_float2(kg[n][2 * hh], kg[n][2 * hh + 1]);  // smem: scratch_fragment_write
         }
-      }
-      __syncthreads();
+    }
+    __syncthreads();
 
-      // The key-side finish. Each (step t, key) gets its row gradients' direct parts (dR^, dA^,
-      // dB~, dK~ through their exponentials) plus the pair matrices' adjoints, split in two:
-      //   the terms whose exponent is zero (N's diagonal, L's first subdiagonal), exact in fp32
-      //   here and left out of lc's gradient, where their two sides cancel exactly;
-      //   the rest (gxr, gxa, gyb, gyk: r's, a's, b's and k's, already scaled), products of the
-      //   decayed rows on tensor cores, or summed term by term past the spread.
-      // lc's gradient leaves in three [CHUNK][XP] pieces over the scratch (free since dv): at t,
-      // r dr - b gyb - k gyk (self); at t - 1, a da (prev); and the tails' b db~ + k dk~, which
-      // move lc_C against lc_t (tails; none at t = C - 1, whose tail is exp(0)). dw then sums
-      // them without subtracting what it added (near-0 decays make dw tiny against its terms).
-      float* self = scratch;
-      float* prev = scratch + CHUNK * XP;
-      float* tails = scratch + 2 * CHUNK * XP;
-      const float* dl_ab = dmats;
-      const float* dl_ak = dmats + CHUNK * MAT_PITCH;
-      const float* dn_rb = dmats + 2 * CHUNK * MAT_PITCH;
-      const float* dn_rk = dmats + 3 * CHUNK * MAT_PITCH;
-      auto input = [&](const T* x, int t, int ch) { return to_float(x[RowTile::offset(t, ch)]); };  // smem: column_read
-      auto lcv = [&](int t, int ch) { return t < 0 ? 0.f : lc_tile[t * KP + ch]; };  // smem: lc_read
-      // up = exp(lc_t), up_prev = exp(lc_{t-1}) (1 at t = 0), as the callers have them.
-      auto finish = [&](int t, int ch, float up, float up_prev, float gxr, float gxa, float gyb, float gyk) {
-        const float tail = __expf(lcv(CHUNK - 1, ch) - lcv(t, ch));
-        const float rv = input(raw_r, t, ch), av = input(raw_a, t, ch), bv = input(raw_b, t, ch), kv = input(raw_k, t, ch);
-        float* row = drows + t * KP + ch;
-        const float dr = row[0] * up + gxr;                   // smem: drows_access
-        const float da = row[CHUNK * KP] * up_prev + gxa;     // smem: drows_access
-        const float db_tail = row[2 * CHUNK * KP] * tail;                  // smem: drows_access
-        const float dk_tail = row[3 * CHUNK * KP] * tail;                  // smem: drows_access
-        const float n_rb = dn_rb[t * MAT_PITCH + t], n_rk = dn_rk[t * MAT_PITCH + t];  // smem: dmat_broadcast
-        float zero_r = n_rb * bv + n_rk * kv, zero_a = 0.f, zero_b = n_rb * rv, zero_k = n_rk * rv;
-        if (t) {
-          const float l_ab = dl_ab[t * MAT_PITCH + t - 1], l_ak = dl_ak[t * MAT_PITCH + t - 1];  // smem: dmat_broadcast
-          zero_a = l_ab * input(raw_b, t - 1, ch) + l_ak * input(raw_k, t - 1, ch);
-        }
-        if (t + 1 < CHUNK) {
-          const float an = input(raw_a, t + 1, ch);
-          zero_b = fmaf(dl_ab[(t + 1) * MAT_PITCH + t], an, zero_b);  // smem: dmat_broadcast
-          zero_k = fmaf(dl_ak[(t + 1) * MAT_PITCH + t], an, zero_k);  // smem: dmat_broadcast
-        }
-        row[0] = dr + zero_r;                               // smem: drows_access
-        row[CHUNK * KP] = da + zero_a;                      // smem: drows_access
-        row[2 * CHUNK * KP] = db_tail + gyb + zero_b;       // smem: drows_access
-        row[3 * CHUNK * KP] = dk_tail + gyk + zero_k;       // smem: drows_access
-        self[t * XP + ch] = rv * dr - bv * gyb - kv * gyk;  // smem: dlc_access
-        prev[t * XP + ch] = t ? av * da : 0.f;              // smem: dlc_access
-        tails[t * XP + ch] = t + 1 < CHUNK ? bv * db_tail + kv * dk_tail : 0.f;  // smem: dlc_access
-      };
-      if (!termwise) {
-        // Warp w, keys 16 w ..: gx = exp(lx_t) [dM_t .] B^ and gy = exp(-lc_j) [dM_.j]^T [R^; A^],
-        // the zero-exponent terms masked out of dm.
-        float xr[2][4] = {}, xa[2][4] = {}, yb[2][4] = {}, yk[2][4] = {};
+    // dZ, dY (backward substitution) and dv, a thread per column; dO' over dY in bf16.
+    {
+      const int col = threadIdx.x % COLS, half = threadIdx.x / COLS;
+      const float* l_ab = mats;
+      const float* l_ak = mats + CHUNK * MAT_PITCH;
+      const float* n_rb = mats + 2 * CHUNK * MAT_PITCH;
+      const float* n_rk = mats + 3 * CHUNK * MAT_PITCH;
+      float dov[CHUNK], dy[CHUNK];
 #pragma unroll
-        for (int ks = 0; ks < 2; ++ks) {  // the b rows of B^ and R^, then the k rows and A^
-          uint32_t bx[4], by[4], a_xa[4], a_xr[4], a_yb[4], a_yk[4];
-          mma::ldmatrix_x4_trans(bx, bkc_addr + 2 * PairTile::moved(pair_b_kn_lane, 16 * ks, 16 * warp));  // smem: pair_ldmatrix
-          mma::ldmatrix_x4_trans(by, ra_addr + 2 * PairTile::moved(pair_b_kn_lane, 16 * ks, 16 * warp));   // smem: pair_ldmatrix
-          mma::ldmatrix_x4(a_xa, dm_addr + 2 * DmTile::moved(dm_a_lane, 0, 16 * ks));                 // smem: dm_ldmatrix
-          mma::ldmatrix_x4(a_xr, dm_addr + 2 * DmTile::moved(dm_a_lane, 0, 32 + 16 * ks));            // smem: dm_ldmatrix
-          mma::ldmatrix_x4_trans(a_yb, dm_addr + 2 * DmTile::moved(dm_at_lane, 0, ks ? 0 : 32));      // smem: dm_ldmatrix
-          mma::ldmatrix_x4_trans(a_yk, dm_addr + 2 * DmTile::moved(dm_at_lane, 0, ks ? 16 : 48));     // smem: dm_ldmatrix
+      for (int t = 0; t < CHUNK; ++t) dov[t] = scale * to_float(raw_do[ColTile::offset(t, col)]);  // smem: v_column_read
+#pragma unroll
+      for (int t = CHUNK - 1; t >= 0; --t) {
+        float y = scratch[(CHUNK + t) * XP + col];  // smem: scratch_column_read
+#pragma unroll
+        for (int s = t; s < CHUNK; ++s) y = fmaf(n_rb[s * MAT_PITCH + t], dov[s], y);  // smem: mat_broadcast
+        // dY_{t+1} last: the chain from one step's dY to the next is one fma (it was 15 - t).
+#pragma unroll
+        for (int s = CHUNK - 1; s > t; --s) y = fmaf(l_ab[s * MAT_PITCH + t], dy[s], y);  // smem: mat_broadcast
+        dy[t] = y;
+      }
+#pragma unroll
+      for (int i = 0; i < CHUNK / 2; ++i) {
+        const int t = half * (CHUNK / 2) + i;
+        float y = scratch[(2 * CHUNK + t) * XP + col];  // smem: scratch_column_read
+#pragma unroll
+        for (int s = 0; s < CHUNK; ++s) {
+          if (s >= t) y = fmaf(n_rk[s * MAT_PITCH + t], dov[s], y);     // smem: mat_broadcast
+          if (s > t) y = fmaf(l_ak[s * MAT_PITCH + t], dy[s], y);       // smem: mat_broadcast
+        }
+        const int64_t step = c * CHUNK + t;
+        if (step < p.T && col < cols_valid) static_cast<T*>(p.dv)[((b * p.T + step) * p.H + h) * p.V + col] = from_float<T>(y);
+      }
+#pragma unroll
+      for (int t = 0; t < CHUNK; ++t) {
+        dy_tile[MixTile::offset(half * CHUNK + t, col)] = from_float<MT>(half ? dy[t] : dov[t]);  // smem: dy_write
+      }
+    }
+    __syncthreads();
+
+    // The pair matrices' gradients (warp m) and 16 key columns of dR^, dA^, dB~, dK~.
+    {
+      const int m = warp;
+      const bool strict = m < 2;
+      const int a_row = m < 2 ? CHUNK : 0;         // dY or dO'
+      const int b_row = m % 2 == 0 ? 0 : CHUNK;    // Z or V
+      float acc[2][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < COLS / 16; ++ks) {
+        uint32_t ad[4], bz[4];
+        mma::ldmatrix_x4(ad, dy_addr + 2 * MixTile::moved(mix_a_lane, a_row, 16 * ks));    // smem: mix_ldmatrix
+        mma::ldmatrix_x4(bz, zv_addr + 2 * MixTile::moved(mix_b_nk_lane, b_row, 16 * ks));  // smem: mix_ldmatrix
+        mma::m16n8k16<MT>(acc[0], ad, bz[0], bz[1]);
+        mma::m16n8k16<MT>(acc[1], ad, bz[2], bz[3]);
+      }
+      float* dmat = dmats + m * CHUNK * MAT_PITCH;
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int t = g + 8 * hh, jj = 8 * n + 2 * tq;
+          const float lo = (strict ? jj < t : jj <= t) ? acc[n][2 * hh] : 0.f;
+          const float hi = (strict ? jj + 1 < t : jj + 1 <= t) ? acc[n][2 * hh + 1] : 0.f;
+          *reinterpret_cast<float2*>(dmat + t * MAT_PITCH + jj) = make_float2(lo, hi);  // smem: mat_fragment_write
+          // bf16 for the products, less the zero-exponent terms (j = t - 1 of L, j = t of N)
+          const int last = strict ? t - 1 : t;
+          *reinterpret_cast<uint32_t*>(dm_tile + DmTile::offset(t, 16 * m + jj)) =  // smem: dm_fragment_write
+              mma::pack2<MT>(jj < last ? lo : 0.f, jj + 1 < last ? hi : 0.f);
+        }
+      // dR^ = dO' S^T, dA^ = dY S^T (pass 0), dB~ = Z G^T, dK~ = V G^T (pass 1): [CHUNK, KB], this
+      // warp's 16 keys; two products a pass.
+#pragma unroll 1
+      for (int pass = 0; pass < 2; ++pass) {
+        const uint32_t lhs = pass ? zv_addr : dy_addr;  // dO' over dY, or Z over V
+        const uint32_t rhs = pass ? g_addr : mma::smem_addr(s_tile);
+        float rows[2][2][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < COLS / 16; ++ks) {
+          uint32_t a0[4], a1[4], bm[4];
+          mma::ldmatrix_x4(a0, lhs + 2 * MixTile::moved(mix_a_lane, 0, 16 * ks));      // smem: mix_ldmatrix
+          mma::ldmatrix_x4(a1, lhs + 2 * MixTile::moved(mix_a_lane, CHUNK, 16 * ks));  // smem: mix_ldmatrix
+          mma::ldmatrix_x4(bm, rhs + 2 * StateTile::moved(state_b_nk_lane, 16 * warp, 16 * ks));  // smem: state_ldmatrix
 #pragma unroll
           for (int n = 0; n < 2; ++n) {
-            mma::m16n8k16<MT>(xa[n], a_xa, bx[2 * n], bx[2 * n + 1]);
-            mma::m16n8k16<MT>(xr[n], a_xr, bx[2 * n], bx[2 * n + 1]);
-            mma::m16n8k16<MT>(yb[n], a_yb, by[2 * n], by[2 * n + 1]);
-            mma::m16n8k16<MT>(yk[n], a_yk, by[2 * n], by[2 * n + 1]);
+            mma::m16n8k16<MT>(rows[0][n], a0, bm[2 * n], bm[2 * n + 1]);
+            mma::m16n8k16<MT>(rows[1][n], a1, bm[2 * n], bm[2 * n + 1]);
           }
         }
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+        for (int q2 = 0; q2 < 2; ++q2)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int t = g + 8 * (e / 2), ch = 16 * warp + 8 * n + 2 * tq + e % 2;
-            const float lc = lcv(t, ch), up = __expf(lc), down = __expf(-lc), up_prev = __expf(lcv(t - 1, ch));
-            finish(t, ch, up, up_prev, up * xr[n][e], up_prev * xa[n][e], down * yb[n][e], down * yk[n][e]);
-          }
-      } else {
-        for (int e = threadIdx.x; e < CHUNK * KB; e += THREADS) {
-          const int t = e / KB, ch = e % KB;
-          const float lc = lcv(t, ch), le = lcv(t - 1, ch);
-          float gxr = 0.f, gxa = 0.f, gyb = 0.f, gyk = 0.f;
-          for (int j = 0; j < t; ++j) {
-            const float yb_j = input(raw_b, j, ch), yk_j = input(raw_k, j, ch), lj = lcv(j, ch);
-            gxr = fmaf(dn_rb[t * MAT_PITCH + j] * yb_j + dn_rk[t * MAT_PITCH + j] * yk_j, __expf(lc - lj), gxr);  // smem: dmat_broadcast
-            if (j + 1 < t) gxa = fmaf(dl_ab[t * MAT_PITCH + j] * yb_j + dl_ak[t * MAT_PITCH + j] * yk_j, __expf(le - lj), gxa);  // smem: dmat_broadcast
-          }
-          for (int s = t + 1; s < CHUNK; ++s) {
-            const float en = input(raw_r, s, ch) * __expf(lcv(s, ch) - lc);
-            gyb = fmaf(dn_rb[s * MAT_PITCH + t], en, gyb);  // smem: dmat_broadcast
-            gyk = fmaf(dn_rk[s * MAT_PITCH + t], en, gyk);  // smem: dmat_broadcast
-            if (s > t + 1) {
-              const float el = input(raw_a, s, ch) * __expf(lcv(s - 1, ch) - lc);
-              gyb = fmaf(dl_ab[s * MAT_PITCH + t], el, gyb);  // smem: dmat_broadcast
-              gyk = fmaf(dl_ak[s * MAT_PITCH + t], el, gyk);  // smem: dmat_broadcast
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const int t = g + 8 * hh, key = 16 * warp + 8 * n + 2 * tq;
+              *reinterpret_cast<float2*>(drows + ((2 * pass + q2) * CHUNK + t) * KP + key) =  // smem: drows_fragment_write
+                  make_float2(rows[q2][n][2 * hh], rows[q2][n][2 * hh + 1]);
             }
-          }
-          finish(t, ch, __expf(lc), __expf(le), gxr, gxa, gyb, gyk);
-        }
       }
-      __syncthreads();
-
-      // A thread per key: dw_t = sum_{s >= t} self_s + sum_{s > t} prev_s + the state decay's
-      // gradient + the tails before t; the row gradients out.
-      if (threadIdx.x < KB) {
-        const int ch = threadIdx.x;
-        float before[CHUNK];
-        float run = 0.f;
-#pragma unroll
-        for (int t = 0; t < CHUNK; ++t) {
-          before[t] = run;
-          run += tails[t * XP + ch];  // smem: dlc_access
-        }
-        float suffix = ddecay[ch];  // smem: key_read
-#pragma unroll
-        for (int t = CHUNK - 1; t >= 0; --t) {
-          suffix += self[t * XP + ch] + (t + 1 < CHUNK ? prev[(t + 1) * XP + ch] : 0.f);  // smem: dlc_access
-          const int64_t step = c * CHUNK + t;
-          if (step < p.T && ch < keys_valid) {
-            const int64_t at = ((b * p.T + step) * p.H + h) * p.K + ch;
-            const float* row = drows + t * KP + ch;
-            static_cast<T*>(p.dq)[at] = from_float<T>(row[0]);               // smem: drows_access
-            static_cast<T*>(p.da)[at] = from_float<T>(row[CHUNK * KP]);      // smem: drows_access
-            static_cast<T*>(p.db)[at] = from_float<T>(row[2 * CHUNK * KP]);  // smem: drows_access
-            static_cast<T*>(p.dk)[at] = from_float<T>(row[3 * CHUNK * KP]);  // smem: drows_access
-            static_cast<T*>(p.dw)[at] = from_float<T>(suffix + before[t]);
-          }
-        }
-      }
-
-      // G <- exp(lc_C) G + R^^T dO' + A^^T dY.
+      // exp(lc_C) sum_v S G per key (G before this chunk's update: the state decay's gradient).
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const float d = dend[16 * warp + g + 8 * hh];  // smem: key_read
+        const int key = 16 * warp + g + 8 * hh;
+        float sum = 0.f;
 #pragma unroll
         for (int jj = 0; jj < COLS / 8; ++jj) {
-          grad[jj][2 * hh] *= d;
-          grad[jj][2 * hh + 1] *= d;
+          const uint32_t s2 = *reinterpret_cast<const uint32_t*>(s_tile + StateTile::offset(key, 8 * jj + 2 * tq));  // smem: state_fragment_read
+          const MT* sv = reinterpret_cast<const MT*>(&s2);
+          sum = fmaf(to_float(sv[0]), grad[jj][2 * hh], sum);
+          sum = fmaf(to_float(sv[1]), grad[jj][2 * hh + 1], sum);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (tq == 0) ddecay[key] = dend[key] * sum;  // smem: key_write
+      }
+    }
+    __syncthreads();
+
+    // The key-side finish. Each (step t, key) gets its row gradients' direct parts (dR^, dA^,
+    // dB~, dK~ through their exponentials) plus the pair matrices' adjoints, split in two:
+    //   the terms whose exponent is zero (N's diagonal, L's first subdiagonal), exact in fp32
+    //   here and left out of lc's gradient, where their two sides cancel exactly;
+    //   the rest (gxr, gxa, gyb, gyk: r's, a's, b's and k's, already scaled), products of the
+    //   decayed rows on tensor cores, or summed term by term past the spread.
+    // lc's gradient leaves in three [CHUNK][XP] pieces over the scratch (free since dv): at t,
+    // r dr - b gyb - k gyk (self); at t - 1, a da (prev); and the tails' b db~ + k dk~, which
+    // move lc_C against lc_t (tails; none at t = C - 1, whose tail is exp(0)). dw then sums
+    // them without subtracting what it added (near-0 decays make dw tiny against its terms).
+    float* self = scratch;
+    float* prev = scratch + CHUNK * XP;
+    float* tails = scratch + 2 * CHUNK * XP;
+    const float* dl_ab = dmats;
+    const float* dl_ak = dmats + CHUNK * MAT_PITCH;
+    const float* dn_rb = dmats + 2 * CHUNK * MAT_PITCH;
+    const float* dn_rk = dmats + 3 * CHUNK * MAT_PITCH;
+    auto input = [&](const T* x, int t, int ch) { return to_float(x[RowTile::offset(t, ch)]); };  // smem: column_read
+    auto lcv = [&](int t, int ch) { return t < 0 ? 0.f : lc_tile[t * KP + ch]; };  // smem: lc_read
+    // up = exp(lc_t), up_prev = exp(lc_{t-1}) (1 at t = 0), as the callers have them.
+    auto finish = [&](int t, int ch, float up, float up_prev, float gxr, float gxa, float gyb, float gyk) {
+      const float tail = __expf(lcv(CHUNK - 1, ch) - lcv(t, ch));
+      const float rv = input(raw_r, t, ch), av = input(raw_a, t, ch), bv = input(raw_b, t, ch), kv = input(raw_k, t, ch);
+      float* row = drows + t * KP + ch;
+      const float dr = row[0] * up + gxr;                   // smem: drows_access
+      const float da = row[CHUNK * KP] * up_prev + gxa;     // smem: drows_access
+      const float db_tail = row[2 * CHUNK * KP] * tail;                  // smem: drows_access
+      const float dk_tail = row[3 * CHUNK * KP] * tail;                  // smem: drows_access
+      const float n_rb = dn_rb[t * MAT_PITCH + t], n_rk = dn_rk[t * MAT_PITCH + t];  // smem: dmat_broadcast
+      float zero_r = n_rb * bv + n_rk * kv, zero_a = 0.f, zero_b = n_rb * rv, zero_k = n_rk * rv;
+      if (t) {
+        const float l_ab = dl_ab[t * MAT_PITCH + t - 1], l_ak = dl_ak[t * MAT_PITCH + t - 1];  // smem: dmat_broadcast
+        zero_a = l_ab * input(raw_b, t - 1, ch) + l_ak * input(raw_k, t - 1, ch);
+      }
+      if (t + 1 < CHUNK) {
+        const float an = input(raw_a, t + 1, ch);
+        zero_b = fmaf(dl_ab[(t + 1) * MAT_PITCH + t], an, zero_b);  // smem: dmat_broadcast
+        zero_k = fmaf(dl_ak[(t + 1) * MAT_PITCH + t], an, zero_k);  // smem: dmat_broadcast
+      }
+      row[0] = dr + zero_r;                               // smem: drows_access
+      row[CHUNK * KP] = da + zero_a;                      // smem: drows_access
+      row[2 * CHUNK * KP] = db_tail + gyb + zero_b;       // smem: drows_access
+      row[3 * CHUNK * KP] = dk_tail + gyk + zero_k;       // smem: drows_access
+      self[t * XP + ch] = rv * dr - bv * gyb - kv * gyk;  // smem: dlc_access
+      prev[t * XP + ch] = t ? av * da : 0.f;              // smem: dlc_access
+      tails[t * XP + ch] = t + 1 < CHUNK ? bv * db_tail + kv * dk_tail : 0.f;  // smem: dlc_access
+    };
+    if (!termwise) {
+      // Warp w, keys 16 w ..: gx = exp(lx_t) [dM_t .] B^ and gy = exp(-lc_j) [dM_.j]^T [R^; A^],
+      // the zero-exponent terms masked out of dm.
+      float xr[2][4] = {}, xa[2][4] = {}, yb[2][4] = {}, yk[2][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {  // the b rows of B^ and R^, then the k rows and A^
+        uint32_t bx[4], by[4], a_xa[4], a_xr[4], a_yb[4], a_yk[4];
+        mma::ldmatrix_x4_trans(bx, bkc_addr + 2 * PairTile::moved(pair_b_kn_lane, 16 * ks, 16 * warp));  // smem: pair_ldmatrix
+        mma::ldmatrix_x4_trans(by, ra_addr + 2 * PairTile::moved(pair_b_kn_lane, 16 * ks, 16 * warp));   // smem: pair_ldmatrix
+        mma::ldmatrix_x4(a_xa, dm_addr + 2 * DmTile::moved(dm_a_lane, 0, 16 * ks));                 // smem: dm_ldmatrix
+        mma::ldmatrix_x4(a_xr, dm_addr + 2 * DmTile::moved(dm_a_lane, 0, 32 + 16 * ks));            // smem: dm_ldmatrix
+        mma::ldmatrix_x4_trans(a_yb, dm_addr + 2 * DmTile::moved(dm_at_lane, 0, ks ? 0 : 32));      // smem: dm_ldmatrix
+        mma::ldmatrix_x4_trans(a_yk, dm_addr + 2 * DmTile::moved(dm_at_lane, 0, ks ? 16 : 48));     // smem: dm_ldmatrix
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          mma::m16n8k16<MT>(xa[n], a_xa, bx[2 * n], bx[2 * n + 1]);
+          mma::m16n8k16<MT>(xr[n], a_xr, bx[2 * n], bx[2 * n + 1]);
+          mma::m16n8k16<MT>(yb[n], a_yb, by[2 * n], by[2 * n + 1]);
+          mma::m16n8k16<MT>(yk[n], a_yk, by[2 * n], by[2 * n + 1]);
         }
       }
 #pragma unroll
-      for (int ks = 0; ks < 2; ++ks) {
-        uint32_t ap[4];
-        mma::ldmatrix_x4_trans(ap, ra_addr + 2 * PairTile::moved(pair_at_lane, 16 * ks, 16 * warp));  // smem: pair_ldmatrix
+      for (int n = 0; n < 2; ++n)
 #pragma unroll
-        for (int jp = 0; jp < COLS / 16; ++jp) {
-          uint32_t bd[4];
-          mma::ldmatrix_x4_trans(bd, dy_addr + 2 * MixTile::moved(mix_b_kn_lane, 16 * ks, 16 * jp));  // smem: mix_ldmatrix
-          mma::m16n8k16<MT>(grad[2 * jp], ap, bd[0], bd[1]);
-          mma::m16n8k16<MT>(grad[2 * jp + 1], ap, bd[2], bd[3]);
+        for (int e = 0; e < 4; ++e) {
+          const int t = g + 8 * (e / 2), ch = 16 * warp + 8 * n + 2 * tq + e % 2;
+          const float lc = lcv(t, ch), up = __expf(lc), down = __expf(-lc), up_prev = __expf(lcv(t - 1, ch));
+          finish(t, ch, up, up_prev, up * xr[n][e], up_prev * xa[n][e], down * yb[n][e], down * yk[n][e]);
         }
+    } else {
+      for (int e = threadIdx.x; e < CHUNK * KB; e += THREADS) {
+        const int t = e / KB, ch = e % KB;
+        const float lc = lcv(t, ch), le = lcv(t - 1, ch);
+        float gxr = 0.f, gxa = 0.f, gyb = 0.f, gyk = 0.f;
+        for (int j = 0; j < t; ++j) {
+          const float yb_j = input(raw_b, j, ch), yk_j = input(raw_k, j, ch), lj = lcv(j, ch);
+          gxr = fmaf(dn_rb[t * MAT_PITCH + j] * yb_j + dn_rk[t * MAT_PITCH + j] * yk_j, __expf(lc - lj), gxr);  // smem: dmat_broadcast
+          if (j + 1 < t) gxa = fmaf(dl_ab[t * MAT_PITCH + j] * yb_j + dl_ak[t * MAT_PITCH + j] * yk_j, __expf(le - lj), gxa);  // smem: dmat_broadcast
+        }
+        for (int s = t + 1; s < CHUNK; ++s) {
+          const float en = input(raw_r, s, ch) * __expf(lcv(s, ch) - lc);
+          gyb = fmaf(dn_rb[s * MAT_PITCH + t], en, gyb);  // smem: dmat_broadcast
+          gyk = fmaf(dn_rk[s * MAT_PITCH + t], en, gyk);  // smem: dmat_broadcast
+          if (s > t + 1) {
+            const float el = input(raw_a, s, ch) * __expf(lcv(s - 1, ch) - lc);
+            gyb = fmaf(dl_ab[s * MAT_PITCH + t], el, gyb);  // smem: dmat_broadcast
+            gyk = fmaf(dl_ak[s * MAT_PITCH + t], el, gyk);  // smem: dmat_broadcast
+          }
+        }
+        finish(t, ch, __expf(lc), __expf(le), gxr, gxa, gyb, gyk);
+      }
+    }
+    __syncthreads();
+    // The raw rows and the state tile are free from here (what follows reads the row
+    // gradients, the decayed rows and dY): the chunk before's load under this one's end.
+    if (from_records && c > 0) {
+      issue_record(c - 1);
+      issue_rows(c - 1, true);
+      cp_async_commit();
+    }
+
+    // A thread per key: dw_t = sum_{s >= t} self_s + sum_{s > t} prev_s + the state decay's
+    // gradient + the tails before t; the row gradients out.
+    if (threadIdx.x < KB) {
+      const int ch = threadIdx.x;
+      float before[CHUNK];
+      float run = 0.f;
+#pragma unroll
+      for (int t = 0; t < CHUNK; ++t) {
+        before[t] = run;
+        run += tails[t * XP + ch];  // smem: dlc_access
+      }
+      float suffix = ddecay[ch];  // smem: key_read
+#pragma unroll
+      for (int t = CHUNK - 1; t >= 0; --t) {
+        suffix += self[t * XP + ch] + (t + 1 < CHUNK ? prev[(t + 1) * XP + ch] : 0.f);  // smem: dlc_access
+        const int64_t step = c * CHUNK + t;
+        if (step < p.T && ch < keys_valid) {
+          const int64_t at = ((b * p.T + step) * p.H + h) * p.K + ch;
+          const float* row = drows + t * KP + ch;
+          static_cast<T*>(p.dq)[at] = from_float<T>(row[0]);               // smem: drows_access
+          static_cast<T*>(p.da)[at] = from_float<T>(row[CHUNK * KP]);      // smem: drows_access
+          static_cast<T*>(p.db)[at] = from_float<T>(row[2 * CHUNK * KP]);  // smem: drows_access
+          static_cast<T*>(p.dk)[at] = from_float<T>(row[3 * CHUNK * KP]);  // smem: drows_access
+          static_cast<T*>(p.dw)[at] = from_float<T>(suffix + before[t]);
+        }
+      }
+    }
+
+    // G <- exp(lc_C) G + R^^T dO' + A^^T dY.
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float d = dend[16 * warp + g + 8 * hh];  // smem: key_read
+#pragma unroll
+      for (int jj = 0; jj < COLS / 8; ++jj) {
+        grad[jj][2 * hh] *= d;
+        grad[jj][2 * hh + 1] *= d;
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      uint32_t ap[4];
+      mma::ldmatrix_x4_trans(ap, ra_addr + 2 * PairTile::moved(pair_at_lane, 16 * ks, 16 * warp));  // smem: pair_ldmatrix
+#pragma unroll
+      for (int jp = 0; jp < COLS / 16; ++jp) {
+        uint32_t bd[4];
+        mma::ldmatrix_x4_trans(bd, dy_addr + 2 * MixTile::moved(mix_b_kn_lane, 16 * ks, 16 * jp));  // smem: mix_ldmatrix
+        mma::m16n8k16<MT>(grad[2 * jp], ap, bd[0], bd[1]);
+        mma::m16n8k16<MT>(grad[2 * jp + 1], ap, bd[2], bd[3]);
       }
     }
   }

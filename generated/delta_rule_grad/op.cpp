@@ -44,6 +44,7 @@ struct Args {
   const std::optional<at::Tensor>& d_state;
   double scale;
   bool want_d_state0;
+  const std::optional<at::Tensor>& records;
 };
 
 // The outputs (op.outputs).
@@ -186,8 +187,8 @@ Key make_key(const Args& a, const Outputs& out) {
              "without its instances, which build on first use; ATTNGEN_JIT=0 turns that off)");
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_rule_grad_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, double scale, bool want_d_state0) {
-  const Args args{q, k, v, w, a, b, d_o, checkpoints, d_state, scale, want_d_state0};
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_rule_grad_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, double scale, bool want_d_state0, const std::optional<at::Tensor>& records) {
+  const Args args{q, k, v, w, a, b, d_o, checkpoints, d_state, scale, want_d_state0, records};
   detail::clear_uncovered();
   check_all(args);
   Outputs out = allocate(args);
@@ -204,8 +205,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   return result(out);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_rule_grad_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, double scale, bool want_d_state0, const std::string& instance) {
-  const Args args{q, k, v, w, a, b, d_o, checkpoints, d_state, scale, want_d_state0};
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_rule_grad_with_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, double scale, bool want_d_state0, const std::optional<at::Tensor>& records, const std::string& instance) {
+  const Args args{q, k, v, w, a, b, d_o, checkpoints, d_state, scale, want_d_state0, records};
   detail::clear_uncovered();
   check_all(args);
   const Entry* entry = delta_rule_grad_find(instance.c_str());
@@ -219,19 +220,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   return result(out);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_rule_grad_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, double scale, bool want_d_state0) {
-  const Args args{q, k, v, w, a, b, d_o, checkpoints, d_state, scale, want_d_state0};
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_rule_grad_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, double scale, bool want_d_state0, const std::optional<at::Tensor>& records) {
+  const Args args{q, k, v, w, a, b, d_o, checkpoints, d_state, scale, want_d_state0, records};
   return result(allocate(args));
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_rule_grad_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, double scale, bool want_d_state0, const std::string&) {
-  const Args args{q, k, v, w, a, b, d_o, checkpoints, d_state, scale, want_d_state0};
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_rule_grad_with_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, double scale, bool want_d_state0, const std::optional<at::Tensor>& records, const std::string&) {
+  const Args args{q, k, v, w, a, b, d_o, checkpoints, d_state, scale, want_d_state0, records};
   return result(allocate(args));
 }
 
 // The instance the dispatch picks for these arguments ('' if none).
-std::string delta_rule_grad_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, double scale, bool want_d_state0) {
-  const Args args{q, k, v, w, a, b, d_o, checkpoints, d_state, scale, want_d_state0};
+std::string delta_rule_grad_select_name(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, double scale, bool want_d_state0, const std::optional<at::Tensor>& records) {
+  const Args args{q, k, v, w, a, b, d_o, checkpoints, d_state, scale, want_d_state0, records};
   check_all(args);
   const Outputs out = allocate(args);
   const Entry* entry = delta_rule_grad_select(make_key(args, out));
@@ -239,8 +240,8 @@ std::string delta_rule_grad_select_name(const at::Tensor& q, const at::Tensor& k
 }
 
 // The dispatch key as numbers: the run-time variables, then each axis' index (codegen/jit.py).
-std::vector<int64_t> delta_rule_grad_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, double scale, bool want_d_state0) {
-  const Args args{q, k, v, w, a, b, d_o, checkpoints, d_state, scale, want_d_state0};
+std::vector<int64_t> delta_rule_grad_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& a, const at::Tensor& b, const at::Tensor& d_o, const at::Tensor& checkpoints, const std::optional<at::Tensor>& d_state, double scale, bool want_d_state0, const std::optional<at::Tensor>& records) {
+  const Args args{q, k, v, w, a, b, d_o, checkpoints, d_state, scale, want_d_state0, records};
   check_all(args);
   const Outputs out = allocate(args);
   return delta_rule_grad_key_values(make_key(args, out));
@@ -267,10 +268,10 @@ std::vector<std::string> delta_rule_grad_axis_values(const std::string& axis) {
 }  // namespace attngen
 
 TORCH_LIBRARY_FRAGMENT(attngen, m) {
-  m.def("delta_rule_grad(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor b, Tensor d_o, Tensor checkpoints, Tensor? d_state=None, float scale=1.0, bool want_d_state0=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  m.def("delta_rule_grad_with(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor b, Tensor d_o, Tensor checkpoints, Tensor? d_state, float scale, bool want_d_state0, str instance) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  m.def("delta_rule_grad_select(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor b, Tensor d_o, Tensor checkpoints, Tensor? d_state=None, float scale=1.0, bool want_d_state0=False) -> str", &attngen::delta_rule_grad::delta_rule_grad_select_name);
-  m.def("delta_rule_grad_key(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor b, Tensor d_o, Tensor checkpoints, Tensor? d_state=None, float scale=1.0, bool want_d_state0=False) -> int[]", &attngen::delta_rule_grad::delta_rule_grad_key);
+  m.def("delta_rule_grad(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor b, Tensor d_o, Tensor checkpoints, Tensor? d_state=None, float scale=1.0, bool want_d_state0=False, Tensor? records=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("delta_rule_grad_with(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor b, Tensor d_o, Tensor checkpoints, Tensor? d_state, float scale, bool want_d_state0, Tensor? records, str instance) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("delta_rule_grad_select(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor b, Tensor d_o, Tensor checkpoints, Tensor? d_state=None, float scale=1.0, bool want_d_state0=False, Tensor? records=None) -> str", &attngen::delta_rule_grad::delta_rule_grad_select_name);
+  m.def("delta_rule_grad_key(Tensor q, Tensor k, Tensor v, Tensor w, Tensor a, Tensor b, Tensor d_o, Tensor checkpoints, Tensor? d_state=None, float scale=1.0, bool want_d_state0=False, Tensor? records=None) -> int[]", &attngen::delta_rule_grad::delta_rule_grad_key);
   m.def("delta_rule_grad_instances(str role=\"\") -> str[]", &attngen::delta_rule_grad::delta_rule_grad_instances);
   m.def("delta_rule_grad_axis_values(str axis) -> str[]", &attngen::delta_rule_grad::delta_rule_grad_axis_values);
 }

@@ -12,6 +12,12 @@ namespace delta_rule_grad {
 
 // Steps between the forward's state checkpoints (codegen/families/delta_rule.py CHECKPOINT_EVERY says why).
 constexpr int kCheckpointEvery = 64;
+// The chunk records a training forward may save beside them (templates/delta_rule/params.cuh.j2
+// says their layout); the chunked_rwkv7 kind reads RWKV-7's bf16 chunk-start states there.
+constexpr int kRecordsHeaderBytes = 16;
+constexpr int kSavedRecordBytes = 24832;
+constexpr int kRwkv7RecordChunk = 16;
+constexpr uint32_t kRecordsValid = 0x01010101u;
 
 struct Params {
   const void* q;            // [B, T, H, K]   (rwkv7: r)
@@ -40,6 +46,8 @@ struct Params {
   int64_t a_sb, a_st, a_sh;
   int64_t b_sb, b_st, b_sh;
   int64_t do_sb, do_st, do_sh;
+  const void* records;      // RWKV-7's records (kRecordsHeaderBytes + [B, H, ceil(T / kRwkv7RecordChunk)] x
+                            // 2 K V bytes), or null; read where their header is kRecordsValid
   void* workspace;          // Entry::workspace bytes (what each kind keeps there: its launcher says)
 };
 

@@ -47,24 +47,28 @@ bool nothing_to_do(const Args& a, Outputs& out) {
   return true;
 }
 
-// Saved chunk records: a contiguous uint8 [header + B*H*ceil(T / 64) x (record + K V states in
-// q's dtype)] on q's device (params.cuh: kRecordsHeaderBytes, kSavedRecordBytes), as
-// attngen.delta_rule.records_numel sizes them.
-void check_records(const std::string& op, const at::Tensor& r, const at::Tensor& q, const at::Tensor& v) {
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), state_bytes = q.size(3) * v.size(3) * q.element_size();
-  const int64_t want =
-      kRecordsHeaderBytes + B * H * ((T + kCheckpointEvery - 1) / kCheckpointEvery) * (kSavedRecordBytes + state_bytes);
+// Saved chunk records: a contiguous uint8 tensor on q's device, the header then (params.cuh:
+// kRecordsHeaderBytes, kSavedRecordBytes, kRwkv7RecordChunk), as attngen.delta_rule.records_numel
+// sizes them:
+//   Gated DeltaNet: B*H*ceil(T / 64) x (record + K V states in q's dtype);
+//   RWKV-7:         B*H*ceil(T / kRwkv7RecordChunk) x K V bf16 states.
+void check_records(const std::string& op, const at::Tensor& r, const at::Tensor& q, const at::Tensor& v, bool rwkv7) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), KV = q.size(3) * v.size(3);
+  const int64_t chunk = rwkv7 ? kRwkv7RecordChunk : kCheckpointEvery;
+  const int64_t per_chunk = rwkv7 ? 2 * KV : kSavedRecordBytes + KV * q.element_size();
+  const int64_t want = kRecordsHeaderBytes + B * H * ((T + chunk - 1) / chunk) * per_chunk;
   if (q.element_size() != 2) fail_value(op + "records are for 16-bit inputs, got " + str(q));
   if (r.scalar_type() != at::kByte || !r.is_contiguous() || r.dim() != 1 || r.numel() != want || r.device() != q.device()) {
-    fail_value(op + "records must be a contiguous uint8 [" + str(kRecordsHeaderBytes) + " + B*H*ceil(T / " +
-               str(kCheckpointEvery) + ") * (" + str(kSavedRecordBytes) + " + 2 K V)] = [" + str(want) +
-               "] on q's device, got " + str(r) + " " + str(r.sizes()));
+    const std::string layout = rwkv7 ? "2 K V" : "(" + str(kSavedRecordBytes) + " + 2 K V)";
+    fail_value(op + "records must be a contiguous uint8 [" + str(kRecordsHeaderBytes) + " + B*H*ceil(T / " + str(chunk) +
+               ") * " + layout + "] = [" + str(want) + "] on q's device (" + (rwkv7 ? "rwkv7" : "gated_delta") +
+               "), got " + str(r) + " " + str(r.sizes()));
   }
 }
 
 void run(const Entry* entry, const Args& a, const Key&, Outputs& out) {
   const at::Tensor& q = a.q;
-  if (a.records) check_records("gated_delta_grad: ", *a.records, q, a.v);  // its size (the declaration cannot say it)
+  if (a.records) check_records("gated_delta_grad: ", *a.records, q, a.v, false);  // its size (the declaration cannot say it)
   Params p{};
   p.records = a.records ? a.records->data_ptr() : nullptr;
   p.q = q.data_ptr(), p.k = a.k.data_ptr(), p.v = a.v.data_ptr(), p.w = a.g.data_ptr(), p.a = a.beta.data_ptr();

@@ -16,6 +16,7 @@ constexpr float kL2Floor = 1e-12f;  // unused: the backward takes q and k normal
 // The chunk records a training forward saved (templates/delta_rule/params.cuh.j2 says their layout).
 constexpr int kRecordsHeaderBytes = 16;
 constexpr int kSavedRecordBytes = 24832;
+constexpr int kRwkv7RecordChunk = 16;
 constexpr uint32_t kRecordsValid = 0x01010101u;
 
 struct Params {

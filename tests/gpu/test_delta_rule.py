@@ -373,6 +373,71 @@ def test_every_chunked_rwkv7_grad_instance():
                     failures.append(f"{name} T={T} K={K} V={V} {regime} {what}: rel err {err:.2e}")
     assert not failures, "\n".join(failures[:20])
 
+def test_rwkv7_saved_records():
+    """RWKV-7's records (the delta_rule op's `records`, 16-bit): every chunked_rwkv7 forward
+    instance fills them and marks their header, beside the fp32 checkpoints it still writes; the
+    states of every fourth chunk are those checkpoints rounded to bf16; the chunked backward
+    reads them (garbage past a marked header changes the gradients), ignores them unmarked
+    (bit-equal to the backward without records), and on them every gradient is within the 16-bit
+    bound of float64 autograd, as without them: one step, several windows with a partial last
+    chunk, K and V below the bucket, decays near 0 (the pair matrices term by term); a
+    step-by-step forward leaves the header zero."""
+    header = delta_rule.exported_constant("delta_rule_records_header_bytes")
+    chunk = delta_rule.exported_constant("delta_rule_rwkv7_record_chunk")
+    forwards = [n for n in delta_rule.instances() if "_rwkv7_chunked_rwkv7_" in n]
+    grads = {r["dtype"]: n for n, r in family_manifest("delta_rule_grad").items() if r["kind"] == "chunked_rwkv7"}
+    assert forwards and len(grads) == 2, (forwards, grads)
+    failures = []
+    for name in forwards:
+        dtype = torch.bfloat16 if name.endswith("_bf16_sm90a") else torch.float16
+        grad_name = grads["bf16" if dtype == torch.bfloat16 else "fp16"]
+        for B, T, H, K, V, regime in ((2, 1, 3, 64, 64, "mixed"), (2, 300, 3, 64, 64, "mixed"),
+                                      (1, 130, 2, 56, 40, "near0")):
+            inputs = rwkv7_inputs(B, T, H, K, V, dtype, regime, seed=T + K)
+            state = torch.randn(B, H, K, V, device="cuda") * 0.1
+            ckpt = torch.full(delta_rule.checkpoint_shape(B, T, H, K, V), float("nan"), device="cuda")
+            records = torch.full((delta_rule.records_numel(B, T, H, K, V, rwkv7=True),), 7, dtype=torch.uint8,
+                                 device="cuda")
+            delta_rule.delta_rule_with(name, *op_args("rwkv7", inputs, state, 0.5, checkpoints=ckpt), records)
+            where = f"{name} T={T} K={K} V={V} {regime}"
+            if records[:4].tolist() != [1, 1, 1, 1]:
+                failures.append(f"{where}: header {records[:4].tolist()}, not marked")
+                continue
+            if not torch.isfinite(ckpt).all():
+                failures.append(f"{where}: the fp32 checkpoints were not written beside the records")
+            states = records[header:].view(torch.bfloat16).view(B, H, (T + chunk - 1) // chunk, K, V)
+            every = delta_rule.checkpoint_every() // chunk
+            if not torch.equal(states[:, :, ::every], ckpt.to(torch.bfloat16)):
+                failures.append(f"{where}: the saved states are not the checkpoints rounded to bf16")
+            r, w, k, v, a, b = inputs
+            d_o = torch.randn(v.shape, device="cuda").to(dtype)
+            d_state = torch.randn(state.shape, device="cuda")
+            grad_args = (r, k, v, w, a, b, d_o, ckpt, d_state, 0.5, True)
+            want = reference.rwkv7_grad(r, k, v, w, a, b, d_o, ckpt, d_state, 0.5, True)
+            poison(6 * B * T * H * max(K, V) + B * H * K * V)
+            got = delta_rule.GRAD.forced(grad_name, *grad_args, records)
+            own = delta_rule.GRAD.forced(grad_name, *grad_args)
+            for what, x, y in zip(GRAD_NAMES, got, want):
+                want_dtype = torch.float32 if what == "d_state0" else dtype
+                if not rel_err(x, y) <= TOL[dtype] + storage_err(y, want_dtype):
+                    failures.append(f"{where} {what}: rel err {rel_err(x, y):.2e} on the records")
+            spoiled = records.clone()
+            spoiled[header:] = 0x3c  # bf16 0.0115 everywhere: other states
+            if torch.equal(delta_rule.GRAD.forced(grad_name, *grad_args, spoiled)[0], got[0]):
+                failures.append(f"{where}: marked records not read")
+            spoiled[:header] = 0
+            if not all(torch.equal(x, y) for x, y in zip(delta_rule.GRAD.forced(grad_name, *grad_args, spoiled), own)):
+                failures.append(f"{where}: unmarked records read")
+    recurrent = recurrent_forward(64, torch.bfloat16)
+    inputs = rwkv7_inputs(1, 70, 2, 64, 64, torch.bfloat16, "mixed", seed=1)
+    records = torch.full((delta_rule.records_numel(1, 70, 2, 64, 64, rwkv7=True),), 1, dtype=torch.uint8, device="cuda")
+    ckpt = torch.full(delta_rule.checkpoint_shape(1, 70, 2, 64, 64), float("nan"), device="cuda")
+    delta_rule.delta_rule_with(recurrent, *op_args("rwkv7", inputs, None, 0.5, checkpoints=ckpt), records)
+    assert records[:header].sum().item() == 0, f"{recurrent} left the header {records[:4].tolist()}"
+    assert torch.isfinite(ckpt).all(), f"{recurrent} did not write the checkpoints"
+    assert not failures, "\n".join(failures[:20])
+
+
 GATED_GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "d_state0")
 
 
