@@ -261,7 +261,8 @@ def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
     rows_k = _renamed(shared_tiles.bank_accesses(k, threads, layout_k),
                       {"ldmatrix": "row_ldmatrix", "cp_async_fill": "row_fill"}, ("ring", "decayed"))
     pair = _renamed(shared_tiles.bank_accesses(k, threads, layout_k), {"ldmatrix": "pair_ldmatrix"}, ("decayed",))
-    state = _renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"ldmatrix": "state_ldmatrix"}, ("state",))
+    state = _renamed(shared_tiles.bank_accesses(cols, threads, layout_c),
+                     {"ldmatrix": "state_ldmatrix", "o_row_read": "state_row_read"}, ("state",))
     zv = _renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"ldmatrix": "zv_ldmatrix"}, ("zv",))
     accesses = rows_k + pair + state + zv + [
         banks.Access("column_read", 2, lambda lane, _pad: lane * 2, ("ring",)),

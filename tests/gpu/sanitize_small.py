@@ -215,6 +215,16 @@ def delta_rule_family():
         print(f"{name}: worst rel err {err:.2e}")
         # the gradients come in the inputs' dtype: 16-bit ones add their rounding to fp32's bound
         assert err < (2e-2 if chunked else 1e-4 + torch.finfo(dtype).eps / 2), (name, err)
+        if chunked:  # again on the records the chunked forward of its dtype saves (each chunk's start state)
+            suffix = name[name.rindex("_", 0, name.rindex("_")):]
+            forward = next(n for n in delta_rule.instances() if "_rwkv7_chunked_rwkv7_" in n and n.endswith(suffix))
+            records = torch.empty(delta_rule.records_numel(B, T, H, K, V, rwkv7=True), dtype=torch.uint8, device="cuda")
+            delta_rule.delta_rule_with(forward, r, k, v, w, -k, k * 0.5, state, delta_rule.variant("rwkv7"), 1.0, True,
+                                       ckpt, False, records)
+            got = delta_rule.GRAD.forced(name, r, k, v, w, -k, k * 0.5, d_o, ckpt, state, 1.0, True, records)
+            err = max(((x.double() - y).norm() / y.norm()).item() for x, y in zip(got, want))
+            print(f"{name}: worst rel err {err:.2e} on {forward}'s records")
+            assert err < 2e-2, (name, err)
     # every tensor-core Gated DeltaNet backward instance: two chunks (the second short), K and V
     # below their buckets, the walk's value columns over two CTAs where it has 64
     from attngen.gated_delta_chunked_grad import gated_delta_chunked_backward  # noqa: E402
