@@ -140,9 +140,10 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
   };
   // The state before chunk c as the state tile holds it (bf16) into the saved records ([B, H,
   // chunks, K, V] past their header) for the backward, which reads it there instead of
-  // rebuilding it: 16-byte pieces of its rows. Measured on the H200 (B8 T4096 H64 K=V=64, 1 GB
-  // of records), stored from the state's fragments, 4 bytes a lane, they took the forward from
-  // 2.895 to 3.423 ms.
+  // rebuilding it: 16-byte pieces of its rows. Measured in one call on the H200 (B8 T4096 H64
+  // K=V=64, 1 GB of records; bench/results/h200/rwkv7_records_ab.md) the forward took 3.135 ms,
+  // against 3.431 with the records stored from the state's fragments, 4 bytes a lane, and 2.906
+  // without records.
   auto store_record = [&](int64_t c) {
     MT* out = reinterpret_cast<MT*>(static_cast<unsigned char*>(p.records) + kRecordsHeaderBytes) +
               (bh * n_chunks + c) * p.K * p.V + col0;
