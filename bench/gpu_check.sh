@@ -17,6 +17,8 @@ fi
 status=()
 JOBS=${JOBS:-$(nproc)}  # compile jobs: every core of the machine
 STEPS=${STEPS:-gpu_tests memcheck racecheck bench rwkv_bench paged_bench flash_bench tune_compare}
+# The steps run in this file's order, not STEPS' (delta_quick runs before ab_jit whatever STEPS says):
+# a capped call loses its last steps in this order.
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 step() {  # step NAME COMMAND...: run, log to $OUT/r/NAME.log, remember exit status and seconds
   local name=$1; shift
@@ -46,24 +48,27 @@ if [ -n "${PREBUILD:-}" ]; then CAP=${BUILD_S:-900} step prebuild python3 -m att
 # BENCH_SPECS="specs/a.yaml ...": only those specs' bench-role kinds (a shorter build).
 bench_specs=(); for s in ${BENCH_SPECS:-}; do bench_specs+=(--spec "$s"); done
 if want bench || want paged_bench || want flash_bench || want flash_grad_bench || want delta_bench || want bench_build; then step bench_build python3 -m codegen build --bench -j "$JOBS" "${bench_specs[@]}"; fi
-want gpu_tests && step gpu_tests python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider
+# TEST_K="expr": the test steps run only the tests pytest -k selects (a change's own tests in a
+# short call; one call's cap once cut a whole tier before it reached the backward under test).
+test_k=(); [ -n "${TEST_K:-}" ] && test_k=(-k "$TEST_K")
+want gpu_tests && step gpu_tests python3 -m pytest -q -m gpu tests/gpu "${test_k[@]}" -p no:cacheprovider
 want memcheck && step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py ${SANITIZE:-}
 want racecheck && step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu/sanitize_small.py ${SANITIZE:-}
-want linear_tests && step linear_tests python3 -m pytest -q -m gpu tests/gpu/test_causal_linear.py -p no:cacheprovider -s
-want rwkv_tests && step rwkv_tests python3 -m pytest -q -m gpu tests/gpu/test_rwkv.py -p no:cacheprovider
-want paged_tests && step paged_tests python3 -m pytest -q -m gpu tests/gpu/test_paged.py -p no:cacheprovider
-want jit_tests && step jit_tests python3 -m pytest -q -m gpu tests/gpu/test_jit.py -p no:cacheprovider -s
-want delta_tests && step delta_tests python3 -m pytest -q -m gpu tests/gpu/test_delta_rule.py -p no:cacheprovider -s
-want flash_tests && step flash_tests python3 -m pytest -q -m gpu tests/gpu/test_flash_attention.py -p no:cacheprovider -s
-want flash_fp8_tests && step flash_fp8_tests python3 -m pytest -q -m gpu tests/gpu/test_flash_attention_fp8.py -p no:cacheprovider
-want paged_attention_tests && step paged_attention_tests python3 -m pytest -q -m gpu tests/gpu/test_paged_attention.py -p no:cacheprovider
-want flash_grad_tests && step flash_grad_tests python3 -m pytest -q -m gpu tests/gpu/test_flash_attention_grad.py -p no:cacheprovider -s
+want linear_tests && step linear_tests python3 -m pytest -q -m gpu tests/gpu/test_causal_linear.py "${test_k[@]}" -p no:cacheprovider -s
+want rwkv_tests && step rwkv_tests python3 -m pytest -q -m gpu tests/gpu/test_rwkv.py "${test_k[@]}" -p no:cacheprovider
+want paged_tests && step paged_tests python3 -m pytest -q -m gpu tests/gpu/test_paged.py "${test_k[@]}" -p no:cacheprovider
+want jit_tests && step jit_tests python3 -m pytest -q -m gpu tests/gpu/test_jit.py "${test_k[@]}" -p no:cacheprovider -s
+want delta_tests && step delta_tests python3 -m pytest -q -m gpu tests/gpu/test_delta_rule.py "${test_k[@]}" -p no:cacheprovider -s
+want flash_tests && step flash_tests python3 -m pytest -q -m gpu tests/gpu/test_flash_attention.py "${test_k[@]}" -p no:cacheprovider -s
+want flash_fp8_tests && step flash_fp8_tests python3 -m pytest -q -m gpu tests/gpu/test_flash_attention_fp8.py "${test_k[@]}" -p no:cacheprovider
+want paged_attention_tests && step paged_attention_tests python3 -m pytest -q -m gpu tests/gpu/test_paged_attention.py "${test_k[@]}" -p no:cacheprovider
+want flash_grad_tests && step flash_grad_tests python3 -m pytest -q -m gpu tests/gpu/test_flash_attention_grad.py "${test_k[@]}" -p no:cacheprovider -s
 want bench && step bench python3 -m bench.causal_linear ${BENCH_ARGS:-} --out "$OUT/r"
 want rwkv_bench && step rwkv_bench python3 -m bench.rwkv ${BENCH_ARGS:-} --out "$OUT/r"
 want linear_sweep && step linear_sweep python3 -m bench.chunked_vs_recurrent --out "$OUT/r"
 want paged_bench && step paged_bench python3 -m bench.paged ${BENCH_ARGS:-} --out "$OUT/r"
 want jit_bench && step jit_bench python3 -m bench.jit_first_use --out "$OUT/r"
-want core_tests && step core_tests python3 -m pytest -q -m gpu tests/gpu/test_core.py -p no:cacheprovider -s
+want core_tests && step core_tests python3 -m pytest -q -m gpu tests/gpu/test_core.py "${test_k[@]}" -p no:cacheprovider -s
 want first_use && step first_use bash bench/first_use.sh "$OUT/r/first_use" && cp "$OUT/r/first_use/first_use.md" "$OUT/"
 want delta_bench && step delta_bench python3 -m bench.delta_rule ${BENCH_ARGS:-} --out "$OUT/r"
 # Without the benchmark extension: the peers and the dispatched kinds only (no forced instances).
