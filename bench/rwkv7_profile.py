@@ -3,7 +3,7 @@ backward through attngen.rwkv7 (bf16, every input and the initial state differen
 gradients of o and of the final state given), averaged over a few steps, on the issue's shapes.
 
   python -m bench.rwkv7_profile
-  ncu ... python -m bench.rwkv7_profile --once   # one dispatched backward (delta_rule_grad) at the first shape
+  ncu ... python -m bench.rwkv7_profile --once   # one dispatched backward (delta_rule_grad) at the first shape, on records
 """
 from __future__ import annotations
 
@@ -26,10 +26,12 @@ def main():
     for B, T, H, K in SHAPES[:1] if once else SHAPES:
         r, w, k, v, a, b, s = make_inputs("rwkv7", B, T, H, K, torch.bfloat16)
         if once:
+            # As a training step runs it: on the records the forward saves (each chunk's start state).
             ckpt = torch.empty(delta_rule.checkpoint_shape(B, T, H, K, K), device="cuda")
-            delta_rule.OP(r, k, v, w, a, b, s, delta_rule.variant("rwkv7"), 1.0, True, ckpt)
+            records = torch.empty(delta_rule.records_numel(B, T, H, K, K, rwkv7=True), dtype=torch.uint8, device="cuda")
+            delta_rule.OP(r, k, v, w, a, b, s, delta_rule.variant("rwkv7"), 1.0, True, ckpt, False, records)
             d_o = torch.randn_like(v)
-            delta_rule.GRAD(r, k, v, w, a, b, d_o, ckpt, torch.randn_like(s), 1.0, True)
+            delta_rule.GRAD(r, k, v, w, a, b, d_o, ckpt, torch.randn_like(s), 1.0, True, records)
             torch.cuda.synchronize()
             continue
         leaves = [x.detach().clone().requires_grad_() for x in (r, w, k, v, a, b, s)]
