@@ -117,6 +117,12 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
            banks.Access("mat_fragment_write", 8, fragment(mat_pitch, 4), ("mats",)),
            banks.Access("mat_term_write", 4, lambda lane, _pad: ((lane // 16) * mat_pitch + lane % 16) * 4, ("mats",)),
            banks.broadcast("mat_broadcast", 4, ("mats",)),
+           # The transposed copies: lane (g, t) of a fragment writes [2t][g] (and [2t + 1][g]); a
+           # lane per (t, j) pair past the spread, 16 j and 2 t a warp; every lane reads one row.
+           banks.Access("mat_t_fragment_write", 4, lambda lane, _pad: (2 * (lane % 4) * mat_pitch + lane // 4) * 4,
+                        ("mats",)),
+           banks.Access("mat_t_term_write", 4, lambda lane, _pad: ((lane % 16) * mat_pitch + lane // 16) * 4, ("mats",)),
+           banks.broadcast("mat_t_row_read", 16, ("mats",)),
            banks.broadcast("dmat_broadcast", 4, ("mats",)),
            banks.Access("scratch_fragment_write", 8, fragment(xp, 4), ("scratch",)),
            banks.contiguous("scratch_column_read", 4, ("scratch",)),
@@ -147,7 +153,7 @@ def _lower_chunked_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     # The chunk's start state and G in shared memory; the window's other start states in a
     # global workspace, the fp32 stash of G over the row gradients: two CTAs per SM.
     smem = (2 * (raw + 3 * 2 * chunk * pk + 2 * 2 * chunk * pc + 2 * k * pc + dm)
-            + 4 * (chunk * (k + 4) + 2 * k + 8 * chunk * (chunk + 4) + 3 * chunk * (cols + 4) + 4 * chunk * (k + 4)))
+            + 4 * (chunk * (k + 4) + 2 * k + 12 * chunk * (chunk + 4) + 3 * chunk * (cols + 4) + 4 * chunk * (k + 4)))
     if smem > arch.max_smem_per_block:
         raise Rejected("k", f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")
     return inst.with_derived({

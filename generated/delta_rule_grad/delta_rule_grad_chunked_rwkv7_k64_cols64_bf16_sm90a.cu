@@ -2,8 +2,8 @@
 // or templates/delta_rule_grad/chunked_rwkv7_grad.cu.j2 and run `make gen`.
 // Instance delta_rule_grad_chunked_rwkv7_k64_cols64_bf16_sm90a
 //   kind chunked_rwkv7: RWKV-7's backward in 16-step chunks on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): each chunk's start state from the forward's records, or per 64-step window rebuilt from the checkpoint without them, then per chunk the forward again and its adjoint; the state's gradient fp32 in registers
-//   128 threads, 105472 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, column_read 1, column_write 1, key_write 1, key_read 1, lc_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, v_column_read 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_term_write 2, mat_broadcast 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_access 2, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_access 1
+//   128 threads, 110592 bytes of shared memory, 2 CTA(s) per SM
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, column_read 1, column_write 1, key_write 1, key_read 1, lc_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, v_column_read 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_access 2, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_access 1
 //
 // RWKV-7's backward in chunks of C = 16 steps on tensor cores: the adjoint of the forward kind
 // chunked_rwkv7 (templates/delta_rule/chunked_rwkv7.cu.j2, whose header gives the notation),
@@ -56,8 +56,12 @@ using StateTile = mma::Tile<KB, COLS, false>;       // a state or its gradient i
 using DmTile = mma::Tile<CHUNK, 4 * CHUNK, false>;   // the pair matrices' gradients side by side, bf16
 constexpr int RAW_ELEMS = 5 * RowTile::ELEMS + 2 * ColTile::ELEMS;   // r, w, k, a, b, v, dO
 constexpr int SMEM_BYTES = 2 * (RAW_ELEMS + 3 * PairTile::ELEMS + 2 * MixTile::ELEMS + 2 * StateTile::ELEMS + DmTile::ELEMS)
-                           + 4 * (CHUNK * KP + 2 * KB + 8 * CHUNK * MAT_PITCH + 3 * CHUNK * XP + 4 * CHUNK * KP);
-static_assert(SMEM_BYTES == 105472, "the pass and the kernel agree on shared memory");
+                           + 4 * (CHUNK * KP + 2 * KB + 12 * CHUNK * MAT_PITCH + 3 * CHUNK * XP + 4 * CHUNK * KP);
+// Where the transposed pair matrices start (bytes): their rows are read as float4.
+constexpr int MATS_T_BYTES = 2 * (RAW_ELEMS + 3 * PairTile::ELEMS + 2 * MixTile::ELEMS + 2 * StateTile::ELEMS)
+                             + 4 * (CHUNK * KP + 2 * KB + 8 * CHUNK * MAT_PITCH);
+static_assert(MATS_T_BYTES % 16 == 0 && MAT_PITCH % 4 == 0, "the transposed pair matrices' rows are 16-byte aligned");
+static_assert(SMEM_BYTES == 110592, "the pass and the kernel agree on shared memory");
 
 template <class Tile, int WIDTH>
 __device__ __forceinline__ void load_chunk_rows(T* tile, const T* src, int64_t stride, int64_t rows_valid,
@@ -92,7 +96,10 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   float* ddecay = dend + KB;                  // exp(lc_C) sum_v S G per key
   float* mats = ddecay + KB;                  // L_ab, L_ak, N_rb, N_rk; smem buffer: mats
   float* dmats = mats + 4 * CHUNK * MAT_PITCH;  // their gradients
-  float* scratch = dmats + 4 * CHUNK * MAT_PITCH;  // X, B~ G, K~ G [CHUNK][XP]; smem buffer: scratch
+  // The pair matrices again, transposed ([j][t]): the adjoint's substitutions read a column of
+  // each for a step t, which is then one row in float4s (four LDS.128 where it was 16 scalar LDS).
+  float* mats_t = dmats + 4 * CHUNK * MAT_PITCH;
+  float* scratch = mats_t + 4 * CHUNK * MAT_PITCH;  // X, B~ G, K~ G [CHUNK][XP]; smem buffer: scratch
   float* drows = scratch + 3 * CHUNK * XP;    // dR^, dA^, dB~, dK~ [CHUNK][KP]; smem buffer: drows
   float* g_stash = drows;                     // G in fp32 while a window's states are rebuilt
   static_assert(4 * CHUNK * KP >= KB * COLS, "the stash fits over the row gradients, idle meanwhile");
@@ -248,6 +255,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     {
       const int m = warp;  // 0: L_ab, 1: L_ak, 2: N_rb, 3: N_rk
       float* mat = mats + m * CHUNK * MAT_PITCH;
+      float* mat_t = mats_t + m * CHUNK * MAT_PITCH;
       const bool strict = m < 2;
       if (!termwise) {
         const int x_row = m < 2 ? CHUNK : 0, y_row = m % 2 == 0 ? 0 : CHUNK;
@@ -268,6 +276,8 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
             const float lo = (strict ? j < t : j <= t) ? acc[n][2 * hh] : 0.f;
             const float hi = (strict ? j + 1 < t : j + 1 <= t) ? acc[n][2 * hh + 1] : 0.f;
             *reinterpret_cast<float2*>(mat + t * MAT_PITCH + j) = make_float2(lo, hi);  // smem: mat_fragment_write
+            mat_t[j * MAT_PITCH + t] = lo;        // smem: mat_t_fragment_write
+            mat_t[(j + 1) * MAT_PITCH + t] = hi;  // smem: mat_t_fragment_write
           }
       } else {
         const T* x = m < 2 ? raw_a : raw_r;
@@ -286,6 +296,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
             }
           }
           mat[t * MAT_PITCH + j] = sum;  // smem: mat_term_write
+          mat_t[j * MAT_PITCH + t] = sum;  // smem: mat_t_term_write
         }
       }
       // X = A^ S: this warp's 16 columns.
@@ -436,31 +447,45 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     // dZ, dY (backward substitution) and dv, a thread per column; dO' over dY in bf16.
     {
       const int col = threadIdx.x % COLS, half = threadIdx.x / COLS;
-      const float* l_ab = mats;
-      const float* l_ak = mats + CHUNK * MAT_PITCH;
-      const float* n_rb = mats + 2 * CHUNK * MAT_PITCH;
-      const float* n_rk = mats + 3 * CHUNK * MAT_PITCH;
+      // Column t of each pair matrix (x[s] = M[s][t]), from the transposed copies.
+      const float* l_ab_t = mats_t;
+      const float* l_ak_t = mats_t + CHUNK * MAT_PITCH;
+      const float* n_rb_t = mats_t + 2 * CHUNK * MAT_PITCH;
+      const float* n_rk_t = mats_t + 3 * CHUNK * MAT_PITCH;
+      auto column = [&](float (&x)[CHUNK], const float* mat_t, int t) {
+#pragma unroll
+        for (int q = 0; q < CHUNK / 4; ++q) {
+          const float4 f = reinterpret_cast<const float4*>(mat_t + t * MAT_PITCH)[q];  // smem: mat_t_row_read
+          x[4 * q] = f.x, x[4 * q + 1] = f.y, x[4 * q + 2] = f.z, x[4 * q + 3] = f.w;
+        }
+      };
       float dov[CHUNK], dy[CHUNK];
 #pragma unroll
       for (int t = 0; t < CHUNK; ++t) dov[t] = scale * to_float(raw_do[ColTile::offset(t, col)]);  // smem: v_column_read
 #pragma unroll
       for (int t = CHUNK - 1; t >= 0; --t) {
+        float n_rb[CHUNK], l_ab[CHUNK];
+        column(n_rb, n_rb_t, t);
+        column(l_ab, l_ab_t, t);
         float y = scratch[(CHUNK + t) * XP + col];  // smem: scratch_column_read
 #pragma unroll
-        for (int s = t; s < CHUNK; ++s) y = fmaf(n_rb[s * MAT_PITCH + t], dov[s], y);  // smem: mat_broadcast
+        for (int s = t; s < CHUNK; ++s) y = fmaf(n_rb[s], dov[s], y);
         // dY_{t+1} last: the chain from one step's dY to the next is one fma (it was 15 - t).
 #pragma unroll
-        for (int s = CHUNK - 1; s > t; --s) y = fmaf(l_ab[s * MAT_PITCH + t], dy[s], y);  // smem: mat_broadcast
+        for (int s = CHUNK - 1; s > t; --s) y = fmaf(l_ab[s], dy[s], y);
         dy[t] = y;
       }
 #pragma unroll
       for (int i = 0; i < CHUNK / 2; ++i) {
         const int t = half * (CHUNK / 2) + i;
+        float n_rk[CHUNK], l_ak[CHUNK];
+        column(n_rk, n_rk_t, t);
+        column(l_ak, l_ak_t, t);
         float y = scratch[(2 * CHUNK + t) * XP + col];  // smem: scratch_column_read
 #pragma unroll
         for (int s = 0; s < CHUNK; ++s) {
-          if (s >= t) y = fmaf(n_rk[s * MAT_PITCH + t], dov[s], y);     // smem: mat_broadcast
-          if (s > t) y = fmaf(l_ak[s * MAT_PITCH + t], dy[s], y);       // smem: mat_broadcast
+          if (s >= t) y = fmaf(n_rk[s], dov[s], y);
+          if (s > t) y = fmaf(l_ak[s], dy[s], y);
         }
         const int64_t step = c * CHUNK + t;
         if (step < p.T && col < cols_valid) static_cast<T*>(p.dv)[((b * p.T + step) * p.H + h) * p.V + col] = from_float<T>(y);
