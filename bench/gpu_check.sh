@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then the STEPS (default: gpu tests, sanitizers,
 # benchmarks, tuned vs default; tune_causal_linear / tune_rwkv / tune_rwkv_grad / tune_paged / tune_delta_rule / tune_gated_delta_grad / tune_flash_attention / tune_flash_attention_grad a cold and a warm
-# tuning run of the family (TUNE_WARM=0: the cold one only; TUNE_RESUME=1: resume from a carried cache; TUNE_BUCKETS="a b": those buckets only) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving/paged_host/paged_timeline/paged_graph_timeline/paged_cold, delta_tests/delta_bench/delta_quick/delta_shipped/delta_backward_bench/ncu_gated_delta/rwkv7_profile/ncu_rwkv7_grad, flash_tests/flash_fp8_tests/flash_grad_tests/flash_bench/flash_fp8_bench/flash_grad_det/flash_grad_profile/ncu_flash_grad, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
+# tuning run of the family (TUNE_WARM=0: the cold one only; TUNE_RESUME=1: resume from a carried cache; TUNE_BUCKETS="a b": those buckets only) (one worker per visible GPU; BUILD=0 skips the default build); jit_tests / jit_bench (instances built on first use), core_tests / first_use (no prebuilt extension: its bindings and kernels built on first use; first_use in a fresh venv), linear_tests, rwkv_tests/rwkv_bench, paged_tests/paged_bench/paged_serving/paged_host/paged_timeline/paged_graph_timeline/paged_cold, delta_tests/delta_bench/delta_quick/delta_shipped/delta_backward_bench/ncu_gated_delta/rwkv7_profile/ncu_rwkv7_grad/ncu_rwkv7_fwd/rwkv7_kinds, flash_tests/flash_fp8_tests/flash_grad_tests/flash_bench/flash_fp8_bench/flash_grad_det/flash_grad_profile/ncu_flash_grad, paged_attention_tests/paged_attention_bench run one family's; `retune` adds a fresh second tuning run compared with the
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last. `ab` times a change against the
 # tree without it in one call (AB_PATCH, AB_CMD: see the step below); `ab_jit` the same with the
@@ -95,6 +95,8 @@ want ncu_gated_delta && ncu_stalls gated_delta "prepare_kernel|chunk_kernel|walk
 # RWKV-7's training step per kernel (torch.profiler); one dispatched backward under Nsight Compute.
 want rwkv7_profile && step rwkv7_profile python3 -m bench.rwkv7_profile
 want ncu_rwkv7_grad && ncu_stalls rwkv7_grad "grad_kernel" 1 python3 -m bench.rwkv7_profile --once
+want ncu_rwkv7_fwd && ncu_stalls rwkv7_fwd "chunk_kernel" 1 python3 -m bench.rwkv7_profile --once
+want rwkv7_kinds && step rwkv7_kinds python3 -m bench.rwkv7_kinds ${KINDS_ARGS:-}
 # GRAD_PROFILE_ARGS="--d=256": one head size's shapes only (each profiled kernel counts toward NCU_COUNT).
 want flash_grad_profile && step flash_grad_profile python3 -m bench.flash_grad_profile ${GRAD_PROFILE_ARGS:-}
 want ncu_flash_grad && ncu_stalls flash_grad "backward_kernel" "${NCU_COUNT:-5}" python3 -m bench.flash_grad_profile --once ${GRAD_PROFILE_ARGS:-}

@@ -42,8 +42,11 @@ constexpr float PRODUCT_SPREAD = 40.0f;  // codegen/families/delta_rule.py RWKV7
 constexpr int CHECKPOINT_CHUNKS = kCheckpointEvery / CHUNK;
 constexpr int MAT_PITCH = CHUNK + 4;         // floats between rows of a pair matrix
 constexpr int XR_PITCH = COLS + 4;           // floats between rows of X and R
-static_assert(CHUNK == 16 && KB == 16 * WARPS && COLS == 16 * WARPS && THREADS == 2 * COLS && THREADS >= KB,
-              "a warp per pair matrix, per 16 keys of the state and per 16 columns of X and R; two threads a column");
+constexpr int COL_THREADS = THREADS / COLS;  // threads a value column in the solve, each a share of the output rows
+static_assert(CHUNK == 16 && KB == 16 * WARPS && WARPS == 4 && COLS % 16 == 0 && COLS <= KB && THREADS % COLS == 0 &&
+              CHUNK % COL_THREADS == 0 && THREADS > KB,
+              "a warp per pair matrix, per 16 keys of the state and per 16 columns of X and R at most; every "
+              "thread of a column solves the chunk, each forms its share of the output rows");
 static_assert(kCheckpointEvery % CHUNK == 0 && STAGES >= 2, "checkpoints fall on chunk starts; a chunk ahead in flight");
 static_assert(CHUNK == kRwkv7RecordChunk, "the saved records hold the state before each chunk");
 
@@ -151,15 +154,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
       const int key = i / (COLS / 8), col = i % (COLS / 8) * 8;
       if (key >= keys_valid || col >= cols_valid) continue;
       const uint4 piece = *reinterpret_cast<const uint4*>(s_tile + StateTile::offset(key, col));  // smem: state_row_read
-      if (col + 8 <= cols_valid) {
-        *reinterpret_cast<uint4*>(out + key * p.V + col) = piece;
-      } else {  // V not a multiple of 8 (not where `align` admits this kind; kept exact anyway)
-        const MT* e = reinterpret_cast<const MT*>(&piece);
-#pragma unroll
-        for (int x = 0; x < 8; ++x) {
-          if (col + x < cols_valid) out[key * p.V + col + x] = e[x];
-        }
-      }
+      *reinterpret_cast<uint4*>(out + key * p.V + col) = piece;  // V is a multiple of 8 where this kind covers
     }
   };
   auto publish_state = [&]() {
@@ -294,33 +289,38 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
           mat[t * MAT_PITCH + j] = sum;  // smem: mat_term_write
         }
       }
-      float xs[2][4] = {}, rs[2][4] = {};
+      // X and R over the 16-column blocks dealt to the warps in turn (a block a warp at 64
+      // columns; at fewer, the warps past the last block skip this).
+      for (int cb = 16 * warp; cb < COLS; cb += 16 * WARPS) {
+        float xs[2][4] = {}, rs[2][4] = {};
 #pragma unroll
-      for (int ks = 0; ks < KB / 16; ++ks) {
-        uint32_t ax[4], ar[4], bs[4];
-        mma::ldmatrix_x4(ax, at_addr + 2 * RowTile::moved(row_a_lane, 0, 16 * ks));  // smem: row_ldmatrix
-        mma::ldmatrix_x4(ar, rt_addr + 2 * RowTile::moved(row_a_lane, 0, 16 * ks));  // smem: row_ldmatrix
-        mma::ldmatrix_x4_trans(bs, s_addr + 2 * StateTile::moved(state_b_lane, 16 * ks, 16 * warp));  // smem: state_ldmatrix
-        mma::m16n8k16<MT>(xs[0], ax, bs[0], bs[1]);
-        mma::m16n8k16<MT>(xs[1], ax, bs[2], bs[3]);
-        mma::m16n8k16<MT>(rs[0], ar, bs[0], bs[1]);
-        mma::m16n8k16<MT>(rs[1], ar, bs[2], bs[3]);
-      }
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int t = g + 8 * hh, col = 16 * warp + 8 * n + 2 * tq;
-          *reinterpret_cast<float2*>(xr + t * XR_PITCH + col) = make_float2(xs[n][2 * hh], xs[n][2 * hh + 1]);  // smem: xr_fragment_write
-          *reinterpret_cast<float2*>(xr + (CHUNK + t) * XR_PITCH + col) = make_float2(rs[n][2 * hh], rs[n][2 * hh + 1]);  // smem: xr_fragment_write
+        for (int ks = 0; ks < KB / 16; ++ks) {
+          uint32_t ax[4], ar[4], bs[4];
+          mma::ldmatrix_x4(ax, at_addr + 2 * RowTile::moved(row_a_lane, 0, 16 * ks));  // smem: row_ldmatrix
+          mma::ldmatrix_x4(ar, rt_addr + 2 * RowTile::moved(row_a_lane, 0, 16 * ks));  // smem: row_ldmatrix
+          mma::ldmatrix_x4_trans(bs, s_addr + 2 * StateTile::moved(state_b_lane, 16 * ks, cb));  // smem: state_ldmatrix
+          mma::m16n8k16<MT>(xs[0], ax, bs[0], bs[1]);
+          mma::m16n8k16<MT>(xs[1], ax, bs[2], bs[3]);
+          mma::m16n8k16<MT>(rs[0], ar, bs[0], bs[1]);
+          mma::m16n8k16<MT>(rs[1], ar, bs[2], bs[3]);
         }
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int t = g + 8 * hh, col = cb + 8 * n + 2 * tq;
+            *reinterpret_cast<float2*>(xr + t * XR_PITCH + col) = make_float2(xs[n][2 * hh], xs[n][2 * hh + 1]);  // smem: xr_fragment_write
+            *reinterpret_cast<float2*>(xr + (CHUNK + t) * XR_PITCH + col) = make_float2(rs[n][2 * hh], rs[n][2 * hh + 1]);  // smem: xr_fragment_write
+          }
+      }
     }
     __syncthreads();  // the pair matrices, X and R are whole
 
-    // Step 3: two threads a value column solve (I - L_ab) Z = X + L_ak V by forward substitution
-    // (each all of it) and form half of the chunk's output rows each; Z above V for the state.
+    // Step 3: the COL_THREADS threads of a value column solve (I - L_ab) Z = X + L_ak V by forward
+    // substitution (each all of it) and form a share of the chunk's output rows each; Z above V
+    // for the state.
     {
-      const int col = threadIdx.x % COLS, half = threadIdx.x / COLS;
+      const int col = threadIdx.x % COLS, share = threadIdx.x / COLS;
       const float* l_ab = mats;
       const float* l_ak = mats + CHUNK * MAT_PITCH;
       const float* n_rb = mats + 2 * CHUNK * MAT_PITCH;
@@ -338,13 +338,13 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
         }
         z[t] = y;
       }
-      if (half == 0) {
+      if (share == 0) {
 #pragma unroll
         for (int t = 0; t < CHUNK; ++t) zv_tile[MixTile::offset(t, col)] = from_float<MT>(z[t]);  // smem: z_write
       }
 #pragma unroll
-      for (int i = 0; i < CHUNK / 2; ++i) {
-        const int t = half * (CHUNK / 2) + i;
+      for (int i = 0; i < CHUNK / COL_THREADS; ++i) {
+        const int t = share * (CHUNK / COL_THREADS) + i;
         float y = xr[(CHUNK + t) * XR_PITCH + col];  // smem: xr_column_read
 #pragma unroll
         for (int j = 0; j < CHUNK; ++j) {

@@ -40,6 +40,25 @@ def test_rwkv7_chunked_geometry(tmp_path):
     assert d["product_spread"] == 40.0
 
 
+def test_rwkv7_chunked_narrower_columns(tmp_path):
+    """16 and 32 value columns a CTA (the tune grid's points for few heads): the key-side tiles
+    stay 64 wide, the value-side ones (v, Z over V, the state, X and R) narrow; 48 columns do not
+    share the 128 threads evenly and are refused at the grid line."""
+    text = SPEC.replace("      k: [64]\n      cols: [64]\n      stages: [2]\n    where:\n      - \"dtype_bytes == 2 and variant == 'rwkv7'\"",
+                        "      k: [64]\n      cols: [16, 32, 64]\n      stages: [2]\n    where:\n      - \"dtype_bytes == 2 and variant == 'rwkv7'\"", 1)
+    assert text != SPEC
+    by_name = {i.name: i.d for i in lowered(text, tmp_path)[1]}
+    for cols, pc in ((16, 24), (32, 40)):
+        d = by_name[f"delta_rule_rwkv7_chunked_rwkv7_k64_cols{cols}_stages2_bf16_sm90a"]
+        raw = 2 * 16 * (5 * 72 + pc)
+        tiles = 2 * (4 * 16 * 72 + 32 * 72 + 32 * pc + 64 * pc)
+        scalars = 4 * (16 * 64 + 64 + 4 * 16 * 20 + 2 * 16 * (cols + 4))
+        assert d["smem_bytes"] == 2 * raw + tiles + scalars and d["threads"] == 128
+    with pytest.raises(SpecError) as info:
+        lowered(text.replace("cols: [16, 32, 64]", "cols: [16, 48]", 1), tmp_path)
+    assert info.value.field == "kernels.chunked_rwkv7.grid.cols" and "dividing k" in info.value.message
+
+
 def test_shared_memory_and_the_first_kernels_layout(tmp_path):
     """A stage holds q, k (rows k + 8 wide, padded), v (cols + 8), M and W (64 + 8) in 16 bits
     and gc in fp32; then the state tile and three exchange tiles. The first kernel puts A over
