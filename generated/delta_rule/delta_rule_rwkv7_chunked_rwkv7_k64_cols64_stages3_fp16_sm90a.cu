@@ -154,7 +154,18 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
       const int key = i / (COLS / 8), col = i % (COLS / 8) * 8;
       if (key >= keys_valid || col >= cols_valid) continue;
       const uint4 piece = *reinterpret_cast<const uint4*>(s_tile + StateTile::offset(key, col));  // smem: state_row_read
-      *reinterpret_cast<uint4*>(out + key * p.V + col) = piece;  // V is a multiple of 8 where this kind covers
+      if (col + 8 <= cols_valid) {
+        *reinterpret_cast<uint4*>(out + key * p.V + col) = piece;
+      } else {  // V not a multiple of 8: not where `align` admits this kind, yet kept. Without this
+                // branch ptxas (CUDA 13.0) schedules the kernel in 199 registers instead of 251 and
+                // the forward slows by 16% (H200, B8 T4096 H64: 3.640 against 3.148 ms in one A/B,
+                // bench/results/h200/rwkv7_dead_branch_ab.md).
+        const MT* e = reinterpret_cast<const MT*>(&piece);
+#pragma unroll
+        for (int x = 0; x < 8; ++x) {
+          if (col + x < cols_valid) out[key * p.V + col + x] = e[x];
+        }
+      }
     }
   };
   auto publish_state = [&]() {
