@@ -357,12 +357,12 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
       for (int i = 0; i < CHUNK / COL_THREADS; ++i) {
         const int t = share * (CHUNK / COL_THREADS) + i;
         float y = xr[(CHUNK + t) * XR_PITCH + col];  // smem: xr_column_read
+        // Every j: N's entries past the diagonal are stored zeros, so the row needs no test of
+        // j <= t (t differs between a column's threads) and reads as float4s.
 #pragma unroll
         for (int j = 0; j < CHUNK; ++j) {
-          if (j <= t) {
-            y = fmaf(n_rb[t * MAT_PITCH + j], z[j], y);   // smem: mat_broadcast
-            y = fmaf(n_rk[t * MAT_PITCH + j], vv[j], y);  // smem: mat_broadcast
-          }
+          y = fmaf(n_rb[t * MAT_PITCH + j], z[j], y);   // smem: mat_broadcast
+          y = fmaf(n_rk[t * MAT_PITCH + j], vv[j], y);  // smem: mat_broadcast
         }
         const int64_t step = c * CHUNK + t;
         if (step < p.T && col < cols_valid) o[step * p.o_st + col] = from_float<T>(scale * y);

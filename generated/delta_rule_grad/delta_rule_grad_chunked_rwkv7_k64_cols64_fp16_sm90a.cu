@@ -482,10 +482,12 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
         column(n_rk, n_rk_t, t);
         column(l_ak, l_ak_t, t);
         float y = scratch[(2 * CHUNK + t) * XP + col];  // smem: scratch_column_read
+        // Every s: the pair matrices hold zeros past their masks (N_rk[s][t] for s < t, L_ak[s][t]
+        // for s <= t), so no test of s against t (t differs between a column's threads).
 #pragma unroll
         for (int s = 0; s < CHUNK; ++s) {
-          if (s >= t) y = fmaf(n_rk[s], dov[s], y);
-          if (s > t) y = fmaf(l_ak[s], dy[s], y);
+          y = fmaf(n_rk[s], dov[s], y);
+          y = fmaf(l_ak[s], dy[s], y);
         }
         const int64_t step = c * CHUNK + t;
         if (step < p.T && col < cols_valid) static_cast<T*>(p.dv)[((b * p.T + step) * p.H + h) * p.V + col] = from_float<T>(y);
