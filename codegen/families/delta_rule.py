@@ -269,8 +269,6 @@ def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
         banks.Access("column_write", 2, lambda lane, _pad: lane * 2, ("decayed",)),
         banks.contiguous("dend_write", 4, ("scalars",)),
         banks.contiguous("lc_write", 4, ("scalars",)),
-        banks.Access("v_copy_read", 2, lambda lane, _pad: lane * 2, ("ring",)),
-        banks.Access("v_copy_write", 2, lambda lane, _pad: lane * 2, ("zv",)),
         banks.Access("mat_fragment_write", 8, lambda lane, _pad: ((lane // 4) * mat_pitch + 2 * (lane % 4)) * 4,
                      ("mats",)),
         # Decays past the products' range only: a lane per (t, j) pair, 2 rows t and 16 j a warp.
@@ -282,7 +280,7 @@ def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
         banks.contiguous("xr_column_read", 4, ("xr",)),
         banks.Access("v_column_read", 2, lambda lane, _pad: lane * 2, ("ring",)),
         banks.broadcast("mat_broadcast", 4, ("mats",)),
-        banks.Access("z_write", 2, lambda lane, _pad: lane * 2, ("zv",)),
+        banks.Access("zv_write", 2, lambda lane, _pad: lane * 2, ("zv",)),
         banks.Access("dend_read", 4, lambda lane, _pad: (lane // 4) * 4, ("scalars",)),
         banks.Access("state_fragment_write", 4, lambda lane, _pad: ((lane // 4) * pc + 2 * (lane % 4)) * 2,
                      ("state",)),

@@ -4,7 +4,7 @@
 //   kind chunked_rwkv7: RWKV-7 in chunks of 16 steps on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): per chunk the per-channel-decay pair matrices as products (term by term where decays are near 0), the triangular solve and outputs a thread per value column, the state's products on tensor cores, the state fp32 in registers
 //   128 threads, 64 value columns per CTA, 3 stages of input,
 //   87296 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_row_read 1, zv_ldmatrix 1, column_read 1, column_write 1, dend_write 1, lc_write 1, v_copy_read 1, v_copy_write 1, mat_fragment_write 1, lc_read 16, raw_term_read 2, mat_term_write 2, xr_fragment_write 1, xr_column_read 1, v_column_read 1, mat_broadcast 1, z_write 1, dend_read 1, state_fragment_write 1
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_row_read 1, zv_ldmatrix 1, column_read 1, column_write 1, dend_write 1, lc_write 1, mat_fragment_write 1, lc_read 16, raw_term_read 2, mat_term_write 2, xr_fragment_write 1, xr_column_read 1, v_column_read 1, mat_broadcast 1, zv_write 1, dend_read 1, state_fragment_write 1
 //
 // RWKV-7 in chunks of C = 16 steps on tensor cores (mma.sync m16n8k16, bf16 operands, fp32
 // accumulation), the algorithm of attngen.reference.rwkv7_chunked (chunk 16). With S [key,
@@ -44,9 +44,9 @@ constexpr int MAT_PITCH = CHUNK + 4;         // floats between rows of a pair ma
 constexpr int XR_PITCH = COLS + 4;           // floats between rows of X and R
 constexpr int COL_THREADS = THREADS / COLS;  // threads a value column in the solve, each a share of the output rows
 static_assert(CHUNK == 16 && KB == 16 * WARPS && WARPS == 4 && COLS % 16 == 0 && COLS <= KB && THREADS % COLS == 0 &&
-              CHUNK % COL_THREADS == 0 && THREADS > KB,
+              CHUNK % COL_THREADS == 0 && COL_THREADS >= 2 && THREADS == 2 * KB,
               "a warp per pair matrix, per 16 keys of the state and per 16 columns of X and R at most; every "
-              "thread of a column solves the chunk, each forms its share of the output rows");
+              "thread of a column solves the chunk, each forms its share of the output rows; two threads a key channel");
 static_assert(kCheckpointEvery % CHUNK == 0 && STAGES >= 2, "checkpoints fall on chunk starts; a chunk ahead in flight");
 static_assert(CHUNK == kRwkv7RecordChunk, "the saved records hold the state before each chunk");
 
@@ -212,27 +212,28 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
     const T* raw_b = raw + 4 * RowTile::ELEMS;
     const T* raw_v = raw + 5 * RowTile::ELEMS;
 
-    // Step 1: a thread per key channel forms the chunk's cumulative decay and the decayed rows;
-    // the other threads copy V below Z as bf16. Whether any channel's spread is past the
-    // products' range is the CTA's vote.
-    bool wide = false;
-    if (threadIdx.x < KB) {
-      const int ch = threadIdx.x;
-      float lc[CHUNK];
-      float run = 0.f;
+    // Step 1: two threads a key channel, one per half of the chunk's steps, form the chunk's
+    // cumulative decay and the decayed rows (the backward's split: a thread a channel left half
+    // its CTA at the barrier). Whether any channel's spread is past the products' range is the
+    // CTA's vote. Each half's running sum starts from the same serial sum, so lc is as before.
+    bool wide;
+    {
+      const int ch = threadIdx.x % KB, half = threadIdx.x / KB;
+      float end = 0.f, start = 0.f;  // lc at the chunk's last step, and before this half's first
 #pragma unroll
       for (int t = 0; t < CHUNK; ++t) {
-        run += to_float(raw_w[RowTile::offset(t, ch)]);  // smem: column_read
-        lc[t] = run;
+        end += to_float(raw_w[RowTile::offset(t, ch)]);  // smem: column_read
+        if (t + 1 == CHUNK / 2) start = half ? end : 0.f;
       }
-      const float end = lc[CHUNK - 1];
       wide = -end > PRODUCT_SPREAD;
-      dend[ch] = __expf(end);  // smem: dend_write
-      float before = 1.f;  // exp(le_t)
+      if (!half) dend[ch] = __expf(end);  // smem: dend_write
+      float lc = start, before = __expf(start);  // before = exp(le_t)
 #pragma unroll
-      for (int t = 0; t < CHUNK; ++t) {
+      for (int i = 0; i < CHUNK / 2; ++i) {
+        const int t = half * (CHUNK / 2) + i;
         const int at = RowTile::offset(t, ch);
-        const float decay = __expf(lc[t]), undo = __expf(-lc[t]), tail = __expf(end - lc[t]);
+        lc += to_float(raw_w[at]);  // smem: column_read
+        const float decay = __expf(lc), undo = __expf(-lc), tail = __expf(end - lc);
         const float av = to_float(raw_a[at]);  // smem: column_read
         const float rv = to_float(raw_r[at]);  // smem: column_read
         const float bv = to_float(raw_b[at]);  // smem: column_read
@@ -243,14 +244,8 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
         kc_tile[at] = from_float<MT>(kv * undo);    // smem: column_write
         pair_tile[PairTile::offset(t, ch)] = from_float<MT>(bv * tail);          // smem: column_write
         pair_tile[PairTile::offset(CHUNK + t, ch)] = from_float<MT>(kv * tail);  // smem: column_write
-        lc_tile[t * KB + ch] = lc[t];  // smem: lc_write
+        lc_tile[t * KB + ch] = lc;  // smem: lc_write
         before = decay;
-      }
-    } else {
-      for (int i = threadIdx.x - KB; i < CHUNK * COLS; i += THREADS - KB) {
-        const int t = i / COLS, col = i % COLS;
-        const T x = raw_v[ColTile::offset(t, col)];  // smem: v_copy_read
-        zv_tile[MixTile::offset(CHUNK + t, col)] = from_float<MT>(to_float(x));  // smem: v_copy_write
       }
     }
     const bool termwise = __syncthreads_or(wide);
@@ -349,9 +344,13 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
         }
         z[t] = y;
       }
+      // Z over V for the state's update: the column's first thread writes Z, its second V.
       if (share == 0) {
 #pragma unroll
-        for (int t = 0; t < CHUNK; ++t) zv_tile[MixTile::offset(t, col)] = from_float<MT>(z[t]);  // smem: z_write
+        for (int t = 0; t < CHUNK; ++t) zv_tile[MixTile::offset(t, col)] = from_float<MT>(z[t]);  // smem: zv_write
+      } else if (share == 1) {
+#pragma unroll
+        for (int t = 0; t < CHUNK; ++t) zv_tile[MixTile::offset(CHUNK + t, col)] = from_float<MT>(vv[t]);  // smem: zv_write
       }
 #pragma unroll
       for (int i = 0; i < CHUNK / COL_THREADS; ++i) {
