@@ -5,7 +5,8 @@
 # committed table; SANITIZE="paged ..." limits the sanitizer steps to the named families). Logs and results go under $OUT
 # (also bundled in $OUT/all.tgz); a short table is printed last. `ab` times a change against the
 # tree without it in one call (AB_PATCH, AB_CMD: see the step below); `ab_jit` the same with the
-# kernels built on first use instead of `make build` (BUILD=0).
+# kernels built on first use instead of `make build` (BUILD=0); where AB_CMD prints per-kernel
+# listings (bench.rwkv7_profile and the like), $OUT/r/ab_table.md has them side by side.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT/r"
@@ -175,6 +176,10 @@ if want ab_jit; then
     done
   fi
   [ -f "$aside.ab_jit" ] && mv "$aside.ab_jit" "$aside"
+fi
+# Per-kernel listings an AB_CMD wrote (bench.*_profile) side by side, for the results file.
+if want ab || want ab_jit; then
+  python3 -m bench.ab_table "$OUT/r" > "$OUT/r/ab_table.md" && cat "$OUT/r/ab_table.md"
 fi
 for fam in causal_linear rwkv rwkv_grad paged delta_rule gated_delta_grad flash_attention flash_attention_grad; do  # tune_<family>: a cold tune (its cache cleared), then a warm one
   if want "tune_$fam"; then
