@@ -1,7 +1,9 @@
-"""Every RWKV-7 forward instance of the 64-key bucket (bf16), forced on the issue's shapes as a
-training step calls it (checkpoints and records saved) and as inference does (neither), beside
-the instance the dispatch picks; each one's output against the dispatched one's. What the
-chunked kind's knobs (value columns a CTA, CTAs an SM, stages) are chosen from.
+"""Every RWKV-7 forward instance of the 64-key bucket (bf16: the shipped ones, and the bench-role
+chunked_rwkv7_candidates at 16 and 32 value columns where `python -m codegen build --bench`
+built them), forced on the issue's shapes as a training step calls it (checkpoints and records
+saved) and as inference does (neither), beside the instance the dispatch picks; each one's
+output against the dispatched one's (a bench-role point has no GPU tier of its own). What the
+chunked kind's knobs (value columns a CTA, stages) are chosen from.
 
   python -m bench.rwkv7_kinds [--shape B,T,H]
 """
