@@ -52,6 +52,9 @@ def main():
                 print(f"   {n}: {str(e).splitlines()[0][:100]}")
                 continue
             diff = ((got - want).norm() / want.norm()).item()
+            if not diff <= 1e-2:  # bf16 outputs of the same recurrence agree to a few 1e-3
+                print(f"   {n}: output differs from the dispatched instance's by {diff:.1e}; not timed")
+                continue
             rows.append((do_bench(lambda: delta_rule.delta_rule_with(n, *train)),
                          do_bench(lambda: delta_rule.delta_rule_with(n, *infer)), diff, n))
         for t_ms, i_ms, diff, n in sorted(rows):
