@@ -313,13 +313,13 @@ def _lower_chunked_rwkv7(inst: KernelInstance, arch: Arch) -> KernelInstance:
             + 4 * (steps * k + k + 4 * steps * (steps + 4) + 2 * steps * (cols + 4)))
     if smem > arch.max_smem_per_block:
         raise Rejected("stages", f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")
-    # ptxas (CUDA 13.0) uses 251 registers at two CTAs an SM (240-250 at 16 and 32 columns). Held
+    # ptxas (CUDA 13.0) uses 252 registers at two CTAs an SM (254-255 at 32 and 16 columns). Held
     # to three (168) it spills at 32 and 64 columns; to four (128), at 16. Measured on an H200
     # (bench.rwkv7_kinds, bf16, the training forward; an earlier build of 199 registers), a third
     # CTA an SM lost where 64 columns are the best width (B8 T4096 H64: 4.17 against 3.66 ms;
     # 512 CTAs make 1.3 waves of three) and gained at most 1.3% where narrower ones are
     # (B2 T4096 H32: 16 columns 1.139 against 1.154 ms): two CTAs an SM.
-    regs = 251
+    regs = 252
     ctas_per_sm = min(arch.smem_per_sm // (smem + arch.smem_reserved_per_cta), arch.regs_per_sm // (threads * regs), 8)
     return inst.with_derived({
         "threads": threads, "warps": warps, "smem_bytes": smem, "chunk": steps, "ctas_per_sm": ctas_per_sm,
