@@ -8,7 +8,9 @@ boxes of whole pages, and the tile where a context ends with cp.async (its rows 
 zero-filled, so nothing outside the context reaches the output); the other kinds copy with
 cp.async. q is packed [total_q, Hq, D] with cu_seqlens_q; the cache is what
 `paged_decode` takes (NHD [blocks, block_size, Hkv, D] or HND [blocks, Hkv, block_size, D],
-viewed as NHD without a copy). Query token i of sequence s sits at position
+viewed as NHD without a copy), in q's dtype or in fp8 (float8_e4m3fn or float8_e5m2, with
+k_scale / v_scale as vLLM's kv_cache_dtype="fp8"): an fp8 cache runs on the mma_sync_fp8_cache
+kind, which widens each tile to q's dtype in shared memory. Query token i of sequence s sits at position
 context_lens[s] - q_len[s] + i of its context and, with causal, sees the cache up to it.
 Nothing on the launch path reads device memory (a call can be captured in a CUDA graph);
 validate=True adds the checks that read cu_seqlens_q, context_lens and the block table.
@@ -30,7 +32,7 @@ def _fail(msg: str):
     raise ValueError(f"{NAME}: {msg}")
 
 
-def _check(q, k, v, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len) -> None:
+def _check(q, k, v, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len, k_scale, v_scale) -> None:
     check_tensor(NAME, "q", q, None)
     for name, t in (("k_cache", k), ("v_cache", v), ("block_table", block_table), ("cu_seqlens_q", cu_seqlens_q),
                     ("context_lens", context_lens)):
@@ -39,14 +41,23 @@ def _check(q, k, v, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_c
         _fail(f"q must be packed [total_q, Hq, D], got shape {tuple(q.shape)}")
     if q.dtype not in SUPPORTED_DTYPES:
         _fail(f"q has dtype {q.dtype}; supported: float16, bfloat16 (fp32 softmax and accumulation inside)")
+    fp8 = k.dtype in paged.FP8_CACHE_DTYPES
     for name, t in (("k_cache", k), ("v_cache", v)):
-        if t.dtype != q.dtype:
-            extra = " (fp8 caches: paged_decode, for now)" if t.element_size() == 1 else ""
-            _fail(f"{name} has dtype {t.dtype} but q has {q.dtype}{extra}")
+        if t.dtype != (k.dtype if fp8 else q.dtype):
+            _fail(f"{name} has dtype {t.dtype} but {'k_cache' if fp8 else 'q'} has {k.dtype if fp8 else q.dtype} (the "
+                  "cache holds q's dtype, or float8_e4m3fn / float8_e5m2 for both K and V)")
         if t.shape[-1] != q.shape[-1]:
             _fail(f"{name} has head size {t.shape[-1]} but q has D={q.shape[-1]}")
     if k.shape != v.shape:
         _fail(f"k_cache has shape {tuple(k.shape)} but v_cache has {tuple(v.shape)}")
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if x is None:
+            continue
+        if not fp8:
+            _fail(f"{name} is given but the cache is {k.dtype}; scales go with an fp8 cache")
+        check_tensor(NAME, name, x, q)
+        if x.dtype != torch.float32 or x.dim() != 1 or x.shape[0] not in (1, k.shape[2]):
+            _fail(f"{name} must be a float32 [1] or [Hkv={k.shape[2]}], got {x.dtype} {tuple(x.shape)}")
     block_size = k.shape[1]
     if block_size < 8 or block_size & (block_size - 1):
         _fail(f"block_size must be a power of two, at least 8, got {block_size}")
@@ -96,12 +107,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     max_context_len: int, causal: bool = True, scale: Optional[float] = None,
                     window: Optional[Sequence[int]] = None, alibi_slopes: Optional[torch.Tensor] = None,
                     soft_cap: Optional[float] = None, return_lse: bool = False, kv_layout: str = "NHD", *,
-                    validate: bool = True, instance: Optional[str] = None):
+                    validate: bool = True, instance: Optional[str] = None, k_scale: Optional[torch.Tensor] = None,
+                    v_scale: Optional[torch.Tensor] = None):
     """Attention of packed query tokens over a paged KV cache.
 
     q [total_q, Hq, D] (sequence s holds rows cu_seqlens_q[s] .. cu_seqlens_q[s + 1] - 1, int32
     [S + 1]); k_cache, v_cache in kv_layout (NHD [num_blocks, block_size, Hkv, D] or HND
-    [num_blocks, Hkv, block_size, D]), fp16 or bf16 like q, block_size a power of two from 8;
+    [num_blocks, Hkv, block_size, D]), fp16 or bf16 like q, or fp8 (float8_e4m3fn or float8_e5m2
+    for both, holding K / k_scale and V / v_scale: k_scale, v_scale float32 [1] per tensor or [Hkv]
+    per kv head, 1 when omitted), block_size a power of two from 8;
     block_table int32 [S, max_blocks]; context_lens int32 [S]: the tokens of each sequence in the
     cache, its new query tokens (the last q_len of them) included. max_seqlen_q and
     max_context_len bound the lengths (they size the grid). causal (default) lets query token i
@@ -112,18 +126,22 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     paged.max_query_tokens(), causal, no window, no lse) runs on paged_decode's kinds. No
     gradient: the cache is inference state."""
     k, v = (paged.cache_view(c, kv_layout, name, NAME) for c, name in ((k_cache, "k_cache"), (v_cache, "v_cache")))
-    _check(q, k, v, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len)
+    _check(q, k, v, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len, k_scale, v_scale)
     if validate:
         _validate(q, k, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len)
     if instance is None and _decode_shaped(q, block_table, max_seqlen_q, causal, window, return_lse):
         S, Q = block_table.shape[0], max_seqlen_q
         out = paged.paged_decode(q.view(S, Q, *q.shape[1:]), k_cache, v_cache, block_table, context_lens, scale,
-                                 alibi_slopes=alibi_slopes, soft_cap=soft_cap, kv_layout=kv_layout)
+                                 alibi_slopes=alibi_slopes, soft_cap=soft_cap, kv_layout=kv_layout, k_scale=k_scale,
+                                 v_scale=v_scale)
         return out.view(q.shape)
     left, right = _window(causal, window, NAME)
     scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale, NAME)
     _register()
+    # The op takes descale factors of one element or [S, Hkv] (per sequence and kv head).
+    S, Hkv = block_table.shape[0], k.shape[2]
+    k_scale, v_scale = (x if x is None or x.numel() == 1 else x.view(1, Hkv).expand(S, Hkv) for x in (k_scale, v_scale))
     args = (_aligned(q), k, v, cu_seqlens_q.contiguous(), None, max_seqlen_q, max_context_len, scale, left, right,
-            alibi_slopes, soft_cap, False, block_table, context_lens.contiguous(), None, None, None)
+            alibi_slopes, soft_cap, False, block_table, context_lens.contiguous(), None, k_scale, v_scale)
     out, lse = _call(args, instance)
     return (out, lse) if return_lse else out

@@ -266,14 +266,18 @@ def dequantize(t, descale):
 
 
 def paged_attention(q, k_cache, v_cache, block_table, cu_seqlens_q, context_lens, kv_layout="NHD",
-                    dtype=torch.float64, causal=True, **kwargs):
+                    dtype=torch.float64, causal=True, k_scale=None, v_scale=None, **kwargs):
     """paged_attention by gathering each sequence's pages into contiguous rows and taking
     flash_attention (bottom-right aligned: query token i of a sequence of q_len tokens and n
-    keys sits at position n - q_len + i); causal by default, as the op. kwargs: scale, window,
-    alibi_slopes, soft_cap.
+    keys sits at position n - q_len + i); causal by default, as the op. An fp8 cache is
+    dequantized first in float64: K = k_scale * k, V = v_scale * v (k_scale, v_scale [1] or
+    [Hkv]). kwargs: scale, window, alibi_slopes, soft_cap.
     Returns (out [total_q, Hq, D] in `dtype`, lse [Hq, total_q] float64)."""
     if kv_layout == "HND":
         k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    if k_cache.element_size() == 1:   # fp8: its values, dequantized per kv head
+        k_cache, v_cache = (c.double() * (1.0 if f is None else f.double()[:, None])
+                            for c, f in ((k_cache, k_scale), (v_cache, v_scale)))
     bs, Hkv, D = k_cache.shape[1:]
     Hq = q.shape[1]
     cu, lens = cu_seqlens_q.tolist(), context_lens.tolist()

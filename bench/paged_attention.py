@@ -4,7 +4,9 @@ running SDPA (cuDNN, else flash) per call, in one run. H100, bf16, D128, causal,
 size 16, pages shuffled; S sequences of N query tokens each, a pure prefill (the context is the
 N tokens), and a chunk of N tokens onto a cached context of 4N. TFLOP/s count the visible
 (i, j) pairs: 4 * D * Hq * sum over sequences of the causal rows' keys. Decode-shaped batches
-(1 to 16 query tokens per sequence) beside paged_decode, in TB/s of the cache read. Writes
+(1 to 16 query tokens per sequence) beside paged_decode, in TB/s of the cache read. An fp8 (e4m3)
+copy of each cache, per-tensor scales, through dispatch (the mma_sync_fp8_cache kind), beside the
+bf16 cache on the mma.sync kernel it widens into (`mma_sync` forced): the widening's cost. Writes
 paged_attention.json, .md and .png under --out.
 
   python -m bench.paged_attention [--out DIR]
@@ -83,6 +85,23 @@ def copies_twin(instance: str):
     return twin if twin != instance and twin in fa.OP.bench_instances() else None
 
 
+def fp8_twin(paged):
+    """The case's cache in e4m3 (per-tensor scales that put it mid-range) and the scales."""
+    scales = {}
+    out = dict(paged)
+    for name, scale_name in (("k_cache", "k_scale"), ("v_cache", "v_scale")):
+        scale = paged[name].float().abs().amax() / 224.0
+        out[name] = (paged[name].float() / scale).to(torch.float8_e4m3fn)
+        scales[scale_name] = scale.reshape(1)
+    return out, scales
+
+
+def mma_sync_instance():
+    """The 16-bit mma.sync instance at D (what the fp8-cache kind widens into), or None."""
+    names = [n for n in fa.instances() if n.startswith(f"flash_attention_mma_sync_d{D}_") and n.endswith("_bf16_sm90a")]
+    return names[0] if names else None
+
+
 def measure(S, N, before) -> dict:
     paged, contiguous = case(S, N, before, seed=S + N)
     q, k, v, cu_q, cu_k, max_q, ctx = contiguous
@@ -99,6 +118,14 @@ def measure(S, N, before) -> dict:
     if copies is not None:
         row["copies_instance"] = copies
         times["copies"] = do_bench(lambda: pa.paged_attention(**paged, validate=False, instance=copies))
+    fp8, scales = fp8_twin(paged)
+    got = pa.paged_attention(**fp8, **scales)
+    row["fp8_diff_vs_varlen"] = (got.float() - want.float()).abs().max().item()   # quantization included
+    times["fp8"] = do_bench(lambda: pa.paged_attention(**fp8, **scales, validate=False))
+    del fp8
+    mma_sync = mma_sync_instance()
+    if mma_sync is not None:
+        times["mma_sync"] = do_bench(lambda: pa.paged_attention(**paged, validate=False, instance=mma_sync))
     try:
         times["gather_sdpa"] = do_bench(lambda: gather_sdpa(paged, S, N, ctx))
     except (RuntimeError, torch.OutOfMemoryError) as exc:
@@ -107,6 +134,8 @@ def measure(S, N, before) -> dict:
         row[f"{name}_ms"] = ms
         row[f"{name}_tflops"] = work / ms / 1e9
     row["paged_vs_varlen"] = times["varlen"] / times["paged"]
+    if "mma_sync" in times:
+        row["fp8_vs_mma_sync"] = times["mma_sync"] / times["fp8"]
     if "copies" in times:
         row["paged_vs_copies"] = times["copies"] / times["paged"]
     if "gather_sdpa" in times:
@@ -170,6 +199,16 @@ def markdown(rows, decode, meta) -> str:
     if rows and "copies_instance" in rows[0]:
         lines += ["", f"Pages by cp.async: `{rows[0]['copies_instance']}` (the same schedule, every tile copied by "
                   "the producer's threads: what the paged path did before the pages' TMA boxes)."]
+    if rows and "fp8_tflops" in rows[0]:
+        lines += ["", "An fp8 cache (e4m3, per-tensor scales) through dispatch (mma_sync_fp8_cache: raw tiles widened "
+                  "to bf16 in shared memory), beside the bf16 cache on `mma_sync` forced (the kernel it widens into) and "
+                  "on the dispatched kernel; the max diff includes the cache's quantization.", "",
+                  "| S | query tokens | context | fp8 cache TFLOP/s | bf16 mma_sync TFLOP/s | fp8 / mma_sync | "
+                  "bf16 dispatched TFLOP/s | max diff vs varlen |", "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            ms = f"{r['mma_sync_tflops']:.0f} | {r['fp8_vs_mma_sync']:.2f}x" if "mma_sync_tflops" in r else "- | -"
+            lines.append(f"| {r['S']} | {r['N']} | {r['context']} | {r['fp8_tflops']:.0f} | {ms} | "
+                         f"{r['paged_tflops']:.0f} | {r['fp8_diff_vs_varlen']:.2e} |")
     if decode:
         lines += ["", "Decode-shaped batches (Q query tokens per sequence): the cache read (K and V of every "
                   "context once) per second, paged_attention's prefill kernels beside paged_decode's.", "",

@@ -30,6 +30,7 @@ FORWARD = "flash_attention/forward.cu.j2"
 FORWARD_WGMMA = "flash_attention/forward_wgmma.cu.j2"
 FORWARD_WS = "flash_attention/forward_ws.cu.j2"
 FORWARD_WS_FP8 = "flash_attention/forward_ws_fp8.cu.j2"   # forward_ws.cu.j2 with the fp8-only knob exp16
+FORWARD_FP8_CACHE = "flash_attention/forward_fp8_cache.cu.j2"   # forward.cu.j2 with kv_e (an fp8 paged cache)
 # Register estimate per thread: fp32 output and score fragments, Q fragments when held, and
 # what addressing, the softmax state and the operands in flight take (ptxas has the last
 # word; the compile tier checks its report for spills).
@@ -41,6 +42,7 @@ def _lower_mma_sync(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
     d, block_m, block_n, warps, stages, swizzle, qregs, minb = (
         p[k] for k in ("d", "block_m", "block_n", "warps", "stages", "swizzle", "qregs", "minb"))
+    kv_e = p.get("kv_e", 0)   # forward_fp8_cache.cu.j2 only
     if inst.dtype_bytes != 2:
         raise Rejected("d", f"tensor-core kinds take 16-bit operands, not {inst.a['dtype']}")
     if d % 16:
@@ -67,17 +69,40 @@ def _lower_mma_sync(inst: KernelInstance, arch: Arch) -> KernelInstance:
     if regs * threads * minb > arch.regs_per_sm:
         raise Rejected("minb", f"minb={minb} CTAs of {threads} threads at about {regs} registers exceed the "
                                f"{arch.regs_per_sm} registers of an SM")
+    if kv_e not in (0, 4, 5):
+        raise Rejected("kv_e", f"kv_e={kv_e}: 4 (e4m3) or 5 (e5m2) exponent bits of an fp8 cache, 0 for none")
     row = pitch(d, swizzle) * 2
-    smem = (block_m + stages * 2 * block_n) * row
+    # The Q tile, then (an fp8 cache) the widened K and V tiles, then the ring of raw tiles.
+    ring_row = d if kv_e else row
+    smem = block_m * row + (2 * block_n * row if kv_e else 0) + stages * 2 * block_n * ring_row
     _check_smem(smem, minb, arch)
-    tiles = ("q_tile", "kv_ring")   # the epilogue stages its rows in the Q tile
-    bank = banks.model(bank_accesses(d, threads, layout(d, swizzle), tiles),
-                       unpadded=bank_accesses(d, threads, plain_layout(d), tiles),
-                       candidates=[(bank_accesses(d, threads, layout(d, s), tiles), 0) for s in (0, 1) if d % 64 == 0 or not s])
+
+    def accesses(offset):
+        return bank_accesses(d, threads, offset, ("q_tile", "kv_ring")) + _fp8_cache_accesses(d, threads, offset)
+
+    bank = banks.model(accesses(layout(d, swizzle)), unpadded=accesses(plain_layout(d)),
+                       candidates=[(accesses(layout(d, s)), 0) for s in (0, 1) if d % 64 == 0 or not s])
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "mt": mt, "pitch": pitch(d, swizzle), "regs_estimate": regs,
-        "bank": bank, "threads_param": "warps", "smem_param": "stages",
+        "bank": bank, "threads_param": "warps", "smem_param": "stages", "kv_e": kv_e,
+        "cache_doc": (f"an fp8 e{kv_e}m{7 - kv_e} paged cache, its raw tiles widened to 16 bits in shared memory "
+                      "by the whole CTA each tile" if kv_e else "the dtype of q"),
     })
+
+
+def _fp8_cache_accesses(d: int, threads: int, offset) -> list:
+    """forward.cu.j2's widening of an fp8 cache's tiles (widen_tiles; tagged in every instance,
+    run where kv_e is set): lane i reads 8 bytes of the raw rows (D bytes each) and writes the
+    16-byte chunk they widen to. The epilogue stages its rows in the Q tile (bank_accesses)."""
+    groups = d // 8
+
+    def raw_read(lane, _pad):
+        return (lane // groups) * d + lane % groups * 8
+
+    def wide_write(lane, _pad):
+        return offset(lane // groups, lane % groups * 8) * 2
+
+    return [banks.Access("fp8_raw_read", 8, raw_read, ("kv_ring",)), banks.Access("fp8_wide_write", 16, wide_write, ("wide",))]
 
 
 def tile_columns(d: int, dtype_bytes: int = 2) -> int:
@@ -276,7 +301,7 @@ def _tune_runtime(shape: dict, dtype_bytes: int, sm_count: int) -> dict:
     """The key of contiguous [B, L, H, D] inputs of a bucket's shape (bench/workloads/flash_attention.py)."""
     return {"D": shape["D"], "B": shape["B"], "Hq": shape["Hq"], "Hkv": shape["Hkv"], "G": shape["Hq"] // shape["Hkv"],
             "Lq": shape["Lq"], "Lk": shape["Lk"], "align": vectorize.contiguous_align(dtype_bytes, shape["D"]),
-            "sm_count": sm_count, "causal": shape["causal"]}
+            "sm_count": sm_count, "causal": shape["causal"], "KVE": 0}
 
 
 FAMILY = Family(
@@ -285,6 +310,8 @@ FAMILY = Family(
     lowerings={
         FORWARD: Lowering({"d": "int", "block_m": "int", "block_n": "int", "warps": "int", "stages": "int",
                            "swizzle": "int0", "qregs": "int0", "minb": "int"}, _lower_mma_sync),
+        FORWARD_FP8_CACHE: Lowering({"d": "int", "block_m": "int", "block_n": "int", "warps": "int", "stages": "int",
+                                     "swizzle": "int0", "qregs": "int0", "minb": "int", "kv_e": "int"}, _lower_mma_sync),
         FORWARD_WGMMA: Lowering({"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int",
                                  "stages": "int", "overlap": "int0", "minb": "int"}, _lower_wgmma),
         FORWARD_WS: Lowering({"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int",

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <type_traits>
 
 namespace attngen {
 namespace mma {
@@ -29,6 +31,21 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
 template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Two fp8 values (the low byte first; E exponent bits: 4 e4m3, 5 e5m2) widened to T and packed
+// as an MMA operand register holds them. Exact: every e4m3 and e5m2 value is a half and a
+// bfloat16 value.
+template <typename T, int E>
+__device__ __forceinline__ uint32_t widen_fp8x2(uint16_t two) {
+  static_assert(E == 4 || E == 5, "fp8: e4m3 or e5m2");
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, E == 5 ? __NV_E5M2 : __NV_E4M3);
+  if constexpr (std::is_same_v<T, __half>) {
+    return static_cast<uint32_t>(h.x) | static_cast<uint32_t>(h.y) << 16;
+  } else {
+    const float2 f = __half22float2(__half2(h));
+    return pack2<T>(f.x, f.y);
+  }
 }
 
 // The C fragments of n-tiles 2kn and 2kn + 1 of m-tile mt, narrowed to T: the A operand of

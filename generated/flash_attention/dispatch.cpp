@@ -30,6 +30,38 @@ cudaError_t launch_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_st
 size_t workspace_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a(const Params&, cudaStream_t);
@@ -87,41 +119,57 @@ size_t workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2
 
 namespace {
 
-bool covers_0(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_1(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0)); }
-bool covers_2(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_3(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
-bool covers_4(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_5(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0)); }
-bool covers_6(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_7(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
-bool covers_8(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_9(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_10(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
-bool covers_11(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_12(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_13(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
-bool covers_14(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_15(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0)); }
-bool covers_16(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_17(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
-bool covers_18(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
-bool covers_19(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_20(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0)); }
-bool covers_21(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_22(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
-bool covers_23(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0)); }
-bool covers_24(const Key& key) { return ((key.D == 64) && ((key.align % 16) == 0)); }
-bool covers_25(const Key& key) { return ((key.D == 128) && ((key.align % 16) == 0)); }
-bool covers_26(const Key& key) { return ((key.D == 256) && ((key.align % 16) == 0)); }
-bool covers_27(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_28(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_29(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_30(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0)); }
-bool covers_31(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_32(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0)); }
-bool covers_33(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0)); }
-bool covers_34(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0)); }
+bool covers_0(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_1(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_2(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_3(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_4(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_5(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_6(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_7(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_8(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 4)); }
+bool covers_9(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 5)); }
+bool covers_10(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0) && (key.KVE == 4)); }
+bool covers_11(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0) && (key.KVE == 5)); }
+bool covers_12(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 4)); }
+bool covers_13(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 5)); }
+bool covers_14(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 4)); }
+bool covers_15(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 5)); }
+bool covers_16(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 4)); }
+bool covers_17(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 5)); }
+bool covers_18(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0) && (key.KVE == 4)); }
+bool covers_19(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0) && (key.KVE == 5)); }
+bool covers_20(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 4)); }
+bool covers_21(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 5)); }
+bool covers_22(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 4)); }
+bool covers_23(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 5)); }
+bool covers_24(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_25(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_26(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_27(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_28(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_29(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_30(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_31(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_32(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_33(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_34(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_35(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_36(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_37(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_38(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_39(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_40(const Key& key) { return ((key.D == 64) && ((key.align % 16) == 0) && (key.KVE == 0)); }
+bool covers_41(const Key& key) { return ((key.D == 128) && ((key.align % 16) == 0) && (key.KVE == 0)); }
+bool covers_42(const Key& key) { return ((key.D == 256) && ((key.align % 16) == 0) && (key.KVE == 0)); }
+bool covers_43(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_44(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_45(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_46(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_47(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_48(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_49(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_50(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0) && (key.KVE == 0)); }
 
 const Entry kEntries[] = {
     {"flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a", "dispatch", launch_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_0, workspace_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
@@ -132,33 +180,49 @@ const Entry kEntries[] = {
     {"flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_bf16_sm90a", "dispatch", launch_flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_bf16_sm90a, covers_5, workspace_flash_attention_mma_sync_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_bf16_sm90a},
     {"flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", "dispatch", launch_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_6, workspace_flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
     {"flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a", "dispatch", launch_flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a, covers_7, workspace_flash_attention_mma_sync_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a},
-    {"flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a", "dispatch", launch_flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a, covers_8, workspace_flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a},
-    {"flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a", "dispatch", launch_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a, covers_9, workspace_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a},
-    {"flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_fp16_sm90a", "dispatch", launch_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_fp16_sm90a, covers_10, workspace_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_fp16_sm90a},
-    {"flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a, covers_11, workspace_flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a},
-    {"flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a", "dispatch", launch_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a, covers_12, workspace_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a},
-    {"flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a", "dispatch", launch_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a, covers_13, workspace_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a, covers_14, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a},
-    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a, covers_15, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a},
-    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a, covers_16, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a},
-    {"flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_17, workspace_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
-    {"flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_18, workspace_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a, covers_19, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a},
-    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a, covers_20, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a},
-    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a, covers_21, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a},
-    {"flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_22, workspace_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
-    {"flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_23, workspace_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
-    {"flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a, covers_24, workspace_flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a},
-    {"flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a, covers_25, workspace_flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a},
-    {"flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a, covers_26, workspace_flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_27, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_28, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_29, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_30, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
-    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a, covers_31, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a},
-    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a, covers_32, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a},
-    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_33, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
-    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_34, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a, covers_8, workspace_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a, covers_9, workspace_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e4_fp16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e4_fp16_sm90a, covers_10, workspace_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e4_fp16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e5_fp16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e5_fp16_sm90a, covers_11, workspace_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e5_fp16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a, covers_12, workspace_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a, covers_13, workspace_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a, covers_14, workspace_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a, covers_15, workspace_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a, covers_16, workspace_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a, covers_17, workspace_flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e4_bf16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e4_bf16_sm90a, covers_18, workspace_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e4_bf16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e5_bf16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e5_bf16_sm90a, covers_19, workspace_flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e5_bf16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a, covers_20, workspace_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a, covers_21, workspace_flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a, covers_22, workspace_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a},
+    {"flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a", "dispatch", launch_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a, covers_23, workspace_flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a},
+    {"flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a", "dispatch", launch_flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a, covers_24, workspace_flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a},
+    {"flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a", "dispatch", launch_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a, covers_25, workspace_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a},
+    {"flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_fp16_sm90a", "dispatch", launch_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_fp16_sm90a, covers_26, workspace_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_fp16_sm90a},
+    {"flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a", "dispatch", launch_flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a, covers_27, workspace_flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a},
+    {"flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a", "dispatch", launch_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a, covers_28, workspace_flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a},
+    {"flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a", "dispatch", launch_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a, covers_29, workspace_flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a, covers_30, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a},
+    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a, covers_31, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a},
+    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a, covers_32, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a},
+    {"flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_33, workspace_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
+    {"flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_34, workspace_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a, covers_35, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a},
+    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a, covers_36, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a},
+    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a, covers_37, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a},
+    {"flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_38, workspace_flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
+    {"flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_39, workspace_flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
+    {"flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a, covers_40, workspace_flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a},
+    {"flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a, covers_41, workspace_flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a},
+    {"flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a, covers_42, workspace_flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_43, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_44, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_45, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_46, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
+    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a, covers_47, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a},
+    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a, covers_48, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a},
+    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_49, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
+    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_50, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
 };
 constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
 
@@ -201,10 +265,10 @@ bool flash_attention_register_jit(const Entry* entry) {
   return true;
 }
 
-// The key as numbers, for codegen/jit.py: the run-time variables (D, B, Hq, Hkv, G, Lq, Lk, align, sm_count, causal), then
+// The key as numbers, for codegen/jit.py: the run-time variables (D, B, Hq, Hkv, G, Lq, Lk, align, sm_count, causal, KVE), then
 // the index of each axis value (dtype).
 std::vector<int64_t> flash_attention_key_values(const Key& key) {
-  return {key.D, key.B, key.Hq, key.Hkv, key.G, key.Lq, key.Lk, key.align, key.sm_count, key.causal, static_cast<int64_t>(key.dtype)};
+  return {key.D, key.B, key.Hq, key.Hkv, key.G, key.Lq, key.Lk, key.align, key.sm_count, key.causal, key.KVE, static_cast<int64_t>(key.dtype)};
 }
 
 int flash_attention_entry_count() { return kRowCount; }
@@ -235,167 +299,190 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64_causal_long: when D == 64 and causal == 1 and Lk >= 2048
   if (((key.D == 64) && (key.causal == 1) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[35].covers(key)) return row(35);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[30].covers(key)) return row(30);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64_causal: when D == 64 and causal == 1
   if (((key.D == 64) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[35].covers(key)) return row(35);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[30].covers(key)) return row(30);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64_long: when D == 64 and Lk >= 2048
   if (((key.D == 64) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[27].covers(key)) return row(27);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[43].covers(key)) return row(43);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[28].covers(key)) return row(28);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[44].covers(key)) return row(44);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64: when D == 64
   if ((key.D == 64)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[29].covers(key)) return row(29);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[45].covers(key)) return row(45);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[30].covers(key)) return row(30);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[46].covers(key)) return row(46);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_gqa_long: when D == 128 and G >= 4 and causal == 0 and Lk >= 2048
   if (((key.D == 128) && (key.G >= 4) && (key.causal == 0) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[37].covers(key)) return row(37);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[32].covers(key)) return row(32);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_causal_long: when D == 128 and causal == 1 and Lk >= 2048
   if (((key.D == 128) && (key.causal == 1) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[37].covers(key)) return row(37);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[32].covers(key)) return row(32);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_causal: when D == 128 and causal == 1
   if (((key.D == 128) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[37].covers(key)) return row(37);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[32].covers(key)) return row(32);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_long: when D == 128 and Lk >= 2048
   if (((key.D == 128) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[31].covers(key)) return row(31);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[47].covers(key)) return row(47);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[32].covers(key)) return row(32);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[48].covers(key)) return row(48);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128: when D == 128
   if ((key.D == 128)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[37].covers(key)) return row(37);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[32].covers(key)) return row(32);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d96_causal: when D == 96 and causal == 1
   if (((key.D == 96) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[36].covers(key)) return row(36);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[31].covers(key)) return row(31);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d96: when D == 96
   if ((key.D == 96)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[33].covers(key)) return row(33);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[49].covers(key)) return row(49);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[34].covers(key)) return row(34);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[50].covers(key)) return row(50);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d256_causal: when D == 256 and causal == 1
   if (((key.D == 256) && (key.causal == 1))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[23].covers(key)) return row(23);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[39].covers(key)) return row(39);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[34].covers(key)) return row(34);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d256: when D == 256
   if ((key.D == 256)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[23].covers(key)) return row(23);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[39].covers(key)) return row(39);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[34].covers(key)) return row(34);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
     }
   }
-  // specs/flash_attention.yaml:456: when True -> hopper_ws_fp8
+  // specs/flash_attention.yaml:486: when KVE > 0 -> mma_sync_fp8_cache
+  if ((key.KVE > 0)) {
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[8].covers(key)) return row(8);  // flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a
+      if (kEntries[9].covers(key)) return row(9);  // flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a
+      if (kEntries[10].covers(key)) return row(10);  // flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e4_fp16_sm90a
+      if (kEntries[11].covers(key)) return row(11);  // flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e5_fp16_sm90a
+      if (kEntries[12].covers(key)) return row(12);  // flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a
+      if (kEntries[13].covers(key)) return row(13);  // flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a
+      if (kEntries[14].covers(key)) return row(14);  // flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a
+      if (kEntries[15].covers(key)) return row(15);  // flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_fp16_sm90a
+    }
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[16].covers(key)) return row(16);  // flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a
+      if (kEntries[17].covers(key)) return row(17);  // flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a
+      if (kEntries[18].covers(key)) return row(18);  // flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e4_bf16_sm90a
+      if (kEntries[19].covers(key)) return row(19);  // flash_attention_mma_sync_fp8_cache_d96_block_m128_block_n64_warps8_stages2_swizzle0_qregs1_minb1_kv_e5_bf16_sm90a
+      if (kEntries[20].covers(key)) return row(20);  // flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a
+      if (kEntries[21].covers(key)) return row(21);  // flash_attention_mma_sync_fp8_cache_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a
+      if (kEntries[22].covers(key)) return row(22);  // flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e4_bf16_sm90a
+      if (kEntries[23].covers(key)) return row(23);  // flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a
+    }
+  }
+  // specs/flash_attention.yaml:488: when True -> hopper_ws_fp8
   if (true) {
     if (key.dtype == DType::kE4M3) {
-      if (kEntries[24].covers(key)) return row(24);  // flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
-      if (kEntries[25].covers(key)) return row(25);  // flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
-      if (kEntries[26].covers(key)) return row(26);  // flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
+      if (kEntries[40].covers(key)) return row(40);  // flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
+      if (kEntries[41].covers(key)) return row(41);  // flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
+      if (kEntries[42].covers(key)) return row(42);  // flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
     }
   }
-  // specs/flash_attention.yaml:458: when True -> hopper_ws
+  // specs/flash_attention.yaml:490: when True -> hopper_ws
   if (true) {
     if (key.dtype == DType::kFP16) {
-      if (kEntries[14].covers(key)) return row(14);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
-      if (kEntries[28].covers(key)) return row(28);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
-      if (kEntries[30].covers(key)) return row(30);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
-      if (kEntries[15].covers(key)) return row(15);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
-      if (kEntries[34].covers(key)) return row(34);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
-      if (kEntries[16].covers(key)) return row(16);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
-      if (kEntries[32].covers(key)) return row(32);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
-      if (kEntries[17].covers(key)) return row(17);  // flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
-      if (kEntries[18].covers(key)) return row(18);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[30].covers(key)) return row(30);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[44].covers(key)) return row(44);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[46].covers(key)) return row(46);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[31].covers(key)) return row(31);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[50].covers(key)) return row(50);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[32].covers(key)) return row(32);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[48].covers(key)) return row(48);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[33].covers(key)) return row(33);  // flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[34].covers(key)) return row(34);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[19].covers(key)) return row(19);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
-      if (kEntries[27].covers(key)) return row(27);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
-      if (kEntries[29].covers(key)) return row(29);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
-      if (kEntries[20].covers(key)) return row(20);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
-      if (kEntries[33].covers(key)) return row(33);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
-      if (kEntries[21].covers(key)) return row(21);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
-      if (kEntries[31].covers(key)) return row(31);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
-      if (kEntries[22].covers(key)) return row(22);  // flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
-      if (kEntries[23].covers(key)) return row(23);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[35].covers(key)) return row(35);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[43].covers(key)) return row(43);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[45].covers(key)) return row(45);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[36].covers(key)) return row(36);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[49].covers(key)) return row(49);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[37].covers(key)) return row(37);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[47].covers(key)) return row(47);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[38].covers(key)) return row(38);  // flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[39].covers(key)) return row(39);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:460: when True -> hopper
+  // specs/flash_attention.yaml:492: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
-      if (kEntries[8].covers(key)) return row(8);  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a
-      if (kEntries[9].covers(key)) return row(9);  // flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a
-      if (kEntries[10].covers(key)) return row(10);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_fp16_sm90a
+      if (kEntries[24].covers(key)) return row(24);  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a
+      if (kEntries[25].covers(key)) return row(25);  // flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_fp16_sm90a
+      if (kEntries[26].covers(key)) return row(26);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
-      if (kEntries[11].covers(key)) return row(11);  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a
-      if (kEntries[12].covers(key)) return row(12);  // flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
-      if (kEntries[13].covers(key)) return row(13);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
+      if (kEntries[27].covers(key)) return row(27);  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_bf16_sm90a
+      if (kEntries[28].covers(key)) return row(28);  // flash_attention_hopper_d128_block_m128_block_n128_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
+      if (kEntries[29].covers(key)) return row(29);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:462: when True -> mma_sync
+  // specs/flash_attention.yaml:494: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return row(0);  // flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a

@@ -4,10 +4,12 @@
 //   kind mma_sync: FlashAttention-2 forward: a CTA per block of query rows, K/V tiles through a cp.async ring, online softmax in registers, mma.sync m16n8k16 with fp32 accumulators
 //   256 threads: 8 warps x 1 m-tiles of 16 query rows; K/V tiles of 32 rows
 //   through a 2-stage cp.async ring; 131072 bytes of shared memory
+//   k, v: the dtype of q
 //   (XOR-swizzled rows of 256 elements)
-//   bank conflicts (ways, from the bank pass): ldmatrix 1, cp_async_fill 1, o_fragment_write 1, o_row_read 1
+//   bank conflicts (ways, from the bank pass): ldmatrix 1, cp_async_fill 1, o_fragment_write 1, o_row_read 1, fp8_raw_read 1, fp8_wide_write 1
 // What is computed is described in params.cuh.
 #include <cstdint>
+#include <type_traits>
 
 #include "epilogue.cuh"
 
@@ -31,10 +33,39 @@ constexpr int DT = D / 8;                  // 8-column output tiles
 constexpr int KD = D / 16;                 // k-steps of q . k
 constexpr int KN = BLOCK_N / 16;           // k-steps of p . v
 static_assert(MT * 16 * WARPS == BLOCK_M && BLOCK_N % 16 == 0 && D % 16 == 0, "tile shape");
+constexpr int KV_E = 0;         // an fp8 paged cache: exponent bits (4: e4m3, 5: e5m2); 0: k, v hold T
+constexpr bool FP8_KV = KV_E != 0;
+using C = std::conditional_t<FP8_KV, uint8_t, T>;  // a k / v element as stored
 
 using QTile = mma::Tile<BLOCK_M, D, SWIZZLE>;
 using KVTile = mma::Tile<BLOCK_N, D, SWIZZLE>;
-constexpr int STAGE_ELEMS = 2 * KVTile::ELEMS;  // K tile, then V tile
+// An fp8 tile as the ring receives it: plain rows of D bytes, read once by widen_tiles.
+struct RawTile {
+  static constexpr int ELEMS = BLOCK_N * D;
+  __device__ __forceinline__ static int offset(int row, int col) { return row * D + col; }
+};
+using RingTile = std::conditional_t<FP8_KV, RawTile, KVTile>;
+constexpr int STAGE_ELEMS = 2 * RingTile::ELEMS;            // K tile, then V tile (elements of C)
+constexpr int WIDE_ELEMS = FP8_KV ? 2 * KVTile::ELEMS : 0;  // fp8: the K and V tiles the MMAs read, widened to T
+
+// The raw fp8 K and V tiles of a stage widened into the 16-bit tiles the MMAs read, by every
+// thread, 8 values a step (8 bytes in, one 16-byte chunk out). Exact: the dequantization
+// factors act on the scores and the output instead. The MMAs read every row of a tile in every
+// warp, so the whole CTA widens it behind a barrier (the decode kernels, whose warps own their
+// rows of a tile, widen per warp).
+__device__ __forceinline__ void widen_tiles(T* wide, const C* raw) {
+  constexpr int GROUPS = D / 8;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < 2 * BLOCK_N * GROUPS; i += THREADS) {
+    const int which = i / (BLOCK_N * GROUPS), row = i / GROUPS % BLOCK_N, col = i % GROUPS * 8;
+    const uint2 in = *reinterpret_cast<const uint2*>(raw + which * RawTile::ELEMS + RawTile::offset(row, col));  // smem: fp8_raw_read
+    const uint4 out = make_uint4(mma::widen_fp8x2<T, KV_E == 5 ? 5 : 4>(in.x & 0xffffu),
+                                 mma::widen_fp8x2<T, KV_E == 5 ? 5 : 4>(in.x >> 16),
+                                 mma::widen_fp8x2<T, KV_E == 5 ? 5 : 4>(in.y & 0xffffu),
+                                 mma::widen_fp8x2<T, KV_E == 5 ? 5 : 4>(in.y >> 16));
+    *reinterpret_cast<uint4*>(wide + which * KVTile::ELEMS + KVTile::offset(row, col)) = out;  // smem: fp8_wide_write
+  }
+}
 
 // Grid: (query block, reversed so the longest causal rows start first; query head; batch).
 // WINDOW: a causal mask or window is set; EXTRAS: a soft cap or ALiBi transforms the scores.
@@ -42,7 +73,8 @@ template <bool WINDOW, bool EXTRAS>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* q_tile = reinterpret_cast<T*>(smem_raw);  // smem buffer: q_tile
-  T* ring = q_tile + QTile::ELEMS;  // smem buffer: kv_ring
+  T* wide = q_tile + QTile::ELEMS;  // fp8 cache: the widened K and V tiles; smem buffer: wide
+  C* ring = reinterpret_cast<C*>(wide + WIDE_ELEMS);  // smem buffer: kv_ring
 
   const int64_t b = blockIdx.z, h = blockIdx.y;
   const Sequence seq = sequence_of(p, b);
@@ -53,12 +85,12 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
   const int tile0 = block.tile0, tiles = block.tiles;
 
   const T* q = static_cast<const T*>(p.q) + b * p.q_sb + (seq.q_row0 + m0) * p.q_sl + h * p.q_sh;
-  const KVRows<T> k = key_rows<T>(p, b, seq, kv_head), v = value_rows<T>(p, b, seq, kv_head);
+  const KVRows<C> k = key_rows<C>(p, b, seq, kv_head), v = value_rows<C>(p, b, seq, kv_head);
   auto issue_tile = [&](int it) {
-    T* stage = ring + it % STAGES * STAGE_ELEMS;
+    C* stage = ring + it % STAGES * STAGE_ELEMS;
     const int n0 = (tile0 + it) * BLOCK_N;
-    load_kv_rows<KVTile, BLOCK_N, D, THREADS>(stage, k, n0, seq.lk - n0);
-    load_kv_rows<KVTile, BLOCK_N, D, THREADS>(stage + KVTile::ELEMS, v, n0, seq.lk - n0);
+    load_kv_rows<RingTile, BLOCK_N, D, THREADS>(stage, k, n0, seq.lk - n0);
+    load_kv_rows<RingTile, BLOCK_N, D, THREADS>(stage + RingTile::ELEMS, v, n0, seq.lk - n0);
   };
 
   // The Q block joins the first group of the ring.
@@ -85,8 +117,12 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
     row_max[2 * mt] = row_max[2 * mt + 1] = -INFINITY;
     row_sum[2 * mt] = row_sum[2 * mt + 1] = 0.f;
   }
+  // An fp8 cache's dequantization factors for this sequence and kv head: K's joins the scores'
+  // scale, V's the output's.
+  const float k_scale = FP8_KV && p.k_descale ? p.k_descale[b * p.k_descale_sb + kv_head * p.k_descale_sh] : 1.f;
+  const float v_scale = FP8_KV && p.v_descale ? p.v_descale[b * p.v_descale_sb + kv_head * p.v_descale_sh] : 1.f;
   // Raw q.k become base-2 exponents through one factor; transformed scores are already scaled.
-  const float log2_scale = EXTRAS ? LOG2E : p.scale * LOG2E;
+  const float log2_scale = EXTRAS ? LOG2E : p.scale * k_scale * LOG2E;
   const float slope = EXTRAS && p.alibi ? p.alibi[h] : 0.f;
 
   uint32_t qf[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KD : 1][4];
@@ -106,7 +142,12 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
         }
       }
     }
-    const T* k_tile = ring + it % STAGES * STAGE_ELEMS;
+    const C* stage = ring + it % STAGES * STAGE_ELEMS;
+    if constexpr (FP8_KV) {
+      widen_tiles(wide, stage);
+      __syncthreads();  // the widened tiles are whole (every read of the last ones came before the barrier above)
+    }
+    const T* k_tile = FP8_KV ? wide : reinterpret_cast<const T*>(stage);
     const uint32_t k_base = mma::smem_addr(k_tile), v_base = mma::smem_addr(k_tile + KVTile::ELEMS);
     const int n0 = (tile0 + it) * BLOCK_N;
 
@@ -141,6 +182,16 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
       }
     }
 
+    if constexpr (FP8_KV && EXTRAS) {  // the transforms take q . k in the inputs' values
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] *= k_scale;
+        }
+      }
+    }
     // Score transforms, then the mask where this tile has invisible keys (tiles wholly inside
     // every row's window skip the per-element test).
     transform_scores<MT, NT, EXTRAS>(s, p, block, row0, n0, seq.lk, block.partial(n0, seq.lk), slope, lane);
@@ -169,6 +220,16 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
   }
   cp_async_wait<0>();
   __syncthreads();  // every copy into the Q tile landed (with no tile to visit, none was waited for)
+  if constexpr (FP8_KV) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][dt][e] *= v_scale;
+      }
+    }
+  }
 
   // Epilogue: normalize, write the log-sum-exp, stage this warp's output rows in its own rows of
   // the Q tile (only this warp read them), then store them as 16-byte rows.
@@ -178,7 +239,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) forward_kernel(const Para
 template <bool WINDOW, bool EXTRAS>
 cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
   constexpr size_t smem = 131072;
-  static_assert(smem == QTile::BYTES + STAGES * 2 * KVTile::BYTES, "lowering and template agree on shared memory");
+  static_assert(smem == QTile::BYTES + WIDE_ELEMS * sizeof(T) + STAGES * STAGE_ELEMS * sizeof(C),
+                "lowering and template agree on shared memory");
   const dim3 grid(static_cast<unsigned>((p.Lq + BLOCK_M - 1) / BLOCK_M), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(p.B));
   return launch_kernel(forward_kernel<WINDOW, EXTRAS>, p, grid, THREADS, smem, stream);

@@ -107,15 +107,15 @@ struct Block {
 };
 
 // Stage `ROWS` rows of `COLS` elements starting at `src` (row stride `ld`) into a tile, by
-// THREADS threads in 16-byte pieces; rows at or past `valid` are zero-filled and never read.
-// Only the first DATA columns are read from `src`: the rest (a head size padded to whole
-// swizzle atoms) are zero-filled.
+// THREADS threads in 16-byte pieces (8 16-bit or 16 fp8 elements); rows at or past `valid` are
+// zero-filled and never read. Only the first DATA columns are read from `src`: the rest (a head
+// size padded to whole swizzle atoms) are zero-filled.
 template <class Tile, int ROWS, int COLS, int THREADS, typename T, int DATA = COLS>
 __device__ __forceinline__ void load_rows(T* tile, const T* src, int64_t ld, int valid) {
-  constexpr int CHUNKS = COLS / 8;
+  constexpr int PIECE = 16 / sizeof(T), CHUNKS = COLS / PIECE;
 #pragma unroll
   for (int i = threadIdx.x % THREADS; i < ROWS * CHUNKS; i += THREADS) {
-    const int row = i / CHUNKS, col = i % CHUNKS * 8;
+    const int row = i / CHUNKS, col = i % CHUNKS * PIECE;
     const bool ok = row < valid && col < DATA;
     cp_async_zfill<16>(tile + Tile::offset(row, col), src + (ok ? row * ld + col : 0), ok);  // smem: cp_async_fill
   }
@@ -148,10 +148,10 @@ __device__ __forceinline__ void load_kv_rows(T* tile, const KVRows<T>& src, int 
     load_rows<Tile, ROWS, COLS, THREADS>(tile, src.base + n0 * src.ld, src.ld, valid);
     return;
   }
-  constexpr int CHUNKS = COLS / 8;
+  constexpr int PIECE = 16 / sizeof(T), CHUNKS = COLS / PIECE;
 #pragma unroll
   for (int i = threadIdx.x % THREADS; i < ROWS * CHUNKS; i += THREADS) {
-    const int row = i / CHUNKS, col = i % CHUNKS * 8;
+    const int row = i / CHUNKS, col = i % CHUNKS * PIECE;
     const bool ok = row < valid;
     cp_async_zfill<16>(tile + Tile::offset(row, col), ok ? src.row(n0 + row) + col : src.base, ok);  // smem: cp_async_fill
   }

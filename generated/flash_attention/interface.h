@@ -29,6 +29,7 @@ struct Key {
   int64_t align;  // largest vector width (elements) that every pointer, stride and D allow
   int64_t sm_count;  // multiprocessors on the current device
   int64_t causal;  // 1 where no query sees a key after its own position (window_right == 0), else 0
+  int64_t KVE;  // exponent bits of an fp8 paged cache under a 16-bit q (4: e4m3, 5: e5m2); 0: k, v have q's dtype
   DType dtype;  // the dtype of q
 };
 

@@ -25,6 +25,13 @@ std::string caller(const Args& a) {
   return paged(a) ? "paged_attention" : packed(a) ? "flash_attention_varlen" : "flash_attention";
 }
 int64_t rows_dim(const Args& a) { return packed(a) ? 0 : 1; }
+
+// A paged cache in fp8 (float8_e4m3fn or float8_e5m2) under a 16-bit q: the forward widens its
+// tiles to q's dtype (the mma_sync_fp8_cache kind); k_descale and v_descale dequantize it.
+bool fp8_cache(const Args& a) {
+  const at::ScalarType k = a.k.scalar_type();
+  return paged(a) && (k == at::kFloat8_e4m3fn || k == at::kFloat8_e5m2) && !at::isFloat8Type(a.q.scalar_type());
+}
 int64_t head_dim(const Args& a) { return packed(a) ? 1 : 2; }
 
 void check_on_q_device(const std::string& op, const std::string& what, const at::Tensor& t, const at::Tensor& q) {
@@ -55,7 +62,14 @@ void check_attention(const Args& a) {
     const bool cache = paged(a) && *name != 'q';
     const int64_t want = cache ? 4 : rank;
     check_on_q_device(op, name, *t, q);
-    if (t->scalar_type() != q.scalar_type()) fail_value(op + name + " has dtype " + str(*t) + " but q has " + str(q));
+    if (cache && fp8_cache(a)) {
+      if (t->scalar_type() != a.k.scalar_type()) {
+        fail_value(op + name + " has dtype " + str(*t) + " but k has " + str(a.k) + " (an fp8 cache holds k and v in one dtype)");
+      }
+    } else if (t->scalar_type() != q.scalar_type()) {
+      fail_value(op + name + " has dtype " + str(*t) + " but q has " + str(q) +
+                 (cache ? " (a paged cache holds q's dtype, float8_e4m3fn or float8_e5m2)" : ""));
+    }
     if (t->dim() != want) {
       fail_value(op + name + " must be " + str(want) + "-D " + (cache ? "[pages, page rows, H, D]" : layout) + ", got shape " +
                  str(t->sizes()));
@@ -110,17 +124,19 @@ void check_attention(const Args& a) {
   if (rows > 2147483647LL / 2) fail_value(op + "sequences of " + str(rows) + " rows exceed the kernels' 32-bit row indices");
 }
 
-// The largest vector width every tensor the kernels move in 16-byte rows (row_tensors) allows.
+// The largest vector width, in elements of q, that every tensor the kernels move in 16-byte rows
+// (row_tensors) allows: each tensor's in bytes (an fp8 cache's elements are half q's), over q's.
 int64_t vector_align(const Args& a) {
   const int64_t D = a.q.size(a.q.dim() - 1);
-  int64_t align = 16 / a.q.element_size();
+  int64_t bytes = 16;
   for (const at::Tensor* t : row_tensors(a)) {  // each over its own dims (a paged k, v has one more than q)
-    align = std::min(align, detail::vector_align({t}, static_cast<int>(t->dim() - 1), {D}));
+    bytes = std::min(bytes, detail::vector_align({t}, static_cast<int>(t->dim() - 1), {D}) * t->element_size());
   }
-  return align;
+  return std::max<int64_t>(1, bytes / a.q.element_size());
 }
 
-void fill_key(const Args& a, const Outputs&, Key& key) {
+// The key's run-time variables the forward and the backward share (each op_impl's fill_key adds its own).
+void fill_attention_key(const Args& a, Key& key) {
   const int64_t rank = a.q.dim();
   key.D = a.q.size(rank - 1);
   key.Hq = a.q.size(rank - 2);
@@ -160,12 +176,13 @@ void fill_params(const Args& a, const Key& key, Params& p) {
   p.sm_count = key.sm_count;
 }
 
-std::vector<int64_t> built_head_sizes(DType dtype) {
+// The head sizes some instance covers for a call like `key` (its dtype and every other variable)
+// with every pointer and stride on 16 bytes.
+std::vector<int64_t> built_head_sizes(const Key& key) {
   std::vector<int64_t> sizes;
   for (int i = 0; i < flash_attention_entry_count(); ++i) {
-    Key probe{};
-    probe.dtype = dtype;
-    probe.align = 16;  // every pointer and stride on 16 bytes
+    Key probe = key;
+    probe.align = 16;
     for (int64_t d = 8; d <= 512; d += 8) {
       probe.D = d;
       if (flash_attention_entry(i)->covers(probe) && std::find(sizes.begin(), sizes.end(), d) == sizes.end()) sizes.push_back(d);
@@ -187,7 +204,7 @@ std::string describe(const Key& key) {
 }
 
 std::string uncovered(const Args& a, const Key& key) {
-  const std::vector<int64_t> built = built_head_sizes(key.dtype);
+  const std::vector<int64_t> built = built_head_sizes(key);
   if (std::find(built.begin(), built.end(), key.D) == built.end()) {
     return caller(a) + ": unsupported head size D=" + str(key.D) + "; built: " + join(built) +
            " (add it to specs/flash_attention.yaml)";
@@ -231,19 +248,24 @@ void check_pages(const Args& a) {
 bool fp8(const Args& a) { return at::isFloat8Type(a.q.scalar_type()); }
 
 // fp8 q, k, v: fixed or packed lengths, not a paged cache (every tile by TMA, V^T made per
-// sequence), and the descale factors, fp32 of one element (per tensor) or [B, Hkv] (per sequence
-// and kv head, as FlashAttention-3's).
+// sequence); an fp8 paged cache under a 16-bit q (fp8_cache): k_descale and v_descale. The
+// descale factors are fp32 of one element (per tensor) or [B, Hkv] (per sequence and kv head, as
+// FlashAttention-3's).
 void check_fp8(const Args& a) {
   const std::string op = caller(a) + ": ";
   const std::pair<const char*, const std::optional<at::Tensor>*> descales[] = {
       {"q_descale", &a.q_descale}, {"k_descale", &a.k_descale}, {"v_descale", &a.v_descale}};
-  if (!fp8(a)) {
+  if (!fp8(a) && !fp8_cache(a)) {
     for (const auto& [name, t] : descales) {
-      if (t->has_value()) fail_value(op + name + " is taken with float8 q, k, v only; q has " + str(a.q));
+      if (t->has_value()) {
+        fail_value(op + name + " is taken with float8 q, k, v or an fp8 paged cache only; q has " + str(a.q) + ", k " +
+                   str(a.k));
+      }
     }
     return;
   }
-  if (paged(a)) fail_value(op + "float8 q, k, v over a paged cache are not supported (fixed or packed rows only)");
+  if (fp8(a) && paged(a)) fail_value(op + "float8 q, k, v over a paged cache are not supported (fixed or packed rows only)");
+  if (fp8_cache(a) && a.q_descale) fail_value(op + "q_descale is taken with float8 q only; q has " + str(a.q));
   const int64_t batch = packed(a) ? a.cu_seqlens_q->size(0) - 1 : a.q.size(0), Hkv = a.k.size(a.k.dim() - 2);
   for (const auto& [name, t] : descales) {
     if (!t->has_value()) continue;
@@ -284,6 +306,11 @@ void fill_pages(const Args& a, Params& p) {
   p.page_shift = shift;
 }
 
+void fill_key(const Args& a, const Outputs&, Key& key) {
+  fill_attention_key(a, key);
+  key.KVE = !fp8_cache(a) ? 0 : a.k.scalar_type() == at::kFloat8_e5m2 ? 5 : 4;
+}
+
 // Empty calls still go through the dispatch (an unsupported head size is refused either way).
 bool nothing_to_do(const Args&, Outputs&) { return false; }
 
@@ -295,7 +322,7 @@ void run(const Entry* entry, const Args& a, const Key& key, Outputs& outputs) {
   Params p{};
   fill_params(a, key, p);
   fill_pages(a, p);
-  if (fp8(a)) {
+  if (fp8(a) || fp8_cache(a)) {
     fill_descale(a.q_descale, p.q_descale, p.q_descale_sb, p.q_descale_sh);
     fill_descale(a.k_descale, p.k_descale, p.k_descale_sb, p.k_descale_sh);
     fill_descale(a.v_descale, p.v_descale, p.v_descale_sb, p.v_descale_sh);

@@ -23,6 +23,13 @@ std::string caller(const Args& a) {
   return paged(a) ? "paged_attention" : packed(a) ? "flash_attention_grad_varlen" : "flash_attention_grad";
 }
 int64_t rows_dim(const Args& a) { return packed(a) ? 0 : 1; }
+
+// A paged cache in fp8 (float8_e4m3fn or float8_e5m2) under a 16-bit q: the forward widens its
+// tiles to q's dtype (the mma_sync_fp8_cache kind); k_descale and v_descale dequantize it.
+bool fp8_cache(const Args& a) {
+  const at::ScalarType k = a.k.scalar_type();
+  return paged(a) && (k == at::kFloat8_e4m3fn || k == at::kFloat8_e5m2) && !at::isFloat8Type(a.q.scalar_type());
+}
 int64_t head_dim(const Args& a) { return packed(a) ? 1 : 2; }
 
 void check_on_q_device(const std::string& op, const std::string& what, const at::Tensor& t, const at::Tensor& q) {
@@ -53,7 +60,14 @@ void check_attention(const Args& a) {
     const bool cache = paged(a) && *name != 'q';
     const int64_t want = cache ? 4 : rank;
     check_on_q_device(op, name, *t, q);
-    if (t->scalar_type() != q.scalar_type()) fail_value(op + name + " has dtype " + str(*t) + " but q has " + str(q));
+    if (cache && fp8_cache(a)) {
+      if (t->scalar_type() != a.k.scalar_type()) {
+        fail_value(op + name + " has dtype " + str(*t) + " but k has " + str(a.k) + " (an fp8 cache holds k and v in one dtype)");
+      }
+    } else if (t->scalar_type() != q.scalar_type()) {
+      fail_value(op + name + " has dtype " + str(*t) + " but q has " + str(q) +
+                 (cache ? " (a paged cache holds q's dtype, float8_e4m3fn or float8_e5m2)" : ""));
+    }
     if (t->dim() != want) {
       fail_value(op + name + " must be " + str(want) + "-D " + (cache ? "[pages, page rows, H, D]" : layout) + ", got shape " +
                  str(t->sizes()));
@@ -108,17 +122,19 @@ void check_attention(const Args& a) {
   if (rows > 2147483647LL / 2) fail_value(op + "sequences of " + str(rows) + " rows exceed the kernels' 32-bit row indices");
 }
 
-// The largest vector width every tensor the kernels move in 16-byte rows (row_tensors) allows.
+// The largest vector width, in elements of q, that every tensor the kernels move in 16-byte rows
+// (row_tensors) allows: each tensor's in bytes (an fp8 cache's elements are half q's), over q's.
 int64_t vector_align(const Args& a) {
   const int64_t D = a.q.size(a.q.dim() - 1);
-  int64_t align = 16 / a.q.element_size();
+  int64_t bytes = 16;
   for (const at::Tensor* t : row_tensors(a)) {  // each over its own dims (a paged k, v has one more than q)
-    align = std::min(align, detail::vector_align({t}, static_cast<int>(t->dim() - 1), {D}));
+    bytes = std::min(bytes, detail::vector_align({t}, static_cast<int>(t->dim() - 1), {D}) * t->element_size());
   }
-  return align;
+  return std::max<int64_t>(1, bytes / a.q.element_size());
 }
 
-void fill_key(const Args& a, const Outputs&, Key& key) {
+// The key's run-time variables the forward and the backward share (each op_impl's fill_key adds its own).
+void fill_attention_key(const Args& a, Key& key) {
   const int64_t rank = a.q.dim();
   key.D = a.q.size(rank - 1);
   key.Hq = a.q.size(rank - 2);
@@ -158,12 +174,13 @@ void fill_params(const Args& a, const Key& key, Params& p) {
   p.sm_count = key.sm_count;
 }
 
-std::vector<int64_t> built_head_sizes(DType dtype) {
+// The head sizes some instance covers for a call like `key` (its dtype and every other variable)
+// with every pointer and stride on 16 bytes.
+std::vector<int64_t> built_head_sizes(const Key& key) {
   std::vector<int64_t> sizes;
   for (int i = 0; i < flash_attention_grad_entry_count(); ++i) {
-    Key probe{};
-    probe.dtype = dtype;
-    probe.align = 16;  // every pointer and stride on 16 bytes
+    Key probe = key;
+    probe.align = 16;
     for (int64_t d = 8; d <= 512; d += 8) {
       probe.D = d;
       if (flash_attention_grad_entry(i)->covers(probe) && std::find(sizes.begin(), sizes.end(), d) == sizes.end()) sizes.push_back(d);
@@ -185,7 +202,7 @@ std::string describe(const Key& key) {
 }
 
 std::string uncovered(const Args& a, const Key& key) {
-  const std::vector<int64_t> built = built_head_sizes(key.dtype);
+  const std::vector<int64_t> built = built_head_sizes(key);
   if (std::find(built.begin(), built.end(), key.D) == built.end()) {
     return caller(a) + ": unsupported head size D=" + str(key.D) + "; built: " + join(built) +
            " (add it to specs/flash_attention_grad.yaml)";
@@ -223,6 +240,8 @@ void check(const Args& a) {
     fail_value(op + "d_lse must have lse's strides " + str(a.lse.strides()) + ", got " + str(a.d_lse->strides()));
   }
 }
+
+void fill_key(const Args& a, const Outputs&, Key& key) { fill_attention_key(a, key); }
 
 // Empty calls still go through the dispatch (an unsupported head size is refused either way).
 bool nothing_to_do(const Args&, Outputs&) { return false; }

@@ -417,17 +417,8 @@ __device__ __forceinline__ void issue_tile(C* stage, const Params& p, const int3
   }
 }
 
-// Two fp8 values (the low byte first) widened to T, packed as an MMA operand register holds
-// them. Exact: every e4m3 and e5m2 value is a half and a bfloat16 value.
-__device__ __forceinline__ uint32_t widen2(uint16_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, KV_E == 5 ? __NV_E5M2 : __NV_E4M3);
-  if constexpr (std::is_same_v<T, __half>) {
-    return static_cast<uint32_t>(h.x) | static_cast<uint32_t>(h.y) << 16;
-  } else {
-    const float2 f = __half22float2(__half2(h));
-    return mma::pack2<T>(f.x, f.y);
-  }
-}
+// Two fp8 values (the low byte first) widened to T (mma.cuh), exactly.
+__device__ __forceinline__ uint32_t widen2(uint16_t two) { return mma::widen_fp8x2<T, KV_E == 5 ? 5 : 4>(two); }
 
 // One warp's rows [row0, row0 + WARP_TOKENS) of the raw fp8 K and V tiles of a stage widened
 // into the 16-bit tiles its MMAs read; 8 values (8 bytes in, one 16-byte chunk out) per step.

@@ -121,23 +121,38 @@ def flash_attention():
             continue
         dtype = torch.bfloat16 if "bf16" in name else torch.float16
         q, k, v = (torch.randn(2, L, H, D, device="cuda").to(dtype) for L, H in ((70, 4), (133, 2), (133, 2)))
+        cu = torch.tensor([0, 0, 5, 70], dtype=torch.int32, device="cuda")
+        if "_fp8_cache_" in name:   # an fp8 paged cache under a 16-bit q: paged_attention only
+            cache_dtype = torch.float8_e5m2 if "_kv_e5_" in name else torch.float8_e4m3fn
+            paged_call(name, q, cu, D, cache_dtype, dtype)
+            print(f"{name}: over an fp8 cache")
+            continue
         for kwargs in ({"causal": True}, {"window": (40, 3), "alibi_slopes": torch.rand(4, device="cuda")}, {}):
             out = fa.flash_attention(q, k, v, instance=name, **kwargs)
             ref, _ = reference.flash_attention(q, k, v, **kwargs)
             err = ((out.double() - ref).norm() / ref.norm()).item()
             assert err < 2e-2, (name, kwargs, err)
         print(f"{name}: rel err {err:.2e}")
-        cu = torch.tensor([0, 0, 5, 70], dtype=torch.int32, device="cuda")
         fa.flash_attention_varlen(q[0], q[1, :, :2], q[1, :, 2:], cu, cu, 65, 65, causal=True, instance=name)
-        # over a paged cache (paged_attention): pages of 8 shuffled, a sequence with no query token,
-        # contexts ending mid-page, the HND layout
-        pa = importlib.import_module("attngen.paged_attention")
-        cache = torch.randn(2, 40, 2, 8, D, device="cuda").to(dtype)      # k and v: [blocks, Hkv, 8, D] (HND)
-        table = torch.randperm(40, device="cuda")[:36].to(torch.int32).reshape(3, 12)
-        lens = torch.tensor([3, 90, 77], dtype=torch.int32, device="cuda")
-        out = pa.paged_attention(q[0], cache[0], cache[1], table, cu, lens, 65, 90, kv_layout="HND", instance=name)
-        ref, _ = reference.paged_attention(q[0], cache[0], cache[1], table, cu, lens, kv_layout="HND")
-        assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-2, name
+        paged_call(name, q, cu, D, dtype, dtype)
+
+
+def paged_call(name, q, cu, D, cache_dtype, dtype):
+    """paged_attention through instance `name`: pages of 8 shuffled, a sequence with no query token,
+    contexts ending mid-page, the HND layout; an fp8 cache with per-kv-head scales."""
+    import importlib  # noqa: E402
+
+    pa = importlib.import_module("attngen.paged_attention")
+    cache = torch.randn(2, 40, 2, 8, D, device="cuda").to(dtype)      # k and v: [blocks, Hkv, 8, D] (HND)
+    scales = {}
+    if cache_dtype != dtype:
+        scales = {"k_scale": torch.tensor([0.5, 2.0], device="cuda"), "v_scale": torch.tensor([0.25, 1.0], device="cuda")}
+        cache = cache.to(cache_dtype)
+    table = torch.randperm(40, device="cuda")[:36].to(torch.int32).reshape(3, 12)
+    lens = torch.tensor([3, 90, 77], dtype=torch.int32, device="cuda")
+    out = pa.paged_attention(q[0], cache[0], cache[1], table, cu, lens, 65, 90, kv_layout="HND", instance=name, **scales)
+    ref, _ = reference.paged_attention(q[0], cache[0], cache[1], table, cu, lens, kv_layout="HND", **scales)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-2, name
 
 
 def flash_attention_grad():

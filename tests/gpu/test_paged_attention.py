@@ -5,7 +5,9 @@ batches mixing 1, 2, 17, 300 and 2049 query tokens with contexts of 1 to 5000 to
 prefill, a context of exactly one block), both cache layouts, block sizes 8, 16, 32, GQA groups
 1, 4, 7, 8, head sizes 64, 96, 128, 256; every compiled forward instance forced on a paged
 batch; NaN in every cache slot outside the contexts (pages of 8 to 256 rows); window, soft cap,
-ALiBi; the lse; outputs poisoned; a bad block id caught by validate."""
+ALiBi; the lse; outputs poisoned; a bad block id caught by validate. An fp8 cache (e4m3, e5m2;
+per-tensor and per-kv-head scales) against the reference on the dequantized cache, through
+dispatch and every fp8-cache instance forced."""
 import importlib
 import math
 
@@ -69,7 +71,8 @@ def test_mixed_batches_over_the_cache(D, dtype, layout, block_size, groups):
     check(case, layout, f"D={D} {dtype} {layout} block {block_size} Hq={Hq} Hkv={Hkv}")
 
 
-INSTANCES = sorted((n, r) for n, r in family_manifest("flash_attention").items() if r["dtype"] != "e4m3")  # fp8: no pages
+INSTANCES = sorted((n, r) for n, r in family_manifest("flash_attention").items()
+                   if r["dtype"] != "e4m3" and "kv_e" not in r["params"])  # e4m3 q: no pages; kv_e: an fp8 cache (below)
 
 
 @pytest.mark.parametrize("name,row", INSTANCES, ids=[n for n, _ in INSTANCES])
@@ -158,3 +161,89 @@ def test_decode_shaped_batches_run_on_the_decode_kinds(Q):
     low, _ = reference.paged_attention(**index, dtype=torch.bfloat16)
     err, bound = (out.double() - ref).abs().max().item(), 2 * (low.double() - ref).abs().max().item() + 1e-5
     assert err <= bound, (err, bound)
+
+
+# ---- an fp8 cache ------------------------------------------------------------------------------
+FP8 = {4: torch.float8_e4m3fn, 5: torch.float8_e5m2}
+
+
+def fp8_case(case, layout, kv_e, per_head):
+    """The case with its cache stored in fp8 as K / k_scale, V / v_scale (scales that put the values
+    near the middle of the fp8 range), and the options that pass the scales (float32 [Hkv] or [1])."""
+    k, v = case["k_cache"], case["v_cache"]
+    Hkv = k.shape[2] if layout == "NHD" else k.shape[1]
+    n = Hkv if per_head else 1
+    k_scale = torch.linspace(0.02, 0.05, n, device="cuda")
+    v_scale = torch.linspace(0.05, 0.03, n, device="cuda")
+    per = (lambda f: f[:, None]) if layout == "NHD" else (lambda f: f[:, None, None])   # over (head, ...)
+    k8 = (k.float() / per(k_scale)).to(FP8[kv_e])
+    v8 = (v.float() / per(v_scale)).to(FP8[kv_e])
+    return {**case, "k_cache": k8, "v_cache": v8}, dict(k_scale=k_scale, v_scale=v_scale)
+
+
+@pytest.mark.parametrize("D", [64, 96, 128, 256])
+@pytest.mark.parametrize("dtype, kv_e, per_head, layout, block_size, groups", [
+    (torch.bfloat16, 4, True, "NHD", 16, (8, 1)), (torch.float16, 5, False, "HND", 8, (28, 4)),
+    (torch.bfloat16, 5, True, "HND", 32, (14, 2)), (torch.float16, 4, True, "NHD", 32, (16, 2))])
+def test_fp8_cache_mixed_batches(D, dtype, kv_e, per_head, layout, block_size, groups):
+    Hq, Hkv = groups
+    case, layout = paged_case(MIXED, Hq, Hkv, D, dtype, block_size, layout, seed=D + kv_e)
+    case, scales = fp8_case(case, layout, kv_e, per_head)
+    check(case, layout, f"D={D} {dtype} e{kv_e} per_head={per_head} {layout} block {block_size} Hq={Hq} Hkv={Hkv}",
+          **scales)
+
+
+FP8_INSTANCES = sorted((n, r) for n, r in family_manifest("flash_attention").items() if "kv_e" in r["params"])
+
+
+@pytest.mark.parametrize("name,row", FP8_INSTANCES, ids=[n for n, _ in FP8_INSTANCES])
+def test_every_fp8_cache_instance(name, row):
+    D, dtype = row["params"]["d"], {"bf16": torch.bfloat16, "fp16": torch.float16}[row["dtype"]]
+    case, layout = paged_case([(1, 1), (130, 700), (64, 64), (3, 16)], 8, 2, D, dtype, block_size=16, seed=D)
+    case, scales = fp8_case(case, layout, row["params"]["kv_e"], per_head=True)
+    check(case, layout, name, instance=name, **scales)
+
+
+@pytest.mark.parametrize("options", [dict(window=(100, 0)), dict(soft_cap=20.0), dict(causal=False),
+                                     dict(alibi=True)], ids=["window", "soft_cap", "full", "alibi"])
+def test_fp8_cache_score_options(options):
+    """The soft cap and ALiBi act on q . k in the inputs' values: k_scale applies before them."""
+    case, layout = paged_case(MIXED[:5], 8, 2, 128, torch.bfloat16, 16, "NHD", seed=4)
+    case, scales = fp8_case(case, layout, 4, per_head=True)
+    if options.pop("alibi", False):
+        options["alibi_slopes"] = torch.rand(8, device="cuda") * 0.1
+    check(case, layout, str(options), **options, **scales)
+
+
+def test_fp8_cache_slots_outside_the_contexts_are_never_read():
+    seqs = [(300, 300), (17, 1000), (1, 129), (130, 700), (64, 64), (5, 256)]
+    case, layout = paged_case(seqs, 8, 2, 128, torch.bfloat16, 16, "NHD", seed=9)
+    poison_outside_contexts(case, layout, seqs)
+    case, scales = fp8_case(case, layout, 4, per_head=False)   # NaN stays NaN in e4m3
+    check(case, layout, "e4m3, NaN outside the contexts", **scales)
+
+
+def test_fp8_cache_decode_shaped_batches_run_on_the_decode_kinds():
+    import attngen
+    Q = 4
+    seqs = [(Q, 1000), (Q, 16), (Q, 3000)]
+    case, layout = paged_case(seqs, 32, 8, 128, torch.bfloat16, seed=11)
+    case, scales = fp8_case(case, layout, 5, per_head=True)
+    out = pa.paged_attention(**case, **scales)
+    want = attngen.paged_decode(case["q"].view(3, Q, 32, 128), case["k_cache"], case["v_cache"], case["block_table"],
+                                case["context_lens"], **scales)
+    assert torch.equal(out, want.view(out.shape))
+
+
+def test_fp8_cache_bad_input():
+    case, layout = paged_case(MIXED[:3], 8, 2, 128, torch.bfloat16, seed=2)
+    fp8, scales = fp8_case(case, layout, 4, per_head=True)
+    with pytest.raises(ValueError, match=r"^paged_attention: v_cache has dtype torch.float8_e5m2 but k_cache has "
+                                         r"torch.float8_e4m3fn"):
+        pa.paged_attention(**{**fp8, "v_cache": fp8["v_cache"].float().to(torch.float8_e5m2)})
+    with pytest.raises(ValueError, match=r"^paged_attention: k_scale is given but the cache is torch.bfloat16"):
+        pa.paged_attention(**case, k_scale=scales["k_scale"])
+    with pytest.raises(ValueError, match=r"^paged_attention: v_scale must be a float32 \[1\] or \[Hkv=2\]"):
+        pa.paged_attention(**fp8, v_scale=torch.ones(3, device="cuda"))
+    with pytest.raises(ValueError, match=r"^paged_attention: q has dtype torch.float32"):
+        pa.paged_attention(**{**fp8, "q": fp8["q"].float()})

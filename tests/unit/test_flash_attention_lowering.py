@@ -2,7 +2,7 @@
 (codegen/families/flash_attention.py): the producer's and consumers' register split, the shared
 memory of the ring, the d256 points (48-key tiles serve D 256, 32-key tiles are the schedule head
 sizes between 128 and 256 take on first use), and head sizes padded to whole swizzle atoms (d96,
-and others built on first use)."""
+and others built on first use); the fp8 kinds (e4m3 q, k, v; an fp8 paged cache under a 16-bit q)."""
 import pytest
 
 from codegen import jit, pipeline
@@ -75,7 +75,8 @@ def test_the_lazy_rescale_reaches_the_kernel_as_the_spec_sets_it():
         assert f"constexpr int SLACK = {slack};" in text, inst.name
 
 
-FLASH_KEY = {"B": 2, "Hq": 16, "Hkv": 16, "G": 1, "Lq": 1024, "Lk": 1024, "align": 8, "sm_count": 132, "causal": 0}
+FLASH_KEY = {"B": 2, "Hq": 16, "Hkv": 16, "G": 1, "Lq": 1024, "Lk": 1024, "align": 8, "sm_count": 132, "causal": 0,
+             "KVE": 0}
 
 
 @pytest.mark.parametrize("head, tile", [(80, 128), (160, 192), (192, 192)])
@@ -144,3 +145,56 @@ def test_the_output_dtype_follows_fp8_inputs():
     """op.outputs.out's dtype `bfloat16 if fp8(q) else q` becomes a C++ conditional on q's dtype."""
     text = (ROOT / "generated" / "flash_attention" / "op.cpp").read_text()
     assert "(at::isFloat8Type(a.q.scalar_type()) ? at::kBFloat16 : a.q.scalar_type())" in text
+
+
+# ---- an fp8 paged cache under a 16-bit q (mma_sync_fp8_cache) --------------------------------
+CACHE_NAME = "flash_attention_mma_sync_fp8_cache_d{}_block_m128_block_n{}_warps{}_stages2_swizzle{}_qregs{}_minb1_kv_e{}_{}_sm90a"
+
+
+def test_the_fp8_cache_points_hold_raw_tiles_and_their_widened_pair():
+    """The Q tile, the K and V tiles widened to 16 bits, and a ring of raw fp8 tiles (D bytes a row,
+    half a 16-bit stage); the mma_sync tiling of each head size, one instance per cache format."""
+    by_name = shipped()
+    d128 = by_name[CACHE_NAME.format(128, 128, 8, 1, 0, 4, "bf16")].d
+    plain = by_name["flash_attention_mma_sync_d128_block_m128_block_n128_warps8_stages2_swizzle1_qregs0_minb1_bf16_sm90a"].d
+    assert d128["kv_e"] == 4 and plain["kv_e"] == 0
+    assert d128["smem_bytes"] == 128 * 128 * 2 + 2 * 128 * 128 * 2 + 2 * 2 * 128 * 128
+    assert plain["smem_bytes"] == 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2
+    d96 = by_name[CACHE_NAME.format(96, 64, 8, 0, 1, 5, "fp16")].d   # padded 16-bit rows, raw rows unpadded
+    assert d96["smem_bytes"] == 128 * 104 * 2 + 2 * 64 * 104 * 2 + 2 * 2 * 64 * 96
+    assert "fp8 e5m2" in d96["cache_doc"]
+    kinds = {(i.kind, i.p["kv_e"]) for i in by_name.values() if "kv_e" in i.p and i.family == "flash_attention"}
+    assert kinds == {("mma_sync_fp8_cache", 4), ("mma_sync_fp8_cache", 5)}
+
+
+def test_the_widening_is_conflict_free_on_swizzled_tiles():
+    """8 bytes a lane read from the raw rows and 16 written into the swizzled tile: one wavefront
+    per phase. d96's padded rows (104 elements, for conflict-free ldmatrix) cost the 16-byte
+    writes one wavefront in five."""
+    by_name = shipped()
+    for args in ((128, 128, 8, 1, 0, 4, "bf16"), (96, 64, 8, 0, 1, 4, "bf16"), (64, 64, 4, 1, 0, 5, "fp16")):
+        bank = by_name[CACHE_NAME.format(*args)].d["bank"]
+        assert bank["fp8_raw_read"]["wavefronts"] == bank["fp8_raw_read"]["ideal"] == 2, args
+        write = bank["fp8_wide_write"]
+        assert (write["wavefronts"], write["ideal"]) == ((5, 4) if args[0] == 96 else (4, 4)), args
+
+
+def test_only_an_fp8_cache_key_reaches_the_fp8_cache_kind():
+    """KVE (the cache's exponent bits) picks the kind; no 16-bit kind covers an fp8 cache and the
+    fp8-cache kind covers no 16-bit one, whatever rule (tuned or default) comes first."""
+    from codegen import dispatch
+    (spec, insts), = pipeline.lower(pipeline.expand(pipeline.load([SPEC])))
+    for D in (64, 96, 128, 256):
+        for kve in (0, 4, 5):
+            for causal in (0, 1):
+                key = {**FLASH_KEY, "D": D, "KVE": kve, "causal": causal}
+                inst = dispatch.select(spec, insts, key, {"dtype": "bf16"})
+                assert inst is not None, key
+                assert (inst.kind == "mma_sync_fp8_cache") == (kve > 0), (key, inst.name)
+                assert inst.p.get("kv_e", 0) == kve
+
+
+def test_an_fp8_cache_head_size_between_the_built_ones_builds_on_first_use():
+    spec = jit.spec_of("flash_attention")
+    inst = jit.plan(spec, {**FLASH_KEY, "D": 80, "KVE": 5}, {"dtype": "fp16"}).inst
+    assert inst.kind == "mma_sync_fp8_cache" and inst.p["d"] == 80 and inst.p["kv_e"] == 5 and inst.p["swizzle"] == 0
