@@ -57,11 +57,35 @@ def meta_case(**over):
     return args
 
 
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_an_fp8_cache_is_dequantized_per_kv_head(layout):
+    """K = k_scale * k8 and V = v_scale * v8 per kv head ([Hkv]) or for all ([1]), in either layout."""
+    q, k, v, table, cu, lens = paged_case([2, 4], [7, 10], layout=layout, seed=3)
+    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e5m2)
+    head = 2 if layout == "NHD" else 1   # the kv-head dim of the cache
+    for k_scale, v_scale in ((torch.tensor([0.5, 4.0]), torch.tensor([2.0, 0.25])), (torch.tensor([3.0]), None)):
+        per = [1] * 4
+        per[head] = -1
+        want_k = k8.double() * k_scale.double().reshape(per)
+        want_v = v8.double() * (1.0 if v_scale is None else v_scale.double().reshape(per))
+        out, lse = reference.paged_attention(q, k8, v8, table, cu, lens, kv_layout=layout, k_scale=k_scale, v_scale=v_scale)
+        want, want_lse = reference.paged_attention(q, want_k, want_v, table, cu, lens, kv_layout=layout)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("over, message", [
     (dict(q=torch.empty(9, 4, 64)), "q must be a CUDA tensor"),
     (dict(q=torch.empty(1, 9, 4, 64, dtype=torch.bfloat16, device="meta")), "q must be packed [total_q, Hq, D]"),
     (dict(k_cache=torch.empty(20, 16, 2, 64, dtype=torch.float8_e4m3fn, device="meta")),
-     "k_cache has dtype torch.float8_e4m3fn but q has torch.bfloat16 (fp8 caches: paged_decode, for now)"),
+     "v_cache has dtype torch.bfloat16 but k_cache has torch.float8_e4m3fn (the cache holds q's dtype, or "
+     "float8_e4m3fn / float8_e5m2 for both K and V)"),
+    (dict(k_cache=torch.empty(20, 16, 2, 64, dtype=torch.float32, device="meta")),
+     "k_cache has dtype torch.float32 but q has torch.bfloat16"),
+    (dict(k_scale=torch.ones(1, device="meta")), "k_scale is given but the cache is torch.bfloat16"),
+    (dict(k_cache=torch.empty(20, 16, 2, 64, dtype=torch.float8_e5m2, device="meta"),
+          v_cache=torch.empty(20, 16, 2, 64, dtype=torch.float8_e5m2, device="meta"), v_scale=torch.ones(3, device="meta")),
+     "v_scale must be a float32 [1] or [Hkv=2], got torch.float32 (3,)"),
     (dict(k_cache=torch.empty(20, 12, 2, 64, dtype=torch.bfloat16, device="meta"),
           v_cache=torch.empty(20, 12, 2, 64, dtype=torch.bfloat16, device="meta")), "block_size must be a power of two, at least 8"),
     (dict(block_table=torch.empty(2, 4, dtype=torch.int64, device="meta")), "block_table must be int32 [S, max_blocks]"),
