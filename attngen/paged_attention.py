@@ -108,7 +108,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     window: Optional[Sequence[int]] = None, alibi_slopes: Optional[torch.Tensor] = None,
                     soft_cap: Optional[float] = None, return_lse: bool = False, kv_layout: str = "NHD", *,
                     validate: bool = True, instance: Optional[str] = None, k_scale: Optional[torch.Tensor] = None,
-                    v_scale: Optional[torch.Tensor] = None):
+                    v_scale: Optional[torch.Tensor] = None, num_decodes: int = 0, decode_query_tokens: int = 1):
     """Attention of packed query tokens over a paged KV cache.
 
     q [total_q, Hq, D] (sequence s holds rows cu_seqlens_q[s] .. cu_seqlens_q[s + 1] - 1, int32
@@ -123,18 +123,72 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     and scale as flash_attention's. Returns out [total_q, Hq, D], and with return_lse the
     natural-log log-sum-exp [Hq, total_q] fp32, to merge with attention over other keys (cascade).
     A decode-shaped batch (every sequence the same number of query tokens, at most
-    paged.max_query_tokens(), causal, no window, no lse) runs on paged_decode's kinds. No
-    gradient: the cache is inference state."""
+    paged.max_query_tokens(), causal, no window, no lse) runs on paged_decode's kinds.
+    num_decodes > 0 says that the first num_decodes sequences have decode_query_tokens query
+    tokens each (at most paged.max_query_tokens()): the order serving engines keep a mixed batch
+    in, decodes first, known on the host. Those run on paged_decode's kinds and the rest on the
+    prefill kernels, two launches (causal, no window, no lse; otherwise the whole batch runs on
+    the prefill kernels). validate=True checks the claim against cu_seqlens_q. No gradient: the
+    cache is inference state."""
     k, v = (paged.cache_view(c, kv_layout, name, NAME) for c, name in ((k_cache, "k_cache"), (v_cache, "v_cache")))
     _check(q, k, v, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len, k_scale, v_scale)
+    _check_decodes(q, block_table, num_decodes, decode_query_tokens)
     if validate:
         _validate(q, k, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len)
+        _validate_decodes(cu_seqlens_q, num_decodes, decode_query_tokens)
+    cache = dict(k_cache=k_cache, v_cache=v_cache, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale)
     if instance is None and _decode_shaped(q, block_table, max_seqlen_q, causal, window, return_lse):
-        S, Q = block_table.shape[0], max_seqlen_q
-        out = paged.paged_decode(q.view(S, Q, *q.shape[1:]), k_cache, v_cache, block_table, context_lens, scale,
-                                 alibi_slopes=alibi_slopes, soft_cap=soft_cap, kv_layout=kv_layout, k_scale=k_scale,
-                                 v_scale=v_scale)
-        return out.view(q.shape)
+        return _decode(q, block_table, context_lens, max_seqlen_q, scale, alibi_slopes, soft_cap, cache)
+    S = block_table.shape[0]
+    if instance is None and 0 < num_decodes < S and causal and window is None and not return_lse:
+        n, rows = num_decodes, num_decodes * decode_query_tokens
+        head = _decode(q[:rows], block_table[:n], context_lens[:n], decode_query_tokens, scale, alibi_slopes, soft_cap,
+                       cache)
+        tail = _prefill(q[rows:], k, v, block_table[n:], cu_seqlens_q[n:] - rows, context_lens[n:],
+                        min(max_seqlen_q, q.shape[0] - rows), max_context_len, causal, scale, window, alibi_slopes,
+                        soft_cap, k_scale, v_scale, None)[0]
+        return torch.cat([head, tail])
+    out, lse = _prefill(q, k, v, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len, causal, scale,
+                        window, alibi_slopes, soft_cap, k_scale, v_scale, instance)
+    return (out, lse) if return_lse else out
+
+
+def _check_decodes(q, block_table, num_decodes, decode_query_tokens) -> None:
+    S = block_table.shape[0]
+    if not isinstance(num_decodes, int) or not 0 <= num_decodes <= S:
+        _fail(f"num_decodes must be an int in [0, {S}] (the sequences of block_table), got {num_decodes!r}")
+    if num_decodes == 0:
+        return
+    limit = paged.max_query_tokens()
+    if not isinstance(decode_query_tokens, int) or not 1 <= decode_query_tokens <= limit:
+        _fail(f"decode_query_tokens must be an int in [1, {limit}] (the decode kinds' most), got {decode_query_tokens!r}")
+    if num_decodes * decode_query_tokens > q.shape[0]:
+        _fail(f"num_decodes={num_decodes} sequences of {decode_query_tokens} query tokens exceed q's {q.shape[0]} rows")
+
+
+def _validate_decodes(cu_seqlens_q, num_decodes, decode_query_tokens) -> None:
+    """num_decodes against the lengths (reads cu_seqlens_q: it synchronizes)."""
+    if num_decodes == 0:
+        return
+    lens = (cu_seqlens_q[1:num_decodes + 1] - cu_seqlens_q[:num_decodes]).tolist()
+    bad = next((s for s, n in enumerate(lens) if n != decode_query_tokens), None)
+    if bad is not None:
+        _fail(f"num_decodes={num_decodes} says sequences 0..{num_decodes - 1} have {decode_query_tokens} query tokens "
+              f"each, but sequence {bad} has {lens[bad]}")
+
+
+def _decode(q, block_table, context_lens, Q, scale, alibi_slopes, soft_cap, cache) -> torch.Tensor:
+    """Sequences of Q query tokens each (q's rows in order) on paged_decode's kinds."""
+    S = block_table.shape[0]
+    out = paged.paged_decode(q.view(S, Q, *q.shape[1:]), cache["k_cache"], cache["v_cache"], block_table, context_lens,
+                             scale, alibi_slopes=alibi_slopes, soft_cap=soft_cap, kv_layout=cache["kv_layout"],
+                             k_scale=cache["k_scale"], v_scale=cache["v_scale"])
+    return out.view(q.shape)
+
+
+def _prefill(q, k, v, block_table, cu_seqlens_q, context_lens, max_seqlen_q, max_context_len, causal, scale, window,
+             alibi_slopes, soft_cap, k_scale, v_scale, instance):
+    """The batch on the flash_attention op's prefill kernels (k, v the caches' NHD views): (out, lse)."""
     left, right = _window(causal, window, NAME)
     scale, alibi_slopes, soft_cap = _extras(q, alibi_slopes, soft_cap, scale, NAME)
     _register()
@@ -143,5 +197,4 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     k_scale, v_scale = (x if x is None or x.numel() == 1 else x.view(1, Hkv).expand(S, Hkv) for x in (k_scale, v_scale))
     args = (_aligned(q), k, v, cu_seqlens_q.contiguous(), None, max_seqlen_q, max_context_len, scale, left, right,
             alibi_slopes, soft_cap, False, block_table, context_lens.contiguous(), None, k_scale, v_scale)
-    out, lse = _call(args, instance)
-    return (out, lse) if return_lse else out
+    return _call(args, instance)

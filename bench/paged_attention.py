@@ -6,8 +6,9 @@ N tokens), and a chunk of N tokens onto a cached context of 4N. TFLOP/s count th
 (i, j) pairs: 4 * D * Hq * sum over sequences of the causal rows' keys. Decode-shaped batches
 (1 to 16 query tokens per sequence) beside paged_decode, in TB/s of the cache read. An fp8 (e4m3)
 copy of each cache, per-tensor scales, through dispatch (the mma_sync_fp8_cache kind), beside the
-bf16 cache on the mma.sync kernel it widens into (`mma_sync` forced): the widening's cost. Writes
-paged_attention.json, .md and .png under --out.
+bf16 cache on the mma.sync kernel it widens into (`mma_sync` forced): the widening's cost. Mixed
+batches (decodes first, then prefill chunks) whole on the prefill kernels against split by
+num_decodes. Writes paged_attention.json, .md and .png under --out.
 
   python -m bench.paged_attention [--out DIR]
 """
@@ -168,6 +169,47 @@ def measure_decode(S, Q, ctx) -> dict:
     return row
 
 
+# Mixed batches as a serving engine schedules them (decodes first, then prefill chunks):
+# (decodes, their query tokens, their context, [(chunk tokens, context)...]). The whole batch on
+# the prefill kernels against num_decodes splitting it between paged_decode and the prefill kernels.
+MIXED_SHAPES = [(64, 1, 2000, [(2048, 6144)]), (128, 1, 1000, [(512, 4096)]), (32, 4, 3000, [(1024, 1024), (1024, 5120)]),
+                (16, 1, 8000, [(256, 8192)])]
+
+
+def mixed_case(decodes, Qd, ctx_d, chunks, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    seqs = [(Qd, ctx_d)] * decodes + chunks
+    pages = [(n + BLOCK - 1) // BLOCK for _, n in seqs]
+    width, blocks = max(pages), sum(pages)
+    perm = torch.randperm(blocks, generator=g, device="cuda").to(torch.int32)
+    table = torch.zeros(len(seqs), width, dtype=torch.int32, device="cuda")
+    start = 0
+    for s, p in enumerate(pages):
+        table[s, :p] = perm[start:start + p]
+        start += p
+    k_cache = torch.randn(blocks, BLOCK, HKV, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn(blocks, BLOCK, HKV, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    total = sum(lq for lq, _ in seqs)
+    q = torch.randn(total, HQ, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0] + [sum(lq for lq, _ in seqs[: i + 1]) for i in range(len(seqs))], dtype=torch.int32, device="cuda")
+    lens = torch.tensor([n for _, n in seqs], dtype=torch.int32, device="cuda")
+    return dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=table, cu_seqlens_q=cu, context_lens=lens,
+                max_seqlen_q=max(lq for lq, _ in seqs), max_context_len=max(n for _, n in seqs))
+
+
+def measure_mixed(decodes, Qd, ctx_d, chunks) -> dict:
+    paged = mixed_case(decodes, Qd, ctx_d, chunks, seed=decodes)
+    whole = pa.paged_attention(**paged)
+    split = pa.paged_attention(**paged, num_decodes=decodes, decode_query_tokens=Qd)
+    row = {"decodes": decodes, "Q": Qd, "decode_context": ctx_d, "chunks": chunks,
+           "max_diff": (whole.float() - split.float()).abs().max().item()}
+    row["whole_us"] = do_bench(lambda: pa.paged_attention(**paged, validate=False)) * 1e3
+    row["split_us"] = do_bench(lambda: pa.paged_attention(**paged, validate=False, num_decodes=decodes,
+                                                          decode_query_tokens=Qd)) * 1e3
+    row["split_speedup"] = row["whole_us"] / row["split_us"]
+    return row
+
+
 def run():
     rows = []
     for S, N, before in SHAPES:
@@ -178,10 +220,14 @@ def run():
     for S, Q, ctx in DECODE_SHAPES:
         decode.append(measure_decode(S, Q, ctx))
         print(json.dumps(decode[-1]), flush=True)
-    return rows, decode
+    mixed = []
+    for shape in MIXED_SHAPES:
+        mixed.append(measure_mixed(*shape))
+        print(json.dumps(mixed[-1]), flush=True)
+    return rows, decode, mixed
 
 
-def markdown(rows, decode, meta) -> str:
+def markdown(rows, decode, meta, mixed=()) -> str:
     lines = [f"# paged_attention (prefill over a paged KV cache) on {meta['device']}, commit {meta['commit']}", "",
              f"bf16, D{D}, Hq {HQ} / Hkv {HKV}, block size {BLOCK} (pages shuffled), causal. `varlen`: "
              "flash_attention_varlen on the same keys stored contiguously; `gather+SDPA`: torch gathers the pages "
@@ -217,6 +263,16 @@ def markdown(rows, decode, meta) -> str:
             lines.append(f"| {r['S']} | {r['Q']} | {r['context']} | {r['paged_attention_us']:.1f} | "
                          f"{r['paged_attention_tbps']:.2f} | {r['paged_decode_us']:.1f} | {r['paged_decode_tbps']:.2f} | "
                          f"{r['diff_vs_decode']:.2e} |")
+    if mixed:
+        lines += ["", "Mixed batches, decodes first (as engines order them): the whole batch on the prefill kernels "
+                  "against `num_decodes` splitting it, the decodes on paged_decode's kinds and the chunks on the prefill "
+                  "kernels (two launches).", "",
+                  "| decodes x Q | decode context | prefill chunks (tokens / context) | whole us | split us | speedup | "
+                  "max diff |", "|---|---|---|---|---|---|---|"]
+        for r in mixed:
+            chunks = ", ".join(f"{n} / {c}" for n, c in r["chunks"])
+            lines.append(f"| {r['decodes']} x {r['Q']} | {r['decode_context']} | {chunks} | {r['whole_us']:.1f} | "
+                         f"{r['split_us']:.1f} | {r['split_speedup']:.2f}x | {r['max_diff']:.2e} |")
     return "\n".join(lines) + "\n"
 
 
@@ -254,12 +310,13 @@ def main():
         plot(json.loads((out / "paged_attention.json").read_text())["rows"], out / "paged_attention.png")
         return
     t0 = time.time()
-    rows, decode = run()
+    rows, decode, mixed = run()
     meta = run_meta(t0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "paged_attention.json").write_text(json.dumps({"meta": meta, "rows": rows, "decode": decode}, indent=1) + "\n")
-    (out / "paged_attention.md").write_text(markdown(rows, decode, meta))
+    (out / "paged_attention.json").write_text(json.dumps({"meta": meta, "rows": rows, "decode": decode, "mixed": mixed},
+                                                         indent=1) + "\n")
+    (out / "paged_attention.md").write_text(markdown(rows, decode, meta, mixed))
     plot(rows, out / "paged_attention.png")
     print((out / "paged_attention.md").read_text())
 

@@ -134,3 +134,60 @@ def test_decode_shaped_batches_go_to_paged_decode(monkeypatch):
         assert not pa._decode_shaped(case["q"], case["block_table"], **args), why
     many = torch.empty(2 * 17, 4, 64, dtype=torch.bfloat16, device="meta")
     assert not pa._decode_shaped(many, case["block_table"], 17, True, None, False)  # past the decode kinds' 16
+
+
+def test_num_decodes_splits_a_mixed_batch_between_the_decode_and_prefill_kernels(monkeypatch):
+    """The first num_decodes sequences (decode_query_tokens each) go to paged_decode with their rows
+    of q, block_table and context_lens; the rest to the prefill op with cu_seqlens_q shifted to
+    start at 0; out is the two in q's order. Not split: an lse asked, a window, not causal."""
+    monkeypatch.setattr(pa.paged, "max_query_tokens", lambda: 16)
+    decodes, prefills = [], []
+
+    def fake_decode(q, k_cache, v_cache, block_table, context_lens, scale, **kwargs):
+        decodes.append((tuple(q.shape), tuple(block_table.shape), tuple(context_lens.shape)))
+        return torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+
+    def fake_call(args, instance):
+        q, cu, table, lens, max_q = args[0], args[3], args[13], args[14], args[5]
+        prefills.append((tuple(q.shape), tuple(cu.shape), tuple(table.shape), tuple(lens.shape), max_q))
+        return torch.zeros(q.shape, dtype=q.dtype, device=q.device), torch.zeros(q.shape[1], q.shape[0], device=q.device)
+    monkeypatch.setattr(pa.paged, "paged_decode", fake_decode)
+    monkeypatch.setattr(pa, "_call", fake_call)
+    monkeypatch.setattr(pa, "_register", lambda: None)
+    # 5 sequences: 3 decodes of 2 tokens, then 7 and 40 query tokens
+    case = meta_case(q=torch.empty(3 * 2 + 47, 4, 64, dtype=torch.bfloat16, device="meta"),
+                     block_table=torch.empty(5, 4, dtype=torch.int32, device="meta"),
+                     cu_seqlens_q=torch.empty(6, dtype=torch.int32, device="meta"),
+                     context_lens=torch.empty(5, dtype=torch.int32, device="meta"), max_seqlen_q=40)
+    out = pa.paged_attention(**case, validate=False, num_decodes=3, decode_query_tokens=2)
+    assert decodes == [((3, 2, 4, 64), (3, 4), (3,))]
+    assert prefills == [((47, 4, 64), (3,), (2, 4), (2,), 40)]
+    assert out.shape == (53, 4, 64)
+    decodes.clear(), prefills.clear()
+    for whole in (dict(return_lse=True), dict(window=(8, 0)), dict(causal=False)):
+        pa.paged_attention(**case, validate=False, num_decodes=3, decode_query_tokens=2, **whole)
+        assert not decodes and prefills[-1][0] == (53, 4, 64), whole
+
+
+@pytest.mark.parametrize("over, message", [
+    (dict(num_decodes=6), "num_decodes must be an int in [0, 5]"),
+    (dict(num_decodes=2, decode_query_tokens=17), "decode_query_tokens must be an int in [1, 16]"),
+    (dict(num_decodes=5, decode_query_tokens=16), "num_decodes=5 sequences of 16 query tokens exceed q's 53 rows"),
+])
+def test_bad_decode_counts_are_named(monkeypatch, over, message):
+    monkeypatch.setattr(pa.paged, "max_query_tokens", lambda: 16)
+    case = meta_case(q=torch.empty(53, 4, 64, dtype=torch.bfloat16, device="meta"),
+                     block_table=torch.empty(5, 4, dtype=torch.int32, device="meta"),
+                     cu_seqlens_q=torch.empty(6, dtype=torch.int32, device="meta"),
+                     context_lens=torch.empty(5, dtype=torch.int32, device="meta"), max_seqlen_q=40)
+    with pytest.raises(ValueError) as info:
+        pa.paged_attention(**case, validate=False, **over)
+    assert str(info.value).startswith(f"paged_attention: {message}"), str(info.value)
+
+
+def test_validate_checks_the_decode_count_against_the_lengths():
+    cu = torch.tensor([0, 1, 2, 4, 30], dtype=torch.int32)
+    pa._validate_decodes(cu, 2, 1)
+    with pytest.raises(ValueError, match=r"^paged_attention: num_decodes=3 says sequences 0..2 have 1 query tokens "
+                                         r"each, but sequence 2 has 2"):
+        pa._validate_decodes(cu, 3, 1)

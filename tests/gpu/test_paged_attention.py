@@ -247,3 +247,31 @@ def test_fp8_cache_bad_input():
         pa.paged_attention(**fp8, v_scale=torch.ones(3, device="cuda"))
     with pytest.raises(ValueError, match=r"^paged_attention: q has dtype torch.float32"):
         pa.paged_attention(**{**fp8, "q": fp8["q"].float()})
+
+
+@pytest.mark.parametrize("Qd, kv_e", [(1, 0), (4, 0), (1, 4)])
+def test_num_decodes_splits_a_mixed_batch(Qd, kv_e):
+    """Decodes first (Qd query tokens each), then prefill chunks: with num_decodes the decode rows are
+    paged_decode's on those sequences and the rest the prefill kernels' on the others (bit-equal to
+    the batch unsplit there), both right against the float64 reference."""
+    import attngen
+    seqs = [(Qd, 1000), (Qd, 16), (Qd, 3000), (Qd, Qd), (300, 300), (17, 2000), (0, 40), (129, 700)]
+    case, layout = paged_case(seqs, 16, 4, 128, torch.bfloat16, seed=13 + Qd)
+    scales = {}
+    if kv_e:
+        case, scales = fp8_case(case, layout, kv_e, per_head=True)
+    torch.full((1 << 24,), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison the allocator
+    out = pa.paged_attention(**case, num_decodes=4, decode_query_tokens=Qd, **scales)
+    whole = pa.paged_attention(**case, **scales)
+    rows = 4 * Qd
+    want = attngen.paged_decode(case["q"][:rows].view(4, Qd, 16, 128), case["k_cache"], case["v_cache"],
+                                case["block_table"][:4], case["context_lens"][:4], **scales)
+    assert torch.equal(out[:rows], want.view(rows, 16, 128))
+    assert torch.equal(out[rows:], whole[rows:])
+    index = {k: case[k] for k in ("q", "k_cache", "v_cache", "block_table", "cu_seqlens_q", "context_lens")}
+    ref, _ = reference.paged_attention(**index, **scales)
+    low, _ = reference.paged_attention(**index, dtype=torch.bfloat16, **scales)
+    err, bound = (out.double() - ref).abs().max().item(), 2 * (low.double() - ref).abs().max().item() + 1e-5
+    assert err <= bound, (err, bound)
+    with pytest.raises(ValueError, match=r"^paged_attention: num_decodes=5 says sequences 0..4 have"):
+        pa.paged_attention(**case, num_decodes=5, decode_query_tokens=Qd, **scales)
