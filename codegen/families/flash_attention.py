@@ -23,7 +23,7 @@ from __future__ import annotations
 from ..arch import MAX_REGS, WGMMA_N, Arch
 from ..instance import KernelInstance
 from ..passes import Rejected, banks, vectorize
-from ..passes.tiles import atoms_bank_accesses, bank_accesses, layout, pitch, plain_layout
+from ..passes.tiles import atoms_bank_accesses, atoms_layout, bank_accesses, layout, pitch, plain_layout
 from . import Family, Lowering, TunePlan
 
 FORWARD = "flash_attention/forward.cu.j2"
@@ -31,6 +31,7 @@ FORWARD_WGMMA = "flash_attention/forward_wgmma.cu.j2"
 FORWARD_WS = "flash_attention/forward_ws.cu.j2"
 FORWARD_WS_FP8 = "flash_attention/forward_ws_fp8.cu.j2"   # forward_ws.cu.j2 with the fp8-only knob exp16
 FORWARD_FP8_CACHE = "flash_attention/forward_fp8_cache.cu.j2"   # forward.cu.j2 with kv_e (an fp8 paged cache)
+FORWARD_WS_FP8_CACHE = "flash_attention/forward_ws_fp8_cache.cu.j2"   # forward_ws.cu.j2 with kv_e
 # Register estimate per thread: fp32 output and score fragments, Q fragments when held, and
 # what addressing, the softmax state and the operands in flight take (ptxas has the last
 # word; the compile tier checks its report for spills).
@@ -257,6 +258,15 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
                                 f"within fp16's range)")
     cols = tile_columns(d, elem)
     out_cols = d if elem == 1 else cols           # fp8: V^T's rows; else V's padded columns
+    kv_e = p.get("kv_e", 0)   # forward_ws_fp8_cache.cu.j2 only: the producer widens an fp8 cache
+    if kv_e not in (0, 4, 5):
+        raise Rejected("kv_e", f"kv_e={kv_e}: 4 (e4m3) or 5 (e5m2) exponent bits of an fp8 cache, 0 for none")
+    if kv_e and (elem != 2 or cols != d):
+        raise Rejected("d", f"an fp8 cache is widened under a 16-bit q into heads of whole 64-column atoms; "
+                            f"d={d} {inst.a['dtype']}")
+    if kv_e and block_n * d // 16 % 128:
+        raise Rejected("block_n", f"{block_n} rows of {d // 16} raw 16-byte pieces do not split over the producer's "
+                                  "128 threads")
     rows_per_copier = block_n * cols * elem // 16 // 128   # key rows each producer thread copies per tile
     if p["page_ids"] < 1 or rows_per_copier % p["page_ids"]:
         raise Rejected("page_ids", f"page_ids={p['page_ids']}: the page ids a producer thread loads together must "
@@ -271,18 +281,36 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
                                   f"consumer warpgroups get at minb={minb}")
     barriers = (2 + 4 * stages) * MBARRIER_BYTES
     value_tile = out_cols * block_n if elem == 1 else block_n * cols   # V^T's or V's tile, elements
-    smem = 1024 + ((block_m + stages * block_n) * cols + stages * value_tile) * elem + barriers
+    raw = 2 * block_n * d if kv_e else 0          # an fp8 cache: the producer's raw K and V rows of a tile
+    smem = 1024 + ((block_m + stages * block_n) * cols + stages * value_tile) * elem + raw + barriers
     _check_smem(smem, minb, arch)
     wide = cols * elem // 2   # the accesses' 16-bit columns: the same bytes
-    bank = banks.model(atoms_bank_accesses(wide, block_m, staged_epilogue=False),
-                       unpadded=atoms_bank_accesses(wide, block_m, staged_epilogue=False, offset=plain_layout(wide)))
+    widening = _widening_accesses(wide, block_n)
+    bank = banks.model(atoms_bank_accesses(wide, block_m, staged_epilogue=False) + widening(atoms_layout(block_n)),
+                       unpadded=atoms_bank_accesses(wide, block_m, staged_epilogue=False, offset=plain_layout(wide)) +
+                       widening(plain_layout(wide)))
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "regs_estimate": regs, "bank": bank, "tile_cols": cols,
         "out_cols": out_cols, "out_ctype": "__nv_bfloat16" if elem == 1 else inst.ctype, "exp16": 0, "slack": slack,
         "producer_regs": producer_regs, "consumer_regs": consumer_regs,
-        "loads_doc": "TMA, a box per page of a paged cache, cp.async for packed batches" if tma else "cp.async",
-        "threads_param": "warpgroups", "smem_param": "stages",
+        "loads_doc": ("an fp8 cache's raw rows by cp.async, widened by the producer" if kv_e else
+                      "TMA, a box per page of a paged cache, cp.async for packed batches" if tma else "cp.async"),
+        "threads_param": "warpgroups", "smem_param": "stages", "kv_e": kv_e,
     })
+
+
+def _widening_accesses(d: int, block_n: int):
+    """forward_ws.cu.j2's producer over an fp8 cache (tagged in every instance, run where kv_e is
+    set): lane i copies and reads raw piece i (16 bytes of rows D bytes long: consecutive), then
+    writes its first 8 values widened into the key tile's atoms at (row, 16 (i % (D / 16)))."""
+    chunks = d // 16
+
+    def accesses(offset):
+        def wide_write(lane, _pad):
+            return offset(lane // chunks, lane % chunks * 16) * 2
+        return [banks.contiguous("fp8_raw_fill", 16, ("raw",)), banks.contiguous("fp8_raw_read", 16, ("raw",)),
+                banks.Access("fp8_wide_write", 16, wide_write, ("kv_ring",))]
+    return accesses
 
 
 def _lower_warp_specialized_fp8(inst: KernelInstance, arch: Arch) -> KernelInstance:
@@ -318,6 +346,10 @@ FAMILY = Family(
                               "overlap": "int0", "pingpong": "int0", "minb": "int", "tma": "int0",
                               "page_ids": "int", "slack": "int0"},
                              _lower_warp_specialized),
+        FORWARD_WS_FP8_CACHE: Lowering({"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int",
+                                        "stages": "int", "overlap": "int0", "pingpong": "int0", "minb": "int",
+                                        "tma": "int0", "page_ids": "int", "slack": "int0", "kv_e": "int"},
+                                       _lower_warp_specialized),
         FORWARD_WS_FP8: Lowering({"d": "int", "block_m": "int", "block_n": "int", "warpgroups": "int", "stages": "int",
                                   "overlap": "int0", "pingpong": "int0", "minb": "int", "tma": "int0",
                                   "page_ids": "int", "exp16": "int0"},

@@ -100,6 +100,30 @@ cudaError_t launch_flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warp
 size_t workspace_flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e4_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e4_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e5_fp16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e5_fp16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e4_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e4_bf16_sm90a(const Params&);
+cudaError_t launch_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e5_bf16_sm90a(const Params&, cudaStream_t);
+size_t workspace_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e5_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a(const Params&, cudaStream_t);
 size_t workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a(const Params&);
 cudaError_t launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a(const Params&, cudaStream_t);
@@ -162,14 +186,26 @@ bool covers_39(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0
 bool covers_40(const Key& key) { return ((key.D == 64) && ((key.align % 16) == 0) && (key.KVE == 0)); }
 bool covers_41(const Key& key) { return ((key.D == 128) && ((key.align % 16) == 0) && (key.KVE == 0)); }
 bool covers_42(const Key& key) { return ((key.D == 256) && ((key.align % 16) == 0) && (key.KVE == 0)); }
-bool covers_43(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
-bool covers_44(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
-bool covers_45(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
-bool covers_46(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
-bool covers_47(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 0)); }
-bool covers_48(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 0)); }
-bool covers_49(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0) && (key.KVE == 0)); }
-bool covers_50(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_43(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 4)); }
+bool covers_44(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 5)); }
+bool covers_45(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 4)); }
+bool covers_46(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 5)); }
+bool covers_47(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 4)); }
+bool covers_48(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 5)); }
+bool covers_49(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 4)); }
+bool covers_50(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 5)); }
+bool covers_51(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 4)); }
+bool covers_52(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 5)); }
+bool covers_53(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 4)); }
+bool covers_54(const Key& key) { return ((key.D == 256) && ((key.align % 8) == 0) && (key.KVE == 5)); }
+bool covers_55(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_56(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_57(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_58(const Key& key) { return ((key.D == 64) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_59(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_60(const Key& key) { return ((key.D == 128) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_61(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0) && (key.KVE == 0)); }
+bool covers_62(const Key& key) { return ((key.D == 96) && ((key.align % 8) == 0) && (key.KVE == 0)); }
 
 const Entry kEntries[] = {
     {"flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a", "dispatch", launch_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a, covers_0, workspace_flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a},
@@ -215,14 +251,26 @@ const Entry kEntries[] = {
     {"flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a, covers_40, workspace_flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a},
     {"flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a, covers_41, workspace_flash_attention_hopper_ws_fp8_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a},
     {"flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a, covers_42, workspace_flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_43, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_44, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_45, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
-    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_46, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
-    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a, covers_47, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a},
-    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a, covers_48, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a},
-    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_49, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
-    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_50, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
+    {"flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_fp16_sm90a, covers_43, workspace_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_fp16_sm90a},
+    {"flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_fp16_sm90a, covers_44, workspace_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_fp16_sm90a},
+    {"flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_fp16_sm90a, covers_45, workspace_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_fp16_sm90a},
+    {"flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_fp16_sm90a, covers_46, workspace_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_fp16_sm90a},
+    {"flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e4_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e4_fp16_sm90a, covers_47, workspace_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e4_fp16_sm90a},
+    {"flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e5_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e5_fp16_sm90a, covers_48, workspace_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e5_fp16_sm90a},
+    {"flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_bf16_sm90a, covers_49, workspace_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_bf16_sm90a},
+    {"flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_bf16_sm90a, covers_50, workspace_flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_bf16_sm90a},
+    {"flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_bf16_sm90a, covers_51, workspace_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_bf16_sm90a},
+    {"flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_bf16_sm90a, covers_52, workspace_flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_bf16_sm90a},
+    {"flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e4_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e4_bf16_sm90a, covers_53, workspace_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e4_bf16_sm90a},
+    {"flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e5_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e5_bf16_sm90a, covers_54, workspace_flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e5_bf16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_55, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_56, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_57, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
+    {"flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_58, workspace_flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
+    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a, covers_59, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a},
+    {"flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a, covers_60, workspace_flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a},
+    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a, covers_61, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a},
+    {"flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a", "dispatch", launch_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a, covers_62, workspace_flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a},
 };
 constexpr int kRowCount = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
 
@@ -317,19 +365,19 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64_long: when D == 64 and Lk >= 2048
   if (((key.D == 64) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[43].covers(key)) return row(43);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[55].covers(key)) return row(55);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[44].covers(key)) return row(44);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[56].covers(key)) return row(56);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d64: when D == 64
   if ((key.D == 64)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[45].covers(key)) return row(45);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[57].covers(key)) return row(57);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[46].covers(key)) return row(46);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[58].covers(key)) return row(58);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_gqa_long: when D == 128 and G >= 4 and causal == 0 and Lk >= 2048
@@ -362,10 +410,10 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128_long: when D == 128 and Lk >= 2048
   if (((key.D == 128) && (key.Lk >= 2048))) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[47].covers(key)) return row(47);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[59].covers(key)) return row(59);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[48].covers(key)) return row(48);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[60].covers(key)) return row(60);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d128: when D == 128
@@ -389,10 +437,10 @@ const Entry* flash_attention_select(const Key& key) {
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d96: when D == 96
   if ((key.D == 96)) {
     if (key.dtype == DType::kBF16) {
-      if (kEntries[49].covers(key)) return row(49);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[61].covers(key)) return row(61);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
     }
     if (key.dtype == DType::kFP16) {
-      if (kEntries[50].covers(key)) return row(50);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[62].covers(key)) return row(62);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
     }
   }
   // tuned: tuned/sm_90a/flash_attention.yaml: bucket d256_causal: when D == 256 and causal == 1
@@ -413,7 +461,26 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[34].covers(key)) return row(34);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
     }
   }
-  // specs/flash_attention.yaml:486: when KVE > 0 -> mma_sync_fp8_cache
+  // specs/flash_attention.yaml:517: when KVE > 0 -> hopper_ws_fp8_cache
+  if ((key.KVE > 0)) {
+    if (key.dtype == DType::kFP16) {
+      if (kEntries[43].covers(key)) return row(43);  // flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_fp16_sm90a
+      if (kEntries[44].covers(key)) return row(44);  // flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_fp16_sm90a
+      if (kEntries[45].covers(key)) return row(45);  // flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_fp16_sm90a
+      if (kEntries[46].covers(key)) return row(46);  // flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_fp16_sm90a
+      if (kEntries[47].covers(key)) return row(47);  // flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e4_fp16_sm90a
+      if (kEntries[48].covers(key)) return row(48);  // flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e5_fp16_sm90a
+    }
+    if (key.dtype == DType::kBF16) {
+      if (kEntries[49].covers(key)) return row(49);  // flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_bf16_sm90a
+      if (kEntries[50].covers(key)) return row(50);  // flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_bf16_sm90a
+      if (kEntries[51].covers(key)) return row(51);  // flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_bf16_sm90a
+      if (kEntries[52].covers(key)) return row(52);  // flash_attention_hopper_ws_fp8_cache_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e5_bf16_sm90a
+      if (kEntries[53].covers(key)) return row(53);  // flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e4_bf16_sm90a
+      if (kEntries[54].covers(key)) return row(54);  // flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e5_bf16_sm90a
+    }
+  }
+  // specs/flash_attention.yaml:519: when KVE > 0 -> mma_sync_fp8_cache
   if ((key.KVE > 0)) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[8].covers(key)) return row(8);  // flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a
@@ -436,7 +503,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[23].covers(key)) return row(23);  // flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:488: when True -> hopper_ws_fp8
+  // specs/flash_attention.yaml:521: when True -> hopper_ws_fp8
   if (true) {
     if (key.dtype == DType::kE4M3) {
       if (kEntries[40].covers(key)) return row(40);  // flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
@@ -444,32 +511,32 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[42].covers(key)) return row(42);  // flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
     }
   }
-  // specs/flash_attention.yaml:490: when True -> hopper_ws
+  // specs/flash_attention.yaml:523: when True -> hopper_ws
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[30].covers(key)) return row(30);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
-      if (kEntries[44].covers(key)) return row(44);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
-      if (kEntries[46].covers(key)) return row(46);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[56].covers(key)) return row(56);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[58].covers(key)) return row(58);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
       if (kEntries[31].covers(key)) return row(31);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
-      if (kEntries[50].covers(key)) return row(50);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
+      if (kEntries[62].covers(key)) return row(62);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
       if (kEntries[32].covers(key)) return row(32);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
-      if (kEntries[48].covers(key)) return row(48);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
+      if (kEntries[60].covers(key)) return row(60);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
       if (kEntries[33].covers(key)) return row(33);  // flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
       if (kEntries[34].covers(key)) return row(34);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
     }
     if (key.dtype == DType::kBF16) {
       if (kEntries[35].covers(key)) return row(35);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
-      if (kEntries[43].covers(key)) return row(43);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
-      if (kEntries[45].covers(key)) return row(45);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[55].covers(key)) return row(55);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[57].covers(key)) return row(57);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
       if (kEntries[36].covers(key)) return row(36);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
-      if (kEntries[49].covers(key)) return row(49);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
+      if (kEntries[61].covers(key)) return row(61);  // flash_attention_hopper_ws_d96_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
       if (kEntries[37].covers(key)) return row(37);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
-      if (kEntries[47].covers(key)) return row(47);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
+      if (kEntries[59].covers(key)) return row(59);  // flash_attention_hopper_ws_d128_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_bf16_sm90a
       if (kEntries[38].covers(key)) return row(38);  // flash_attention_hopper_ws_d256_block_m128_block_n32_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
       if (kEntries[39].covers(key)) return row(39);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:492: when True -> hopper
+  // specs/flash_attention.yaml:525: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[24].covers(key)) return row(24);  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a
@@ -482,7 +549,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[29].covers(key)) return row(29);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:494: when True -> mma_sync
+  // specs/flash_attention.yaml:527: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return row(0);  // flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a

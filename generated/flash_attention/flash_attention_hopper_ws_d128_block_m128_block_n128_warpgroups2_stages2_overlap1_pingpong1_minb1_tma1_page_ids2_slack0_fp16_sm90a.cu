@@ -7,7 +7,7 @@
 //   completion on mbarriers);
 //   P V of a tile runs during the softmax of the next; the consumer warpgroups take turns issuing their MMAs;
 //   164944 bytes of shared memory (128-byte-swizzled atoms, 1 KB for alignment, the barriers)
-//   bank conflicts (ways, from the bank pass): cp_async_fill 1
+//   bank conflicts (ways, from the bank pass): cp_async_fill 1, fp8_raw_fill 1, fp8_raw_read 1, fp8_wide_write 2
 // What is computed is described in params.cuh.
 //
 // Why warp specialization: in the `hopper` kind every thread issues copies and the CTA meets at
@@ -74,6 +74,13 @@ static_assert(THREADS == 384 && BLOCK_M == 64 * CONSUMERS && BLOCK_N % K_STEP ==
               D_TILE % ATOM_COLS == 0 && D <= D_TILE && D <= O_COLS, "tile shape");
 // Named barriers 1 + w: warpgroup w's turn to issue MMAs (pingpong).
 constexpr int TURN_BARRIER = 1;
+// An fp8 paged cache under a 16-bit q (KV_E: its exponent bits, 4 e4m3 or 5 e5m2; 0: k and v hold
+// T): the producer widens its tiles into the 16-bit ring (produce_widened), through RAW_BYTES of
+// raw K and V rows.
+constexpr int KV_E = 0;
+constexpr bool FP8_CACHE = KV_E != 0;
+static_assert(!FP8_CACHE || (!FP8 && D == D_TILE), "an fp8 cache: 16-bit q, a head of whole atoms");
+constexpr int RAW_BYTES = FP8_CACHE ? 2 * BLOCK_N * D : 0;
 
 using QTile = wgmma::Atoms<BLOCK_M, D_TILE, sizeof(T)>;
 using KVTile = wgmma::Atoms<BLOCK_N, D_TILE, sizeof(T)>;   // a key tile (and a value tile of 16-bit elements)
@@ -116,7 +123,7 @@ struct Barriers {
   uint64_t k_full[STAGES], v_full[STAGES];    // the producer's copies landed (128 arrivals)
   uint64_t k_empty[STAGES], v_empty[STAGES];  // every consumer warp is done reading
 };
-constexpr size_t SMEM = 1024 + QTile::BYTES + STAGES * (KVTile::BYTES + VTile::BYTES) + sizeof(Barriers);
+constexpr size_t SMEM = 1024 + QTile::BYTES + STAGES * (KVTile::BYTES + VTile::BYTES) + RAW_BYTES + sizeof(Barriers);
 static_assert(SMEM == 164944, "lowering and template agree on shared memory");
 
 // Tensor maps of q, k and v for TMA loads (tma.cuh), boxes of a tile's rows x one atom; for a
@@ -351,6 +358,80 @@ __device__ __forceinline__ void produce_by_copies(const Params& p, const Maps& m
   }
 }
 
+// An fp8 cache (FP8_CACHE): each of the producer's 128 threads copies 16-byte pieces of a tile's
+// raw K and V rows (D bytes each) into `raw` by cp.async, piece i = tid + 128 j being row
+// i / (D / 16), bytes 16 (i % (D / 16)) .., waits for its own copies, and once the ring slot is
+// free widens the same pieces into the slot's 16-bit atoms (two 16-byte chunks each; exact, as
+// every e4m3 and e5m2 value is a half and a bfloat16). No thread reads bytes another copied, so
+// the producer needs no barrier of its own: each thread arrives on the slot's full barrier after
+// its stores (128 arrivals), and the consumers' acquire fences them for wgmma as it does cp.async.
+constexpr int RAW_CHUNKS = D / 16, RAW_PIECES = FP8_CACHE ? BLOCK_N * RAW_CHUNKS / 128 : 1;
+static_assert(!FP8_CACHE || BLOCK_N * RAW_CHUNKS % 128 == 0, "whole pieces per producer thread");
+
+__device__ __forceinline__ void copy_raw_rows(uint8_t* raw, const KVRows<uint8_t>& src, int n0, int valid, int tid) {
+#pragma unroll
+  for (int j = 0; j < RAW_PIECES; ++j) {
+    const int i = tid + 128 * j, row = i / RAW_CHUNKS, col = i % RAW_CHUNKS * 16;
+    const bool ok = row < valid;
+    const uint8_t* from = src.pages != nullptr ? src.row(n0 + row) : src.base + (n0 + row) * src.ld;
+    cp_async_zfill<16>(raw + row * D + col, ok ? from + col : src.base, ok);  // smem: fp8_raw_fill
+  }
+}
+
+__device__ __forceinline__ void widen_raw_rows(T* tile, const uint8_t* raw, int tid) {
+  constexpr int E = KV_E == 5 ? 5 : 4;
+#pragma unroll
+  for (int j = 0; j < RAW_PIECES; ++j) {
+    const int i = tid + 128 * j, row = i / RAW_CHUNKS, col = i % RAW_CHUNKS * 16;
+    const uint4 in = *reinterpret_cast<const uint4*>(raw + row * D + col);  // smem: fp8_raw_read
+    const uint4 lo = make_uint4(mma::widen_fp8x2<T, E>(in.x & 0xffffu), mma::widen_fp8x2<T, E>(in.x >> 16),
+                                mma::widen_fp8x2<T, E>(in.y & 0xffffu), mma::widen_fp8x2<T, E>(in.y >> 16));
+    const uint4 hi = make_uint4(mma::widen_fp8x2<T, E>(in.z & 0xffffu), mma::widen_fp8x2<T, E>(in.z >> 16),
+                                mma::widen_fp8x2<T, E>(in.w & 0xffffu), mma::widen_fp8x2<T, E>(in.w >> 16));
+    *reinterpret_cast<uint4*>(tile + KVTile::offset(row, col)) = lo;      // smem: fp8_wide_write
+    *reinterpret_cast<uint4*>(tile + KVTile::offset(row, col + 8)) = hi;  // smem: fp8_wide_write
+  }
+}
+
+// The producer's loop over an fp8 cache: the walk of produce_by_copies, each tile's raw rows
+// copied before the slot is waited for, Q by cp.async as there.
+template <bool PAIRED>
+__device__ __forceinline__ void produce_widened(const Params& p, const Schedule<PAIRED>& schedule, T* q_tile,
+                                                T* k_ring, T* v_ring, uint8_t* raw, Barriers& bars) {
+  const int tid = threadIdx.x % 128;
+  int t = 0, q_uses = 0;
+  for (int unit = blockIdx.x; unit < schedule.units; unit += gridDim.x)
+  for (int half = 0; half < schedule.PER_UNIT; ++half) {
+    Work w;
+    if (!schedule.block(unit, half, w)) continue;
+    const Sequence seq = sequence_of(p, w.b);
+    if (w.m0 >= seq.lq) continue;
+    const Block<BLOCK_M, BLOCK_N, PAIRED> block(p, seq, w.m0);
+    if (block.tiles == 0) continue;
+    const int kv_head = w.h / static_cast<int>(p.Hq / p.Hkv);
+    for (int it = 0; it < block.tiles; ++it, ++t) {
+      const int stage = t % STAGES, use = t / STAGES;
+      const int n0 = (block.tile0 + it) * BLOCK_N;
+      copy_raw_rows(raw, key_rows<uint8_t>(p, w.b, seq, kv_head), n0, seq.lk - n0, tid);
+      copy_raw_rows(raw + BLOCK_N * D, value_rows<uint8_t>(p, w.b, seq, kv_head), n0, seq.lk - n0, tid);
+      cp_async_wait<0>();  // this thread's pieces landed (and any Q copy before them)
+      if (use > 0) pipeline::wait(&bars.k_empty[stage], (use - 1) & 1);
+      widen_raw_rows(k_ring + stage * KVTile::ELEMS, raw, tid);
+      pipeline::arrive(&bars.k_full[stage]);
+      if (it == 0) {
+        const T* q = static_cast<const T*>(p.q) + w.b * p.q_sb + (seq.q_row0 + w.m0) * p.q_sl + w.h * p.q_sh;
+        if (q_uses > 0) pipeline::wait(&bars.q_empty, (q_uses - 1) & 1);
+        copy_rows<QTile, BLOCK_M, D_TILE, T, D>(q_tile, q, p.q_sl, seq.lq - w.m0, tid);
+        pipeline::arrive_on_copies(&bars.q_full);
+        ++q_uses;
+      }
+      if (use > 0) pipeline::wait(&bars.v_empty[stage], (use - 1) & 1);
+      widen_raw_rows(v_ring + stage * KVTile::ELEMS, raw + BLOCK_N * D, tid);
+      pipeline::arrive(&bars.v_full[stage]);
+    }
+  }
+}
+
 // A block's descale factors (fp8 operands; 1 otherwise): q's times k's for q . k, v's over
 // P_SCALE for the output. Each is one per tensor or one per (sequence, kv head) (Params).
 struct Descales {
@@ -360,8 +441,12 @@ __device__ __forceinline__ float descale_at(const float* f, int64_t sb, int64_t 
   return f == nullptr ? 1.f : f[b * sb + kv_head * sh];
 }
 __device__ __forceinline__ Descales descales_of(const Params& p, int b, int h) {
-  if constexpr (!FP8) return {1.f, 1.f};
   const int kv_head = h / static_cast<int>(p.Hq / p.Hkv);
+  if constexpr (FP8_CACHE) {  // an fp8 cache: k's for q . k, v's for the output
+    return {descale_at(p.k_descale, p.k_descale_sb, p.k_descale_sh, b, kv_head),
+            descale_at(p.v_descale, p.v_descale_sb, p.v_descale_sh, b, kv_head)};
+  }
+  if constexpr (!FP8) return {1.f, 1.f};
   return {descale_at(p.q_descale, p.q_descale_sb, p.q_descale_sh, b, kv_head) *
               descale_at(p.k_descale, p.k_descale_sb, p.k_descale_sh, b, kv_head),
           descale_at(p.v_descale, p.v_descale_sb, p.v_descale_sh, b, kv_head) / P_SCALE};
@@ -501,7 +586,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
   T* q_tile = reinterpret_cast<T*>(smem_raw + ((1024 - raw % 1024) % 1024));  // smem buffer: q_tile
   T* k_ring = q_tile + QTile::ELEMS;  // smem buffer: kv_ring
   T* v_ring = k_ring + STAGES * KVTile::ELEMS;
-  Barriers& bars = *reinterpret_cast<Barriers*>(v_ring + STAGES * VTile::ELEMS);
+  uint8_t* raw_rows = reinterpret_cast<uint8_t*>(v_ring + STAGES * VTile::ELEMS);  // an fp8 cache's raw K, V rows; smem buffer: raw
+  Barriers& bars = *reinterpret_cast<Barriers*>(raw_rows + RAW_BYTES);
 
   const Schedule<WINDOW> schedule(p);
   // The warp index through a shuffle: ptxas then knows it is uniform over the warp, and the
@@ -527,6 +613,11 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     // full barrier; a slot is refilled once every consumer warp released it. A block's Q goes
     // after its first K: that slot frees before the consumers are done with the last Q.
     pipeline::release_registers<PRODUCER_REGS>();
+    if constexpr (FP8_CACHE) {  // always copied and widened (the launcher asks for copies)
+      produce_widened<WINDOW>(p, schedule, q_tile, k_ring, v_ring, raw_rows, bars);
+      cp_async_wait<0>();
+      return;
+    }
     if (FP8 || by_tma) {  // fp8 operands come by TMA only (the launcher makes sure)
       if (threadIdx.x % 128 == 0) produce_by_tma(p, maps, schedule, q_tile, k_ring, v_ring, bars);
       return;  // the CTA lives on with its consumers until every box has landed
@@ -671,7 +762,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
       release(&bars.k_empty[(t + it) % STAGES]);
       if (it == tiles - 1) release(&bars.q_empty);
       const int n0 = (block.tile0 + it) * BLOCK_N;
-      if constexpr (FP8 && EXTRAS) scale_scores(s, descales.qk);  // the transforms take q . k's values
+      if constexpr ((FP8 || FP8_CACHE) && EXTRAS) scale_scores(s, descales.qk);  // the transforms take q . k's values
       transform_scores<1, NT, EXTRAS>(s, p, block, row0, n0, seq.lk, block.partial(n0, seq.lk), slope, lane);
       if constexpr (EXP16) {
         fp8_weights_in_pairs(s, row_max, row_sum, rescale, log2_block, pw);
@@ -718,7 +809,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     }
     // Epilogue: normalize, write the log-sum-exp and the rows straight from registers (the Q
     // tile already holds the next block's rows).
-    if constexpr (FP8) scale_scores(acc, descales.v);
+    if constexpr (FP8 || FP8_CACHE) scale_scores(acc, descales.v);
     store_rows_direct<OutT, 1, DT, DT_STORED>(p, seq, w.b, w.h, w.m0, row0, acc, row_max, row_sum, log2_block, lane);
   }
   // Warpgroup 0 takes the turn warpgroup CONSUMERS - 1 handed it after its last MMAs: pingpong
@@ -773,7 +864,9 @@ cudaError_t launch_variant(const Params& p, cudaStream_t stream) {
   }
   Maps maps{};
   Loads loads = Loads::copies;
-  if (TMA && (p.cu_seqlens_q == nullptr || FP8) && make_maps(p, maps)) {
+  if (FP8_CACHE) {
+    loads = Loads::copies;  // the producer widens what it copies (produce_widened)
+  } else if (TMA && (p.cu_seqlens_q == nullptr || FP8) && make_maps(p, maps)) {
     loads = Loads::tma;
   } else if (FP8) {
     return cudaErrorNotSupported;  // fp8 operands come by TMA only

@@ -164,7 +164,37 @@ def test_the_fp8_cache_points_hold_raw_tiles_and_their_widened_pair():
     assert d96["smem_bytes"] == 128 * 104 * 2 + 2 * 64 * 104 * 2 + 2 * 2 * 64 * 96
     assert "fp8 e5m2" in d96["cache_doc"]
     kinds = {(i.kind, i.p["kv_e"]) for i in by_name.values() if "kv_e" in i.p and i.family == "flash_attention"}
-    assert kinds == {("mma_sync_fp8_cache", 4), ("mma_sync_fp8_cache", 5)}
+    assert kinds == {(kind, e) for kind in ("mma_sync_fp8_cache", "hopper_ws_fp8_cache") for e in (4, 5)}
+
+
+WS_CACHE_NAME = ("flash_attention_hopper_ws_fp8_cache_d{}_block_m128_block_n{}_warpgroups2_stages{}_overlap{}_pingpong1_"
+                 "minb1_tma0_page_ids2_slack{}_kv_e{}_{}_sm90a")
+
+
+def test_the_warp_specialized_fp8_cache_points_add_the_producers_raw_rows():
+    """hopper_ws's points and shared memory, plus one tile of raw K and V rows (D bytes each) that the
+    producer copies and widens; the same register split (its consumers run hopper_ws's code)."""
+    by_name = shipped()
+    for (d, n, stages, overlap, slack) in ((64, 128, 3, 1, 0), (128, 128, 2, 1, 0), (256, 48, 2, 0, 8)):
+        cache = by_name[WS_CACHE_NAME.format(d, n, stages, overlap, slack, 4, "bf16")].d
+        plain = by_name[f"flash_attention_hopper_ws_d{d}_block_m128_block_n{n}_warpgroups2_stages{stages}_overlap{overlap}_"
+                        f"pingpong1_minb1_tma1_page_ids2_slack{slack}_bf16_sm90a"].d
+        assert cache["smem_bytes"] == plain["smem_bytes"] + 2 * n * d, d
+        assert (cache["kv_e"], plain["kv_e"]) == (4, 0)
+        for field in ("consumer_regs", "producer_regs", "regs_estimate"):
+            assert cache[field] == plain[field], (d, field)
+        bank = cache["bank"]
+        assert bank["fp8_raw_read"]["wavefronts"] == bank["fp8_raw_read"]["ideal"]
+
+
+def test_head_sizes_the_warp_specialized_fp8_cache_kind_cannot_take_build_on_mma_sync():
+    """d80 pads its tiles (the producer widens whole-atom heads only); d192 on the d256 point's
+    48-key tiles leaves raw pieces over the producer's threads, and on the 128-key points its
+    shared memory exceeds the SM's: both are built as mma_sync_fp8_cache on first use."""
+    spec = jit.spec_of("flash_attention")
+    for head in (80, 192):
+        inst = jit.plan(spec, {**FLASH_KEY, "D": head, "KVE": 4}, {"dtype": "bf16"}).inst
+        assert inst.kind == "mma_sync_fp8_cache" and inst.p["d"] == head, head
 
 
 def test_the_widening_is_conflict_free_on_swizzled_tiles():
@@ -190,7 +220,9 @@ def test_only_an_fp8_cache_key_reaches_the_fp8_cache_kind():
                 key = {**FLASH_KEY, "D": D, "KVE": kve, "causal": causal}
                 inst = dispatch.select(spec, insts, key, {"dtype": "bf16"})
                 assert inst is not None, key
-                assert (inst.kind == "mma_sync_fp8_cache") == (kve > 0), (key, inst.name)
+                want = "hopper_ws_fp8_cache" if D % 64 == 0 else "mma_sync_fp8_cache"
+                assert inst.kind.endswith("fp8_cache") == (kve > 0), (key, inst.name)
+                assert kve == 0 or inst.kind == want, (key, inst.name)
                 assert inst.p.get("kv_e", 0) == kve
 
 
