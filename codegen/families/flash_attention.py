@@ -281,7 +281,7 @@ def _lower_warp_specialized(inst: KernelInstance, arch: Arch) -> KernelInstance:
                                   f"consumer warpgroups get at minb={minb}")
     barriers = (2 + 4 * stages) * MBARRIER_BYTES
     value_tile = out_cols * block_n if elem == 1 else block_n * cols   # V^T's or V's tile, elements
-    raw = 2 * block_n * d if kv_e else 0          # an fp8 cache: the producer's raw K and V rows of a tile
+    raw = 4 * block_n * d if kv_e else 0          # an fp8 cache: the producer's raw K and V rows of two tiles
     smem = 1024 + ((block_m + stages * block_n) * cols + stages * value_tile) * elem + raw + barriers
     _check_smem(smem, minb, arch)
     wide = cols * elem // 2   # the accesses' 16-bit columns: the same bytes

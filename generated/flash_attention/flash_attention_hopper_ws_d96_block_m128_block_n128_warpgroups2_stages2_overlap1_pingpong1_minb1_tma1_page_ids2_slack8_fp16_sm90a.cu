@@ -75,12 +75,14 @@ static_assert(THREADS == 384 && BLOCK_M == 64 * CONSUMERS && BLOCK_N % K_STEP ==
 // Named barriers 1 + w: warpgroup w's turn to issue MMAs (pingpong).
 constexpr int TURN_BARRIER = 1;
 // An fp8 paged cache under a 16-bit q (KV_E: its exponent bits, 4 e4m3 or 5 e5m2; 0: k and v hold
-// T): the producer widens its tiles into the 16-bit ring (produce_widened), through RAW_BYTES of
-// raw K and V rows.
+// T): the producer widens its tiles into the 16-bit ring (produce_widened), through two buffers
+// of a tile's raw K and V rows (RAW_TILE bytes each: the next tile's copies land in one while the
+// producer widens the other).
 constexpr int KV_E = 0;
 constexpr bool FP8_CACHE = KV_E != 0;
 static_assert(!FP8_CACHE || (!FP8 && D == D_TILE), "an fp8 cache: 16-bit q, a head of whole atoms");
-constexpr int RAW_BYTES = FP8_CACHE ? 2 * BLOCK_N * D : 0;
+constexpr int RAW_TILE = 2 * BLOCK_N * D;
+constexpr int RAW_BYTES = FP8_CACHE ? 2 * RAW_TILE : 0;
 
 using QTile = wgmma::Atoms<BLOCK_M, D_TILE, sizeof(T)>;
 using KVTile = wgmma::Atoms<BLOCK_N, D_TILE, sizeof(T)>;   // a key tile (and a value tile of 16-bit elements)
@@ -359,14 +361,22 @@ __device__ __forceinline__ void produce_by_copies(const Params& p, const Maps& m
 }
 
 // An fp8 cache (FP8_CACHE): each of the producer's 128 threads copies 16-byte pieces of a tile's
-// raw K and V rows (D bytes each) into `raw` by cp.async, piece i = tid + 128 j being row
+// raw K and V rows (D bytes each) into a raw buffer by cp.async, piece i = tid + 128 j being row
 // i / (D / 16), bytes 16 (i % (D / 16)) .., waits for its own copies, and once the ring slot is
 // free widens the same pieces into the slot's 16-bit atoms (two 16-byte chunks each; exact, as
 // every e4m3 and e5m2 value is a half and a bfloat16). No thread reads bytes another copied, so
 // the producer needs no barrier of its own: each thread arrives on the slot's full barrier after
 // its stores (128 arrivals), and the consumers' acquire fences them for wgmma as it does cp.async.
+// The next tile of a block is copied into the other raw buffer before this one is widened.
 constexpr int RAW_CHUNKS = D / 16, RAW_PIECES = FP8_CACHE ? BLOCK_N * RAW_CHUNKS / 128 : 1;
 static_assert(!FP8_CACHE || BLOCK_N * RAW_CHUNKS % 128 == 0, "whole pieces per producer thread");
+
+// This thread's cp.async groups but the newest PENDING landed, and its loads after this see them
+// (the clobber keeps the compiler from moving shared loads above the wait).
+template <int PENDING>
+__device__ __forceinline__ void wait_own_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
 
 __device__ __forceinline__ void copy_raw_rows(uint8_t* raw, const KVRows<uint8_t>& src, int n0, int valid, int tid) {
 #pragma unroll
@@ -393,8 +403,8 @@ __device__ __forceinline__ void widen_raw_rows(T* tile, const uint8_t* raw, int 
   }
 }
 
-// The producer's loop over an fp8 cache: the walk of produce_by_copies, each tile's raw rows
-// copied before the slot is waited for, Q by cp.async as there.
+// The producer's loop over an fp8 cache: the walk of produce_by_copies, a tile's raw rows copied
+// (one cp.async group per tile) a tile ahead within a block, Q by cp.async as there.
 template <bool PAIRED>
 __device__ __forceinline__ void produce_widened(const Params& p, const Schedule<PAIRED>& schedule, T* q_tile,
                                                 T* k_ring, T* v_ring, uint8_t* raw, Barriers& bars) {
@@ -409,14 +419,25 @@ __device__ __forceinline__ void produce_widened(const Params& p, const Schedule<
     const Block<BLOCK_M, BLOCK_N, PAIRED> block(p, seq, w.m0);
     if (block.tiles == 0) continue;
     const int kv_head = w.h / static_cast<int>(p.Hq / p.Hkv);
+    const KVRows<uint8_t> keys = key_rows<uint8_t>(p, w.b, seq, kv_head), values = value_rows<uint8_t>(p, w.b, seq, kv_head);
+    auto copy_tile = [&](int it, uint8_t* into) {
+      const int n0 = (block.tile0 + it) * BLOCK_N;
+      copy_raw_rows(into, keys, n0, seq.lk - n0, tid);
+      copy_raw_rows(into + BLOCK_N * D, values, n0, seq.lk - n0, tid);
+      cp_async_commit();
+    };
+    copy_tile(0, raw + t % 2 * RAW_TILE);
     for (int it = 0; it < block.tiles; ++it, ++t) {
       const int stage = t % STAGES, use = t / STAGES;
-      const int n0 = (block.tile0 + it) * BLOCK_N;
-      copy_raw_rows(raw, key_rows<uint8_t>(p, w.b, seq, kv_head), n0, seq.lk - n0, tid);
-      copy_raw_rows(raw + BLOCK_N * D, value_rows<uint8_t>(p, w.b, seq, kv_head), n0, seq.lk - n0, tid);
-      cp_async_wait<0>();  // this thread's pieces landed (and any Q copy before them)
+      const uint8_t* own = raw + t % 2 * RAW_TILE;
+      if (it + 1 < block.tiles) {
+        copy_tile(it + 1, raw + (t + 1) % 2 * RAW_TILE);
+        wait_own_copies<1>();  // this tile's pieces landed; the next tile's may still be in flight
+      } else {
+        wait_own_copies<0>();
+      }
       if (use > 0) pipeline::wait(&bars.k_empty[stage], (use - 1) & 1);
-      widen_raw_rows(k_ring + stage * KVTile::ELEMS, raw, tid);
+      widen_raw_rows(k_ring + stage * KVTile::ELEMS, own, tid);
       pipeline::arrive(&bars.k_full[stage]);
       if (it == 0) {
         const T* q = static_cast<const T*>(p.q) + w.b * p.q_sb + (seq.q_row0 + w.m0) * p.q_sl + w.h * p.q_sh;
@@ -426,7 +447,7 @@ __device__ __forceinline__ void produce_widened(const Params& p, const Schedule<
         ++q_uses;
       }
       if (use > 0) pipeline::wait(&bars.v_empty[stage], (use - 1) & 1);
-      widen_raw_rows(v_ring + stage * KVTile::ELEMS, raw + BLOCK_N * D, tid);
+      widen_raw_rows(v_ring + stage * KVTile::ELEMS, own + BLOCK_N * D, tid);
       pipeline::arrive(&bars.v_full[stage]);
     }
   }
@@ -615,7 +636,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     pipeline::release_registers<PRODUCER_REGS>();
     if constexpr (FP8_CACHE) {  // always copied and widened (the launcher asks for copies)
       produce_widened<WINDOW>(p, schedule, q_tile, k_ring, v_ring, raw_rows, bars);
-      cp_async_wait<0>();
+      asm volatile("cp.async.wait_all;\n" ::: "memory");  // leave no copy in flight behind an exited warp
       return;
     }
     if (FP8 || by_tma) {  // fp8 operands come by TMA only (the launcher makes sure)

@@ -172,14 +172,15 @@ WS_CACHE_NAME = ("flash_attention_hopper_ws_fp8_cache_d{}_block_m128_block_n{}_w
 
 
 def test_the_warp_specialized_fp8_cache_points_add_the_producers_raw_rows():
-    """hopper_ws's points and shared memory, plus one tile of raw K and V rows (D bytes each) that the
-    producer copies and widens; the same register split (its consumers run hopper_ws's code)."""
+    """hopper_ws's points and shared memory, plus two tiles of raw K and V rows (D bytes each) that the
+    producer copies (one tile ahead) and widens; the same register split (its consumers run
+    hopper_ws's code)."""
     by_name = shipped()
     for (d, n, stages, overlap, slack) in ((64, 128, 3, 1, 0), (128, 128, 2, 1, 0), (256, 48, 2, 0, 8)):
         cache = by_name[WS_CACHE_NAME.format(d, n, stages, overlap, slack, 4, "bf16")].d
         plain = by_name[f"flash_attention_hopper_ws_d{d}_block_m128_block_n{n}_warpgroups2_stages{stages}_overlap{overlap}_"
                         f"pingpong1_minb1_tma1_page_ids2_slack{slack}_bf16_sm90a"].d
-        assert cache["smem_bytes"] == plain["smem_bytes"] + 2 * n * d, d
+        assert cache["smem_bytes"] == plain["smem_bytes"] + 2 * 2 * n * d, d   # two tiles of raw K and V rows
         assert (cache["kv_e"], plain["kv_e"]) == (4, 0)
         for field in ("consumer_regs", "producer_regs", "regs_estimate"):
             assert cache[field] == plain[field], (d, field)
