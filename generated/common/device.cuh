@@ -135,6 +135,10 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
 }
 
+// Every cp.async this thread issued has landed, committed or not (cp_async_wait counts committed
+// groups only: copies issued after the last commit are not waited for).
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 // Reduce-scatter of per-thread partial sums over groups of LANES consecutive lanes of a warp:
 // afterwards the first PARTS / LANES entries of `part` hold full sums over the group, entry i
 // the sum of pair i * LANES + lane. log2(LANES) rounds of PARTS / 2, PARTS / 4, ... shuffles.

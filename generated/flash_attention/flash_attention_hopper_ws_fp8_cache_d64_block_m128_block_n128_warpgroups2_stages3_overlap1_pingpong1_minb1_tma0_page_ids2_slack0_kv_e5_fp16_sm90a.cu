@@ -636,7 +636,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     pipeline::release_registers<PRODUCER_REGS>();
     if constexpr (FP8_CACHE) {  // always copied and widened (the launcher asks for copies)
       produce_widened<WINDOW>(p, schedule, q_tile, k_ring, v_ring, raw_rows, bars);
-      asm volatile("cp.async.wait_all;\n" ::: "memory");  // leave no copy in flight behind an exited warp
+      cp_async_wait_all();  // leave no copy in flight behind an exited warp
       return;
     }
     if (FP8 || by_tma) {  // fp8 operands come by TMA only (the launcher makes sure)
@@ -649,7 +649,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
       } else {
         produce_by_copies<WINDOW, false>(p, maps, schedule, q_tile, k_ring, v_ring, bars);
       }
-      cp_async_wait<0>();  // leave no copy in flight behind an exited warp
+      cp_async_wait_all();  // leave no copy in flight behind an exited warp (its copies are not committed)
     }
     return;
   }
