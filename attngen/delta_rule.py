@@ -138,10 +138,14 @@ def saves_records(variant_number: int, q: torch.Tensor) -> bool:
     run. Gated DeltaNet's tensor-core backward reads them instead of solving each chunk's
     system again (its first kernel: 0.238 ms of its 2.306 at B8 T4096 H16 K=V=128 bf16 on the
     H100, bench/results/h100/gated_delta_profile.txt); RWKV-7's chunked backward reads each
-    16-step chunk's start state instead of rebuilding it from the checkpoints. Decided from
-    the dtype alone, so that the op's fake implementation gives the same shapes; a kind that
-    does not fill them leaves them unmarked, and the backward works from the checkpoints."""
-    return q.element_size() == 2
+    16-step chunk's start state instead of rebuilding it from the checkpoints; RWKV-7 only for
+    heads of at most delta_rule_rwkv7_record_keys keys, the most its chunked kind takes (at
+    K=V=128 they were 2.1 GB at B8 T4096 H32 that no kind filled). Decided from the dtype and the head
+    size alone, so that the op's fake implementation gives the same shapes; a kind that does not
+    fill them leaves them unmarked, and the backward works from the checkpoints."""
+    if q.element_size() != 2:
+        return False
+    return variant_number != variant("rwkv7") or q.shape[-1] <= exported_constant("delta_rule_rwkv7_record_keys")
 
 
 def _records_numel(variant_number: int, q: torch.Tensor, V: int, every: int) -> int:
@@ -163,6 +167,7 @@ def _register() -> bool:
     OP.packet()
     records_numel(0, 0, 0, 0, 0), records_numel(0, 0, 0, 0, 0, rwkv7=True)  # its constants read here, eagerly: the fake implementation sizes the records
     exported_constant("delta_rule_records_valid")  # the header's mark, which the backward reads
+    exported_constant("delta_rule_rwkv7_record_keys")  # saves_records, from the fake implementation too
     # Read here, eagerly (under torch.compile too), for the traced backward's use_tensor_core_backward.
     _TENSOR_CORE_BUCKETS[:] = sorted({(int(m[1]), int(m[2])) for m in
                                       (re.search(r"_k(\d+)_v(\d+)_", name) for name in GATED_GRAD.instances()) if m})

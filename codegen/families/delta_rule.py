@@ -31,15 +31,19 @@ CHECKPOINT_CONSTANTS = {"checkpoint_every": CHECKPOINT_EVERY,
 # word that says they are whole, then a record per (b, h, chunk).
 SAVED_RECORD_BYTES = 3 * CHECKPOINT_EVERY * CHECKPOINT_EVERY * 2 + CHECKPOINT_EVERY * 4
 # RWKV-7's chunked kind (templates/delta_rule/chunked_rwkv7.cu.j2): chunks of 16 steps, one
-# m-tile; a warp per pair matrix, per 16 keys of the state and per 16 value columns.
+# m-tile; a warp per pair matrix, per 16 keys of the state and per 16 value columns: four warps,
+# 64 keys (smaller heads are padded to them: its covers take K <= 64).
 RWKV7_CHUNK = 16
+RWKV7_CHUNK_KEYS = 64
 # RWKV-7's records (16-bit, the chunked_rwkv7 kinds): the header, then the state before every
 # RWKV7_CHUNK-step chunk in bf16, [K, V] per (b, h, chunk). The backward then reads each chunk's
 # start state instead of rebuilding a window's from its fp32 checkpoint (a quarter of its
 # stall samples on the H200 at B8 T4096 H64 K=V=64, Nsight Compute at 0e9daa1); the fp32
-# checkpoints are still written, for the backward kinds that read them.
+# checkpoints are still written, for the backward kinds that read them. Only heads of at most
+# RWKV7_CHUNK_KEYS keys get them (attngen.delta_rule.saves_records): no kind fills them past it.
 RECORD_CONSTANTS = {**CHECKPOINT_CONSTANTS, "saved_record_bytes": SAVED_RECORD_BYTES, "records_header_bytes": 16,
-                    "records_valid": "0x01010101u", "rwkv7_record_chunk": RWKV7_CHUNK}
+                    "records_valid": "0x01010101u", "rwkv7_record_chunk": RWKV7_CHUNK,
+                    "rwkv7_record_keys": RWKV7_CHUNK_KEYS}
 
 # Per variant: the C++ step struct of templates/delta_rule/recurrent.cu.j2, the key-side
 # vectors staged per step (K floats each) and the per-step scalars.
@@ -299,8 +303,8 @@ def _lower_chunked_rwkv7(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("cols", f"k={k} and cols={cols}: multiples of 16 (a warp per 16 keys, X and R in 16-column "
                                f"blocks), cols dividing k (the 2k threads shared evenly by the columns)")
     warps = k // 16
-    if warps != 4:
-        raise Rejected("k", f"k={k}: the template's four warps are its four pair matrices (k = 64)")
+    if k != RWKV7_CHUNK_KEYS:
+        raise Rejected("k", f"k={k}: the template's four warps are its four pair matrices (k = {RWKV7_CHUNK_KEYS})")
     if stages < 2:
         raise Rejected("stages", f"stages={stages}: at least two (the next chunk loads under this one)")
     if CHECKPOINT_EVERY % RWKV7_CHUNK:
@@ -351,5 +355,6 @@ FAMILY = Family(
                         "delta_rule_saved_record_bytes": "kSavedRecordBytes",
                         "delta_rule_records_header_bytes": "kRecordsHeaderBytes",
                         "delta_rule_records_valid": "kRecordsValid",
-                        "delta_rule_rwkv7_record_chunk": "kRwkv7RecordChunk"},
+                        "delta_rule_rwkv7_record_chunk": "kRwkv7RecordChunk",
+                        "delta_rule_rwkv7_record_keys": "kRwkv7RecordKeys"},
 )

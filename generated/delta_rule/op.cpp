@@ -87,6 +87,8 @@ int64_t delta_rule_records_valid() { return kRecordsValid; }
 
 int64_t delta_rule_rwkv7_record_chunk() { return kRwkv7RecordChunk; }
 
+int64_t delta_rule_rwkv7_record_keys() { return kRwkv7RecordKeys; }
+
 // Launch `entry` with `p` on the current stream of `like`'s device, with the scratch it asks
 // for (Entry::workspace) from torch's caching allocator: stream-ordered, so CUDA graphs
 // capture it too. Every family's run() ends here once its Params are filled.
@@ -257,6 +259,7 @@ TORCH_LIBRARY_FRAGMENT(attngen, m) {
   m.def("delta_rule_records_header_bytes() -> int", &attngen::delta_rule::delta_rule_records_header_bytes);
   m.def("delta_rule_records_valid() -> int", &attngen::delta_rule::delta_rule_records_valid);
   m.def("delta_rule_rwkv7_record_chunk() -> int", &attngen::delta_rule::delta_rule_rwkv7_record_chunk);
+  m.def("delta_rule_rwkv7_record_keys() -> int", &attngen::delta_rule::delta_rule_rwkv7_record_keys);
 }
 
 TORCH_LIBRARY_IMPL(attngen, CUDA, m) {

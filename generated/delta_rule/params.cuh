@@ -26,6 +26,7 @@ constexpr float kL2Floor = 1e-12f;
 constexpr int kRecordsHeaderBytes = 16;
 constexpr int kSavedRecordBytes = 24832;
 constexpr int kRwkv7RecordChunk = 16;
+constexpr int kRwkv7RecordKeys = 64;  // the most keys a head with records has
 constexpr uint32_t kRecordsValid = 0x01010101u;  // what cudaMemsetAsync(header, 1, 4) leaves
 
 struct Params {

@@ -373,6 +373,31 @@ def test_every_chunked_rwkv7_grad_instance():
                     failures.append(f"{name} T={T} K={K} V={V} {regime} {what}: rel err {err:.2e}")
     assert not failures, "\n".join(failures[:20])
 
+def test_rwkv7_records_only_where_the_chunked_kind_fills_them():
+    """A 16-bit RWKV-7 training forward allocates records for heads of at most
+    delta_rule_rwkv7_record_keys keys (the chunked kind's 64) and none past them (no kind fills
+    them there); Gated DeltaNet's at both head sizes; fp32 none. Training at K=128 still matches
+    float64 autograd (the backward works from the checkpoints)."""
+    keys = delta_rule.exported_constant("delta_rule_rwkv7_record_keys")
+    assert keys == 64
+    rwkv7, gated = delta_rule.variant("rwkv7"), delta_rule.variant("gated_delta")
+    for K, want in ((64, True), (56, True), (128, False)):
+        q = torch.empty(2, 300, 3, K, dtype=torch.bfloat16, device="cuda")
+        assert (delta_rule._records_numel(rwkv7, q, K, 64) > 0) == want, K
+        assert delta_rule._records_numel(gated, q, K, 64) > 0, K
+        assert delta_rule._records_numel(rwkv7, q.float(), K, 64) == 0, K
+    inputs = rwkv7_inputs(1, 70, 2, 128, 128, torch.bfloat16, "mixed", seed=3)
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    out, _ = attngen.rwkv7(*leaves)
+    d_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, d_out)
+    ref_leaves = [t.detach().double().requires_grad_() for t in inputs]
+    ref, _ = reference.rwkv7(*ref_leaves)
+    want = torch.autograd.grad(ref, ref_leaves, d_out.double())
+    for name, got, exp in zip("rwkvab", grads, want):
+        assert rel_err(got, exp) <= TOL[torch.bfloat16], name
+
+
 def test_rwkv7_saved_records():
     """RWKV-7's records (the delta_rule op's `records`, 16-bit): every chunked_rwkv7 forward
     instance fills them and marks their header, beside the fp32 checkpoints it still writes; the
