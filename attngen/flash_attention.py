@@ -280,5 +280,12 @@ def instance_head_size(name: str) -> int:
     return int(match.group(1))
 
 
+def cache_exponent_bits(name: str) -> int:
+    """The exponent bits of the fp8 paged cache an instance reads (4 e4m3, 5 e5m2), read from its
+    name; 0 for the instances that read k and v in q's dtype."""
+    match = re.search(r"_kv_e(\d)_", name)
+    return int(match.group(1)) if match else 0
+
+
 def instances() -> list[str]:
     return OP.instances()

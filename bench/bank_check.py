@@ -147,7 +147,14 @@ def launch(row: dict) -> None:
         fa = importlib.import_module("attngen.flash_attention")
         D = p["d"]
         q, k, v = (torch.randn(1, 1024, 4, D, device="cuda").to(dtype) for _ in range(3))
-        if row["params"].get("tma"):
+        if p.get("kv_e"):   # an fp8 paged cache under a 16-bit q (paged_attention): pages of 16, shuffled
+            pa = importlib.import_module("attngen.paged_attention")
+            cache = torch.randn(2, 80, 16, 4, D, device="cuda").to(torch.float8_e5m2 if p["kv_e"] == 5 else
+                                                                   torch.float8_e4m3fn)
+            table = torch.randperm(80, device="cuda")[:64].to(torch.int32).view(1, 64)
+            cu = torch.tensor([0, 1024], dtype=torch.int32, device="cuda")
+            pa.paged_attention(q[0], cache[0], cache[1], table, cu, cu[1:], 1024, 1024, instance=name)
+        elif row["params"].get("tma"):
             # TMA loads take no thread accesses; a packed batch takes the cp.async fills instead
             cu = torch.tensor([0, 300, 1024], dtype=torch.int32, device="cuda")
             fa.flash_attention_varlen(q[0], k[0], v[0], cu, cu, 724, 724, instance=name)
