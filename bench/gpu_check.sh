@@ -17,7 +17,9 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 status=()
 JOBS=${JOBS:-$(nproc)}  # compile jobs: every core of the machine
-STEPS=${STEPS:-gpu_tests memcheck racecheck bench rwkv_bench paged_bench flash_bench tune_compare}
+# Unset: the default steps. Set and empty (STEPS=""): none, only the build or PREBUILD (a call that
+# then runs its own commands; with ":-" an empty STEPS once ran the whole default list instead).
+STEPS=${STEPS-gpu_tests memcheck racecheck bench rwkv_bench paged_bench flash_bench tune_compare}
 # The steps run in this file's order, not STEPS' (delta_quick runs before ab_jit whatever STEPS says):
 # a capped call loses its last steps in this order.
 want() { [[ " $STEPS " == *" $1 "* ]]; }

@@ -461,7 +461,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[34].covers(key)) return row(34);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_fp16_sm90a
     }
   }
-  // specs/flash_attention.yaml:519: when KVE > 0 -> hopper_ws_fp8_cache
+  // specs/flash_attention.yaml:518: when KVE > 0 -> hopper_ws_fp8_cache
   if ((key.KVE > 0)) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[43].covers(key)) return row(43);  // flash_attention_hopper_ws_fp8_cache_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma0_page_ids2_slack0_kv_e4_fp16_sm90a
@@ -480,7 +480,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[54].covers(key)) return row(54);  // flash_attention_hopper_ws_fp8_cache_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma0_page_ids2_slack8_kv_e5_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:521: when KVE > 0 -> mma_sync_fp8_cache
+  // specs/flash_attention.yaml:520: when KVE > 0 -> mma_sync_fp8_cache
   if ((key.KVE > 0)) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[8].covers(key)) return row(8);  // flash_attention_mma_sync_fp8_cache_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_kv_e4_fp16_sm90a
@@ -503,7 +503,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[23].covers(key)) return row(23);  // flash_attention_mma_sync_fp8_cache_d256_block_m128_block_n32_warps8_stages2_swizzle1_qregs0_minb1_kv_e5_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:523: when True -> hopper_ws_fp8
+  // specs/flash_attention.yaml:522: when True -> hopper_ws_fp8
   if (true) {
     if (key.dtype == DType::kE4M3) {
       if (kEntries[40].covers(key)) return row(40);  // flash_attention_hopper_ws_fp8_d64_block_m128_block_n128_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
@@ -511,7 +511,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[42].covers(key)) return row(42);  // flash_attention_hopper_ws_fp8_d256_block_m128_block_n64_warpgroups2_stages2_overlap1_pingpong1_minb1_tma1_page_ids2_exp160_e4m3_sm90a
     }
   }
-  // specs/flash_attention.yaml:525: when True -> hopper_ws
+  // specs/flash_attention.yaml:524: when True -> hopper_ws
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[30].covers(key)) return row(30);  // flash_attention_hopper_ws_d64_block_m128_block_n128_warpgroups2_stages3_overlap1_pingpong1_minb1_tma1_page_ids2_slack0_fp16_sm90a
@@ -536,7 +536,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[39].covers(key)) return row(39);  // flash_attention_hopper_ws_d256_block_m128_block_n48_warpgroups2_stages2_overlap0_pingpong1_minb1_tma1_page_ids2_slack8_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:527: when True -> hopper
+  // specs/flash_attention.yaml:526: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[24].covers(key)) return row(24);  // flash_attention_hopper_d64_block_m128_block_n64_warpgroups2_stages2_overlap0_minb2_fp16_sm90a
@@ -549,7 +549,7 @@ const Entry* flash_attention_select(const Key& key) {
       if (kEntries[29].covers(key)) return row(29);  // flash_attention_hopper_d256_block_m128_block_n64_warpgroups2_stages2_overlap0_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention.yaml:529: when True -> mma_sync
+  // specs/flash_attention.yaml:528: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return row(0);  // flash_attention_mma_sync_d64_block_m128_block_n64_warps4_stages2_swizzle1_qregs0_minb1_fp16_sm90a

@@ -419,11 +419,12 @@ __device__ __forceinline__ void produce_widened(const Params& p, const Schedule<
     const Block<BLOCK_M, BLOCK_N, PAIRED> block(p, seq, w.m0);
     if (block.tiles == 0) continue;
     const int kv_head = w.h / static_cast<int>(p.Hq / p.Hkv);
-    const KVRows<uint8_t> keys = key_rows<uint8_t>(p, w.b, seq, kv_head), values = value_rows<uint8_t>(p, w.b, seq, kv_head);
+    // The rows' addressing made per tile, not held across the loop: the producer runs on
+    // PRODUCER_REGS registers, and holding both spilled 8 bytes in d128's causal fp16 variants.
     auto copy_tile = [&](int it, uint8_t* into) {
       const int n0 = (block.tile0 + it) * BLOCK_N;
-      copy_raw_rows(into, keys, n0, seq.lk - n0, tid);
-      copy_raw_rows(into + BLOCK_N * D, values, n0, seq.lk - n0, tid);
+      copy_raw_rows(into, key_rows<uint8_t>(p, w.b, seq, kv_head), n0, seq.lk - n0, tid);
+      copy_raw_rows(into + BLOCK_N * D, value_rows<uint8_t>(p, w.b, seq, kv_head), n0, seq.lk - n0, tid);
       cp_async_commit();
     };
     copy_tile(0, raw + t % 2 * RAW_TILE);
