@@ -48,6 +48,14 @@ __device__ __forceinline__ uint32_t widen_fp8x2(uint16_t two) {
   }
 }
 
+// Eight fp8 values (8 bytes, the first in the lowest byte) widened to T: one 16-byte chunk of
+// a 16-bit tile, in order.
+template <typename T, int E>
+__device__ __forceinline__ uint4 widen_fp8x8(uint2 in) {
+  return make_uint4(widen_fp8x2<T, E>(in.x & 0xffffu), widen_fp8x2<T, E>(in.x >> 16), widen_fp8x2<T, E>(in.y & 0xffffu),
+                    widen_fp8x2<T, E>(in.y >> 16));
+}
+
 // The C fragments of n-tiles 2kn and 2kn + 1 of m-tile mt, narrowed to T: the A operand of
 // the 16 x 16 block they cover (the weights P of P V, as the table above shows).
 template <typename T, int MT, int NT>

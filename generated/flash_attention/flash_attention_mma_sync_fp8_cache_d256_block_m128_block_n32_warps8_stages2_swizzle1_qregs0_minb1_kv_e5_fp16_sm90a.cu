@@ -59,11 +59,7 @@ __device__ __forceinline__ void widen_tiles(T* wide, const C* raw) {
   for (int i = threadIdx.x; i < 2 * BLOCK_N * GROUPS; i += THREADS) {
     const int which = i / (BLOCK_N * GROUPS), row = i / GROUPS % BLOCK_N, col = i % GROUPS * 8;
     const uint2 in = *reinterpret_cast<const uint2*>(raw + which * RawTile::ELEMS + RawTile::offset(row, col));  // smem: fp8_raw_read
-    const uint4 out = make_uint4(mma::widen_fp8x2<T, KV_E == 5 ? 5 : 4>(in.x & 0xffffu),
-                                 mma::widen_fp8x2<T, KV_E == 5 ? 5 : 4>(in.x >> 16),
-                                 mma::widen_fp8x2<T, KV_E == 5 ? 5 : 4>(in.y & 0xffffu),
-                                 mma::widen_fp8x2<T, KV_E == 5 ? 5 : 4>(in.y >> 16));
-    *reinterpret_cast<uint4*>(wide + which * KVTile::ELEMS + KVTile::offset(row, col)) = out;  // smem: fp8_wide_write
+    *reinterpret_cast<uint4*>(wide + which * KVTile::ELEMS + KVTile::offset(row, col)) = mma::widen_fp8x8<T, KV_E == 5 ? 5 : 4>(in);  // smem: fp8_wide_write
   }
 }
 

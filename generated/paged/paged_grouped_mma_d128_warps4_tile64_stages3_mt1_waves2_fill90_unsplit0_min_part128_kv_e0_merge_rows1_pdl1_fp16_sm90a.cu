@@ -417,9 +417,6 @@ __device__ __forceinline__ void issue_tile(C* stage, const Params& p, const int3
   }
 }
 
-// Two fp8 values (the low byte first) widened to T (mma.cuh), exactly.
-__device__ __forceinline__ uint32_t widen2(uint16_t two) { return mma::widen_fp8x2<T, KV_E == 5 ? 5 : 4>(two); }
-
 // One warp's rows [row0, row0 + WARP_TOKENS) of the raw fp8 K and V tiles of a stage widened
 // into the 16-bit tiles its MMAs read; 8 values (8 bytes in, one 16-byte chunk out) per step.
 // Only this warp reads those rows, so a __syncwarp orders the widening and the reads: warps
@@ -434,8 +431,7 @@ __device__ __forceinline__ void widen_rows(T* wide, const uint8_t* raw, int row0
   for (int i = lane; i < 2 * WARP_TOKENS * GROUPS; i += 32) {
     const int which = i / (WARP_TOKENS * GROUPS), row = row0 + i / GROUPS % WARP_TOKENS, col = i % GROUPS * 8;
     const uint2 in = *reinterpret_cast<const uint2*>(raw + which * RAW_TILE + row * D + col);  // smem: fp8_raw_read
-    const uint4 out = make_uint4(widen2(in.x & 0xffffu), widen2(in.x >> 16), widen2(in.y & 0xffffu), widen2(in.y >> 16));
-    *reinterpret_cast<uint4*>(wide + which * KVTile::ELEMS + KVTile::offset(row, col)) = out;  // smem: fp8_wide_write
+    *reinterpret_cast<uint4*>(wide + which * KVTile::ELEMS + KVTile::offset(row, col)) = mma::widen_fp8x8<T, KV_E == 5 ? 5 : 4>(in);  // smem: fp8_wide_write
   }
 }
 
