@@ -234,17 +234,32 @@ def locked_build(final: Path, fill) -> Path:
     return final
 
 
+# Sources whose line info names them (nvcc -lineinfo): CUDA and C++ files.
+LOCATED_SUFFIXES = (".cu", ".cuh", ".h")
+
+
+def located(text: str, path: Path) -> str:
+    """`text` headed by a #line directive naming `path`: the compiler's line info (what ncu's
+    source view opens) then names where the file will be, not the temporary directory it is
+    compiled in, which locked_build renames away."""
+    name = str(path).replace("\\", "\\\\").replace('"', '\\"')
+    return f'#line 1 "{name}"\n{text}'
+
+
 def build(plan_: Plan, cache_dir: Path, compiler=run_nvcc, on_build=None) -> Path:
     """The library of `plan_` in the cache, built now if no process has built it yet: the
-    sources are written and compiled in the entry's temporary directory (locked_build).
-    `on_build` is called before a compile starts (the runtime's progress line)."""
+    sources are written and compiled in the entry's temporary directory (locked_build), each
+    naming its place in the finished entry (located). `on_build` is called before a compile
+    starts (the runtime's progress line)."""
+    final_src = library_path(cache_dir, plan_).parent / "src"
+
     def fill(tmp: Path) -> None:
         if on_build is not None:
             on_build(plan_)
         src = tmp / "src"
         for rel, text in plan_.sources.items():
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            (src / rel).write_text(text)
+            (src / rel).write_text(located(text, final_src / rel) if rel.endswith(LOCATED_SUFFIXES) else text)
         compiler(plan_, src, tmp / LIBRARY)
         if not (tmp / LIBRARY).is_file():
             raise RuntimeError(f"attngen: building {plan_.inst.name} produced no library")

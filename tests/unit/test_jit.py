@@ -84,6 +84,21 @@ def test_build_once_then_reuse(tmp_path, paged_plan):
     assert (path.parent / "instance.json").is_file() and (path.parent / "src").is_dir()
 
 
+def test_built_sources_name_their_place_in_the_finished_entry(tmp_path, paged_plan):
+    """Compiled in a temporary directory that is renamed into place, each source starts with a
+    #line naming the file's final path, so that line info (ncu's source view) finds it; below
+    it, the rendered text unchanged."""
+    path = jit.build(paged_plan, tmp_path, compiler=fake_compiler([]))
+    src = path.parent / "src"
+    for rel, text in paged_plan.sources.items():
+        written = (src / rel).read_text()
+        if rel.endswith((".cu", ".cuh", ".h")):
+            first, rest = written.split("\n", 1)
+            assert first == f'#line 1 "{src / rel}"' and rest == text, rel
+        else:
+            assert written == text, rel
+
+
 def test_an_interrupted_build_leaves_nothing(tmp_path, paged_plan):
     def failing(plan, src, out):
         out.write_bytes(b"half")
