@@ -140,10 +140,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if instance is None and _decode_shaped(q, block_table, max_seqlen_q, causal, window, return_lse):
         return _decode(q, block_table, context_lens, max_seqlen_q, scale, alibi_slopes, soft_cap, cache)
     S = block_table.shape[0]
-    if instance is None and 0 < num_decodes < S and causal and window is None and not return_lse:
+    if instance is None and num_decodes > 0 and causal and window is None and not return_lse:
         n, rows = num_decodes, num_decodes * decode_query_tokens
         head = _decode(q[:rows], block_table[:n], context_lens[:n], decode_query_tokens, scale, alibi_slopes, soft_cap,
                        cache)
+        if n == S:   # every sequence a decode (where max_seqlen_q bounds more than their tokens)
+            return head
         tail = _prefill(q[rows:], k, v, block_table[n:], cu_seqlens_q[n:] - rows, context_lens[n:],
                         min(max_seqlen_q, q.shape[0] - rows), max_context_len, causal, scale, window, alibi_slopes,
                         soft_cap, k_scale, v_scale, None)[0]

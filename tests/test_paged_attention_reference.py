@@ -164,6 +164,10 @@ def test_num_decodes_splits_a_mixed_batch_between_the_decode_and_prefill_kernels
     assert prefills == [((47, 4, 64), (3,), (2, 4), (2,), 40)]
     assert out.shape == (53, 4, 64)
     decodes.clear(), prefills.clear()
+    only = {**case, "q": torch.empty(5 * 2, 4, 64, dtype=torch.bfloat16, device="meta"), "max_seqlen_q": 8}   # a loose bound
+    assert pa.paged_attention(**only, validate=False, num_decodes=5, decode_query_tokens=2).shape == (10, 4, 64)
+    assert decodes == [((5, 2, 4, 64), (5, 4), (5,))] and not prefills
+    decodes.clear()
     for whole in (dict(return_lse=True), dict(window=(8, 0)), dict(causal=False)):
         pa.paged_attention(**case, validate=False, num_decodes=3, decode_query_tokens=2, **whole)
         assert not decodes and prefills[-1][0] == (53, 4, 64), whole
