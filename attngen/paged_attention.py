@@ -164,8 +164,12 @@ def _check_decodes(q, block_table, num_decodes, decode_query_tokens) -> None:
     limit = paged.max_query_tokens()
     if not isinstance(decode_query_tokens, int) or not 1 <= decode_query_tokens <= limit:
         _fail(f"decode_query_tokens must be an int in [1, {limit}] (the decode kinds' most), got {decode_query_tokens!r}")
-    if num_decodes * decode_query_tokens > q.shape[0]:
+    rows = num_decodes * decode_query_tokens
+    if rows > q.shape[0]:
         _fail(f"num_decodes={num_decodes} sequences of {decode_query_tokens} query tokens exceed q's {q.shape[0]} rows")
+    if num_decodes == S and rows != q.shape[0]:
+        _fail(f"num_decodes={num_decodes} is every sequence, but its {decode_query_tokens} query tokens each make {rows} "
+              f"of q's {q.shape[0]} rows")
 
 
 def _validate_decodes(cu_seqlens_q, num_decodes, decode_query_tokens) -> None:

@@ -177,6 +177,8 @@ def test_num_decodes_splits_a_mixed_batch_between_the_decode_and_prefill_kernels
     (dict(num_decodes=6), "num_decodes must be an int in [0, 5]"),
     (dict(num_decodes=2, decode_query_tokens=17), "decode_query_tokens must be an int in [1, 16]"),
     (dict(num_decodes=5, decode_query_tokens=16), "num_decodes=5 sequences of 16 query tokens exceed q's 53 rows"),
+    (dict(num_decodes=5, decode_query_tokens=2), "num_decodes=5 is every sequence, but its 2 query tokens each make 10 "
+                                                 "of q's 53 rows"),
 ])
 def test_bad_decode_counts_are_named(monkeypatch, over, message):
     monkeypatch.setattr(pa.paged, "max_query_tokens", lambda: 16)
