@@ -25,14 +25,15 @@ std::string caller(const Args& a) {
   return paged(a) ? "paged_attention" : packed(a) ? "flash_attention_varlen" : "flash_attention";
 }
 int64_t rows_dim(const Args& a) { return packed(a) ? 0 : 1; }
+int64_t head_dim(const Args& a) { return packed(a) ? 1 : 2; }
 
 // A paged cache in fp8 (float8_e4m3fn or float8_e5m2) under a 16-bit q: the forward widens its
-// tiles to q's dtype (the mma_sync_fp8_cache kind); k_descale and v_descale dequantize it.
+// tiles to q's dtype (the hopper_ws_fp8_cache and mma_sync_fp8_cache kinds, key KVE > 0);
+// k_descale and v_descale dequantize it.
 bool fp8_cache(const Args& a) {
   const at::ScalarType k = a.k.scalar_type();
   return paged(a) && (k == at::kFloat8_e4m3fn || k == at::kFloat8_e5m2) && !at::isFloat8Type(a.q.scalar_type());
 }
-int64_t head_dim(const Args& a) { return packed(a) ? 1 : 2; }
 
 void check_on_q_device(const std::string& op, const std::string& what, const at::Tensor& t, const at::Tensor& q) {
   if (!t.is_cuda()) fail_value(op + what + " must be a CUDA tensor, got device " + device_str(t));
