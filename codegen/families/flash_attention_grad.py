@@ -238,7 +238,9 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
     # their staged rows, padded (1), or their boxes (2)
     stage = {0: 0, 1: warpgroups * 64 * (add_cols + STAGE_PAD) * 4, 2: warpgroups * 64 * add_cols * 4}[dq_bulk]
     ds_buffers = 2 if overlap or producer else 1   # no CTA-wide barrier per tile with a producer
-    barriers = (1 + 2 * stages) * MBARRIER_BYTES if producer else 0
+    # K/V's, each stage's full and empty; with dQ's boxes the deterministic writer's (stored, full,
+    # empty) for two buffers of boxes (BoxBarriers in backward_wgmma.cu.j2)
+    barriers = ((1 + 2 * stages) + (3 * 2 if dq_bulk == 2 else 0)) * MBARRIER_BYTES if producer else 0
     smem = (2 * block_n * cols + stages * 2 * block_m * cols + ds_buffers * block_m * block_n) * 2 \
         + stages * 2 * block_m * 4 + exchange + stage + barriers + 1024
     if smem > arch.max_smem_per_block:
@@ -258,6 +260,8 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         "dq_add_doc": {0: "atomics",
                        1: "rows staged in shared memory, a bulk reduction each; atomics when deterministic",
                        2: "64 x 32 boxes staged in shared memory, a tensor bulk reduction each; in turn when "
+                          "deterministic, by the producer's last warp" if producer else
+                          "64 x 32 boxes staged in shared memory, a tensor bulk reduction each; in turn when "
                           "deterministic, each turn passed a tile late",
                        }[dq_bulk],
         "bank": bank, "threads_param": "warpgroups", "smem_param": "stages",

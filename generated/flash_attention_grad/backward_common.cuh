@@ -330,11 +330,15 @@ __device__ __forceinline__ void wait_turn(const int* counter, int turn, int barr
 
 // The release: after the adder's threads meet, its leader's acq_rel fence orders every addition
 // they made before the count (the barrier's cumulativity; CUTLASS's semaphores release so).
+// One thread's release of a turn: what it (or, through a barrier before, the threads it met)
+// wrote comes before the count.
+__device__ __forceinline__ void release_turn(int* counter) {
+  asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+
 __device__ __forceinline__ void pass_turn(int* counter, int barrier, int threads) {
   adder_sync(barrier, threads);
-  if (threadIdx.x % threads == 0) {
-    asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
-  }
+  if (threadIdx.x % threads == 0) release_turn(counter);
 }
 
 // A key-block kernel's launch for one compile-time variant: [WINDOW][EXTRAS][DETERMINISTIC]

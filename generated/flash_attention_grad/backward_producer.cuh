@@ -15,56 +15,66 @@ namespace flash_attention_grad {
 
 template <int STAGES>
 struct StageBarriers {
-  uint64_t kv_full;          // K and V landed (128 arrivals: every producer thread's copies)
-  uint64_t full[STAGES];     // a stage's Q, dO (128 arrivals on copies) and statistics (128 arrivals) landed
+  uint64_t kv_full;          // K and V landed (an arrival per copying thread, on its copies)
+  uint64_t full[STAGES];     // a stage's Q, dO (an arrival per copying thread on its copies, one after its statistics) landed
   uint64_t empty[STAGES];    // every consumer thread is done reading the stage
 
-  // By one thread, before the CTA-wide barrier that publishes them.
-  __device__ __forceinline__ void init(int consumer_threads) {
-    pipeline::init(&kv_full, 128);
+  // By one thread, before the CTA-wide barrier that publishes them; `copiers`: the producer
+  // threads that copy (128, or 96 where the producer's last warp adds dQ: backward_wgmma.cu).
+  __device__ __forceinline__ void init(int consumer_threads, int copiers = 128) {
+    pipeline::init(&kv_full, copiers);
     for (int s = 0; s < STAGES; ++s) {
-      pipeline::init(&full[s], 2 * 128);
+      pipeline::init(&full[s], 2 * copiers);
       pipeline::init(&empty[s], consumer_threads);
     }
   }
 };
 
-// The producer's loop (thread `tid` of its 128). The statistics (read by the consumers' own loads,
-// not by wgmma) are loaded before the slot frees and stored by the producer threads, whose
-// arrival publishes them (release, acquired by the consumers' wait); Q and dO land by cp.async.
+// The producer's loop (thread `tid` of the COPIERS that copy). The statistics (read by the
+// consumers' own loads, not by wgmma) are loaded before the slot frees and stored by the producer
+// threads, whose arrival publishes them (release, acquired by the consumers' wait); Q and dO land
+// by cp.async.
 // TAKE_TURNS (deterministic with one adder per CTA): the first thread waits for each tile's dq
 // turn before it completes the tile's stage, so the consumers, whose wait for the stage acquires
 // it, neither poll the counter nor meet to hear of it (polling cost them a barrier and a round trip
 // to L2 every tile: barrier stalls 18% and the turn's code 14% of the deterministic kernel's
 // samples, bench/results/h100/flash_grad_ncu_2169a4f.txt).
 template <class KVTile, class QTile, int BLOCK_N, int BLOCK_M, int D_TILE, int D, int STAGES, bool WINDOW, bool TAKE_TURNS,
-          typename T>
+          int COPIERS, typename T>
 __device__ __forceinline__ void produce_tiles(StageBarriers<STAGES>& bars, T* k_tile, T* v_tile, T* ring, float* stats,
                                               const Params& p, const Sequence& seq, const TileWalk<T, BLOCK_M>& walk,
                                               const Scratch<D, BLOCK_M>& scratch, int64_t srow0, int key_block, int tid) {
   constexpr int STAGE_ELEMS = 2 * QTile::ELEMS;  // Q tile, then dO tile
   constexpr int STAT_FLOATS = 2 * BLOCK_M;       // lse (base 2), then delta
-  static_assert(STAT_FLOATS == 128, "a statistic per producer thread: lse of row tid, delta of row tid - 64");
+  static_assert(STAT_FLOATS == 128 && COPIERS <= STAT_FLOATS, "lse of rows 0 .. 63, then delta: one or two a thread");
+  constexpr int STATS = (STAT_FLOATS + COPIERS - 1) / COPIERS;  // statistics a thread stages per tile
   const int n0 = key_block * BLOCK_N;
   if (walk.iters > 0) {
     const T* k = static_cast<const T*>(p.k) + walk.b * p.k_sb + (seq.k_row0 + n0) * p.k_sl + walk.kv_head * p.k_sh;
     const T* v = static_cast<const T*>(p.v) + walk.b * p.v_sb + (seq.k_row0 + n0) * p.v_sl + walk.kv_head * p.v_sh;
-    copy_rows<KVTile, BLOCK_N, D_TILE, T, D>(k_tile, k, p.k_sl, seq.lk - n0, tid);
-    copy_rows<KVTile, BLOCK_N, D_TILE, T, D>(v_tile, v, p.v_sl, seq.lk - n0, tid);
+    copy_rows<KVTile, BLOCK_N, D_TILE, T, D, COPIERS>(k_tile, k, p.k_sl, seq.lk - n0, tid);
+    copy_rows<KVTile, BLOCK_N, D_TILE, T, D, COPIERS>(v_tile, v, p.v_sl, seq.lk - n0, tid);
     pipeline::arrive_on_copies(&bars.kv_full);
   }
 #pragma unroll 1
   for (int it = 0; it < walk.iters; ++it) {
     const int stage = it % STAGES, use = it / STAGES, m0 = walk.row0(it);
-    const int r = tid % BLOCK_M;
-    const float* from = (tid < BLOCK_M ? scratch.lse2 : scratch.delta) + walk.head(it) * p.q_rows + srow0 + m0 + r;
-    const float stat = m0 + r < seq.lq ? *from : 0.f;  // rows past the sequence: masked (KeyBlock)
+    float stat[STATS];
+#pragma unroll
+    for (int j = 0; j < STATS; ++j) {  // statistic i: lse of row i, or delta of row i - BLOCK_M
+      const int i = tid + j * COPIERS, r = i % BLOCK_M;
+      const float* from = (i < BLOCK_M ? scratch.lse2 : scratch.delta) + walk.head(it) * p.q_rows + srow0 + m0 + r;
+      stat[j] = i < STAT_FLOATS && m0 + r < seq.lq ? *from : 0.f;  // rows past the sequence: masked (KeyBlock)
+    }
     if (use > 0) pipeline::wait(&bars.empty[stage], (use - 1) & 1);
     T* slot = ring + stage * STAGE_ELEMS;
-    copy_rows<QTile, BLOCK_M, D_TILE, T, D>(slot, walk.q(p, it), p.q_sl, seq.lq - m0, tid);
-    copy_rows<QTile, BLOCK_M, D_TILE, T, D>(slot + QTile::ELEMS, walk.d_out(p, it), p.do_sl, seq.lq - m0, tid);
+    copy_rows<QTile, BLOCK_M, D_TILE, T, D, COPIERS>(slot, walk.q(p, it), p.q_sl, seq.lq - m0, tid);
+    copy_rows<QTile, BLOCK_M, D_TILE, T, D, COPIERS>(slot + QTile::ELEMS, walk.d_out(p, it), p.do_sl, seq.lq - m0, tid);
     pipeline::arrive_on_copies(&bars.full[stage]);
-    stats[stage * STAT_FLOATS + tid] = stat;  // smem: stats_write
+#pragma unroll
+    for (int j = 0; j < STATS; ++j) {
+      if (tid + j * COPIERS < STAT_FLOATS) stats[stage * STAT_FLOATS + tid + j * COPIERS] = stat[j];  // smem: stats_write
+    }
     if constexpr (TAKE_TURNS) {  // the stage fills once this tile's dq turn has come (acquire)
       if (tid == 0) {
         await_turn(scratch.turn(p, walk.head(it), walk.b, m0), key_block - first_key_block<BLOCK_N>(p, seq, m0, WINDOW));

@@ -4,7 +4,7 @@
 //   kind hopper: FlashAttention backward on Hopper warpgroup MMAs: a CTA per 64 keys per warpgroup of one kv head, Q / dO tiles through a cp.async ring, dK and dV in wgmma accumulators, dQ added to an fp32 scratch
 //   384 threads: 2 warpgroups x 64 key rows; Q / dO tiles of 64 rows through a
 //   2-stage cp.async ring, filled by a producer warpgroup (mbarriers); dQ by warpgroup: 64 query rows x 64 columns over its own keys,
-//   added to an fp32 scratch (64 x 32 boxes staged in shared memory, a tensor bulk reduction each; in turn when deterministic, each turn passed a tile late); 133160 bytes of shared memory (128-byte-swizzled atoms, 1 KB for alignment)
+//   added to an fp32 scratch (64 x 32 boxes staged in shared memory, a tensor bulk reduction each; in turn when deterministic, by the producer's last warp); 133208 bytes of shared memory (128-byte-swizzled atoms, 1 KB for alignment)
 //   bank conflicts (ways, from the bank pass): cp_async_fill 1, ds_write 1, dq_exchange_write 1, dq_exchange_read 1, dq_stage_write 1, dq_box_write 1, dq_box_read 1, stats_read 1, stats_write 1
 // What is computed is described in params.cuh; the passes around this kernel in backward_common.cuh.
 //
@@ -107,6 +107,12 @@ static_assert(BLOCK_N == 64 * WARPGROUPS && DQ_ROWS == 64 && DQ_COLS % 64 == 0 &
               BLOCK_M * D_TILE == (DQ_BY_KEYS ? 1 : WARPGROUPS) * DQ_ROWS * DQ_COLS && D % 16 == 0 && D <= D_TILE,
               "tile shape");
 
+// The first query row and column of the dQ block warpgroup `w` computes, and the first column it
+// adds (with the exchange, warpgroup 1 adds the second half of the columns).
+[[maybe_unused]] constexpr int dq_row0_of(int w) { return DQ_BY_KEYS || BLOCK_M == 64 ? 0 : w * 64; }
+[[maybe_unused]] constexpr int dq_col0_of(int w) { return !DQ_BY_KEYS && BLOCK_M == 64 ? w * DQ_COLS : 0; }
+[[maybe_unused]] constexpr int add_col0_of(int w) { return dq_col0_of(w) + (DQ_EXCHANGE ? w * ADD_COLS : 0); }
+
 using KVTile = wgmma::Atoms<BLOCK_N, D_TILE>;
 using QTile = wgmma::Atoms<BLOCK_M, D_TILE>;
 using STile = wgmma::Atoms<BLOCK_M, BLOCK_N>;   // dS: rows are queries, columns keys
@@ -117,10 +123,55 @@ using ScoreMma = wgmma::Mma<BLOCK_M, T>;
 using GradMma = wgmma::Mma<D_TILE, T>;
 using DqMma = wgmma::Mma<DQ_COLS, T>;
 
-// With PRODUCER, after the exchange buffer: the mbarriers of K and V (loaded once) and of each stage.
+// With PRODUCER, after the exchange buffer: the mbarriers of K and V (loaded once) and of each stage,
+// then with DQ_TMA those of the staged dQ boxes (the deterministic variant's writer warp,
+// backward_kernel), one set per buffer of boxes.
 using Barriers = StageBarriers<STAGES>;
-constexpr size_t BARRIER_BYTES = PRODUCER ? sizeof(Barriers) : 0;
+struct BoxBarriers {
+  uint64_t stored[2];  // COMBINE: warpgroup 0 stored its block (128 arrivals), for warpgroup 1 to add onto
+  uint64_t full[2];    // the tile's boxes are stored and fenced for the async proxy: the writer may add them
+  uint64_t empty[2];   // the writer's reductions have read the boxes (one arrival)
+};
+constexpr size_t BARRIER_BYTES = PRODUCER ? sizeof(Barriers) + (DQ_TMA ? sizeof(BoxBarriers) : 0) : 0;
 
+
+// The writer of the deterministic variant (backward_kernel's WRITER), one thread: tile by tile in
+// the consumers' order, it waits for the tile's dq turn (acquire) and for its boxes, adds them to
+// the scratch by tensor bulk reductions, frees the boxes once the reductions have read them, and
+// passes the turn once they have completed (release): the next key block's writer then adds
+// after them. COMBINE: one block of boxes a tile (the warpgroups' sum), else one per warpgroup.
+template <bool WINDOW, bool COMBINE, int BLOCK_BOXES, int BOX_BUFFERS>
+__device__ __forceinline__ void write_dq_in_turns(BoxBarriers& bars, const float* dq_stage, const CUtensorMap& dq_map,
+                                                  const Params& p, const Sequence& seq, const TileWalk<T, BLOCK_M>& walk,
+                                                  const Scratch<D, BLOCK_M>& scratch, int64_t srow0, int64_t b,
+                                                  int key_block) {
+#pragma unroll 1
+  for (int it = 0; it < walk.iters; ++it) {
+    const int buffer = it % BOX_BUFFERS, use = it / BOX_BUFFERS;
+    const int64_t h = walk.head(it);
+    const int m0 = walk.row0(it);
+    int* turn = scratch.turn(p, h, b, m0);
+    await_turn(turn, key_block - first_key_block<BLOCK_N>(p, seq, m0, WINDOW));
+    pipeline::wait(&bars.full[buffer], use & 1);
+    fence_proxy_async_global();  // the turn's acquired additions come before this thread's reductions
+    const float* boxes = dq_stage + buffer * BLOCK_BOXES;
+#pragma unroll
+    for (int w = 0; w < (COMBINE ? 1 : WARPGROUPS); ++w) {
+      const int row = static_cast<int>(h * p.q_rows + srow0 + m0 + dq_row0_of(w));
+#pragma unroll
+      for (int x = 0; x < ADD_COLS / BOX_COLS; ++x) {
+        const int col0 = add_col0_of(w) + x * BOX_COLS;
+        if (col0 < D) pipeline::tma_reduce_add_2d(&dq_map, boxes + w * 64 * ADD_COLS + x * BOX_FLOATS, col0, row);
+      }
+    }
+    pipeline::bulk_commit();
+    pipeline::bulk_wait_read<0>();
+    pipeline::arrive(&bars.empty[buffer]);  // the consumers may store the buffer's next boxes
+    pipeline::bulk_wait<0>();
+    fence_proxy_async_global();  // the reductions' writes come before the release below
+    release_turn(turn);
+  }
+}
 
 // Grid: (key block, kv head, batch), (kv head, key block, batch) when DETERMINISTIC (dq's additions
 // in key-block order). WINDOW: a causal mask or window is set; EXTRAS: a soft cap or ALiBi
@@ -134,9 +185,25 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   // for a turn each cost 1.6-1.8x).
   constexpr bool COMBINE = DETERMINISTIC && DQ_TMA && DQ_BY_KEYS && !DQ_EXCHANGE;
   constexpr int adders = COMBINE ? 1 : ADDERS, adder_threads = CONSUMER_THREADS / adders;
-  // Deterministic with a producer and one adder: the producer waits for each tile's dq turn
-  // (produce_tiles).
-  constexpr bool PRODUCER_TAKES_TURNS = DETERMINISTIC && PRODUCER && adders == 1;
+  // WRITER (deterministic, DQ_TMA, the producer warpgroup): the producer's last warp adds dQ. The
+  // consumers store a tile's boxes, count them in on a `full` barrier and go on; the writer's first
+  // lane waits for the tile's turn, issues the tile's reductions, frees the boxes once they are read
+  // and passes the turn once they have completed. No consumer waits for a turn, nor for a
+  // reduction's round trip to L2 before passing one: those waits stalled the consumers every tile
+  // (bench/results/h100/flash_grad_det_experiments_8a7171a.md: d64 232 TFLOP/s, 307 without the
+  // wait for completion, 365 for the default), and the turn held back each tile's stage.
+  constexpr bool WRITER = DETERMINISTIC && DQ_TMA && PRODUCER;
+  constexpr int COPIERS = WRITER ? 96 : 128;  // producer threads that copy: the first three warps with a writer
+  constexpr int BLOCK_BOXES = (COMBINE ? 1 : WARPGROUPS) * 64 * ADD_COLS;  // floats of a tile's boxes
+  // A tile's boxes alternate between two buffers where the staging space holds two (COMBINE sums
+  // the warpgroups' blocks into one): the consumers then wait for the writer a tile later.
+  constexpr int BOX_BUFFERS = WRITER ? DQ_STAGE_FLOATS / BLOCK_BOXES : 1;
+  static_assert(!WRITER || (BOX_BUFFERS >= 1 && BOX_BUFFERS <= 2), "one or two buffers of boxes (BoxBarriers)");
+  // Deterministic with a producer and one adder, no writer: the producer waits for each tile's dq
+  // turn (produce_tiles). Without either, the consumers wait for the turns.
+  constexpr bool PRODUCER_TAKES_TURNS = DETERMINISTIC && PRODUCER && adders == 1 && !WRITER;
+  constexpr bool CONSUMERS_TAKE_TURNS = DETERMINISTIC && !PRODUCER_TAKES_TURNS && !WRITER;
+  constexpr bool CONSUMERS_ADD_IN_TURN = DETERMINISTIC && !WRITER;  // consumers issue the additions of a turn
   // With the producer, dK += dS^T Q is issued after dQ = dS K: the tensor cores run it while dQ is
   // added, and the stage (Q) is released once it completes (H100, bench/flash_grad_quick at 24f6949:
   // +0.7-1.7% at d96 / d128). Without the producer the cp.async ring refills a slot as soon as its
@@ -157,6 +224,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   float* stats = dq_stage + DQ_STAGE_FLOATS;  // smem buffer: stats
   float4* exchange = reinterpret_cast<float4*>(stats + STAGES * STAT_FLOATS);  // smem buffer: dq_exchange
   Barriers& bars = *reinterpret_cast<Barriers*>(exchange + EXCHANGE_FLOATS / 4);  // PRODUCER only
+  BoxBarriers& box_bars = *reinterpret_cast<BoxBarriers*>(&bars + 1);              // PRODUCER and DQ_TMA only
 
   const KeyCoords<DETERMINISTIC> at;
   const int64_t b = blockIdx.z, kv_head = at.kv_head;
@@ -170,16 +238,35 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   const int64_t srow0 = scratch_row0(p, b, seq);
 
   if constexpr (PRODUCER) {
-    if (threadIdx.x == 0) bars.init(CONSUMER_THREADS);
+    if (threadIdx.x == 0) {
+      bars.init(CONSUMER_THREADS, COPIERS);
+      if constexpr (WRITER) {
+        for (int i = 0; i < BOX_BUFFERS; ++i) {
+          pipeline::init(&box_bars.stored[i], 128);
+          pipeline::init(&box_bars.full[i], COMBINE ? 128 : CONSUMER_THREADS);
+          pipeline::init(&box_bars.empty[i], 1);
+        }
+      }
+    }
     __syncthreads();  // the only CTA-wide barrier: the mbarriers are initialized
     // The warp index through a shuffle: ptxas then knows the role branch is uniform over the warp.
-    if (__shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0) / 4 == WARPGROUPS) {
-      pipeline::release_registers<PRODUCER_TAKES_TURNS ? TURNS_PRODUCER_REGS : PRODUCER_REGS>();
-      produce_tiles<KVTile, QTile, BLOCK_N, BLOCK_M, D_TILE, D, STAGES, WINDOW, PRODUCER_TAKES_TURNS>(
+    const int role_warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
+    if (role_warp / 4 == WARPGROUPS) {
+      pipeline::release_registers<PRODUCER_TAKES_TURNS || WRITER ? TURNS_PRODUCER_REGS : PRODUCER_REGS>();
+      if constexpr (WRITER) {
+        if (role_warp % 4 == 3) {
+          if (threadIdx.x % 32 == 0) {
+            write_dq_in_turns<WINDOW, COMBINE, BLOCK_BOXES, BOX_BUFFERS>(box_bars, dq_stage, dq_map, p, seq, walk, scratch,
+                                                                        srow0, b, at.x);
+          }
+          return;
+        }
+      }
+      produce_tiles<KVTile, QTile, BLOCK_N, BLOCK_M, D_TILE, D, STAGES, WINDOW, PRODUCER_TAKES_TURNS, COPIERS>(
           bars, k_tile, v_tile, ring, stats, p, seq, walk, scratch, srow0, at.x, threadIdx.x % 128);
       return;
     }
-    pipeline::claim_registers<PRODUCER_TAKES_TURNS ? TURNS_CONSUMER_REGS : CONSUMER_REGS>();
+    pipeline::claim_registers<PRODUCER_TAKES_TURNS || WRITER ? TURNS_CONSUMER_REGS : CONSUMER_REGS>();
     if (iters > 0) pipeline::wait(&bars.kv_full, 0);  // made visible to wgmma with the first tile's fence
   } else {
     const T* k = static_cast<const T*>(p.k) + b * p.k_sb + (seq.k_row0 + n0) * p.k_sl + kv_head * p.k_sh;
@@ -209,8 +296,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   const uint64_t v_rows = wgmma::descriptor(v_base + wg * 64 * 128, 16, GROUP_BYTES);
   const uint32_t ds_base0 = mma::smem_addr(ds_tile);
   // dQ: this warpgroup's 64 query rows of the tile, DQ_COLS columns and keys.
-  const int dq_row0 = DQ_BY_KEYS || BLOCK_M == 64 ? 0 : wg * 64;
-  const int dq_col0 = !DQ_BY_KEYS && BLOCK_M == 64 ? wg * DQ_COLS : 0;
+  const int dq_row0 = dq_row0_of(wg);
+  const int dq_col0 = dq_col0_of(wg);
   const int dq_kstep0 = DQ_BY_KEYS ? wg * 4 : 0;
   // The named barrier of this warpgroup, or the consumers' (the CTA's without a producer).
   const int adder_barrier = adders > 1 ? 1 + wg : (PRODUCER ? CONSUMERS_BARRIER : 0);
@@ -340,7 +427,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
     if constexpr (DQ_TMA && !DETERMINISTIC) {  // likewise the previous tile's boxes
       if (threadIdx.x % 128 == 0) pipeline::bulk_wait_read<0>();
     }
-    if constexpr (DQ_TMA && DETERMINISTIC) {  // the previous tile's reductions complete: its turn passes now
+    if constexpr (DQ_TMA && CONSUMERS_ADD_IN_TURN) {  // the previous tile's reductions complete: its turn passes now
       if (threadIdx.x % 128 == 0) {
         pipeline::bulk_wait<0>();
         fence_proxy_async_global();
@@ -421,7 +508,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         }
       } else if constexpr (DQ_TMA) {
         static_assert(NJ * 8 == ADD_COLS, "a warpgroup stages the columns it adds");
-        float* boxes = dq_stage + (COMBINE ? 0 : wg * 64 * ADD_COLS);
+        const int buffer = WRITER ? it % BOX_BUFFERS : 0;
+        float* boxes = dq_stage + buffer * BLOCK_BOXES + (COMBINE ? 0 : wg * 64 * ADD_COLS);
         auto stage_boxes = [&](bool onto) {  // onto: add this warpgroup's values to those stored there
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
@@ -442,7 +530,22 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
             }
           }
         };
-        if constexpr (COMBINE) {
+        if constexpr (WRITER) {  // the writer adds the boxes: store them, count them in, go on
+          const int use = it / BOX_BUFFERS;
+          if (COMBINE && wg == 1) {
+            pipeline::wait(&box_bars.stored[buffer], use & 1);  // warpgroup 0's block stored (it waited for `empty`)
+          } else if (use > 0) {
+            pipeline::wait(&box_bars.empty[buffer], (use - 1) & 1);  // the writer has read the buffer's last boxes
+          }
+          stage_boxes(COMBINE && wg == 1);
+          if (COMBINE && wg == 0) {
+            pipeline::arrive(&box_bars.stored[buffer]);
+          } else {
+            wgmma::fence_shared_for_async();  // the boxes are visible to the writer's tensor reductions
+            pipeline::arrive(&box_bars.full[buffer]);
+          }
+          return;
+        } else if constexpr (COMBINE) {
           if (wg == 0) {
             stage_boxes(false);
             pipeline::named_arrive(BOXES_STORED, CONSUMER_THREADS);
@@ -514,8 +617,8 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       if constexpr (PRODUCER) consumers_sync();  // both taken in before the next tile's hand-over
     }
     // Deterministic: the CTA (or with DQ_BY_KEYS each warpgroup, the first before the second) adds in key-block order.
-    int* turn = DETERMINISTIC ? scratch.turn(p, h, b, m0) : nullptr;
-    if constexpr (DETERMINISTIC && !PRODUCER_TAKES_TURNS) {
+    int* turn = CONSUMERS_ADD_IN_TURN ? scratch.turn(p, h, b, m0) : nullptr;
+    if constexpr (CONSUMERS_TAKE_TURNS) {
       const int first = first_key_block<BLOCK_N>(p, seq, m0, WINDOW);
       wait_turn(turn, (at.x - first) * adders + (adders > 1 ? wg : 0), adder_barrier, adder_threads);
     }
@@ -532,9 +635,9 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
       wait_products(Zero{});
       pipeline::arrive(&bars.empty[it % STAGES]);
     }
-    if constexpr (DETERMINISTIC && DQ_TMA) {
+    if constexpr (CONSUMERS_ADD_IN_TURN && DQ_TMA) {
       passed_late = turn;
-    } else if constexpr (DETERMINISTIC) {
+    } else if constexpr (CONSUMERS_ADD_IN_TURN) {
       pass_turn(turn, adder_barrier, adder_threads);
     }
   }
@@ -542,10 +645,10 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   if constexpr (DQ_BULK) {  // no bulk reduction in flight past the CTA's shared memory
     if (warp % 4 == 0) pipeline::bulk_wait<0>();
   }
-  if constexpr (DQ_TMA) {
+  if constexpr (DQ_TMA && !WRITER) {
     if (threadIdx.x % 128 == 0) pipeline::bulk_wait<0>();
   }
-  if constexpr (DQ_TMA && DETERMINISTIC) {  // the last tile's turn
+  if constexpr (DQ_TMA && CONSUMERS_ADD_IN_TURN) {  // the last tile's turn
     if (threadIdx.x % 128 == 0) fence_proxy_async_global();
     if (iters > 0) pass_turn(passed_late, adder_barrier, adder_threads);
   }
@@ -560,7 +663,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
 struct KeyBlocks {
   template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
   static cudaError_t launch(const Params& p, cudaStream_t stream) {
-    constexpr size_t smem = 133160;
+    constexpr size_t smem = 133208;
     static_assert(smem == 2 * KVTile::BYTES + STAGES * 2 * QTile::BYTES + DS_BUFFERS * STile::BYTES + STAGES * STAT_FLOATS * 4 +
                               EXCHANGE_FLOATS * 4 + DQ_STAGE_FLOATS * 4 + BARRIER_BYTES + 1024,
                   "lowering and template agree on shared memory");

@@ -103,8 +103,9 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   // The warp index through a shuffle: ptxas then knows the role branch is uniform over the warp.
   if (__shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0) / 4 == WARPGROUPS) {
     pipeline::release_registers<DETERMINISTIC ? TURNS_PRODUCER_REGS : PRODUCER_REGS>();
-    produce_tiles<KVTile, QTile, BLOCK_N, BLOCK_M, D, D, STAGES, WINDOW, DETERMINISTIC>(bars, k_tile, v_tile, ring, stats, p, seq,
-                                                                               walk, scratch, srow0, at.x, threadIdx.x % 128);
+    produce_tiles<KVTile, QTile, BLOCK_N, BLOCK_M, D, D, STAGES, WINDOW, DETERMINISTIC, 128>(bars, k_tile, v_tile, ring, stats, p,
+                                                                                    seq, walk, scratch, srow0, at.x,
+                                                                                    threadIdx.x % 128);
     return;
   }
   pipeline::claim_registers<DETERMINISTIC ? TURNS_CONSUMER_REGS : CONSUMER_REGS>();

@@ -121,13 +121,14 @@ __device__ __forceinline__ void load_rows(T* tile, const T* src, int64_t ld, int
   }
 }
 
-// load_rows by the 128 threads of a producer warpgroup that runs on few registers: thread `tid`
-// keeps one 16-byte column of COLS and walks rows 128 / (COLS / 8) apart, so it holds two
-// pointers and a row, not an unrolled set of addresses. Rows at or past `valid`, and columns
-// past DATA, are zero-filled.
-template <class Tile, int ROWS, int COLS, typename T, int DATA = COLS>
+// load_rows by the THREADS threads (a producer warpgroup's, or three of its warps) that run on
+// few registers: thread `tid` keeps one 16-byte column of COLS and walks rows THREADS / (COLS / 8)
+// apart, so it holds two pointers and a row, not an unrolled set of addresses. Rows at or past
+// `valid`, and columns past DATA, are zero-filled.
+template <class Tile, int ROWS, int COLS, typename T, int DATA = COLS, int THREADS = 128>
 __device__ __forceinline__ void copy_rows(T* tile, const T* src, int64_t ld, int valid, int tid) {
-  constexpr int CHUNKS = COLS / 8, STEP = 128 / CHUNKS;
+  constexpr int CHUNKS = COLS / 8, STEP = THREADS / CHUNKS;
+  static_assert(THREADS % CHUNKS == 0, "every thread keeps one column");
   const int col = tid % CHUNKS * 8;
   if (col >= DATA) valid = 0;
   int row = tid / CHUNKS;

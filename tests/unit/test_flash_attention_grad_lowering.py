@@ -36,9 +36,10 @@ def test_the_warps_split_of_the_products(tmp_path):
     # the producer's mbarriers (K and V, then full and empty per stage)
     assert d64["smem_bytes"] == (2 * 128 * 64 + 3 * 2 * 64 * 64 + 2 * 64 * 128) * 2 + 3 * 2 * 64 * 4 + 2 * 4 * 128 * 16 \
         + (1 + 2 * 3) * 8 + 1024
-    # d128 adds dQ by tensor reductions (dq_bulk 2): each warpgroup's two boxes of 64 x 32 floats
+    # d128 adds dQ by tensor reductions (dq_bulk 2): each warpgroup's two boxes of 64 x 32 floats, and
+    # the deterministic writer's mbarriers (stored, full, empty for two buffers of boxes)
     assert d128["smem_bytes"] == (2 * 128 * 128 + 2 * 2 * 64 * 128 + 2 * 64 * 128) * 2 + 2 * 2 * 64 * 4 \
-        + 2 * 64 * 64 * 4 + (1 + 2 * 2) * 8 + 1024
+        + 2 * 64 * 64 * 4 + (1 + 2 * 2 + 3 * 2) * 8 + 1024
 
 
 def test_a_producer_warpgroup_takes_registers_from_the_launch_and_adds_barriers(tmp_path):
@@ -56,7 +57,7 @@ def test_a_producer_warpgroup_takes_registers_from_the_launch_and_adds_barriers(
     # deterministic, the producer also waits for the dq turns: 48 and 224, the same total
     assert (fed["turns_producer_regs"], fed["turns_consumer_regs"]) == (48, 224)
     assert fed["turns_producer_regs"] + 2 * fed["turns_consumer_regs"] == 32 + 2 * 232
-    assert fed["smem_bytes"] == plain["smem_bytes"] + 64 * 128 * 2 + (1 + 2 * 2) * 8
+    assert fed["smem_bytes"] == plain["smem_bytes"] + 64 * 128 * 2 + (1 + 2 * 2 + 3 * 2) * 8
 
 
 def test_bulk_dq_stages_the_rows_each_warpgroup_adds(tmp_path):
@@ -74,7 +75,8 @@ def test_bulk_dq_stages_the_rows_each_warpgroup_adds(tmp_path):
         name = f"flash_attention_grad_hopper_d{d}_block_n128_block_m64_warpgroups2_{schedule}_producer1_minb1_bf16_sm90a"
         atomics, rows, boxes = (by_name[name.format(mode)] for mode in (0, 1, 2))
         assert rows["smem_bytes"] == atomics["smem_bytes"] + 2 * 64 * (cols + 8) * 4
-        assert boxes["smem_bytes"] == atomics["smem_bytes"] + 2 * 64 * cols * 4
+        # the boxes, and the deterministic writer's mbarriers (stored, full, empty for two buffers)
+        assert boxes["smem_bytes"] == atomics["smem_bytes"] + 2 * 64 * cols * 4 + 3 * 2 * 8
 
 
 @pytest.mark.parametrize("edits,field,message", [
