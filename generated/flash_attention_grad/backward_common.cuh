@@ -48,6 +48,15 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// dQ's addition of a pair of floats to the fp32 scratch: a reduction no thread reads back.
+// atomicAdd(float2*) gave the deterministic variants ATOMG, the atomic that returns the old values
+// (a fence follows their additions), where the default ones had REDG: ncu on hopper_wide d256
+// (H200) found the deterministic kernel's consumers waiting on those returns (long scoreboard),
+// 1.8x the default's time.
+__device__ __forceinline__ void add_pair(float* dst, float a, float b) {
+  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], { %1, %2 };\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+}
+
 // Does a call score with a soft cap or ALiBi (the key-block kernel's EXTRAS variant)?
 __host__ __device__ __forceinline__ bool has_extras(const Params& p) { return p.soft_cap > 0.f || p.alibi != nullptr; }
 

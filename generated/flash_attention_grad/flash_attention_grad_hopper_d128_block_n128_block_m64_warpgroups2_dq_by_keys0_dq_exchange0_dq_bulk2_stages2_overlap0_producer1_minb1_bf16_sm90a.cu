@@ -578,7 +578,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
           float* dst = scratch.dq + (h * p.q_rows + srow0 + i) * D + dq_col0 + lane % 4 * 2;
 #pragma unroll
           for (int j = J0; j < J0 + NJ; ++j)
-            if (D == D_TILE || dq_col0 + j * 8 < D) atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[0][j][2 * hh], dq[0][j][2 * hh + 1]));
+            if (D == D_TILE || dq_col0 + j * 8 < D) add_pair(dst + j * 8, dq[0][j][2 * hh], dq[0][j][2 * hh + 1]);
         }
       }
     };

@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         float* dst = scratch.dq + (h * p.q_rows + srow0 + i) * D + c0 + lane % 4 * 2;
 #pragma unroll
         for (int j = 0; j < DQ_COLS / 8; ++j) {
-          atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[0][j][2 * hh], dq[0][j][2 * hh + 1]));
+          add_pair(dst + j * 8, dq[0][j][2 * hh], dq[0][j][2 * hh + 1]);
         }
       }
     }

@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         if (i >= seq.lq) continue;
         float* dst = scratch.dq + (h * p.q_rows + srow0 + i) * D + qcol0 + lane % 4 * 2;
 #pragma unroll
-        for (int j = 0; j < DQT; ++j) atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[mq][j][2 * hh], dq[mq][j][2 * hh + 1]));
+        for (int j = 0; j < DQT; ++j) add_pair(dst + j * 8, dq[mq][j][2 * hh], dq[mq][j][2 * hh + 1]);
       }
     }
     if constexpr (DETERMINISTIC) pass_turn(turn, 0, THREADS);
