@@ -82,7 +82,7 @@ __device__ __forceinline__ void produce_tiles(StageBarriers<STAGES>& bars, T* k_
     }
     pipeline::arrive(&bars.full[stage]);
   }
-  cp_async_wait<0>();  // leave no copy in flight behind an exited warp
+  cp_async_wait_all();  // leave no copy in flight behind an exited warp (none is committed: wait_group would skip them)
 }
 
 }  // namespace flash_attention_grad
