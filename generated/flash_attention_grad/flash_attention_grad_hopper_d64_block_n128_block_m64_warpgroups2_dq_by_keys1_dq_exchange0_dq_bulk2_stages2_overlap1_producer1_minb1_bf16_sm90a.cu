@@ -135,6 +135,15 @@ struct BoxBarriers {
 constexpr size_t BARRIER_BYTES = PRODUCER ? sizeof(Barriers) + (DQ_TMA ? sizeof(BoxBarriers) : 0) : 0;
 
 
+// One warpgroup's dQ block, staged in ADD_COLS / BOX_COLS boxes at `boxes`, added to the scratch's
+// rows from `row` and columns from `col0` by tensor bulk reductions (boxes past D skipped).
+__device__ __forceinline__ void reduce_boxes(const CUtensorMap& dq_map, const float* boxes, int row, int col0) {
+#pragma unroll
+  for (int x = 0; x < ADD_COLS / BOX_COLS; ++x) {
+    if (col0 + x * BOX_COLS < D) pipeline::tma_reduce_add_2d(&dq_map, boxes + x * BOX_FLOATS, col0 + x * BOX_COLS, row);
+  }
+}
+
 // The writer of the deterministic variant (backward_kernel's WRITER), one thread: tile by tile in
 // the consumers' order, it waits for the tile's dq turn (acquire) and for its boxes, adds them to
 // the scratch by tensor bulk reductions, frees the boxes once the reductions have read them, and
@@ -157,12 +166,8 @@ __device__ __forceinline__ void write_dq_in_turns(BoxBarriers& bars, const float
     const float* boxes = dq_stage + buffer * BLOCK_BOXES;
 #pragma unroll
     for (int w = 0; w < (COMBINE ? 1 : WARPGROUPS); ++w) {
-      const int row = static_cast<int>(h * p.q_rows + srow0 + m0 + dq_row0_of(w));
-#pragma unroll
-      for (int x = 0; x < ADD_COLS / BOX_COLS; ++x) {
-        const int col0 = add_col0_of(w) + x * BOX_COLS;
-        if (col0 < D) pipeline::tma_reduce_add_2d(&dq_map, boxes + w * 64 * ADD_COLS + x * BOX_FLOATS, col0, row);
-      }
+      reduce_boxes(dq_map, boxes + w * 64 * ADD_COLS, static_cast<int>(h * p.q_rows + srow0 + m0 + dq_row0_of(w)),
+                   add_col0_of(w));
     }
     pipeline::bulk_commit();
     pipeline::bulk_wait_read<0>();
@@ -562,12 +567,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
         }
         if (COMBINE ? threadIdx.x == 128 : threadIdx.x % 128 == 0) {
           if constexpr (DETERMINISTIC) fence_proxy_async_global();  // after the turn's acquire
-          const int row = static_cast<int>(h * p.q_rows + srow0 + m0 + dq_row0);
-#pragma unroll
-          for (int x = 0; x < ADD_COLS / BOX_COLS; ++x) {
-            const int col0 = dq_col0 + J0 * 8 + x * BOX_COLS;
-            if (col0 < D) pipeline::tma_reduce_add_2d(&dq_map, boxes + x * BOX_FLOATS, col0, row);
-          }
+          reduce_boxes(dq_map, boxes, static_cast<int>(h * p.q_rows + srow0 + m0 + dq_row0), dq_col0 + J0 * 8);
           pipeline::bulk_commit();
         }
       } else {
