@@ -88,8 +88,9 @@ constexpr bool DQ_BULK = false;
 // row (that mode lost to the atomics, 0.56-0.86x, its 64 small reductions a tile queueing on
 // the copy unit). Rows past the sequence are stored as zeros (a box may reach into the next
 // sequence's or head's rows: adding zero there is harmless). Deterministic runs add the boxes in
-// turn too, and pass the turn a tile late, once the reductions have completed: waiting for them
-// and fencing at once would stall the adder every tile.
+// turn too: with PRODUCER by the producer's last warp (WRITER in backward_kernel); without it the
+// adder passes a tile's turn during the next tile, once the reductions have completed (waiting
+// for them and fencing at once would stall the adder every tile).
 constexpr bool DQ_TMA = false;
 constexpr int ADD_COLS = DQ_EXCHANGE ? DQ_COLS / 2 : DQ_COLS;  // columns of dQ a warpgroup adds
 constexpr int STAGE_PITCH = 40;  // floats between staged rows (the lowering's STAGE_PAD after ADD_COLS)
@@ -133,7 +134,6 @@ struct BoxBarriers {
   uint64_t empty[2];   // the writer's reductions have read the boxes (one arrival)
 };
 constexpr size_t BARRIER_BYTES = PRODUCER ? sizeof(Barriers) + (DQ_TMA ? sizeof(BoxBarriers) : 0) : 0;
-
 
 // One warpgroup's dQ block, staged in ADD_COLS / BOX_COLS boxes at `boxes`, added to the scratch's
 // rows from `row` and columns from `col0` by tensor bulk reductions (boxes past D skipped).
@@ -185,9 +185,8 @@ __device__ __forceinline__ void write_dq_in_turns(BoxBarriers& bars, const float
 template <bool WINDOW, bool EXTRAS, bool DETERMINISTIC>
 __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Params p, const __grid_constant__ CUtensorMap dq_map) {
   // Deterministic, DQ_TMA with dQ by keys: the warpgroups' products are summed in warpgroup 0's
-  // boxes first (it stores and goes on; warpgroup 1 adds its own and issues the reductions), so
-  // the CTA adds one block a tile in one turn, which its producer can wait for (consumers polling
-  // for a turn each cost 1.6-1.8x).
+  // boxes first (it stores and goes on; warpgroup 1 adds its own onto them), so the CTA adds one
+  // block a tile in one turn (consumers polling for a turn each cost 1.6-1.8x).
   constexpr bool COMBINE = DETERMINISTIC && DQ_TMA && DQ_BY_KEYS && !DQ_EXCHANGE;
   constexpr int adders = COMBINE ? 1 : ADDERS, adder_threads = CONSUMER_THREADS / adders;
   // WRITER (deterministic, DQ_TMA, the producer warpgroup): the producer's last warp adds dQ. The
@@ -198,7 +197,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
   // (bench/results/h100/flash_grad_det_experiments_8a7171a.md: d64 232 TFLOP/s, 307 without the
   // wait for completion, 365 for the default), and the turn held back each tile's stage.
   constexpr bool WRITER = DETERMINISTIC && DQ_TMA && PRODUCER;
-  constexpr int COPIERS = WRITER ? 96 : 128;  // producer threads that copy: the first three warps with a writer
+  constexpr int COPIERS = WRITER ? 128 - 32 : 128;  // producer threads that copy: all but the writer's warp
   constexpr int BLOCK_BOXES = (COMBINE ? 1 : WARPGROUPS) * 64 * ADD_COLS;  // floats of a tile's boxes
   // A tile's boxes alternate between two buffers where the staging space holds two (COMBINE sums
   // the warpgroups' blocks into one): the consumers then wait for the writer a tile later.
