@@ -268,7 +268,10 @@ def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
     state = _renamed(shared_tiles.bank_accesses(cols, threads, layout_c),
                      {"ldmatrix": "state_ldmatrix", "o_row_read": "state_row_read"}, ("state",))
     zv = _renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"ldmatrix": "zv_ldmatrix"}, ("zv",))
-    accesses = rows_k + pair + state + zv + [
+    pd = shared_tiles.pitch(4 * RWKV7_CHUNK, 0)
+    pm = _renamed(shared_tiles.bank_accesses(4 * RWKV7_CHUNK, threads, shared_tiles.layout(4 * RWKV7_CHUNK, 0)),
+                  {"ldmatrix": "pm_ldmatrix"}, ("pm",))
+    accesses = rows_k + pair + state + zv + pm + [
         banks.Access("column_read", 2, lambda lane, _pad: lane * 2, ("ring",)),
         banks.Access("column_write", 2, lambda lane, _pad: lane * 2, ("decayed",)),
         banks.contiguous("dend_write", 4, ("scalars",)),
@@ -282,9 +285,16 @@ def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
         banks.Access("xr_fragment_write", 8, lambda lane, _pad: ((lane // 4) * xr_pitch + 2 * (lane % 4)) * 4,
                      ("xr",)),
         banks.contiguous("xr_column_read", 4, ("xr",)),
-        banks.Access("v_column_read", 2, lambda lane, _pad: lane * 2, ("ring",)),
         banks.broadcast("mat_broadcast", 4, ("mats",)),
         banks.Access("zv_write", 2, lambda lane, _pad: lane * 2, ("zv",)),
+        # L_ak, N_rb, N_rk in bf16: a fragment's packed pairs, or a lane per (t, j) past the spread
+        banks.Access("pm_fragment_write", 4, lambda lane, _pad: ((lane // 4) * pd + 2 * (lane % 4)) * 2, ("pm",)),
+        banks.Access("pm_term_write", 2, lambda lane, _pad: ((lane // 16) * pd + lane % 16) * 2, ("pm",)),
+        # V under Z: 16-byte pieces, 8 a row
+        banks.Access("v_copy_read", 16, lambda lane, _pad: ((lane // (cols // 8)) * pc + lane % (cols // 8) * 8) * 2,
+                     ("ring",)),
+        banks.Access("v_copy_write", 16, lambda lane, _pad: ((lane // (cols // 8)) * pc + lane % (cols // 8) * 8) * 2,
+                     ("zv",)),
         banks.Access("dend_read", 4, lambda lane, _pad: (lane // 4) * 4, ("scalars",)),
         banks.Access("state_fragment_write", 4, lambda lane, _pad: ((lane // 4) * pc + 2 * (lane % 4)) * 2,
                      ("state",)),
@@ -313,17 +323,19 @@ def _lower_chunked_rwkv7(inst: KernelInstance, arch: Arch) -> KernelInstance:
     pk, pc = shared_tiles.pitch(k, 0), shared_tiles.pitch(cols, 0)
     steps = RWKV7_CHUNK
     raw = 2 * steps * (5 * pk + pc)
-    smem = (stages * raw + 2 * (4 * steps * pk + 2 * steps * pk + 2 * steps * pc + k * pc)
-            + 4 * (steps * k + k + 4 * steps * (steps + 4) + 2 * steps * (cols + 4)))
+    pm = steps * shared_tiles.pitch(4 * steps, 0)  # L_ak, N_rb, N_rk in bf16 beside each other
+    smem = (stages * raw + 2 * (4 * steps * pk + 2 * steps * pk + 2 * steps * pc + k * pc + pm)
+            + 4 * (steps * k + k + steps * (steps + 4) + steps * (cols + 4)))
     if smem > arch.max_smem_per_block:
         raise Rejected("stages", f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")
-    # ptxas (CUDA 13.0) uses 252 registers at two CTAs an SM (254-255 at 32 and 16 columns). Held
+    # ptxas (CUDA 13.0) uses 205 registers at two CTAs an SM (213 and 218 at 32 and 16 columns;
+    # 252-255 before X + L_ak V and the output rows moved to the tensor cores). At 252, held
     # to three (168) it spills at 32 and 64 columns; to four (128), at 16. Measured on an H200
     # (bench.rwkv7_kinds, bf16, the training forward; an earlier build of 199 registers), a third
     # CTA an SM lost where 64 columns are the best width (B8 T4096 H64: 4.17 against 3.66 ms;
     # 512 CTAs make 1.3 waves of three) and gained at most 1.3% where narrower ones are
     # (B2 T4096 H32: 16 columns 1.139 against 1.154 ms): two CTAs an SM.
-    regs = 252
+    regs = 205
     ctas_per_sm = min(arch.smem_per_sm // (smem + arch.smem_reserved_per_cta), arch.regs_per_sm // (threads * regs), 8)
     return inst.with_derived({
         "threads": threads, "warps": warps, "smem_bytes": smem, "chunk": steps, "ctas_per_sm": ctas_per_sm,

@@ -3,8 +3,8 @@
 // Instance delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_bf16_sm90a
 //   kind chunked_rwkv7: RWKV-7 in chunks of 16 steps on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): per chunk the per-channel-decay pair matrices as products (term by term where decays are near 0), the triangular solve and outputs per value column in fp32, the state's products on tensor cores, the state fp32 in registers
 //   128 threads, 64 value columns per CTA, 3 stages of input,
-//   87296 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_row_read 1, zv_ldmatrix 1, column_read 1, column_write 1, dend_write 1, lc_write 1, mat_fragment_write 1, lc_read 16, raw_term_read 2, mat_term_write 2, xr_fragment_write 1, xr_column_read 1, v_column_read 1, mat_broadcast 1, zv_write 1, dend_read 1, state_fragment_write 1
+//   81408 bytes of shared memory, 2 CTA(s) per SM
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_row_read 1, zv_ldmatrix 1, pm_ldmatrix 1, column_read 1, column_write 1, dend_write 1, lc_write 1, mat_fragment_write 1, lc_read 16, raw_term_read 2, mat_term_write 2, xr_fragment_write 1, xr_column_read 1, mat_broadcast 1, zv_write 1, pm_fragment_write 1, pm_term_write 2, v_copy_read 1, v_copy_write 1, dend_read 1, state_fragment_write 1
 //
 // RWKV-7 in chunks of C = 16 steps on tensor cores (mma.sync m16n8k16, bf16 operands, fp32
 // accumulation), the algorithm of attngen.reference.rwkv7_chunked (chunk 16). With S [key,
@@ -18,9 +18,10 @@
 // while the chunk's decay spread max_c(-lc_C) is at most PRODUCT_SPREAD (every factor then fits
 // bf16's and fp32's range with room: terms past the mask are discarded, each kept term is one
 // product of factors rounded once); past it (decays near 0) they are summed term by term in
-// fp32 from exp(lx - lc) <= 1. The triangular solve and the output rows are per value column in
-// fp32 (each of the column's 128 / COLS threads solves it and forms a share of the rows); the
-// products with the state are the tensor cores'. Every other exponent is of a difference <= 0.
+// fp32 from exp(lx - lc) <= 1. The triangular solve's L_ab part is per value column in fp32 (one
+// thread a column); every product with a second matrix is the tensor cores': X + L_ak V, then
+// O = R + N_rb Z + N_rk V from L_ak, N_rb, N_rk in bf16 beside Z and V in bf16, and the state's.
+// Every other exponent is of a difference <= 0.
 #include "../common/device.cuh"
 #include "../common/mma.cuh"
 #include "params.cuh"
@@ -42,11 +43,10 @@ constexpr float PRODUCT_SPREAD = 40.0f;  // codegen/families/delta_rule.py RWKV7
 constexpr int CHECKPOINT_CHUNKS = kCheckpointEvery / CHUNK;
 constexpr int MAT_PITCH = CHUNK + 4;         // floats between rows of a pair matrix
 constexpr int XR_PITCH = COLS + 4;           // floats between rows of X and R
-constexpr int COL_THREADS = THREADS / COLS;  // threads a value column in the solve, each a share of the output rows
 static_assert(CHUNK == 16 && KB == 16 * WARPS && WARPS == 4 && COLS % 16 == 0 && COLS <= KB && THREADS % COLS == 0 &&
-              CHUNK % COL_THREADS == 0 && COL_THREADS >= 2 && THREADS == 2 * KB,
-              "a warp per pair matrix, per 16 keys of the state and per 16 columns of X and R at most; every "
-              "thread of a column solves the chunk, each forms its share of the output rows; two threads a key channel");
+              THREADS == 2 * KB,
+              "a warp per pair matrix, per 16 keys of the state and per 16 columns of X, R and O at most; a thread "
+              "of each column solves the chunk; two threads a key channel");
 static_assert(kCheckpointEvery % CHUNK == 0 && STAGES >= 2, "checkpoints fall on chunk starts; a chunk ahead in flight");
 static_assert(CHUNK == kRwkv7RecordChunk, "the saved records hold the state before each chunk");
 
@@ -55,11 +55,13 @@ using PairTile = mma::Tile<2 * CHUNK, KB, false>;   // b exp(lc_C - lc) over k e
 using ColTile = mma::Tile<CHUNK, COLS, false>;      // v: [step][column]
 using MixTile = mma::Tile<2 * CHUNK, COLS, false>;  // Z over V, bf16
 using StateTile = mma::Tile<KB, COLS, false>;       // the state rounded to bf16: [key][column]
+using PmTile = mma::Tile<CHUNK, 4 * CHUNK, false>;  // L_ak, N_rb, N_rk in bf16 at columns 16, 32, 48 (A operands)
 // A stage of the ring: r, w, k, a, b, then v (T).
 constexpr int RAW_BYTES = 2 * (5 * RowTile::ELEMS + ColTile::ELEMS);
-constexpr int SMEM_BYTES = STAGES * RAW_BYTES + 2 * (4 * RowTile::ELEMS + PairTile::ELEMS + MixTile::ELEMS + StateTile::ELEMS)
-                           + 4 * (CHUNK * KB + KB + 4 * CHUNK * MAT_PITCH + 2 * CHUNK * XR_PITCH);
-static_assert(SMEM_BYTES == 87296, "the pass and the kernel agree on shared memory");
+constexpr int SMEM_BYTES = STAGES * RAW_BYTES +
+                           2 * (4 * RowTile::ELEMS + PairTile::ELEMS + MixTile::ELEMS + StateTile::ELEMS + PmTile::ELEMS) +
+                           4 * (CHUNK * KB + KB + CHUNK * MAT_PITCH + CHUNK * XR_PITCH);
+static_assert(SMEM_BYTES == 81408, "the pass and the kernel agree on shared memory");
 static_assert(RAW_BYTES % 16 == 0 && RowTile::BYTES % 16 == 0, "tiles stay 16-byte aligned");
 
 // Rows t0 .. t0 + CHUNK - 1 (zero past `rows_valid`) x WIDTH elements (zero past `cols_valid`) of
@@ -85,10 +87,11 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
   MT* pair_tile = kc_tile + RowTile::ELEMS;   // b exp(lc_C - lc) over k exp(lc_C - lc)
   MT* zv_tile = pair_tile + PairTile::ELEMS;  // smem buffer: zv
   MT* s_tile = zv_tile + MixTile::ELEMS;      // smem buffer: state
-  float* lc_tile = reinterpret_cast<float*>(s_tile + StateTile::ELEMS);          // smem buffer: scalars
+  MT* pm_tile = s_tile + StateTile::ELEMS;    // smem buffer: pm
+  float* lc_tile = reinterpret_cast<float*>(pm_tile + PmTile::ELEMS);            // smem buffer: scalars
   float* dend = lc_tile + CHUNK * KB;         // exp(lc_C) per key
-  float* mats = dend + KB;                    // L_ab, L_ak, N_rb, N_rk [CHUNK][MAT_PITCH] fp32; smem buffer: mats
-  float* xr = mats + 4 * CHUNK * MAT_PITCH;   // X = (a exp(le)) S, then R = (r exp(lc)) S; smem buffer: xr
+  float* l_ab = dend + KB;                    // L_ab [CHUNK][MAT_PITCH] fp32 for the solve; smem buffer: mats
+  float* xr = l_ab + CHUNK * MAT_PITCH;       // X + L_ak V [CHUNK][XR_PITCH]; smem buffer: xr
 
   const int64_t blocks = (p.V + COLS - 1) / COLS;
   const int64_t bh = blockIdx.x / blocks, b = bh / p.H, h = bh % p.H;
@@ -183,8 +186,13 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
   const int pair_at_lane = mma::a_operand_trans_lane<PairTile>(lane);  // [step][key] read as A = its transpose
   const int state_b_lane = mma::b_operand_kn_lane<StateTile>(lane);   // S as B: [key][column]
   const int zv_b_lane = mma::b_operand_kn_lane<MixTile>(lane);        // Z over V as B: [step][column]
+  const int pm_a_lane = mma::a_operand_lane<PmTile>(lane);            // a bf16 pair matrix as A
   const uint32_t at_addr = mma::smem_addr(at_tile), rt_addr = mma::smem_addr(rt_tile);
   const uint32_t pair_addr = mma::smem_addr(pair_tile), zv_addr = mma::smem_addr(zv_tile);
+  const uint32_t pm_addr = mma::smem_addr(pm_tile);
+  // This warp's 16 value columns of X, R and O (none where COLS < 16 WARPS leaves it without).
+  const int cb = 16 * warp;
+  const bool has_cols = cb < COLS;
   const uint32_t s_addr = mma::smem_addr(s_tile);
   const float scale = p.scale;
 
@@ -248,13 +256,33 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
         before = decay;
       }
     }
+    // V under Z in the operands' type, 8 values a thread: the B rows of L_ak V, N_rk V and the state's update.
+    for (int i = threadIdx.x; i < CHUNK * COLS / 8; i += THREADS) {
+      const int t = i / (COLS / 8), col = i % (COLS / 8) * 8;
+      const uint4 x = *reinterpret_cast<const uint4*>(raw_v + ColTile::offset(t, col));  // smem: v_copy_read
+      const T* xs = reinterpret_cast<const T*>(&x);
+      uint4 y;
+      uint32_t* ys = reinterpret_cast<uint32_t*>(&y);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ys[e] = mma::pack2<MT>(to_float(xs[2 * e]), to_float(xs[2 * e + 1]));
+      *reinterpret_cast<uint4*>(zv_tile + MixTile::offset(CHUNK + t, col)) = y;  // smem: v_copy_write
+    }
     const bool termwise = __syncthreads_or(wide);
 
-    // Step 2: warp m forms pair matrix m (L_ab, L_ak, N_rb, N_rk) and 16 columns of X and R.
+    // Step 2: warp m forms pair matrix m (L_ab in fp32 for the solve; L_ak, N_rb, N_rk in bf16 as
+    // A operands) and X and R over its 16 value columns, kept in registers.
+    float xs[2][4] = {}, rs[2][4] = {};
     {
       const int m = warp;
-      float* mat = mats + m * CHUNK * MAT_PITCH;
       const bool strict = m < 2;
+      // Entry (t, j) of pair matrix m, zero past its mask.
+      auto put = [&](int t, int j, float x) {
+        if (m == 0) {
+          l_ab[t * MAT_PITCH + j] = x;  // smem: mat_term_write
+        } else {
+          pm_tile[PmTile::offset(t, 16 * m + j)] = from_float<MT>(x);  // smem: pm_term_write
+        }
+      };
       if (!termwise) {
         const uint32_t x_addr = m < 2 ? at_addr : rt_addr;
         const uint32_t y_addr = mma::smem_addr(m % 2 == 0 ? bc_tile : kc_tile);
@@ -274,7 +302,11 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
             const int t = g + 8 * hh, j = 8 * n + 2 * tq;
             const float lo = (strict ? j < t : j <= t) ? acc[n][2 * hh] : 0.f;
             const float hi = (strict ? j + 1 < t : j + 1 <= t) ? acc[n][2 * hh + 1] : 0.f;
-            *reinterpret_cast<float2*>(mat + t * MAT_PITCH + j) = make_float2(lo, hi);  // smem: mat_fragment_write
+            if (m == 0) {
+              *reinterpret_cast<float2*>(l_ab + t * MAT_PITCH + j) = make_float2(lo, hi);  // smem: mat_fragment_write
+            } else {
+              *reinterpret_cast<uint32_t*>(pm_tile + PmTile::offset(t, 16 * m + j)) = mma::pack2<MT>(lo, hi);  // smem: pm_fragment_write
+            }
           }
       } else {
         const T* x = m < 2 ? raw_a : raw_r;
@@ -292,13 +324,10 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
               sum = fmaf(xv * yv, __expf(lx - ly), sum);
             }
           }
-          mat[t * MAT_PITCH + j] = sum;  // smem: mat_term_write
+          put(t, j, sum);
         }
       }
-      // X and R over the 16-column blocks dealt to the warps in turn (a block a warp at 64
-      // columns; at fewer, the warps past the last block skip this).
-      for (int cb = 16 * warp; cb < COLS; cb += 16 * WARPS) {
-        float xs[2][4] = {}, rs[2][4] = {};
+      if (has_cols) {
 #pragma unroll
         for (int ks = 0; ks < KB / 16; ++ks) {
           uint32_t ax[4], ar[4], bs[4];
@@ -310,66 +339,65 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
           mma::m16n8k16<MT>(rs[0], ar, bs[0], bs[1]);
           mma::m16n8k16<MT>(rs[1], ar, bs[2], bs[3]);
         }
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int t = g + 8 * hh, col = cb + 8 * n + 2 * tq;
-            *reinterpret_cast<float2*>(xr + t * XR_PITCH + col) = make_float2(xs[n][2 * hh], xs[n][2 * hh + 1]);  // smem: xr_fragment_write
-            *reinterpret_cast<float2*>(xr + (CHUNK + t) * XR_PITCH + col) = make_float2(rs[n][2 * hh], rs[n][2 * hh + 1]);  // smem: xr_fragment_write
-          }
       }
     }
-    __syncthreads();  // the pair matrices, X and R are whole
+    __syncthreads();  // the pair matrices are whole
 
-    // Step 3: the COL_THREADS threads of a value column solve (I - L_ab) Z = X + L_ak V by forward
-    // substitution (each all of it) and form a share of the chunk's output rows each; Z above V
-    // for the state.
-    {
-      const int col = threadIdx.x % COLS, share = threadIdx.x / COLS;
-      const float* l_ab = mats;
-      const float* l_ak = mats + CHUNK * MAT_PITCH;
-      const float* n_rb = mats + 2 * CHUNK * MAT_PITCH;
-      const float* n_rk = mats + 3 * CHUNK * MAT_PITCH;
-      float vv[CHUNK], z[CHUNK];
+    // Step 3: X + L_ak V on the tensor cores, into xr for the solve.
+    if (has_cols) {
+      uint32_t al[4], bv[4];
+      mma::ldmatrix_x4(al, pm_addr + 2 * PmTile::moved(pm_a_lane, 0, 16));  // smem: pm_ldmatrix
+      mma::ldmatrix_x4_trans(bv, zv_addr + 2 * MixTile::moved(zv_b_lane, CHUNK, cb));  // smem: zv_ldmatrix
+      mma::m16n8k16<MT>(xs[0], al, bv[0], bv[1]);
+      mma::m16n8k16<MT>(xs[1], al, bv[2], bv[3]);
 #pragma unroll
-      for (int t = 0; t < CHUNK; ++t) vv[t] = to_float(raw_v[ColTile::offset(t, col)]);  // smem: v_column_read
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int t = g + 8 * hh, col = cb + 8 * n + 2 * tq;
+          *reinterpret_cast<float2*>(xr + t * XR_PITCH + col) = make_float2(xs[n][2 * hh], xs[n][2 * hh + 1]);  // smem: xr_fragment_write
+        }
+    }
+    __syncthreads();  // X + L_ak V is whole
+
+    // Step 4: a thread per value column solves (I - L_ab) Z = X + L_ak V by forward substitution;
+    // Z above V for the output and the state.
+    if (threadIdx.x < COLS) {
+      const int col = threadIdx.x;
+      float z[CHUNK];
 #pragma unroll
       for (int t = 0; t < CHUNK; ++t) {
         float y = xr[t * XR_PITCH + col];  // smem: xr_column_read
 #pragma unroll
-        for (int j = 0; j < t; ++j) {
-          y = fmaf(l_ak[t * MAT_PITCH + j], vv[j], y);  // smem: mat_broadcast
-          y = fmaf(l_ab[t * MAT_PITCH + j], z[j], y);   // smem: mat_broadcast
-        }
+        for (int j = 0; j < t; ++j) y = fmaf(l_ab[t * MAT_PITCH + j], z[j], y);  // smem: mat_broadcast
         z[t] = y;
-      }
-      // Z over V for the state's update: the column's first thread writes Z, its second V.
-      if (share == 0) {
-#pragma unroll
-        for (int t = 0; t < CHUNK; ++t) zv_tile[MixTile::offset(t, col)] = from_float<MT>(z[t]);  // smem: zv_write
-      } else if (share == 1) {
-#pragma unroll
-        for (int t = 0; t < CHUNK; ++t) zv_tile[MixTile::offset(CHUNK + t, col)] = from_float<MT>(vv[t]);  // smem: zv_write
-      }
-#pragma unroll
-      for (int i = 0; i < CHUNK / COL_THREADS; ++i) {
-        const int t = share * (CHUNK / COL_THREADS) + i;
-        float y = xr[(CHUNK + t) * XR_PITCH + col];  // smem: xr_column_read
-        // Every j: N's entries past the diagonal are stored zeros, so the row needs no test of
-        // j <= t (t differs between a column's threads) and reads as float4s.
-#pragma unroll
-        for (int j = 0; j < CHUNK; ++j) {
-          y = fmaf(n_rb[t * MAT_PITCH + j], z[j], y);   // smem: mat_broadcast
-          y = fmaf(n_rk[t * MAT_PITCH + j], vv[j], y);  // smem: mat_broadcast
-        }
-        const int64_t step = c * CHUNK + t;
-        if (step < p.T && col < cols_valid) o[step * p.o_st + col] = from_float<T>(scale * y);
+        zv_tile[MixTile::offset(t, col)] = from_float<MT>(y);  // smem: zv_write
       }
     }
     __syncthreads();  // Z is whole
 
-    // Step 4: S <- exp(lc_C) S + [b exp(lc_C - lc); k exp(lc_C - lc)]^T [Z; V], published.
+    // Step 5: O = scale (R + [N_rb N_rk] [Z; V]) over this warp's columns, stored from the fragments.
+    if (has_cols) {
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        uint32_t an[4], bz[4];
+        mma::ldmatrix_x4(an, pm_addr + 2 * PmTile::moved(pm_a_lane, 0, 32 + 16 * ks));  // smem: pm_ldmatrix
+        mma::ldmatrix_x4_trans(bz, zv_addr + 2 * MixTile::moved(zv_b_lane, 16 * ks, cb));  // smem: zv_ldmatrix
+        mma::m16n8k16<MT>(rs[0], an, bz[0], bz[1]);
+        mma::m16n8k16<MT>(rs[1], an, bz[2], bz[3]);
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int64_t step = c * CHUNK + g + 8 * hh;
+          const int col = cb + 8 * n + 2 * tq;  // V is a multiple of 8 where the kind is dispatched: both or neither
+          if (step < p.T && col < cols_valid) {
+            *reinterpret_cast<uint32_t*>(o + step * p.o_st + col) = mma::pack2<T>(scale * rs[n][2 * hh], scale * rs[n][2 * hh + 1]);
+          }
+        }
+    }
+    // Step 6: S <- exp(lc_C) S + [b exp(lc_C - lc); k exp(lc_C - lc)]^T [Z; V], published.
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const float d = dend[16 * warp + g + 8 * hh];  // smem: dend_read
