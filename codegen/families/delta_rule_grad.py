@@ -111,10 +111,11 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
            banks.Access("raw_term_read", 2, lambda lane, _pad: (lane % 16) * pk * 2, ("raw",)),
            banks.Access("v_copy_read", 16, lambda lane, _pad: ((lane // 8) * pc + lane % 8 * 8) * 2, ("raw",)),
            banks.Access("v_copy_write", 16, lambda lane, _pad: ((lane // 8) * pc + lane % 8 * 8) * 2, ("mix",)),
-           banks.Access("v_column_read", 2, lambda lane, _pad: lane * 2, ("raw",)),
            banks.Access("z_write", 2, lambda lane, _pad: lane * 2, ("mix",)),
            banks.Access("dy_write", 2, lambda lane, _pad: lane * 2, ("mix",)),
            banks.Access("mat_fragment_write", 8, fragment(mat_pitch, 4), ("mats",)),
+           # a pair matrix (or its transpose) read as an A operand: a fragment's float2s
+           banks.Access("mat_a_read", 8, fragment(mat_pitch, 4), ("mats",)),
            banks.Access("mat_term_write", 4, lambda lane, _pad: ((lane // 16) * mat_pitch + lane % 16) * 4, ("mats",)),
            banks.broadcast("mat_broadcast", 4, ("mats",)),
            # The transposed copies: lane (g, t) of a fragment writes [2t][g] (and [2t + 1][g]); a

@@ -3,7 +3,7 @@
 // Instance delta_rule_grad_chunked_rwkv7_k64_cols64_fp16_sm90a
 //   kind chunked_rwkv7: RWKV-7's backward in 16-step chunks on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): each chunk's start state from the forward's records, or per 64-step window rebuilt from the checkpoint without them, then per chunk the forward again and its adjoint; the state's gradient fp32 in registers
 //   128 threads, 110592 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, column_read 1, column_write 1, key_write 1, key_read 1, lc_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, v_column_read 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_access 2, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_access 1
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, column_read 1, column_write 1, key_write 1, key_read 1, lc_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_access 2, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_access 1
 //
 // RWKV-7's backward in chunks of C = 16 steps on tensor cores: the adjoint of the forward kind
 // chunked_rwkv7 (templates/delta_rule/chunked_rwkv7.cu.j2, whose header gives the notation),
@@ -158,6 +158,15 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
       }
   };
 
+  // The A operand (bf16) of a 16 x 16 fp32 matrix in shared memory, [row][MAT_PITCH]: a pair
+  // matrix from `mats`, or its transpose from `mats_t`.
+  auto a_from_floats = [&](uint32_t (&a)[4], const float* m) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = *reinterpret_cast<const float2*>(m + (g + 8 * (i % 2)) * MAT_PITCH + 8 * (i / 2) + 2 * tq);  // smem: mat_a_read
+      a[i] = mma::pack2<MT>(x.x, x.y);
+    }
+  };
   const int row_a_lane = mma::a_operand_lane<PairTile>(lane);
   const int row_b_lane = mma::b_operand_nk_lane<PairTile>(lane);
   const int pair_at_lane = mma::a_operand_trans_lane<PairTile>(lane);
@@ -204,9 +213,10 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   };
 
   // The chunk's forward from the state tile s_tile: the decayed rows, the cumulative decays,
-  // the pair matrices, X, and Z over V in zv_tile. Returns whether the pair matrices were
-  // summed term by term (the CTA's vote). Ends at a barrier.
-  auto chunk_forward = [&](const MT* s_tile) -> bool {
+  // the pair matrices, X + L_ak V, and Z over V in zv_tile; with_do: dO' = scale dO over dY's
+  // rows too, bf16. Returns whether the pair matrices were summed term by term (the CTA's vote).
+  // Ends at a barrier.
+  auto chunk_forward = [&](const MT* s_tile, bool with_do) -> bool {
     // Two threads per key channel, one per half of the steps (a thread per channel left the
     // other half of the CTA at the barrier: 17% of the stall samples, ncu at 87d35ba).
     const int ch = threadIdx.x % KB, half = threadIdx.x / KB;
@@ -250,6 +260,13 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) ys[e] = mma::pack2<MT>(to_float(xs[2 * e]), to_float(xs[2 * e + 1]));
       *reinterpret_cast<uint4*>(zv_tile + MixTile::offset(CHUNK + t, col)) = y;  // smem: v_copy_write
+      if (with_do) {
+        const uint4 xd = *reinterpret_cast<const uint4*>(raw_do + ColTile::offset(t, col));  // smem: v_copy_read
+        const T* ds = reinterpret_cast<const T*>(&xd);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ys[e] = mma::pack2<MT>(scale * to_float(ds[2 * e]), scale * to_float(ds[2 * e + 1]));
+        *reinterpret_cast<uint4*>(dy_tile + MixTile::offset(t, col)) = y;  // smem: v_copy_write
+      }
     }
     const bool termwise = __syncthreads_or(wide);
     {
@@ -299,6 +316,27 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
           mat_t[j * MAT_PITCH + t] = sum;  // smem: mat_t_term_write
         }
       }
+      // L_ak V over every column, by the warp that formed L_ak, into the scratch under X.
+      if (m == 1) {
+        __syncwarp();  // the warp's entries of L_ak are written
+        uint32_t al[4];
+        a_from_floats(al, mat);
+#pragma unroll
+        for (int jp = 0; jp < COLS / 16; ++jp) {
+          uint32_t bv[4];
+          mma::ldmatrix_x4_trans(bv, zv_addr + 2 * MixTile::moved(mix_b_kn_lane, CHUNK, 16 * jp));  // smem: mix_ldmatrix
+          float lv[2][4] = {};
+          mma::m16n8k16<MT>(lv[0], al, bv[0], bv[1]);
+          mma::m16n8k16<MT>(lv[1], al, bv[2], bv[3]);
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const int t = g + 8 * hh, col = 16 * jp + 8 * n + 2 * tq;
+              *reinterpret_cast<float2*>(scratch + (CHUNK + t) * XP + col) = make_float2(lv[n][2 * hh], lv[n][2 * hh + 1]);  // smem: scratch_fragment_write
+            }
+        }
+      }
       // X = A^ S: this warp's 16 columns.
       float xs[2][4] = {};
 #pragma unroll
@@ -318,25 +356,17 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
         }
     }
     __syncthreads();
-    // Z: (I - L_ab) Z = X + L_ak V, a thread per column (both of a column's threads solve; one stores).
-    {
-      const int col = threadIdx.x % COLS;
-      float vv[CHUNK], z[CHUNK];
-#pragma unroll
-      for (int t = 0; t < CHUNK; ++t) vv[t] = to_float(raw_v[ColTile::offset(t, col)]);  // smem: v_column_read
+    // Z: (I - L_ab) Z = X + L_ak V by forward substitution, a thread per column.
+    if (threadIdx.x < COLS) {
+      const int col = threadIdx.x;
+      float z[CHUNK];
 #pragma unroll
       for (int t = 0; t < CHUNK; ++t) {
-        float y = scratch[t * XP + col];  // smem: scratch_column_read
+        float y = scratch[t * XP + col] + scratch[(CHUNK + t) * XP + col];  // smem: scratch_column_read
 #pragma unroll
-        for (int j = 0; j < t; ++j) {
-          y = fmaf(mats[CHUNK * MAT_PITCH + t * MAT_PITCH + j], vv[j], y);  // smem: mat_broadcast
-          y = fmaf(mats[t * MAT_PITCH + j], z[j], y);                       // smem: mat_broadcast
-        }
+        for (int j = 0; j < t; ++j) y = fmaf(mats[t * MAT_PITCH + j], z[j], y);  // smem: mat_broadcast
         z[t] = y;
-      }
-      if (threadIdx.x < COLS) {
-#pragma unroll
-        for (int t = 0; t < CHUNK; ++t) zv_tile[MixTile::offset(t, col)] = from_float<MT>(z[t]);  // smem: z_write
+        zv_tile[MixTile::offset(t, col)] = from_float<MT>(y);  // smem: z_write
       }
     }
     __syncthreads();
@@ -367,7 +397,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
         }
       __syncthreads();  // the state tile is whole; the last chunk is done with the tiles
       load_chunk(c0 + j, false);
-      chunk_forward(s_tile);
+      chunk_forward(s_tile, false);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const float d = dend[16 * warp + g + 8 * hh];  // smem: key_read
@@ -417,11 +447,13 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     cp_async_wait<0>();
     __syncthreads();  // the chunk's rows and start state (issued by the chunk after it, from records) landed
     publish(g_tile, grad);
-    const bool termwise = chunk_forward(s_tile);  // ends at a barrier: G's tile is whole too
+    const bool termwise = chunk_forward(s_tile, true);  // ends at a barrier: G's tile is whole too
 
-    // B~ G and K~ G, this warp's 16 columns.
+    // dZ's part B~ G + N_rb^T dO' and dv's part K~ G + N_rk^T dO', this warp's 16 columns: the
+    // first into the scratch for the substitution, the second kept for dv.
+    float kg[2][4] = {};
     {
-      float bg[2][4] = {}, kg[2][4] = {};
+      float bg[2][4] = {};
 #pragma unroll
       for (int ks = 0; ks < KB / 16; ++ks) {
         uint32_t ab[4], ak[4], bs[4];
@@ -433,72 +465,68 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
         mma::m16n8k16<MT>(kg[0], ak, bs[0], bs[1]);
         mma::m16n8k16<MT>(kg[1], ak, bs[2], bs[3]);
       }
+      {
+        uint32_t an_rb[4], an_rk[4], bd[4];
+        a_from_floats(an_rb, mats_t + 2 * CHUNK * MAT_PITCH);
+        a_from_floats(an_rk, mats_t + 3 * CHUNK * MAT_PITCH);
+        mma::ldmatrix_x4_trans(bd, dy_addr + 2 * MixTile::moved(mix_b_kn_lane, 0, 16 * warp));  // smem: mix_ldmatrix
+        mma::m16n8k16<MT>(bg[0], an_rb, bd[0], bd[1]);
+        mma::m16n8k16<MT>(bg[1], an_rb, bd[2], bd[3]);
+        mma::m16n8k16<MT>(kg[0], an_rk, bd[0], bd[1]);
+        mma::m16n8k16<MT>(kg[1], an_rk, bd[2], bd[3]);
+      }
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int t = g + 8 * hh, col = 16 * warp + 8 * n + 2 * tq;
           *reinterpret_cast<float2*>(scratch + (CHUNK + t) * XP + col) = make_float2(bg[n][2 * hh], bg[n][2 * hh + 1]);  // smem: scratch_fragment_write
-          *reinterpret_cast<float2*>(scratch + (2 * CHUNK + t) * XP + col) = make_float2(kg[n][2 * hh], kg[n][2 * hh + 1]);  // smem: scratch_fragment_write
         }
     }
     __syncthreads();
 
-    // dZ, dY (backward substitution) and dv, a thread per column; dO' over dY in bf16.
-    {
-      const int col = threadIdx.x % COLS, half = threadIdx.x / COLS;
-      // Column t of each pair matrix (x[s] = M[s][t]), from the transposed copies.
-      const float* l_ab_t = mats_t;
-      const float* l_ak_t = mats_t + CHUNK * MAT_PITCH;
-      const float* n_rb_t = mats_t + 2 * CHUNK * MAT_PITCH;
-      const float* n_rk_t = mats_t + 3 * CHUNK * MAT_PITCH;
-      auto column = [&](float (&x)[CHUNK], const float* mat_t, int t) {
-#pragma unroll
-        for (int q = 0; q < CHUNK / 4; ++q) {
-          const float4 f = reinterpret_cast<const float4*>(mat_t + t * MAT_PITCH)[q];  // smem: mat_t_row_read
-          x[4 * q] = f.x, x[4 * q + 1] = f.y, x[4 * q + 2] = f.z, x[4 * q + 3] = f.w;
-        }
-      };
-      float dov[CHUNK], dy[CHUNK];
-#pragma unroll
-      for (int t = 0; t < CHUNK; ++t) dov[t] = scale * to_float(raw_do[ColTile::offset(t, col)]);  // smem: v_column_read
+    // dY by backward substitution, (I - L_ab)^T dY = B~ G + N_rb^T dO', a thread per column; dY
+    // in bf16 under dO'.
+    if (threadIdx.x < COLS) {
+      const int col = threadIdx.x;
+      float dy[CHUNK];
 #pragma unroll
       for (int t = CHUNK - 1; t >= 0; --t) {
-        float n_rb[CHUNK], l_ab[CHUNK];
-        column(n_rb, n_rb_t, t);
-        column(l_ab, l_ab_t, t);
-        float y = scratch[(CHUNK + t) * XP + col];  // smem: scratch_column_read
+        float l_ab[CHUNK];  // column t of L_ab (l_ab[s] = L_ab[s][t]), a row of the transposed copy
 #pragma unroll
-        for (int s = t; s < CHUNK; ++s) y = fmaf(n_rb[s], dov[s], y);
+        for (int q = 0; q < CHUNK / 4; ++q) {
+          const float4 f = reinterpret_cast<const float4*>(mats_t + t * MAT_PITCH)[q];  // smem: mat_t_row_read
+          l_ab[4 * q] = f.x, l_ab[4 * q + 1] = f.y, l_ab[4 * q + 2] = f.z, l_ab[4 * q + 3] = f.w;
+        }
+        float y = scratch[(CHUNK + t) * XP + col];  // smem: scratch_column_read
         // dY_{t+1} last: the chain from one step's dY to the next is one fma (it was 15 - t).
 #pragma unroll
         for (int s = CHUNK - 1; s > t; --s) y = fmaf(l_ab[s], dy[s], y);
         dy[t] = y;
-      }
-#pragma unroll
-      for (int i = 0; i < CHUNK / 2; ++i) {
-        const int t = half * (CHUNK / 2) + i;
-        float n_rk[CHUNK], l_ak[CHUNK];
-        column(n_rk, n_rk_t, t);
-        column(l_ak, l_ak_t, t);
-        float y = scratch[(2 * CHUNK + t) * XP + col];  // smem: scratch_column_read
-        // Every s: the pair matrices hold zeros past their masks (N_rk[s][t] for s < t, L_ak[s][t]
-        // for s <= t), so no test of s against t (t differs between a column's threads).
-#pragma unroll
-        for (int s = 0; s < CHUNK; ++s) {
-          y = fmaf(n_rk[s], dov[s], y);
-          y = fmaf(l_ak[s], dy[s], y);
-        }
-        const int64_t step = c * CHUNK + t;
-        if (step < p.T && col < cols_valid) static_cast<T*>(p.dv)[((b * p.T + step) * p.H + h) * p.V + col] = from_float<T>(y);
-      }
-#pragma unroll
-      for (int t = 0; t < CHUNK; ++t) {
-        dy_tile[MixTile::offset(half * CHUNK + t, col)] = from_float<MT>(half ? dy[t] : dov[t]);  // smem: dy_write
+        dy_tile[MixTile::offset(CHUNK + t, col)] = from_float<MT>(y);  // smem: dy_write
       }
     }
     __syncthreads();
 
+    // dv = K~ G + N_rk^T dO' + L_ak^T dY over this warp's 16 columns, stored from the fragments.
+    {
+      uint32_t al[4], bd[4];
+      a_from_floats(al, mats_t + CHUNK * MAT_PITCH);
+      mma::ldmatrix_x4_trans(bd, dy_addr + 2 * MixTile::moved(mix_b_kn_lane, CHUNK, 16 * warp));  // smem: mix_ldmatrix
+      mma::m16n8k16<MT>(kg[0], al, bd[0], bd[1]);
+      mma::m16n8k16<MT>(kg[1], al, bd[2], bd[3]);
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int64_t step = c * CHUNK + g + 8 * hh;
+          const int col = 16 * warp + 8 * n + 2 * tq;  // V is a multiple of 8 (`align`): both columns or neither
+          if (step < p.T && col < cols_valid) {
+            *reinterpret_cast<uint32_t*>(static_cast<T*>(p.dv) + ((b * p.T + step) * p.H + h) * p.V + col) =
+                mma::pack2<T>(kg[n][2 * hh], kg[n][2 * hh + 1]);
+          }
+        }
+    }
     // The pair matrices' gradients (warp m) and 16 key columns of dR^, dA^, dB~, dK~.
     {
       const int m = warp;
