@@ -129,6 +129,10 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
            banks.contiguous("scratch_column_read", 4, ("scratch",)),
            banks.Access("drows_fragment_write", 8, fragment(kp, 4), ("drows",)),
            banks.Access("drows_access", 4, fragment(kp, 4), ("drows",)),
+           # the row gradients out: 8 floats (two float4s) a lane, 8 lanes a row, odd quads of
+           # lanes reading their second half first
+           banks.Access("drows_piece_read", 16,
+                        lambda lane, _pad: ((lane // 8) * kp + lane % 8 * 8 + (lane >> 2 & 1) * 4) * 4, ("drows",)),
            banks.Access("dm_fragment_write", 4, fragment(pd, 2), ("dm",)),
            banks.Access("state_fragment_write", 4, fragment(pc, 2), ("states",)),
            banks.Access("state_fragment_read", 4, fragment(pc, 2), ("states",)),

@@ -3,7 +3,7 @@
 // Instance delta_rule_grad_chunked_rwkv7_k64_cols64_bf16_sm90a
 //   kind chunked_rwkv7: RWKV-7's backward in 16-step chunks on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): each chunk's start state from the forward's records, or per 64-step window rebuilt from the checkpoint without them, then per chunk the forward again and its adjoint; the state's gradient fp32 in registers
 //   128 threads, 110592 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, column_read 1, column_write 1, key_write 1, key_read 1, lc_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_access 2, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_access 1
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, column_read 1, column_write 1, key_write 1, key_read 1, lc_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_access 2, drows_piece_read 1, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_access 1
 //
 // RWKV-7's backward in chunks of C = 16 steps on tensor cores: the adjoint of the forward kind
 // chunked_rwkv7 (templates/delta_rule/chunked_rwkv7.cu.j2, whose header gives the notation),
@@ -213,9 +213,9 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   };
 
   // The chunk's forward from the state tile s_tile: the decayed rows, the cumulative decays,
-  // the pair matrices, X + L_ak V, and Z over V in zv_tile; with_do: dO' = scale dO over dY's
-  // rows too, bf16. Returns whether the pair matrices were summed term by term (the CTA's vote).
-  // Ends at a barrier.
+  // the pair matrices, X + L_ak V (each warp its own columns, after a barrier), and Z over V in
+  // zv_tile; with_do: dO' = scale dO over dY's rows too, bf16. Returns whether the pair matrices
+  // were summed term by term (the CTA's vote). Ends at a barrier.
   auto chunk_forward = [&](const MT* s_tile, bool with_do) -> bool {
     // Two threads per key channel, one per half of the steps (a thread per channel left the
     // other half of the CTA at the barrier: 17% of the stall samples, ncu at 87d35ba).
@@ -269,6 +269,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
       }
     }
     const bool termwise = __syncthreads_or(wide);
+    float xs[2][4] = {};
     {
       const int m = warp;  // 0: L_ab, 1: L_ak, 2: N_rb, 3: N_rk
       float* mat = mats + m * CHUNK * MAT_PITCH;
@@ -316,29 +317,8 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
           mat_t[j * MAT_PITCH + t] = sum;  // smem: mat_t_term_write
         }
       }
-      // L_ak V over every column, by the warp that formed L_ak, into the scratch under X.
-      if (m == 1) {
-        __syncwarp();  // the warp's entries of L_ak are written
-        uint32_t al[4];
-        a_from_floats(al, mat);
-#pragma unroll
-        for (int jp = 0; jp < COLS / 16; ++jp) {
-          uint32_t bv[4];
-          mma::ldmatrix_x4_trans(bv, zv_addr + 2 * MixTile::moved(mix_b_kn_lane, CHUNK, 16 * jp));  // smem: mix_ldmatrix
-          float lv[2][4] = {};
-          mma::m16n8k16<MT>(lv[0], al, bv[0], bv[1]);
-          mma::m16n8k16<MT>(lv[1], al, bv[2], bv[3]);
-#pragma unroll
-          for (int n = 0; n < 2; ++n)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              const int t = g + 8 * hh, col = 16 * jp + 8 * n + 2 * tq;
-              *reinterpret_cast<float2*>(scratch + (CHUNK + t) * XP + col) = make_float2(lv[n][2 * hh], lv[n][2 * hh + 1]);  // smem: scratch_fragment_write
-            }
-        }
-      }
-      // X = A^ S: this warp's 16 columns.
-      float xs[2][4] = {};
+      // X = A^ S: this warp's 16 columns, kept for L_ak V.
+
 #pragma unroll
       for (int ks = 0; ks < KB / 16; ++ks) {
         uint32_t ax[4], bs[4];
@@ -347,6 +327,15 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
         mma::m16n8k16<MT>(xs[0], ax, bs[0], bs[1]);
         mma::m16n8k16<MT>(xs[1], ax, bs[2], bs[3]);
       }
+    }
+    __syncthreads();  // the pair matrices are whole
+    // X + L_ak V over this warp's 16 columns, into the scratch for the solve.
+    {
+      uint32_t al[4], bv[4];
+      a_from_floats(al, mats + CHUNK * MAT_PITCH);
+      mma::ldmatrix_x4_trans(bv, zv_addr + 2 * MixTile::moved(mix_b_kn_lane, CHUNK, 16 * warp));  // smem: mix_ldmatrix
+      mma::m16n8k16<MT>(xs[0], al, bv[0], bv[1]);
+      mma::m16n8k16<MT>(xs[1], al, bv[2], bv[3]);
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -362,7 +351,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
       float z[CHUNK];
 #pragma unroll
       for (int t = 0; t < CHUNK; ++t) {
-        float y = scratch[t * XP + col] + scratch[(CHUNK + t) * XP + col];  // smem: scratch_column_read
+        float y = scratch[t * XP + col];  // smem: scratch_column_read
 #pragma unroll
         for (int j = 0; j < t; ++j) y = fmaf(mats[t * MAT_PITCH + j], z[j], y);  // smem: mat_broadcast
         z[t] = y;
@@ -714,7 +703,8 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     }
 
     // A thread per key: dw_t = sum_{s >= t} self_s + sum_{s > t} prev_s + the state decay's
-    // gradient + the tails before t; the row gradients out.
+    // gradient + the tails before t. Meanwhile the other threads store the row gradients dr, da,
+    // db, dk, 8 keys a thread and store (K is a multiple of 8, as `align` has it).
     if (threadIdx.x < KB) {
       const int ch = threadIdx.x;
       float before[CHUNK];
@@ -729,15 +719,24 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
       for (int t = CHUNK - 1; t >= 0; --t) {
         suffix += self[t * XP + ch] + (t + 1 < CHUNK ? prev[(t + 1) * XP + ch] : 0.f);  // smem: dlc_access
         const int64_t step = c * CHUNK + t;
-        if (step < p.T && ch < keys_valid) {
-          const int64_t at = ((b * p.T + step) * p.H + h) * p.K + ch;
-          const float* row = drows + t * KP + ch;
-          static_cast<T*>(p.dq)[at] = from_float<T>(row[0]);               // smem: drows_access
-          static_cast<T*>(p.da)[at] = from_float<T>(row[CHUNK * KP]);      // smem: drows_access
-          static_cast<T*>(p.db)[at] = from_float<T>(row[2 * CHUNK * KP]);  // smem: drows_access
-          static_cast<T*>(p.dk)[at] = from_float<T>(row[3 * CHUNK * KP]);  // smem: drows_access
-          static_cast<T*>(p.dw)[at] = from_float<T>(suffix + before[t]);
-        }
+        if (step < p.T && ch < keys_valid) static_cast<T*>(p.dw)[((b * p.T + step) * p.H + h) * p.K + ch] = from_float<T>(suffix + before[t]);
+      }
+    } else {
+      for (int i = threadIdx.x - KB; i < 4 * CHUNK * KB / 8; i += THREADS - KB) {
+        const int q = i / (CHUNK * KB / 8), t = i / (KB / 8) % CHUNK, ch = i % (KB / 8) * 8;
+        const int64_t step = c * CHUNK + t;
+        if (step >= p.T || ch >= keys_valid) continue;
+        T* out = static_cast<T*>(q == 0 ? p.dq : q == 1 ? p.da : q == 2 ? p.db : p.dk);
+        // The halves in turn, the second half first on odd quads of lanes: a quarter-warp's eight
+        // 16-byte reads then fall on distinct banks.
+        const int first = threadIdx.x & 4;
+        const float* row = drows + (q * CHUNK + t) * KP + ch;
+        const float4 f0 = *reinterpret_cast<const float4*>(row + first);        // smem: drows_piece_read
+        const float4 f1 = *reinterpret_cast<const float4*>(row + (4 ^ first));  // smem: drows_piece_read
+        const float4 lo = first ? f1 : f0, hi = first ? f0 : f1;
+        const uint4 y = make_uint4(mma::pack2<T>(lo.x, lo.y), mma::pack2<T>(lo.z, lo.w), mma::pack2<T>(hi.x, hi.y),
+                                   mma::pack2<T>(hi.z, hi.w));
+        *reinterpret_cast<uint4*>(out + ((b * p.T + step) * p.H + h) * p.K + ch) = y;
       }
     }
 
