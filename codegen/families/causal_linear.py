@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..arch import MAX_REGS, Arch
 from ..instance import KernelInstance
-from ..passes import Rejected, banks, vectorize
+from ..passes import Rejected, banks, is_pow2, vectorize
 from ..passes import tiles as shared_tiles
 from . import Family, Lowering, TunePlan
 
@@ -17,14 +17,10 @@ GENERIC = "causal_linear/generic.cu.j2"
 CHUNKED = "causal_linear/chunked.cu.j2"
 
 
-def _is_pow2(x: int) -> bool:
-    return x > 0 and x & (x - 1) == 0
-
-
 def _lower_recurrent(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p, nbytes = inst.p, inst.dtype_bytes
     e, m, cols, mpt, tph, vec, chunk, buf = (p[k] for k in ("e", "m", "cols", "mpt", "tph", "vec", "chunk", "buf"))
-    if not _is_pow2(tph) or tph > 32:
+    if not is_pow2(tph) or tph > 32:
         raise Rejected("tph", f"tph={tph} must be a power of two <= 32 (its lanes reduce by warp shuffles)")
     vectorize.check(vec, nbytes, {"e": e, "cols": cols})
     if e % tph:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..arch import MAX_REGS, Arch
 from ..instance import KernelInstance
-from ..passes import Rejected, banks
+from ..passes import Rejected, banks, is_pow2
 from ..passes import tiles as shared_tiles
 from . import Family, Lowering, TunePlan
 
@@ -56,15 +56,11 @@ VARIANTS = {
 REG_OVERHEAD = 48
 
 
-def _is_pow2(x: int) -> bool:
-    return x > 0 and x & (x - 1) == 0
-
-
 def _lower_recurrent(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
     k, cols, tph, chunk = (p[name] for name in ("k", "cols", "tph", "chunk"))
     variant = VARIANTS[inst.a["variant"]]
-    if not _is_pow2(tph) or tph > 32:
+    if not is_pow2(tph) or tph > 32:
         raise Rejected("tph", f"tph={tph} must be a power of two <= 32 (a column's lanes reduce by warp shuffles)")
     if k % (4 * tph):
         raise Rejected("tph", f"k={k} is not a multiple of 4 * tph = {4 * tph} (each lane holds float4 groups)")

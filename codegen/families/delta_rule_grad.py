@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..arch import MAX_REGS, Arch
 from ..instance import KernelInstance
-from ..passes import Rejected, banks
+from ..passes import Rejected, banks, is_pow2
 from ..passes import tiles as shared_tiles
 from . import Family, Lowering, TunePlan
 from .delta_rule import RECORD_CONSTANTS, CHECKPOINT_EVERY, RWKV7_CHUNK, RWKV7_PRODUCT_SPREAD, _renamed
@@ -23,14 +23,10 @@ VECTORS = 5  # q, exp(w), k, a, b staged; dq, dw, dk, da, db reduced
 REG_OVERHEAD = 48
 
 
-def _is_pow2(x: int) -> bool:
-    return x > 0 and x & (x - 1) == 0
-
-
 def _lower_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
     k, cols, tph, sub = (p[name] for name in ("k", "cols", "tph", "sub"))
-    if not _is_pow2(tph) or tph > 32:
+    if not is_pow2(tph) or tph > 32:
         raise Rejected("tph", f"tph={tph} must be a power of two <= 32 (a column's lanes reduce by warp shuffles)")
     if k % (4 * tph):
         raise Rejected("tph", f"k={k} is not a multiple of 4 * tph = {4 * tph} (each lane holds float4 groups)")
@@ -41,7 +37,7 @@ def _lower_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     # (templates/delta_rule_grad/recurrent_grad.cu.j2, reduce_scatter), then sums the rest.
     halvings = min(warp_cols.bit_length() - 1, groups.bit_length() - 1)
     repeats = warp_cols.bit_length() - 1 - halvings
-    if not _is_pow2(groups):
+    if not is_pow2(groups):
         raise Rejected("tph", f"k / tph = {ept} entries per lane: the float4 groups ({groups}) must be a power of two "
                               f"(the reduce-scatter halves them)")
     regs = 3 * ept + REG_OVERHEAD
@@ -50,7 +46,7 @@ def _lower_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     threads = cols * tph
     if threads % 32:
         raise Rejected("cols", f"cols={cols} x tph={tph} = {threads} threads must be whole warps")
-    if not _is_pow2(sub) or CHECKPOINT_EVERY % sub:
+    if not is_pow2(sub) or CHECKPOINT_EVERY % sub:
         raise Rejected("sub", f"sub={sub} must be a power of two dividing the checkpoint interval {CHECKPOINT_EVERY}")
     warps = threads // 32
     floats = sub * (VECTORS * k + 2 * cols + k * cols + warps * VECTORS * k)

@@ -39,6 +39,17 @@ REG_OVERHEAD = 56
 WGMMA_REG_OVERHEAD = 40   # the wgmma kernel reads no operand fragments into registers but P
 
 
+def check_ring_tiles(d: int, swizzle: int, stages: int) -> None:
+    """The mma.sync kinds' shared tiles (forward and backward): padded or XOR-swizzled rows of d
+    columns, in a cp.async ring of `stages`."""
+    if swizzle not in (0, 1):
+        raise Rejected("swizzle", f"swizzle={swizzle}: 0 (padded rows) or 1 (XOR swizzle)")
+    if swizzle and d % 64:
+        raise Rejected("swizzle", f"the XOR swizzle permutes chunks within 128-byte lines; d={d} is not a multiple of 64")
+    if stages < 2:
+        raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
+
+
 def _lower_mma_sync(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p = inst.p
     d, block_m, block_n, warps, stages, swizzle, qregs, minb = (
@@ -52,12 +63,7 @@ def _lower_mma_sync(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("block_m", f"block_m={block_m} does not split into whole 16-row m-tiles over {warps} warps")
     if block_n % 16:
         raise Rejected("block_n", f"block_n={block_n} is not a multiple of 16 (the k-step of P V)")
-    if swizzle not in (0, 1):
-        raise Rejected("swizzle", f"swizzle={swizzle}: 0 (padded rows) or 1 (XOR swizzle)")
-    if swizzle and d % 64:
-        raise Rejected("swizzle", f"the XOR swizzle permutes chunks within 128-byte lines; d={d} is not a multiple of 64")
-    if stages < 2:
-        raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
+    check_ring_tiles(d, swizzle, stages)
     if qregs not in (0, 1):
         raise Rejected("qregs", f"qregs={qregs}: 0 (Q fragments re-read per tile) or 1 (held in registers)")
     mt = block_m // (16 * warps)

@@ -26,7 +26,7 @@ from ..passes import Rejected, banks
 from ..passes.tiles import CHUNK, atoms_layout, layout, pitch, plain_layout
 from . import Family, Lowering, TunePlan
 from .flash_attention import _tune_runtime as forward_tune_runtime
-from .flash_attention import MBARRIER_BYTES, padded_tile_columns, register_split
+from .flash_attention import MBARRIER_BYTES, check_ring_tiles, padded_tile_columns, register_split
 
 BACKWARD = "flash_attention_grad/backward.cu.j2"
 BACKWARD_WGMMA = "flash_attention_grad/backward_wgmma.cu.j2"
@@ -94,12 +94,7 @@ def _lower_backward(inst: KernelInstance, arch: Arch) -> KernelInstance:
                                   f"of warps")
     if block_m % 16:
         raise Rejected("block_m", f"block_m={block_m} is not a multiple of 16 (the k-step of dV and dK)")
-    if swizzle not in (0, 1):
-        raise Rejected("swizzle", f"swizzle={swizzle}: 0 (padded rows) or 1 (XOR swizzle)")
-    if swizzle and d % 64:
-        raise Rejected("swizzle", f"the XOR swizzle permutes chunks within 128-byte lines; d={d} is not a multiple of 64")
-    if stages < 2:
-        raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least 2")
+    check_ring_tiles(d, swizzle, stages)
     q_warps_m = _dq_warps_over_rows(block_m, warps, d)
     if q_warps_m is None:
         raise Rejected("warps", f"warps={warps} cannot split the dQ tile ({block_m} x {d}) into whole 16 x 16 steps")

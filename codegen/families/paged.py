@@ -27,7 +27,7 @@ import math
 
 from ..arch import MAX_REGS, Arch
 from ..instance import KernelInstance
-from ..passes import Rejected, banks, vectorize
+from ..passes import Rejected, banks, is_pow2, vectorize
 from ..passes import tiles as shared_tiles
 from . import Family, Lowering, TunePlan
 
@@ -43,10 +43,6 @@ MAX_SCORES = 32   # scores a thread holds per stage (registers)
 MMA_REG_OVERHEAD = 64
 
 
-def _is_pow2(x: int) -> bool:
-    return x > 0 and x & (x - 1) == 0
-
-
 def _merge(p: dict, split: bool, arch: Arch) -> dict:
     """The merge's knobs (split.cuh): `merge_rows` query rows per CTA, each by d / 4 threads
     reading float4s; `pdl` launches it as a programmatic dependent of the decode grid (sm_90)."""
@@ -56,7 +52,7 @@ def _merge(p: dict, split: bool, arch: Arch) -> dict:
             raise Rejected("merge_rows", f"merge_rows={rows}, pdl={pdl}: a single-pass kind has no merge (0, 0)")
         return {"pdl": "false", "merge_threads": 0}
     threads = rows * d // 4
-    if not _is_pow2(rows) or threads > arch.max_threads_per_block:
+    if not is_pow2(rows) or threads > arch.max_threads_per_block:
         raise Rejected("merge_rows", f"merge_rows={rows} must be a power of two with merge_rows * d / 4 = {threads} "
                                      f"threads <= {arch.max_threads_per_block}")
     if pdl not in (0, 1):
@@ -71,11 +67,11 @@ def _geometry(p: dict, nbytes: int) -> dict:
     vectorize.check(vec, nbytes, {"d": d})
     if vec * nbytes != 16:
         raise Rejected("vec", f"vec={vec}: the cp.async ring moves 16-byte pieces ({16 // nbytes} elements)")
-    if not _is_pow2(tx) or tx > 32:
+    if not is_pow2(tx) or tx > 32:
         raise Rejected("tx", f"tx={tx} must be a power of two <= 32 (its lanes sum scores by warp shuffles)")
-    if not _is_pow2(heads):
+    if not is_pow2(heads):
         raise Rejected("heads", f"heads={heads} must be a power of two")
-    if not _is_pow2(hpt) or heads % hpt:
+    if not is_pow2(hpt) or heads % hpt:
         raise Rejected("hpt", f"hpt={hpt} heads per thread must be a power of two dividing heads={heads}")
     rows = heads // hpt
     if threads % (tx * rows):

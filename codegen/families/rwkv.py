@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..arch import Arch
 from ..instance import KernelInstance
-from ..passes import Rejected, banks, vectorize
+from ..passes import Rejected, banks, is_pow2, vectorize
 from . import Family, Lowering, TunePlan
 
 SCAN = "rwkv/scan.cu.j2"
@@ -27,15 +27,11 @@ CHECKPOINT_CONSTANTS = {"checkpoint_every": CHECKPOINT_EVERY,
                         "checkpoint_every_why": "codegen/families/rwkv.py CHECKPOINT_EVERY says why"}
 
 
-def _is_pow2(x: int) -> bool:
-    return x > 0 and x & (x - 1) == 0
-
-
 def _lower_scan(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p, nbytes = inst.p, inst.dtype_bytes
     n, cols, mpt, tph, vec, chunk, buf = (p[k] for k in ("n", "cols", "mpt", "tph", "vec", "chunk", "buf"))
     keys_output = inst.a["keys"] == "output"
-    if not _is_pow2(tph) or tph > 32:
+    if not is_pow2(tph) or tph > 32:
         raise Rejected("tph", f"tph={tph} must be a power of two <= 32 (its lanes reduce by warp shuffles)")
     if n % tph:
         raise Rejected("tph", f"n={n} is not divisible by tph={tph}")
@@ -44,7 +40,7 @@ def _lower_scan(inst: KernelInstance, arch: Arch) -> KernelInstance:
     # Contracted rows read from shared memory 16 bytes at a time, in equal power-of-two reads
     # (ept = 6 at n = 96, tph = 16: 2 at a time).
     lds = min(16 // nbytes, ept)
-    while ept % lds or not _is_pow2(lds):
+    while ept % lds or not is_pow2(lds):
         lds -= 1
     if ept % lds:
         raise Rejected("tph", f"{ept} state rows per thread do not split into {lds}-element reads")

@@ -9,29 +9,25 @@ from __future__ import annotations
 
 from ..arch import Arch
 from ..instance import KernelInstance
-from ..passes import Rejected, banks
+from ..passes import Rejected, banks, is_pow2
 from . import Family, Lowering, TunePlan
 from .rwkv import CHECKPOINT_CONSTANTS, CHECKPOINT_EVERY
 
 GRAD = "rwkv_grad/grad_rkwu.cu.j2"
-def _is_pow2(x: int) -> bool:
-    return x > 0 and x & (x - 1) == 0
-
-
 def _check_knobs(p: dict) -> None:
-    if not _is_pow2(p["e"]) or not 4 <= p["e"] <= 32:
+    if not is_pow2(p["e"]) or not 4 <= p["e"] <= 32:
         raise Rejected("e", f"e={p['e']}: values per thread must be a power of two from 4 to 32 (float4 groups)")
     if not 1 <= p["minb"] <= 4:
         raise Rejected("minb", f"minb={p['minb']}: CTAs per SM the registers must allow, 1 to 4")
     if p["threads"] % 32 or not 32 <= p["threads"] <= 1024:
         raise Rejected("threads", f"threads={p['threads']}: a whole number of warps, at most 1024")
-    if not _is_pow2(p["l"]) or CHECKPOINT_EVERY % p["l"]:
+    if not is_pow2(p["l"]) or CHECKPOINT_EVERY % p["l"]:
         raise Rejected("l", f"l={p['l']}: steps per sub-window, a power of two dividing the "
                             f"{CHECKPOINT_EVERY}-step window")
     for flag in ("float_v", "float_do", "prefetch"):
         if p[flag] not in (0, 1):
             raise Rejected(flag, f"{flag}={p[flag]}: 0 or 1")
-    if not _is_pow2(p["n"]) or p["n"] < 32:
+    if not is_pow2(p["n"]) or p["n"] < 32:
         raise Rejected("n", f"n={p['n']}: a power of two of at least 32 (a key's lanes stay in one warp)")
 
 
@@ -126,7 +122,7 @@ def _lower_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     p, nbytes = inst.p, inst.dtype_bytes
     _check_knobs(p)
     g = geometry(p, nbytes, arch)
-    if g["tpk"] > 32 or p["n"] % g["keys_per_cta"] or not _is_pow2(g["keys_per_cta"]):
+    if g["tpk"] > 32 or p["n"] % g["keys_per_cta"] or not is_pow2(g["keys_per_cta"]):
         raise Rejected("threads", f"threads={p['threads']} gives {g['keys_per_cta']} keys of {g['tpk']} lanes per CTA; "
                                   f"the keys must be a power of two dividing n={p['n']}")
     v_items = CHECKPOINT_EVERY * p["n"] // (16 // nbytes)

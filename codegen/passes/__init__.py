@@ -12,3 +12,8 @@ class Rejected(Exception):
         self.param = param
         self.reason = reason
         super().__init__(f"{param}: {reason}")
+
+
+def is_pow2(x: int) -> bool:
+    """Whether x is a positive power of two (lane counts, rows, tiles that halve or shuffle)."""
+    return x > 0 and x & (x - 1) == 0
