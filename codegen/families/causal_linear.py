@@ -43,11 +43,7 @@ def _lower_recurrent(inst: KernelInstance, arch: Arch) -> KernelInstance:
 
     read_floats = min(vec, 4)   # o tile is read back as float4 (or narrower) pieces
     accesses = banks.output_tile_accesses(cols, mpt, tph, vec, read_floats)
-    pad = p["pad"]
-    if pad == "auto":
-        pad = banks.choose_pad(accesses, unit=read_floats)
-    elif pad % read_floats:
-        raise Rejected("pad", f"pad={pad} breaks the {read_floats * 4}-byte alignment of o-tile reads")
+    pad = banks.output_tile_pad(p["pad"], accesses, read_floats)
     inst = inst.with_params(pad=pad)
 
     threads = cols // mpt * tph

@@ -58,11 +58,7 @@ def _lower_scan(inst: KernelInstance, arch: Arch) -> KernelInstance:
 
     read_floats = min(vec, 4)
     accesses = banks.output_tile_accesses(cols, mpt, tph, vec, read_floats)
-    pad = p["pad"]
-    if pad == "auto":
-        pad = banks.choose_pad(accesses, unit=read_floats)
-    elif pad % read_floats:
-        raise Rejected("pad", f"pad={pad} breaks the {read_floats * 4}-byte alignment of output-tile reads")
+    pad = banks.output_tile_pad(p["pad"], accesses, read_floats)
     inst = inst.with_params(pad=pad)
 
     # Decay entries one step needs: those of the CTA's output columns when the keys are the

@@ -15,6 +15,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
+from . import Rejected
+
 BANKS = 32
 WORD = 4
 
@@ -114,6 +116,16 @@ def choose_pad(accesses: list[Access], unit: int, limit: int = 32) -> int:
         if best_cost is None or cost < best_cost:
             best_pad, best_cost = pad, cost
     return best_pad
+
+
+def output_tile_pad(pad, accesses: list[Access], read_floats: int):
+    """A spec's `pad` of the output tile: "auto" chooses it from the accesses (choose_pad);
+    a number must keep the tile's `read_floats`-float reads aligned."""
+    if pad == "auto":
+        return choose_pad(accesses, unit=read_floats)
+    if pad % read_floats:
+        raise Rejected("pad", f"pad={pad} breaks the {read_floats * 4}-byte alignment of output-tile reads")
+    return pad
 
 
 def output_tile_accesses(cols: int, mpt: int, tph: int, vec: int, read_floats: int) -> list[Access]:
