@@ -250,6 +250,17 @@ def _lower_chunked(inst: KernelInstance, arch: Arch) -> KernelInstance:
 RWKV7_PRODUCT_SPREAD = 40.0
 
 
+def value_row_copy(cols: int, src: str, dst: str) -> list:
+    """The RWKV-7 chunked kinds' copy of a chunk's value-side rows (V, dO') from the raw tile `src`
+    into a bf16 operand tile `dst`: 16-byte pieces, cols / 8 a row, both tiles `cols` + 8 wide."""
+    pc = shared_tiles.pitch(cols, 0)
+
+    def piece(lane, _pad):
+        return ((lane // (cols // 8)) * pc + lane % (cols // 8) * 8) * 2
+
+    return [banks.Access("v_copy_read", 16, piece, (src,)), banks.Access("v_copy_write", 16, piece, (dst,))]
+
+
 def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
     """The RWKV-7 chunked template's shared-memory accesses: ldmatrix over its padded 16-bit
     tiles (k or cols wide), cp.async fills of the ring, a thread per key channel over the
@@ -286,11 +297,7 @@ def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
         # L_ak, N_rb, N_rk in bf16: a fragment's packed pairs, or a lane per (t, j) past the spread
         banks.Access("pm_fragment_write", 4, lambda lane, _pad: ((lane // 4) * pd + 2 * (lane % 4)) * 2, ("pm",)),
         banks.Access("pm_term_write", 2, lambda lane, _pad: ((lane // 16) * pd + lane % 16) * 2, ("pm",)),
-        # V under Z: 16-byte pieces, 8 a row
-        banks.Access("v_copy_read", 16, lambda lane, _pad: ((lane // (cols // 8)) * pc + lane % (cols // 8) * 8) * 2,
-                     ("ring",)),
-        banks.Access("v_copy_write", 16, lambda lane, _pad: ((lane // (cols // 8)) * pc + lane % (cols // 8) * 8) * 2,
-                     ("zv",)),
+        *value_row_copy(cols, "ring", "zv"),
         banks.Access("dend_read", 4, lambda lane, _pad: (lane // 4) * 4, ("scalars",)),
         banks.Access("state_fragment_write", 4, lambda lane, _pad: ((lane // 4) * pc + 2 * (lane % 4)) * 2,
                      ("state",)),

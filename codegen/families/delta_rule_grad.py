@@ -13,7 +13,8 @@ from ..instance import KernelInstance
 from ..passes import Rejected, banks, is_pow2
 from ..passes import tiles as shared_tiles
 from . import Family, Lowering, TunePlan
-from .delta_rule import RECORD_CONSTANTS, CHECKPOINT_EVERY, RWKV7_CHUNK, RWKV7_PRODUCT_SPREAD, _renamed
+from .delta_rule import (RECORD_CONSTANTS, CHECKPOINT_EVERY, RWKV7_CHUNK, RWKV7_PRODUCT_SPREAD, _renamed,
+                         value_row_copy)
 
 GRAD = "delta_rule_grad/recurrent_grad.cu.j2"
 CHUNKED_GRAD = "delta_rule_grad/chunked_rwkv7_grad.cu.j2"
@@ -105,8 +106,7 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
            banks.contiguous("lc_write", 4, ("scalars",)),
            banks.Access("lc_read", 4, lambda lane, _pad: (lane % 16) * kp * 4, ("scalars",)),
            banks.Access("raw_term_read", 2, lambda lane, _pad: (lane % 16) * pk * 2, ("raw",)),
-           banks.Access("v_copy_read", 16, lambda lane, _pad: ((lane // 8) * pc + lane % 8 * 8) * 2, ("raw",)),
-           banks.Access("v_copy_write", 16, lambda lane, _pad: ((lane // 8) * pc + lane % 8 * 8) * 2, ("mix",)),
+           *value_row_copy(cols, "raw", "mix"),
            banks.Access("z_write", 2, lambda lane, _pad: lane * 2, ("mix",)),
            banks.Access("dy_write", 2, lambda lane, _pad: lane * 2, ("mix",)),
            banks.Access("mat_fragment_write", 8, fragment(mat_pitch, 4), ("mats",)),
