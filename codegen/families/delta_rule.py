@@ -35,6 +35,7 @@ SAVED_RECORD_BYTES = 3 * CHECKPOINT_EVERY * CHECKPOINT_EVERY * 2 + CHECKPOINT_EV
 # 64 keys (smaller heads are padded to them: its covers take K <= 64).
 RWKV7_CHUNK = 16
 RWKV7_CHUNK_KEYS = 64
+RWKV7_CTAS_PER_SM = 2  # the forward's residency: _lower_chunked_rwkv7 says why
 # RWKV-7's records (16-bit, the chunked_rwkv7 kinds): the header, then the state before every
 # RWKV7_CHUNK-step chunk in bf16, [K, V] per (b, h, chunk). The backward then reads each chunk's
 # start state instead of rebuilding a window's from its fp32 checkpoint (a quarter of its
@@ -279,10 +280,11 @@ def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
     pm = _renamed(shared_tiles.bank_accesses(4 * RWKV7_CHUNK, threads, shared_tiles.layout(4 * RWKV7_CHUNK, 0)),
                   {"ldmatrix": "pm_ldmatrix"}, ("pm",))
     accesses = rows_k + pair + state + zv + pm + [
-        banks.Access("column_read", 2, lambda lane, _pad: lane * 2, ("ring",)),
-        banks.Access("column_write", 2, lambda lane, _pad: lane * 2, ("decayed",)),
-        banks.contiguous("dend_write", 4, ("scalars",)),
-        banks.contiguous("lc_write", 4, ("scalars",)),
+        # Step 1: a lane per two adjacent key channels, a warp per run of steps
+        banks.contiguous("column_read", 4, ("ring",)),
+        banks.contiguous("column_write", 4, ("decayed",)),
+        banks.contiguous("dend_write", 8, ("scalars",)),
+        banks.contiguous("lc_write", 8, ("scalars",)),
         banks.Access("mat_fragment_write", 8, lambda lane, _pad: ((lane // 4) * mat_pitch + 2 * (lane % 4)) * 4,
                      ("mats",)),
         # Decays past the products' range only: a lane per (t, j) pair, 2 rows t and 16 j a warp.
@@ -303,6 +305,14 @@ def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
                      ("state",)),
     ]
     return banks.model(accesses)
+
+
+def smem_carveout(ctas_per_sm: int, smem: int, arch: Arch) -> int:
+    """The shared-memory carveout (percent of an SM's) that holds `ctas_per_sm` CTAs of `smem`
+    bytes and no more: a kernel whose registers admit more CTAs than it was planned (and timed)
+    at stays at that many. The driver rounds the percentage up to a size it supports."""
+    need = ctas_per_sm * (smem + arch.smem_reserved_per_cta)
+    return min(100, -(-100 * need // arch.smem_per_sm))
 
 
 def _lower_chunked_rwkv7(inst: KernelInstance, arch: Arch) -> KernelInstance:
@@ -331,17 +341,18 @@ def _lower_chunked_rwkv7(inst: KernelInstance, arch: Arch) -> KernelInstance:
             + 4 * (steps * k + k + steps * (steps + 4) + steps * (cols + 4)))
     if smem > arch.max_smem_per_block:
         raise Rejected("stages", f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")
-    # ptxas (CUDA 13.0) uses 205 registers at two CTAs an SM (213 and 218 at 32 and 16 columns;
-    # 252-255 before X + L_ak V and the output rows moved to the tensor cores). At 252, held
-    # to three (168) it spills at 32 and 64 columns; to four (128), at 16. Measured on an H200
-    # (bench.rwkv7_kinds, bf16, the training forward; an earlier build of 199 registers), a third
-    # CTA an SM lost where 64 columns are the best width (B8 T4096 H64: 4.17 against 3.66 ms;
-    # 512 CTAs make 1.3 waves of three) and gained at most 1.3% where narrower ones are
-    # (B2 T4096 H32: 16 columns 1.139 against 1.154 ms): two CTAs an SM.
-    regs = 205
-    ctas_per_sm = min(arch.smem_per_sm // (smem + arch.smem_reserved_per_cta), arch.regs_per_sm // (threads * regs), 8)
+    # Two CTAs an SM. Measured on an H200 (bench.rwkv7_kinds, bf16, the training forward; a build
+    # of 199 registers), a third CTA an SM lost where 64 columns are the best width (B8 T4096
+    # H64: 4.17 against 3.66 ms; 512 CTAs make 1.3 waves of three) and gained at most 1.3% where
+    # narrower ones are (B2 T4096 H32: 16 columns 1.139 against 1.154 ms). ptxas (CUDA 13.0) now
+    # fits the kernel in 163 registers (205 before each thread's load pieces were fixed and step 1
+    # took channel pairs), which admits a third where shared memory does: the launcher holds
+    # residency to two with the carveout (unheld, the forward took 2.519 against 2.040 ms at B8
+    # T4096 H64; bench/results/h200/rwkv7_rows_ab.md).
+    ctas_per_sm = min(arch.smem_per_sm // (smem + arch.smem_reserved_per_cta), RWKV7_CTAS_PER_SM)
     return inst.with_derived({
         "threads": threads, "warps": warps, "smem_bytes": smem, "chunk": steps, "ctas_per_sm": ctas_per_sm,
+        "smem_carveout": smem_carveout(ctas_per_sm, smem, arch),
         "product_spread": RWKV7_PRODUCT_SPREAD,
         "product_spread_why": "codegen/families/delta_rule.py RWKV7_PRODUCT_SPREAD says why",
         "bank": rwkv7_chunked_bank(k, cols, threads), "threads_param": "k", "smem_param": "stages",

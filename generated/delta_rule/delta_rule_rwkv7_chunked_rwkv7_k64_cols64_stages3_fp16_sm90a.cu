@@ -46,7 +46,7 @@ constexpr int XR_PITCH = COLS + 4;           // floats between rows of X and R
 static_assert(CHUNK == 16 && KB == 16 * WARPS && WARPS == 4 && COLS % 16 == 0 && COLS <= KB && THREADS % COLS == 0 &&
               THREADS == 2 * KB,
               "a warp per pair matrix, per 16 keys of the state and per 16 columns of X, R and O at most; a thread "
-              "of each column solves the chunk; two threads a key channel");
+              "of each column solves the chunk; a lane per two key channels in step 1, a warp per run of steps");
 static_assert(kCheckpointEvery % CHUNK == 0 && STAGES >= 2, "checkpoints fall on chunk starts; a chunk ahead in flight");
 static_assert(CHUNK == kRwkv7RecordChunk, "the saved records hold the state before each chunk");
 
@@ -63,19 +63,22 @@ constexpr int SMEM_BYTES = STAGES * RAW_BYTES +
                            4 * (CHUNK * KB + KB + CHUNK * MAT_PITCH + CHUNK * XR_PITCH);
 static_assert(SMEM_BYTES == 81408, "the pass and the kernel agree on shared memory");
 static_assert(RAW_BYTES % 16 == 0 && RowTile::BYTES % 16 == 0, "tiles stay 16-byte aligned");
+static_assert(CHUNK * KB / 8 == THREADS && CHUNK * COLS / 8 <= THREADS && KB * COLS / 8 % THREADS == 0,
+              "a 16-byte piece a thread of each key-side tile, at most one of V's; whole rounds of the records");
 
-// Rows t0 .. t0 + CHUNK - 1 (zero past `rows_valid`) x WIDTH elements (zero past `cols_valid`) of
-// a [time][feature] tensor into a shared tile, in 16-byte pieces.
-template <class Tile, int WIDTH>
-__device__ __forceinline__ void load_chunk_rows(T* tile, const T* src, int64_t stride, int64_t rows_valid,
-                                                int cols_valid) {
-  constexpr int PIECES = WIDTH / 8;
-  for (int i = threadIdx.x; i < CHUNK * PIECES; i += THREADS) {
-    const int row = i / PIECES, col = i % PIECES * 8;
-    const bool valid = row < rows_valid && col < cols_valid;
-    cp_async_zfill<16>(tile + Tile::offset(row, col), valid ? src + row * stride + col : src, valid);  // smem: row_fill
+// A thread's 16-byte piece of a chunk's [step][feature] rows: the piece at row `row` and element
+// `col` of every chunk, so its place in the tile and its column are worked out once, not per
+// chunk (the six fills' index arithmetic was 250 of a warp's 1430 instructions a chunk).
+struct RowPiece {
+  int row, col, at;  // step within the chunk, element within the row, offset in the tile
+  // Row t0 + row of `src` (stride elements a step) into the tile, zero past `steps` or `width`.
+  __device__ __forceinline__ void load(T* tile, const T* src, int64_t stride, int64_t t0, int64_t steps,
+                                       int width) const {
+    const int64_t t = t0 + row;
+    const bool valid = t < steps && col < width;
+    cp_async_zfill<16>(tile + at, valid ? src + t * stride + col : src, valid);  // smem: row_fill
   }
-}
+};
 
 __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -111,15 +114,19 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;  // fragment row and column pair of this lane
 
+  const int key_row = threadIdx.x / (KB / 8), key_col = threadIdx.x % (KB / 8) * 8;
+  const int value_row = threadIdx.x / (COLS / 8), value_col = threadIdx.x % (COLS / 8) * 8;
+  const RowPiece key_piece{key_row, key_col, RowTile::offset(key_row, key_col)};
+  const RowPiece value_piece{value_row, value_col, ColTile::offset(value_row, value_col)};
   auto issue_chunk = [&](int64_t c) {
     T* raw = reinterpret_cast<T*>(ring + c % STAGES * RAW_BYTES);
-    const int64_t t0 = c * CHUNK, rows = p.T - t0;
-    load_chunk_rows<RowTile, KB>(raw, r + t0 * p.q_st, p.q_st, rows, keys_valid);
-    load_chunk_rows<RowTile, KB>(raw + RowTile::ELEMS, w + t0 * p.w_st, p.w_st, rows, keys_valid);
-    load_chunk_rows<RowTile, KB>(raw + 2 * RowTile::ELEMS, k + t0 * p.k_st, p.k_st, rows, keys_valid);
-    load_chunk_rows<RowTile, KB>(raw + 3 * RowTile::ELEMS, a + t0 * p.a_st, p.a_st, rows, keys_valid);
-    load_chunk_rows<RowTile, KB>(raw + 4 * RowTile::ELEMS, bb + t0 * p.b_st, p.b_st, rows, keys_valid);
-    load_chunk_rows<ColTile, COLS>(raw + 5 * RowTile::ELEMS, v + t0 * p.v_st, p.v_st, rows, cols_valid);
+    const int64_t t0 = c * CHUNK;
+    key_piece.load(raw, r, p.q_st, t0, p.T, keys_valid);
+    key_piece.load(raw + RowTile::ELEMS, w, p.w_st, t0, p.T, keys_valid);
+    key_piece.load(raw + 2 * RowTile::ELEMS, k, p.k_st, t0, p.T, keys_valid);
+    key_piece.load(raw + 3 * RowTile::ELEMS, a, p.a_st, t0, p.T, keys_valid);
+    key_piece.load(raw + 4 * RowTile::ELEMS, bb, p.b_st, t0, p.T, keys_valid);
+    if (value_row < CHUNK) value_piece.load(raw + 5 * RowTile::ELEMS, v, p.v_st, t0, p.T, cols_valid);
   };
 
   // This warp's part of the state: keys 16 warp + {g, g + 8}, columns 8 j + 2 tq + {0, 1}.
@@ -150,11 +157,14 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
   // K=V=64, 1 GB of records; bench/results/h200/rwkv7_records_ab.md) the forward took 3.135 ms,
   // against 3.431 with the records stored from the state's fragments, 4 bytes a lane, and 2.906
   // without records.
+  // A thread's pieces are rows value_row + ROUND_KEYS i at column value_col, the same every chunk.
+  constexpr int ROUND_KEYS = THREADS / (COLS / 8);
   auto store_record = [&](int64_t c) {
     MT* out = reinterpret_cast<MT*>(static_cast<unsigned char*>(p.records) + kRecordsHeaderBytes) +
               (bh * n_chunks + c) * p.K * p.V + col0;
-    for (int i = threadIdx.x; i < KB * COLS / 8; i += THREADS) {
-      const int key = i / (COLS / 8), col = i % (COLS / 8) * 8;
+#pragma unroll
+    for (int i = 0; i < KB * COLS / 8 / THREADS; ++i) {
+      const int key = value_row + ROUND_KEYS * i, col = value_col;
       if (key >= keys_valid || col >= cols_valid) continue;
       const uint4 piece = *reinterpret_cast<const uint4*>(s_tile + StateTile::offset(key, col));  // smem: state_row_read
       if (col + 8 <= cols_valid) {
@@ -220,40 +230,59 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
     const T* raw_b = raw + 4 * RowTile::ELEMS;
     const T* raw_v = raw + 5 * RowTile::ELEMS;
 
-    // Step 1: two threads a key channel, one per half of the chunk's steps, form the chunk's
-    // cumulative decay and the decayed rows (the backward's split: a thread a channel left half
-    // its CTA at the barrier). Whether any channel's spread is past the products' range is the
-    // CTA's vote. Each half's running sum starts from the same serial sum, so lc is as before.
+    // Step 1: a warp per run of CHUNK / WARPS steps and a lane per two adjacent key channels form
+    // the chunk's cumulative decay and the decayed rows, one load, conversion and store serving
+    // both channels (a thread a channel spent twice the instructions). Whether any channel's
+    // spread is past the products' range is the CTA's vote. Each run's running sum starts from
+    // the same serial sum, so lc is a serial walk's.
     bool wide;
     {
-      const int ch = threadIdx.x % KB, half = threadIdx.x / KB;
-      float end = 0.f, start = 0.f;  // lc at the chunk's last step, and before this half's first
+      constexpr int RUN = CHUNK / WARPS;
+      const int ch = 2 * lane, first = warp * RUN;
+      float end[2] = {}, start[2] = {};  // lc at the chunk's last step, and before this run's first
 #pragma unroll
       for (int t = 0; t < CHUNK; ++t) {
-        end += to_float(raw_w[RowTile::offset(t, ch)]);  // smem: column_read
-        if (t + 1 == CHUNK / 2) start = half ? end : 0.f;
-      }
-      wide = -end > PRODUCT_SPREAD;
-      if (!half) dend[ch] = __expf(end);  // smem: dend_write
-      float lc = start, before = __expf(start);  // before = exp(le_t)
+        float x[2];
+        load_floats<2>(raw_w + RowTile::offset(t, ch), x);  // smem: column_read
 #pragma unroll
-      for (int i = 0; i < CHUNK / 2; ++i) {
-        const int t = half * (CHUNK / 2) + i;
-        const int at = RowTile::offset(t, ch);
-        lc += to_float(raw_w[at]);  // smem: column_read
-        const float decay = __expf(lc), undo = __expf(-lc), tail = __expf(end - lc);
-        const float av = to_float(raw_a[at]);  // smem: column_read
-        const float rv = to_float(raw_r[at]);  // smem: column_read
-        const float bv = to_float(raw_b[at]);  // smem: column_read
-        const float kv = to_float(raw_k[at]);  // smem: column_read
-        at_tile[at] = from_float<MT>(av * before);  // smem: column_write
-        rt_tile[at] = from_float<MT>(rv * decay);   // smem: column_write
-        bc_tile[at] = from_float<MT>(bv * undo);    // smem: column_write (inf past the spread: unused there)
-        kc_tile[at] = from_float<MT>(kv * undo);    // smem: column_write
-        pair_tile[PairTile::offset(t, ch)] = from_float<MT>(bv * tail);          // smem: column_write
-        pair_tile[PairTile::offset(CHUNK + t, ch)] = from_float<MT>(kv * tail);  // smem: column_write
-        lc_tile[t * KB + ch] = lc;  // smem: lc_write
-        before = decay;
+        for (int e = 0; e < 2; ++e) {
+          end[e] += x[e];
+          if (t + 1 == first) start[e] = end[e];
+        }
+      }
+      wide = fmaxf(-end[0], -end[1]) > PRODUCT_SPREAD;
+      const float end_decay[2] = {__expf(end[0]), __expf(end[1])};
+      if (warp == 0) store_floats<2>(dend + ch, end_decay);  // smem: dend_write
+      float lc[2] = {start[0], start[1]}, before[2] = {__expf(start[0]), __expf(start[1])};  // before = exp(le_t)
+#pragma unroll
+      for (int i = 0; i < RUN; ++i) {
+        const int t = first + i, at = RowTile::offset(t, ch);
+        float wv[2], av[2], rv[2], bv[2], kv[2];
+        load_floats<2>(raw_w + at, wv);  // smem: column_read
+        load_floats<2>(raw_a + at, av);  // smem: column_read
+        load_floats<2>(raw_r + at, rv);  // smem: column_read
+        load_floats<2>(raw_b + at, bv);  // smem: column_read
+        load_floats<2>(raw_k + at, kv);  // smem: column_read
+        float a_before[2], r_decay[2], b_undo[2], k_undo[2], b_tail[2], k_tail[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          lc[e] += wv[e];
+          const float decay = __expf(lc[e]), undo = __expf(-lc[e]), tail = __expf(end[e] - lc[e]);
+          a_before[e] = av[e] * before[e];
+          r_decay[e] = rv[e] * decay;
+          b_undo[e] = bv[e] * undo;  // inf past the spread: unused there
+          k_undo[e] = kv[e] * undo;
+          b_tail[e] = bv[e] * tail;
+          k_tail[e] = kv[e] * tail;
+          before[e] = decay;
+        }
+        store_floats<2>(at_tile + at, a_before);                     // smem: column_write
+        store_floats<2>(rt_tile + at, r_decay);                      // smem: column_write
+        store_floats<2>(bc_tile + at, b_undo);                       // smem: column_write
+        store_floats<2>(kc_tile + at, k_undo);                       // smem: column_write
+        store_floats<2>(pair_tile + PairTile::offset(t, ch), b_tail);          // smem: column_write
+        store_floats<2>(pair_tile + PairTile::offset(CHUNK + t, ch), k_tail);  // smem: column_write
+        store_floats<2>(lc_tile + t * KB + ch, lc);  // smem: lc_write
       }
     }
     // V under Z in the operands' type, 8 values a thread: the B rows of L_ak V, N_rk V and the state's update.
@@ -432,6 +461,12 @@ size_t workspace_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_fp16_sm90a(co
 cudaError_t launch_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_fp16_sm90a(const Params& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.B * p.H * ((p.V + COLS - 1) / COLS)));
   if (const cudaError_t err = allow_dynamic_smem(chunk_kernel, SMEM_BYTES); err != cudaSuccess) return err;
+  // CTAS_PER_SM CTAs an SM and no more: the carveout (percent) that holds them (the pass says why).
+  if (const cudaError_t err = cudaFuncSetAttribute(chunk_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                   71);
+      err != cudaSuccess) {
+    return err;
+  }
   chunk_kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(p);
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess || !p.records) return err;
   // Whole once the kernel is done (stream order): the backward reads the states from them.

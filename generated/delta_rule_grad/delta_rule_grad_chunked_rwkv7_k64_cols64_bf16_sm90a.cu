@@ -3,7 +3,7 @@
 // Instance delta_rule_grad_chunked_rwkv7_k64_cols64_bf16_sm90a
 //   kind chunked_rwkv7: RWKV-7's backward in 16-step chunks on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): each chunk's start state from the forward's records, or per 64-step window rebuilt from the checkpoint without them, then per chunk the forward again and its adjoint; the state's gradient fp32 in registers
 //   128 threads, 110592 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, column_read 1, column_write 1, key_write 1, key_read 1, lc_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_access 2, drows_piece_read 1, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_access 1
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, column_read 1, column_pair_read 1, column_write 1, key_pair_write 1, key_write 1, key_read 1, lc_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_access 2, drows_piece_read 1, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_access 1
 //
 // RWKV-7's backward in chunks of C = 16 steps on tensor cores: the adjoint of the forward kind
 // chunked_rwkv7 (templates/delta_rule/chunked_rwkv7.cu.j2, whose header gives the notation),
@@ -63,16 +63,20 @@ constexpr int MATS_T_BYTES = 2 * (RAW_ELEMS + 3 * PairTile::ELEMS + 2 * MixTile:
 static_assert(MATS_T_BYTES % 16 == 0 && MAT_PITCH % 4 == 0, "the transposed pair matrices' rows are 16-byte aligned");
 static_assert(SMEM_BYTES == 110592, "the pass and the kernel agree on shared memory");
 
-template <class Tile, int WIDTH>
-__device__ __forceinline__ void load_chunk_rows(T* tile, const T* src, int64_t stride, int64_t rows_valid,
-                                                int cols_valid) {
-  constexpr int PIECES = WIDTH / 8;
-  for (int i = threadIdx.x; i < CHUNK * PIECES; i += THREADS) {
-    const int row = i / PIECES, col = i % PIECES * 8;
-    const bool valid = row < rows_valid && col < cols_valid;
-    cp_async_zfill<16>(tile + Tile::offset(row, col), valid ? src + row * stride + col : src, valid);  // smem: row_fill
+// A thread's 16-byte piece of a chunk's [step][feature] rows: the piece at row `row` and element
+// `col` of every chunk, its place in the tile worked out once (as the forward's).
+struct RowPiece {
+  int row, col, at;  // step within the chunk, element within the row, offset in the tile
+  // Row t0 + row of `src` (stride elements a step) into the tile, zero past `steps` or `width`.
+  __device__ __forceinline__ void load(T* tile, const T* src, int64_t stride, int64_t t0, int64_t steps,
+                                       int width) const {
+    const int64_t t = t0 + row;
+    const bool valid = t < steps && col < width;
+    cp_async_zfill<16>(tile + at, valid ? src + t * stride + col : src, valid);  // smem: row_fill
   }
-}
+};
+static_assert(CHUNK * KB / 8 == THREADS && CHUNK * COLS / 8 == THREADS && KB * COLS / 8 % THREADS == 0,
+              "a 16-byte piece a thread of each chunk tile; whole rounds of a state's pieces");
 
 __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -184,16 +188,22 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   const int dm_at_lane = mma::a_operand_trans_lane<DmTile>(lane);
 
   // Chunk c's rows into the raw tiles (dO too where `with_do`), issued, not committed.
+  const int key_row = threadIdx.x / (KB / 8), key_col = threadIdx.x % (KB / 8) * 8;
+  const int value_row = threadIdx.x / (COLS / 8), value_col = threadIdx.x % (COLS / 8) * 8;
+  const RowPiece key_piece{key_row, key_col, RowTile::offset(key_row, key_col)};
+  const RowPiece value_piece{value_row, value_col, ColTile::offset(value_row, value_col)};
   auto issue_rows = [&](int64_t c, bool with_do) {
-    const int64_t t0 = c * CHUNK, rows = p.T - t0;
-    load_chunk_rows<RowTile, KB>(raw_r, r + t0 * p.q_st, p.q_st, rows, keys_valid);
-    load_chunk_rows<RowTile, KB>(raw_w, w + t0 * p.w_st, p.w_st, rows, keys_valid);
-    load_chunk_rows<RowTile, KB>(raw_k, k + t0 * p.k_st, p.k_st, rows, keys_valid);
-    load_chunk_rows<RowTile, KB>(raw_a, a + t0 * p.a_st, p.a_st, rows, keys_valid);
-    load_chunk_rows<RowTile, KB>(raw_b, bb + t0 * p.b_st, p.b_st, rows, keys_valid);
-    load_chunk_rows<ColTile, COLS>(raw_v, v + t0 * p.v_st, p.v_st, rows, cols_valid);
-    if (with_do) load_chunk_rows<ColTile, COLS>(raw_do, d_o + t0 * p.do_st, p.do_st, rows, cols_valid);
+    const int64_t t0 = c * CHUNK;
+    key_piece.load(raw_r, r, p.q_st, t0, p.T, keys_valid);
+    key_piece.load(raw_w, w, p.w_st, t0, p.T, keys_valid);
+    key_piece.load(raw_k, k, p.k_st, t0, p.T, keys_valid);
+    key_piece.load(raw_a, a, p.a_st, t0, p.T, keys_valid);
+    key_piece.load(raw_b, bb, p.b_st, t0, p.T, keys_valid);
+    value_piece.load(raw_v, v, p.v_st, t0, p.T, cols_valid);
+    if (with_do) value_piece.load(raw_do, d_o, p.do_st, t0, p.T, cols_valid);
   };
+  // A thread's pieces of a [KB][COLS] state: keys value_row + ROUND_KEYS i at column value_col.
+  constexpr int ROUND_KEYS = THREADS / (COLS / 8), STATE_ROUNDS = KB * COLS / 8 / THREADS;
   // The same, with whatever else was issued, waited for.
   auto load_chunk = [&](int64_t c, bool with_do) {
     issue_rows(c, with_do);
@@ -205,8 +215,9 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   auto issue_record = [&](int64_t c) {
     const MT* rec = reinterpret_cast<const MT*>(static_cast<const unsigned char*>(p.records) + kRecordsHeaderBytes) +
                     (bh * n_chunks + c) * p.K * p.V;
-    for (int i = threadIdx.x; i < KB * COLS / 8; i += THREADS) {
-      const int key = i / (COLS / 8), col = i % (COLS / 8) * 8;
+#pragma unroll
+    for (int i = 0; i < STATE_ROUNDS; ++i) {
+      const int key = value_row + ROUND_KEYS * i, col = value_col;
       const bool valid = key < keys_valid && col < cols_valid;
       cp_async_zfill<16>(s_tile + StateTile::offset(key, col), valid ? rec + key * p.V + col : rec, valid);  // smem: state_fill
     }
@@ -217,37 +228,56 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   // zv_tile; with_do: dO' = scale dO over dY's rows too, bf16. Returns whether the pair matrices
   // were summed term by term (the CTA's vote). Ends at a barrier.
   auto chunk_forward = [&](const MT* s_tile, bool with_do) -> bool {
-    // Two threads per key channel, one per half of the steps (a thread per channel left the
-    // other half of the CTA at the barrier: 17% of the stall samples, ncu at 87d35ba).
-    const int ch = threadIdx.x % KB, half = threadIdx.x / KB;
-    float end = 0.f, start = 0.f;  // lc at the chunk's last step, and before this half's first
+    // A warp per run of CHUNK / WARPS steps and a lane per two adjacent key channels, one load,
+    // conversion and store serving both (the forward's step 1; a thread a channel, two a channel
+    // before, spent twice the instructions).
+    constexpr int RUN = CHUNK / WARPS;
+    const int ch = 2 * lane, first = warp * RUN;
+    float end[2] = {}, start[2] = {};  // lc at the chunk's last step, and before this run's first
 #pragma unroll
     for (int t = 0; t < CHUNK; ++t) {
-      end += to_float(raw_w[RowTile::offset(t, ch)]);  // smem: column_read
-      if (t + 1 == CHUNK / 2) start = half ? end : 0.f;
-    }
-    const bool wide = -end > PRODUCT_SPREAD;
-    if (!half) dend[ch] = __expf(end);  // smem: key_write
-    {
-      float lc = start, before = __expf(start);
+      float x[2];
+      load_floats<2>(raw_w + RowTile::offset(t, ch), x);  // smem: column_pair_read
 #pragma unroll
-      for (int i = 0; i < CHUNK / 2; ++i) {
-        const int t = half * (CHUNK / 2) + i;
-        const int at = RowTile::offset(t, ch);
-        lc += to_float(raw_w[at]);  // smem: column_read
-        const float decay = __expf(lc), undo = __expf(-lc), tail = __expf(end - lc);
-        const float av = to_float(raw_a[at]);  // smem: column_read
-        const float rv = to_float(raw_r[at]);  // smem: column_read
-        const float bv = to_float(raw_b[at]);  // smem: column_read
-        const float kv = to_float(raw_k[at]);  // smem: column_read
-        ra_tile[PairTile::offset(t, ch)] = from_float<MT>(rv * decay);            // smem: column_write
-        ra_tile[PairTile::offset(CHUNK + t, ch)] = from_float<MT>(av * before);   // smem: column_write
-        bkc_tile[PairTile::offset(t, ch)] = from_float<MT>(bv * undo);            // smem: column_write
-        bkc_tile[PairTile::offset(CHUNK + t, ch)] = from_float<MT>(kv * undo);    // smem: column_write
-        bkt_tile[PairTile::offset(t, ch)] = from_float<MT>(bv * tail);            // smem: column_write
-        bkt_tile[PairTile::offset(CHUNK + t, ch)] = from_float<MT>(kv * tail);    // smem: column_write
-        lc_tile[t * KP + ch] = lc;  // smem: lc_write
-        before = decay;
+      for (int e = 0; e < 2; ++e) {
+        end[e] += x[e];
+        if (t + 1 == first) start[e] = end[e];
+      }
+    }
+    const bool wide = fmaxf(-end[0], -end[1]) > PRODUCT_SPREAD;
+    const float end_decay[2] = {__expf(end[0]), __expf(end[1])};
+    if (warp == 0) store_floats<2>(dend + ch, end_decay);  // smem: key_pair_write
+    {
+      float lc[2] = {start[0], start[1]}, before[2] = {__expf(start[0]), __expf(start[1])};
+#pragma unroll
+      for (int i = 0; i < RUN; ++i) {
+        const int t = first + i, at = RowTile::offset(t, ch);
+        float wv[2], av[2], rv[2], bv[2], kv[2];
+        load_floats<2>(raw_w + at, wv);  // smem: column_pair_read
+        load_floats<2>(raw_a + at, av);  // smem: column_pair_read
+        load_floats<2>(raw_r + at, rv);  // smem: column_pair_read
+        load_floats<2>(raw_b + at, bv);  // smem: column_pair_read
+        load_floats<2>(raw_k + at, kv);  // smem: column_pair_read
+        float r_decay[2], a_before[2], b_undo[2], k_undo[2], b_tail[2], k_tail[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          lc[e] += wv[e];
+          const float decay = __expf(lc[e]), undo = __expf(-lc[e]), tail = __expf(end[e] - lc[e]);
+          r_decay[e] = rv[e] * decay;
+          a_before[e] = av[e] * before[e];
+          b_undo[e] = bv[e] * undo;
+          k_undo[e] = kv[e] * undo;
+          b_tail[e] = bv[e] * tail;
+          k_tail[e] = kv[e] * tail;
+          before[e] = decay;
+        }
+        store_floats<2>(ra_tile + PairTile::offset(t, ch), r_decay);           // smem: column_write
+        store_floats<2>(ra_tile + PairTile::offset(CHUNK + t, ch), a_before);  // smem: column_write
+        store_floats<2>(bkc_tile + PairTile::offset(t, ch), b_undo);           // smem: column_write
+        store_floats<2>(bkc_tile + PairTile::offset(CHUNK + t, ch), k_undo);   // smem: column_write
+        store_floats<2>(bkt_tile + PairTile::offset(t, ch), b_tail);           // smem: column_write
+        store_floats<2>(bkt_tile + PairTile::offset(CHUNK + t, ch), k_tail);   // smem: column_write
+        store_floats<2>(lc_tile + t * KP + ch, lc);  // smem: lc_write
       }
     }
     // V under Z in the 16-bit operand type, 8 values a thread.
@@ -425,8 +455,9 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     __syncthreads();  // the chunk after is done with the tiles; the saved states are written
     if (!from_records) {
       if (j + 1 < count) {  // the last chunk's start state is s_tile already
-        for (int i = threadIdx.x; i < KB * COLS / 8; i += THREADS) {
-          const int key = i / (COLS / 8), col = i % (COLS / 8) * 8;
+#pragma unroll
+        for (int i = 0; i < STATE_ROUNDS; ++i) {
+          const int key = value_row + ROUND_KEYS * i, col = value_col;
           cp_async_zfill<16>(s_tile + StateTile::offset(key, col), saved + (j * KB + key) * COLS + col, true);  // smem: state_fill
         }
       }

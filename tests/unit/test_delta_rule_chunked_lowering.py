@@ -39,6 +39,10 @@ def test_rwkv7_chunked_geometry(tmp_path):
     assert d["smem_bytes"] == 2 * raw + tiles + scalars
     assert (d["threads"], d["chunk"], d["ctas_per_sm"]) == (128, 16, 2)
     assert d["product_spread"] == 40.0
+    # The carveout that holds two CTAs an SM (with their 1 KB reserves) and not three: ptxas's
+    # registers would admit a third, which the launcher must not let in.
+    per_cta, sm = d["smem_bytes"] + 1024, 228 * 1024
+    assert 2 * per_cta <= d["smem_carveout"] * sm / 100 < 3 * per_cta
 
 
 def test_rwkv7_chunked_narrower_columns(tmp_path):
