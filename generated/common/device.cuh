@@ -14,6 +14,18 @@ inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
   return bytes > 48 * 1024 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) : cudaSuccess;
 }
 
+// 2^x by the SFU's ex2.approx (relative error about 2^-22, subnormal results flushed to 0):
+// what exp2f becomes under --use_fast_math, without that flag's effect on the rest of the TU.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// e^x the same way: one FMUL and one MUFU.EX2. __expf is the same SFU op, but outside -ftz each
+// call also carries a compare, a select and two multiplies for subnormal results.
+__device__ __forceinline__ float fast_exp(float x) { return fast_exp2(x * 1.4426950408889634f); }
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -8,16 +8,12 @@
 #pragma once
 #include <cmath>
 
+#include "device.cuh"
+
 namespace attngen {
 namespace softmax {
 
-// 2^x by the SFU's ex2.approx (relative error about 2^-22, subnormal results flushed to 0):
-// what exp2f becomes under --use_fast_math, without that flag's effect on the rest of the TU.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+using ::attngen::fast_exp2;
 
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

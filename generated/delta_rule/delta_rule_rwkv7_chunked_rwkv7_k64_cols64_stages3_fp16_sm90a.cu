@@ -251,9 +251,9 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
         }
       }
       wide = fmaxf(-end[0], -end[1]) > PRODUCT_SPREAD;
-      const float end_decay[2] = {__expf(end[0]), __expf(end[1])};
+      const float end_decay[2] = {fast_exp(end[0]), fast_exp(end[1])};
       if (warp == 0) store_floats<2>(dend + ch, end_decay);  // smem: dend_write
-      float lc[2] = {start[0], start[1]}, before[2] = {__expf(start[0]), __expf(start[1])};  // before = exp(le_t)
+      float lc[2] = {start[0], start[1]}, before[2] = {fast_exp(start[0]), fast_exp(start[1])};  // before = exp(le_t)
 #pragma unroll
       for (int i = 0; i < RUN; ++i) {
         const int t = first + i, at = RowTile::offset(t, ch);
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           lc[e] += wv[e];
-          const float decay = __expf(lc[e]), undo = __expf(-lc[e]), tail = __expf(end[e] - lc[e]);
+          const float decay = fast_exp(lc[e]), undo = fast_exp(-lc[e]), tail = fast_exp(end[e] - lc[e]);
           a_before[e] = av[e] * before[e];
           r_decay[e] = rv[e] * decay;
           b_undo[e] = bv[e] * undo;  // inf past the spread: unused there
@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
               const float ly = lc_tile[j * KB + ch];  // smem: lc_read
               const float xv = to_float(x[RowTile::offset(t, ch)]);  // smem: raw_term_read
               const float yv = to_float(y[RowTile::offset(j, ch)]);  // smem: raw_term_read
-              sum = fmaf(xv * yv, __expf(lx - ly), sum);
+              sum = fmaf(xv * yv, fast_exp(lx - ly), sum);
             }
           }
           put(t, j, sum);

@@ -245,10 +245,10 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
       }
     }
     const bool wide = fmaxf(-end[0], -end[1]) > PRODUCT_SPREAD;
-    const float end_decay[2] = {__expf(end[0]), __expf(end[1])};
+    const float end_decay[2] = {fast_exp(end[0]), fast_exp(end[1])};
     if (warp == 0) store_floats<2>(dend + ch, end_decay);  // smem: key_pair_write
     {
-      float lc[2] = {start[0], start[1]}, before[2] = {__expf(start[0]), __expf(start[1])};
+      float lc[2] = {start[0], start[1]}, before[2] = {fast_exp(start[0]), fast_exp(start[1])};
 #pragma unroll
       for (int i = 0; i < RUN; ++i) {
         const int t = first + i, at = RowTile::offset(t, ch);
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           lc[e] += wv[e];
-          const float decay = __expf(lc[e]), undo = __expf(-lc[e]), tail = __expf(end[e] - lc[e]);
+          const float decay = fast_exp(lc[e]), undo = fast_exp(-lc[e]), tail = fast_exp(end[e] - lc[e]);
           r_decay[e] = rv[e] * decay;
           a_before[e] = av[e] * before[e];
           b_undo[e] = bv[e] * undo;
@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
               const float ly = lc_tile[j * KP + ch];  // smem: lc_read
               const float xv = to_float(x[RowTile::offset(t, ch)]);  // smem: raw_term_read
               const float yv = to_float(y[RowTile::offset(j, ch)]);  // smem: raw_term_read
-              sum = fmaf(xv * yv, __expf(lx - ly), sum);
+              sum = fmaf(xv * yv, fast_exp(lx - ly), sum);
             }
           }
           mat[t * MAT_PITCH + j] = sum;  // smem: mat_term_write
@@ -646,7 +646,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     auto lcv = [&](int t, int ch) { return t < 0 ? 0.f : lc_tile[t * KP + ch]; };  // smem: lc_read
     // up = exp(lc_t), up_prev = exp(lc_{t-1}) (1 at t = 0), as the callers have them.
     auto finish = [&](int t, int ch, float up, float up_prev, float gxr, float gxa, float gyb, float gyk) {
-      const float tail = __expf(lcv(CHUNK - 1, ch) - lcv(t, ch));
+      const float tail = fast_exp(lcv(CHUNK - 1, ch) - lcv(t, ch));
       const float rv = input(raw_r, t, ch), av = input(raw_a, t, ch), bv = input(raw_b, t, ch), kv = input(raw_k, t, ch);
       float* row = drows + t * KP + ch;
       const float dr = row[0] * up + gxr;                   // smem: drows_access
@@ -698,7 +698,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int t = g + 8 * (e / 2), ch = 16 * warp + 8 * n + 2 * tq + e % 2;
-          const float lc = lcv(t, ch), up = __expf(lc), down = __expf(-lc), up_prev = __expf(lcv(t - 1, ch));
+          const float lc = lcv(t, ch), up = fast_exp(lc), down = fast_exp(-lc), up_prev = fast_exp(lcv(t - 1, ch));
           finish(t, ch, up, up_prev, up * xr[n][e], up_prev * xa[n][e], down * yb[n][e], down * yk[n][e]);
         }
     } else {
@@ -708,20 +708,20 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
         float gxr = 0.f, gxa = 0.f, gyb = 0.f, gyk = 0.f;
         for (int j = 0; j < t; ++j) {
           const float yb_j = input(raw_b, j, ch), yk_j = input(raw_k, j, ch), lj = lcv(j, ch);
-          gxr = fmaf(dn_rb[t * MAT_PITCH + j] * yb_j + dn_rk[t * MAT_PITCH + j] * yk_j, __expf(lc - lj), gxr);  // smem: dmat_broadcast
-          if (j + 1 < t) gxa = fmaf(dl_ab[t * MAT_PITCH + j] * yb_j + dl_ak[t * MAT_PITCH + j] * yk_j, __expf(le - lj), gxa);  // smem: dmat_broadcast
+          gxr = fmaf(dn_rb[t * MAT_PITCH + j] * yb_j + dn_rk[t * MAT_PITCH + j] * yk_j, fast_exp(lc - lj), gxr);  // smem: dmat_broadcast
+          if (j + 1 < t) gxa = fmaf(dl_ab[t * MAT_PITCH + j] * yb_j + dl_ak[t * MAT_PITCH + j] * yk_j, fast_exp(le - lj), gxa);  // smem: dmat_broadcast
         }
         for (int s = t + 1; s < CHUNK; ++s) {
-          const float en = input(raw_r, s, ch) * __expf(lcv(s, ch) - lc);
+          const float en = input(raw_r, s, ch) * fast_exp(lcv(s, ch) - lc);
           gyb = fmaf(dn_rb[s * MAT_PITCH + t], en, gyb);  // smem: dmat_broadcast
           gyk = fmaf(dn_rk[s * MAT_PITCH + t], en, gyk);  // smem: dmat_broadcast
           if (s > t + 1) {
-            const float el = input(raw_a, s, ch) * __expf(lcv(s - 1, ch) - lc);
+            const float el = input(raw_a, s, ch) * fast_exp(lcv(s - 1, ch) - lc);
             gyb = fmaf(dl_ab[s * MAT_PITCH + t], el, gyb);  // smem: dmat_broadcast
             gyk = fmaf(dl_ak[s * MAT_PITCH + t], el, gyk);  // smem: dmat_broadcast
           }
         }
-        finish(t, ch, __expf(lc), __expf(le), gxr, gxa, gyb, gyk);
+        finish(t, ch, fast_exp(lc), fast_exp(le), gxr, gxa, gyb, gyk);
       }
     }
     __syncthreads();
