@@ -13,6 +13,7 @@ from ..arch import MAX_REGS, Arch
 from ..instance import KernelInstance
 from ..passes import Rejected, banks, is_pow2
 from ..passes import tiles as shared_tiles
+from ..passes.resources import smem_carveout
 from . import Family, Lowering, TunePlan
 
 RECURRENT = "delta_rule/recurrent.cu.j2"
@@ -305,14 +306,6 @@ def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
                      ("state",)),
     ]
     return banks.model(accesses)
-
-
-def smem_carveout(ctas_per_sm: int, smem: int, arch: Arch) -> int:
-    """The shared-memory carveout (percent of an SM's) that holds `ctas_per_sm` CTAs of `smem`
-    bytes and no more: a kernel whose registers admit more CTAs than it was planned (and timed)
-    at stays at that many. The driver rounds the percentage up to a size it supports."""
-    need = ctas_per_sm * (smem + arch.smem_reserved_per_cta)
-    return min(100, -(-100 * need // arch.smem_per_sm))
 
 
 def _lower_chunked_rwkv7(inst: KernelInstance, arch: Arch) -> KernelInstance:
