@@ -282,7 +282,7 @@ def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
                   {"ldmatrix": "pm_ldmatrix"}, ("pm",))
     accesses = rows_k + pair + state + zv + pm + [
         # Step 1: a lane per two adjacent key channels, a warp per run of steps
-        banks.contiguous("column_read", 4, ("ring",)),
+        banks.contiguous("column_pair_read", 4, ("ring",)),
         banks.contiguous("column_write", 4, ("decayed",)),
         banks.contiguous("dend_write", 8, ("scalars",)),
         banks.contiguous("lc_write", 8, ("scalars",)),
@@ -366,6 +366,7 @@ FAMILY = Family(
     support_files={"delta_rule/params.cuh.j2": "delta_rule/params.cuh",
                    "delta_rule/column.cuh.j2": "delta_rule/column.cuh",
                    "delta_rule/variants.cuh.j2": "delta_rule/variants.cuh",
+                   "delta_rule/rwkv7_chunk.cuh.j2": "delta_rule/rwkv7_chunk.cuh",
                    "delta_rule/op_impl.h.j2": "delta_rule/op_impl.h"},
     tune=TunePlan(("B", "H", "T", "K", "V"), _tune_runtime, axes={"variant": "rwkv7"}),
     jit_params={"K": "k"},

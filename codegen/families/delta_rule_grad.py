@@ -103,7 +103,7 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
            # the chunk's step 1: a lane per two adjacent key channels, a warp per run of steps
            banks.contiguous("column_pair_read", 4, ("raw",)),
            banks.contiguous("column_write", 4, ("decayed",)),
-           banks.contiguous("key_pair_write", 8, ("scalars",)),
+           banks.contiguous("dend_write", 8, ("scalars",)),
            banks.contiguous("key_write", 4, ("scalars",)),
            banks.Access("key_read", 4, lambda lane, _pad: (lane // 4) * 4, ("scalars",)),
            banks.contiguous("lc_write", 8, ("scalars",)),
@@ -176,6 +176,7 @@ FAMILY = Family(
                CHUNKED_GRAD: Lowering({"k": "int", "cols": "int"}, _lower_chunked_grad)},
     support_files={"delta_rule_grad/params.cuh.j2": "delta_rule_grad/params.cuh",
                    "delta_rule/column.cuh.j2": "delta_rule_grad/column.cuh",   # the forward's, in this namespace
+                   "delta_rule/rwkv7_chunk.cuh.j2": "delta_rule_grad/rwkv7_chunk.cuh",  # the same
                    "delta_rule_grad/op_impl.h.j2": "delta_rule_grad/op_impl.h"},
     tune=TunePlan(("B", "H", "T", "K", "V"), None),
     jit_params={"K": "k"},

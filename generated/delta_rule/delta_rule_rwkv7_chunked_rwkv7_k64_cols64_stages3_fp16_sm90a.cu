@@ -4,7 +4,7 @@
 //   kind chunked_rwkv7: RWKV-7 in chunks of 16 steps on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): per chunk the per-channel-decay pair matrices as products (term by term where decays are near 0), the triangular solve on L_ab per value column in fp32, L_ak V, the output rows and the state's update as products, the state fp32 in registers
 //   128 threads, 64 value columns per CTA, 3 stages of input,
 //   81408 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_row_read 1, zv_ldmatrix 1, pm_ldmatrix 1, column_read 1, column_write 1, dend_write 1, lc_write 1, mat_fragment_write 1, lc_read 16, raw_term_read 2, mat_term_write 2, xr_fragment_write 1, xr_column_read 1, mat_broadcast 1, zv_write 1, pm_fragment_write 1, pm_term_write 2, v_copy_read 1, v_copy_write 1, dend_read 1, state_fragment_write 1
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_row_read 1, zv_ldmatrix 1, pm_ldmatrix 1, column_pair_read 1, column_write 1, dend_write 1, lc_write 1, mat_fragment_write 1, lc_read 16, raw_term_read 2, mat_term_write 2, xr_fragment_write 1, xr_column_read 1, mat_broadcast 1, zv_write 1, pm_fragment_write 1, pm_term_write 2, v_copy_read 1, v_copy_write 1, dend_read 1, state_fragment_write 1
 //
 // RWKV-7 in chunks of C = 16 steps on tensor cores (mma.sync m16n8k16, bf16 operands, fp32
 // accumulation), the algorithm of attngen.reference.rwkv7_chunked (chunk 16). With S [key,
@@ -25,6 +25,7 @@
 #include "../common/device.cuh"
 #include "../common/mma.cuh"
 #include "params.cuh"
+#include "rwkv7_chunk.cuh"
 
 namespace attngen {
 namespace delta_rule {
@@ -66,19 +67,6 @@ static_assert(RAW_BYTES % 16 == 0 && RowTile::BYTES % 16 == 0, "tiles stay 16-by
 static_assert(CHUNK * KB / 8 == THREADS && CHUNK * COLS / 8 <= THREADS && KB * COLS / 8 % THREADS == 0,
               "a 16-byte piece a thread of each key-side tile, at most one of V's; whole rounds of the records");
 
-// A thread's 16-byte piece of a chunk's [step][feature] rows: the piece at row `row` and element
-// `col` of every chunk, so its place in the tile and its column are worked out once, not per
-// chunk (the six fills' index arithmetic was 250 of a warp's 1430 instructions a chunk).
-struct RowPiece {
-  int row, col, at;  // step within the chunk, element within the row, offset in the tile
-  // Row t0 + row of `src` (stride elements a step) into the tile, zero past `steps` or `width`.
-  __device__ __forceinline__ void load(T* tile, const T* src, int64_t stride, int64_t t0, int64_t steps,
-                                       int width) const {
-    const int64_t t = t0 + row;
-    const bool valid = t < steps && col < width;
-    cp_async_zfill<16>(tile + at, valid ? src + t * stride + col : src, valid);  // smem: row_fill
-  }
-};
 
 __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -116,8 +104,8 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
 
   const int key_row = threadIdx.x / (KB / 8), key_col = threadIdx.x % (KB / 8) * 8;
   const int value_row = threadIdx.x / (COLS / 8), value_col = threadIdx.x % (COLS / 8) * 8;
-  const RowPiece key_piece{key_row, key_col, RowTile::offset(key_row, key_col)};
-  const RowPiece value_piece{value_row, value_col, ColTile::offset(value_row, value_col)};
+  const RowPiece<T> key_piece{key_row, key_col, RowTile::offset(key_row, key_col)};
+  const RowPiece<T> value_piece{value_row, value_col, ColTile::offset(value_row, value_col)};
   auto issue_chunk = [&](int64_t c) {
     T* raw = reinterpret_cast<T*>(ring + c % STAGES * RAW_BYTES);
     const int64_t t0 = c * CHUNK;
@@ -230,61 +218,18 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
     const T* raw_b = raw + 4 * RowTile::ELEMS;
     const T* raw_v = raw + 5 * RowTile::ELEMS;
 
-    // Step 1: a warp per run of CHUNK / WARPS steps and a lane per two adjacent key channels form
-    // the chunk's cumulative decay and the decayed rows, one load, conversion and store serving
-    // both channels (a thread a channel spent twice the instructions). Whether any channel's
-    // spread is past the products' range is the CTA's vote. Each run's running sum starts from
-    // the same serial sum, so lc is a serial walk's.
-    bool wide;
-    {
-      constexpr int RUN = CHUNK / WARPS;
-      const int ch = 2 * lane, first = warp * RUN;
-      float end[2] = {}, start[2] = {};  // lc at the chunk's last step, and before this run's first
-#pragma unroll
-      for (int t = 0; t < CHUNK; ++t) {
-        float x[2];
-        load_floats<2>(raw_w + RowTile::offset(t, ch), x);  // smem: column_read
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          end[e] += x[e];
-          if (t + 1 == first) start[e] = end[e];
-        }
-      }
-      wide = fmaxf(-end[0], -end[1]) > PRODUCT_SPREAD;
-      const float end_decay[2] = {fast_exp(end[0]), fast_exp(end[1])};
-      if (warp == 0) store_floats<2>(dend + ch, end_decay);  // smem: dend_write
-      float lc[2] = {start[0], start[1]}, before[2] = {fast_exp(start[0]), fast_exp(start[1])};  // before = exp(le_t)
-#pragma unroll
-      for (int i = 0; i < RUN; ++i) {
-        const int t = first + i, at = RowTile::offset(t, ch);
-        float wv[2], av[2], rv[2], bv[2], kv[2];
-        load_floats<2>(raw_w + at, wv);  // smem: column_read
-        load_floats<2>(raw_a + at, av);  // smem: column_read
-        load_floats<2>(raw_r + at, rv);  // smem: column_read
-        load_floats<2>(raw_b + at, bv);  // smem: column_read
-        load_floats<2>(raw_k + at, kv);  // smem: column_read
-        float a_before[2], r_decay[2], b_undo[2], k_undo[2], b_tail[2], k_tail[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          lc[e] += wv[e];
-          const float decay = fast_exp(lc[e]), undo = fast_exp(-lc[e]), tail = fast_exp(end[e] - lc[e]);
-          a_before[e] = av[e] * before[e];
-          r_decay[e] = rv[e] * decay;
-          b_undo[e] = bv[e] * undo;  // inf past the spread: unused there
-          k_undo[e] = kv[e] * undo;
-          b_tail[e] = bv[e] * tail;
-          k_tail[e] = kv[e] * tail;
-          before[e] = decay;
-        }
-        store_floats<2>(at_tile + at, a_before);                     // smem: column_write
-        store_floats<2>(rt_tile + at, r_decay);                      // smem: column_write
-        store_floats<2>(bc_tile + at, b_undo);                       // smem: column_write
-        store_floats<2>(kc_tile + at, k_undo);                       // smem: column_write
-        store_floats<2>(pair_tile + PairTile::offset(t, ch), b_tail);          // smem: column_write
-        store_floats<2>(pair_tile + PairTile::offset(CHUNK + t, ch), k_tail);  // smem: column_write
-        store_floats<2>(lc_tile + t * KB + ch, lc);  // smem: lc_write
-      }
-    }
+    // Step 1 (rwkv7_chunk.cuh): the cumulative decays and the decayed rows. Whether any
+    // channel's spread is past the products' range is the CTA's vote.
+    const bool wide = decay_chunk_rows<CHUNK, WARPS, RowTile>(
+        raw_r, raw_w, raw_k, raw_a, raw_b, dend, lc_tile, KB, PRODUCT_SPREAD, [&](int t, int ch, const DecayedPair& x) {
+          const int at = RowTile::offset(t, ch);
+          store_floats<2>(at_tile + at, x.a_before);                             // smem: column_write
+          store_floats<2>(rt_tile + at, x.r_decay);                              // smem: column_write
+          store_floats<2>(bc_tile + at, x.b_undo);                               // smem: column_write
+          store_floats<2>(kc_tile + at, x.k_undo);                               // smem: column_write
+          store_floats<2>(pair_tile + PairTile::offset(t, ch), x.b_tail);          // smem: column_write
+          store_floats<2>(pair_tile + PairTile::offset(CHUNK + t, ch), x.k_tail);  // smem: column_write
+        });
     // V under Z in the operands' type, 8 values a thread: the B rows of L_ak V, N_rk V and the state's update.
     for (int i = threadIdx.x; i < CHUNK * COLS / 8; i += THREADS) {
       const int t = i / (COLS / 8), col = i % (COLS / 8) * 8;

@@ -3,7 +3,7 @@
 // Instance delta_rule_grad_chunked_rwkv7_k64_cols64_bf16_sm90a
 //   kind chunked_rwkv7: RWKV-7's backward in 16-step chunks on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): each chunk's start state from the forward's records, or per 64-step window rebuilt from the checkpoint without them, then per chunk the forward again and its adjoint; the state's gradient fp32 in registers
 //   128 threads, 110592 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, column_read 1, column_pair_read 1, column_write 1, key_pair_write 1, key_write 1, key_read 1, lc_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_access 2, drows_piece_read 1, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_access 1
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, column_read 1, column_pair_read 1, column_write 1, dend_write 1, key_write 1, key_read 1, lc_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_access 2, drows_piece_read 1, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_access 1
 //
 // RWKV-7's backward in chunks of C = 16 steps on tensor cores: the adjoint of the forward kind
 // chunked_rwkv7 (templates/delta_rule/chunked_rwkv7.cu.j2, whose header gives the notation),
@@ -26,6 +26,7 @@
 #include "../common/device.cuh"
 #include "../common/mma.cuh"
 #include "params.cuh"
+#include "rwkv7_chunk.cuh"
 
 namespace attngen {
 namespace delta_rule_grad {
@@ -63,18 +64,6 @@ constexpr int MATS_T_BYTES = 2 * (RAW_ELEMS + 3 * PairTile::ELEMS + 2 * MixTile:
 static_assert(MATS_T_BYTES % 16 == 0 && MAT_PITCH % 4 == 0, "the transposed pair matrices' rows are 16-byte aligned");
 static_assert(SMEM_BYTES == 110592, "the pass and the kernel agree on shared memory");
 
-// A thread's 16-byte piece of a chunk's [step][feature] rows: the piece at row `row` and element
-// `col` of every chunk, its place in the tile worked out once (as the forward's).
-struct RowPiece {
-  int row, col, at;  // step within the chunk, element within the row, offset in the tile
-  // Row t0 + row of `src` (stride elements a step) into the tile, zero past `steps` or `width`.
-  __device__ __forceinline__ void load(T* tile, const T* src, int64_t stride, int64_t t0, int64_t steps,
-                                       int width) const {
-    const int64_t t = t0 + row;
-    const bool valid = t < steps && col < width;
-    cp_async_zfill<16>(tile + at, valid ? src + t * stride + col : src, valid);  // smem: row_fill
-  }
-};
 static_assert(CHUNK * KB / 8 == THREADS && CHUNK * COLS / 8 == THREADS && KB * COLS / 8 % THREADS == 0,
               "a 16-byte piece a thread of each chunk tile; whole rounds of a state's pieces");
 
@@ -190,8 +179,8 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   // Chunk c's rows into the raw tiles (dO too where `with_do`), issued, not committed.
   const int key_row = threadIdx.x / (KB / 8), key_col = threadIdx.x % (KB / 8) * 8;
   const int value_row = threadIdx.x / (COLS / 8), value_col = threadIdx.x % (COLS / 8) * 8;
-  const RowPiece key_piece{key_row, key_col, RowTile::offset(key_row, key_col)};
-  const RowPiece value_piece{value_row, value_col, ColTile::offset(value_row, value_col)};
+  const RowPiece<T> key_piece{key_row, key_col, RowTile::offset(key_row, key_col)};
+  const RowPiece<T> value_piece{value_row, value_col, ColTile::offset(value_row, value_col)};
   auto issue_rows = [&](int64_t c, bool with_do) {
     const int64_t t0 = c * CHUNK;
     key_piece.load(raw_r, r, p.q_st, t0, p.T, keys_valid);
@@ -228,58 +217,16 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   // zv_tile; with_do: dO' = scale dO over dY's rows too, bf16. Returns whether the pair matrices
   // were summed term by term (the CTA's vote). Ends at a barrier.
   auto chunk_forward = [&](const MT* s_tile, bool with_do) -> bool {
-    // A warp per run of CHUNK / WARPS steps and a lane per two adjacent key channels, one load,
-    // conversion and store serving both (the forward's step 1; a thread a channel, two a channel
-    // before, spent twice the instructions).
-    constexpr int RUN = CHUNK / WARPS;
-    const int ch = 2 * lane, first = warp * RUN;
-    float end[2] = {}, start[2] = {};  // lc at the chunk's last step, and before this run's first
-#pragma unroll
-    for (int t = 0; t < CHUNK; ++t) {
-      float x[2];
-      load_floats<2>(raw_w + RowTile::offset(t, ch), x);  // smem: column_pair_read
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        end[e] += x[e];
-        if (t + 1 == first) start[e] = end[e];
-      }
-    }
-    const bool wide = fmaxf(-end[0], -end[1]) > PRODUCT_SPREAD;
-    const float end_decay[2] = {fast_exp(end[0]), fast_exp(end[1])};
-    if (warp == 0) store_floats<2>(dend + ch, end_decay);  // smem: key_pair_write
-    {
-      float lc[2] = {start[0], start[1]}, before[2] = {fast_exp(start[0]), fast_exp(start[1])};
-#pragma unroll
-      for (int i = 0; i < RUN; ++i) {
-        const int t = first + i, at = RowTile::offset(t, ch);
-        float wv[2], av[2], rv[2], bv[2], kv[2];
-        load_floats<2>(raw_w + at, wv);  // smem: column_pair_read
-        load_floats<2>(raw_a + at, av);  // smem: column_pair_read
-        load_floats<2>(raw_r + at, rv);  // smem: column_pair_read
-        load_floats<2>(raw_b + at, bv);  // smem: column_pair_read
-        load_floats<2>(raw_k + at, kv);  // smem: column_pair_read
-        float r_decay[2], a_before[2], b_undo[2], k_undo[2], b_tail[2], k_tail[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          lc[e] += wv[e];
-          const float decay = fast_exp(lc[e]), undo = fast_exp(-lc[e]), tail = fast_exp(end[e] - lc[e]);
-          r_decay[e] = rv[e] * decay;
-          a_before[e] = av[e] * before[e];
-          b_undo[e] = bv[e] * undo;
-          k_undo[e] = kv[e] * undo;
-          b_tail[e] = bv[e] * tail;
-          k_tail[e] = kv[e] * tail;
-          before[e] = decay;
-        }
-        store_floats<2>(ra_tile + PairTile::offset(t, ch), r_decay);           // smem: column_write
-        store_floats<2>(ra_tile + PairTile::offset(CHUNK + t, ch), a_before);  // smem: column_write
-        store_floats<2>(bkc_tile + PairTile::offset(t, ch), b_undo);           // smem: column_write
-        store_floats<2>(bkc_tile + PairTile::offset(CHUNK + t, ch), k_undo);   // smem: column_write
-        store_floats<2>(bkt_tile + PairTile::offset(t, ch), b_tail);           // smem: column_write
-        store_floats<2>(bkt_tile + PairTile::offset(CHUNK + t, ch), k_tail);   // smem: column_write
-        store_floats<2>(lc_tile + t * KP + ch, lc);  // smem: lc_write
-      }
-    }
+    // Step 1 (rwkv7_chunk.cuh): the cumulative decays and the decayed rows.
+    const bool wide = decay_chunk_rows<CHUNK, WARPS, RowTile>(
+        raw_r, raw_w, raw_k, raw_a, raw_b, dend, lc_tile, KP, PRODUCT_SPREAD, [&](int t, int ch, const DecayedPair& x) {
+          store_floats<2>(ra_tile + PairTile::offset(t, ch), x.r_decay);           // smem: column_write
+          store_floats<2>(ra_tile + PairTile::offset(CHUNK + t, ch), x.a_before);  // smem: column_write
+          store_floats<2>(bkc_tile + PairTile::offset(t, ch), x.b_undo);           // smem: column_write
+          store_floats<2>(bkc_tile + PairTile::offset(CHUNK + t, ch), x.k_undo);   // smem: column_write
+          store_floats<2>(bkt_tile + PairTile::offset(t, ch), x.b_tail);           // smem: column_write
+          store_floats<2>(bkt_tile + PairTile::offset(CHUNK + t, ch), x.k_tail);   // smem: column_write
+        });
     // V under Z in the 16-bit operand type, 8 values a thread.
     for (int i = threadIdx.x; i < CHUNK * COLS / 8; i += THREADS) {
       const int t = i / (COLS / 8), col = i % (COLS / 8) * 8;
