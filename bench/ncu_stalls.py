@@ -4,7 +4,9 @@ SourceCounters samples each warp's program counter and why it did not issue. Sum
 they say what bounds the kernel (barrier: warps of a CTA waiting for each other; short
 scoreboard: shared memory; long scoreboard: global memory; wait: fixed-latency dependencies);
 summed over runs of consecutive instructions they say where (a barrier's samples sit on the
-instruction after it). The first kernel of the chunked Gated DeltaNet kinds was reworked from
+instruction after it); cut at the barriers, the executed counts say what a warp issues between
+two of them each pass (the chunked RWKV-7 kernels' loads and step 1 were found so:
+bench/results/h200/rwkv7_fwd_warps8_dropped.md). The first kernel of the chunked Gated DeltaNet kinds was reworked from
 such a summary (bench/results/h100/gated_delta_prepare_ncu.txt).
 
   ncu --section SourceCounters --section WarpStateStats -k regex:NAME -o DIR/profile python ...
@@ -44,6 +46,25 @@ def windows(rows: list, width: int) -> list:
     return out
 
 
+def phases(rows: list) -> list:
+    """The kernel cut at its barriers (a run ends with its BAR instruction): (first index, last
+    index, share of the samples, instructions a warp executes in it per pass of the hottest
+    barrier, the most frequent opcodes). A loop's barrier runs once a warp a pass, so the middle
+    column is what a warp issues between two barriers of one pass (a chunk, a tile): the cost of
+    a kernel whose warps wait on each other's chains."""
+    total = sum(r["samples"] for r in rows) or 1.0
+    passes = max((r["executed"] for r in rows if opcode(r["sass"]).startswith("BAR")), default=0) or 1.0
+    out, start = [], 0
+    for index, row in enumerate(rows):
+        if opcode(row["sass"]).startswith("BAR") or index == len(rows) - 1:
+            run = rows[start:index + 1]
+            ops = Counter(opcode(r["sass"]).split(".")[0] for r in run)
+            out.append((start, index, sum(r["samples"] for r in run) / total,
+                        sum(r["executed"] for r in run) / passes, ops.most_common(5)))
+            start = index + 1
+    return out
+
+
 def hottest(rows: list, count: int) -> list:
     """The `count` instructions with the most samples, in program order: (index, share, sass,
     its two main reasons)."""
@@ -67,6 +88,11 @@ def report(kernels: dict, pattern: str, width: int, top: int, floor: float = 0.0
         for start, share, executed, ops in windows(rows, width):
             if share >= floor:
                 lines.append(f"    {start:5d} {share:6.1%}  executed {executed:10.0f}  " +
+                             " ".join(f"{op}x{n}" for op, n in ops))
+        lines.append("  between barriers (instructions a warp a pass of the hottest barrier):")
+        for first, last, share, per_pass, ops in phases(rows):
+            if share >= floor or per_pass >= 1:
+                lines.append(f"    {first:5d}-{last:<5d} {share:6.1%}  a warp a pass {per_pass:7.1f}  " +
                              " ".join(f"{op}x{n}" for op, n in ops))
         lines.append(f"  the {top} hottest instructions:")
         for index, share, sass, main in hottest(rows, top):

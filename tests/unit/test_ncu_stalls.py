@@ -34,3 +34,14 @@ def test_report_names_the_kernel_and_its_main_reason():
     text = ncu_stalls.report(parse_source_csv(PAGE), "k", 2, 2)
     assert "k(Params): 4 instructions, 45 samples" in text and "barrier 67%" in text
     assert ncu_stalls.report(parse_source_csv(PAGE), "other", 2, 2).strip() == ""
+
+
+def test_phases_cut_at_barriers_and_count_a_warp_a_pass():
+    """Two runs: up to the barrier (LDS, BAR: 100 + 100 executions over 100 passes of the
+    barrier = 2 a warp a pass) and after it (FFMA 400, EXIT 100: 5 a pass)."""
+    rows = parse_source_csv(PAGE)["k(Params)"]
+    (a0, a1, share_a, per_a, ops_a), (b0, b1, share_b, per_b, _) = ncu_stalls.phases(rows)
+    assert (a0, a1, b0, b1) == (0, 1, 2, 3)
+    assert abs(share_a - 40 / 45) < 1e-12 and abs(share_b - 5 / 45) < 1e-12
+    assert (per_a, per_b) == (2.0, 5.0) and dict(ops_a) == {"LDS": 1, "BAR": 1}
+    assert "0-1      88.9%  a warp a pass     2.0" in ncu_stalls.report(parse_source_csv(PAGE), "k", 2, 2)
