@@ -6,8 +6,8 @@ scoreboard: shared memory; long scoreboard: global memory; wait: fixed-latency d
 summed over runs of consecutive instructions they say where (a barrier's samples sit on the
 instruction after it); cut at the barriers, the executed counts say what a warp issues between
 two of them each pass (the chunked RWKV-7 kernels' loads and step 1 were found so:
-bench/results/h200/rwkv7_fwd_warps8_dropped.md). The first kernel of the chunked Gated DeltaNet kinds was reworked from
-such a summary (bench/results/h100/gated_delta_prepare_ncu.txt).
+bench/results/h200/rwkv7_fwd_warps8_dropped.md). The first kernel of the chunked Gated
+DeltaNet kinds was reworked from such a summary (bench/results/h100/gated_delta_prepare_ncu.txt).
 
   ncu --section SourceCounters --section WarpStateStats -k regex:NAME -o DIR/profile python ...
   ncu -i DIR/profile.ncu-rep --page source --csv --print-source sass > DIR/sass.csv
