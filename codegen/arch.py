@@ -16,6 +16,10 @@ class Arch:
     smem_reserved_per_cta: int = 1024  # ...this much (CUDA programming guide, CC 8.0 and 9.0)
     max_threads_per_sm: int = 2048
     max_ctas_per_sm: int = 32
+    # The shared-memory sizes (KB) an SM's unified data cache can be carved to; a kernel's
+    # preferred carveout (a percentage of smem_per_sm) is rounded up to one of them (CUDA
+    # programming guide, CC 9.0; CC 8.0 stops at 164).
+    smem_configs_kb: tuple = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)
 
     @property
     def short(self) -> str:
@@ -34,7 +38,7 @@ ARCHES = {
     "sm_90": Arch("sm_90", "-gencode=arch=compute_90,code=sm_90", 1024, 227 * 1024,
                   48 * 1024, 65536),
     "sm_80": Arch("sm_80", "-gencode=arch=compute_80,code=sm_80", 1024, 163 * 1024,
-                  48 * 1024, 65536, smem_per_sm=164 * 1024),
+                  48 * 1024, 65536, smem_per_sm=164 * 1024, smem_configs_kb=(0, 8, 16, 32, 64, 100, 132, 164)),
 }
 
 # Registers a thread may hold (PTX ISA: 255 on every arch the specs target).

@@ -17,6 +17,7 @@ from pathlib import Path
 from . import report_figure
 from .arch import ARCHES, Arch
 from .passes import banks
+from .passes.resources import carveout_bytes
 
 REG_UNIT = 8            # registers per thread are allocated in steps of 8...
 WARP_REG_UNIT = 256     # ...and per warp in steps of 256 (CUDA occupancy calculator, CC 9.0)
@@ -38,14 +39,15 @@ def parse_ptxas_log(text: str) -> Resources:
     return Resources(len(regs), max(regs, default=0), max(spills, default=0), max(stacks, default=0))
 
 
-def occupancy(registers: int, threads: int, smem_bytes: int, arch: Arch) -> dict:
-    """Resident CTAs and warps per SM that registers, shared memory and threads allow, and which
-    of them binds."""
+def occupancy(registers: int, threads: int, smem_bytes: int, arch: Arch, carveout: int | None = None) -> dict:
+    """Resident CTAs and warps per SM that registers, shared memory (the SM's, or what the
+    kernel's preferred `carveout` percentage carves it to) and threads allow, and which binds."""
     warps = -(-threads // 32)
     regs_per_warp = -(-(-(-registers // REG_UNIT) * REG_UNIT * 32) // WARP_REG_UNIT) * WARP_REG_UNIT
+    smem_per_sm = arch.smem_per_sm if carveout is None else carveout_bytes(carveout, arch)
     limits = {
         "registers": arch.regs_per_sm // (regs_per_warp * warps) if registers else arch.max_ctas_per_sm,
-        "shared memory": arch.smem_per_sm // (smem_bytes + arch.smem_reserved_per_cta),
+        "shared memory": smem_per_sm // (smem_bytes + arch.smem_reserved_per_cta),
         "threads": arch.max_threads_per_sm // threads,
         "CTA slots": arch.max_ctas_per_sm,
     }
@@ -66,7 +68,8 @@ def rows(manifest: list, cubin_dir: Path) -> list:
                "smem_bytes": d["smem_bytes"], "bank": d.get("bank", {}), "built": res is not None}
         if res is not None:
             row.update({"kernels": res.kernels, "registers": res.registers, "spill_bytes": res.spill_bytes,
-                        "stack_bytes": res.stack_bytes, **occupancy(res.registers, d["threads"], d["smem_bytes"], arch)})
+                        "stack_bytes": res.stack_bytes,
+                        **occupancy(res.registers, d["threads"], d["smem_bytes"], arch, d.get("smem_carveout"))})
         out.append(row)
     return out
 
@@ -92,7 +95,8 @@ def markdown(table: list, meta: dict | None = None) -> str:
              "Written by `make report` (`python -m codegen report`) from `generated/manifest.json` and the ptxas "
              "logs of `make build` (`build/cubin/**/*.cubin.log`); no GPU involved. Registers and spills are "
              "the worst over the kernels of a TU (causal/window and score-transform variants count as kernels); "
-             "occupancy is theoretical (registers, shared memory, threads and CTA slots of the arch); bank ways "
+             "occupancy is theoretical (registers, shared memory as the kernel's carveout leaves it, threads and "
+             "CTA slots of the arch); bank ways "
              "are the model's wavefronts per request over the conflict-free ideal for each shared-memory access "
              "the family declares (`codegen/passes/banks.py`; each is a `// smem:` tag on the template lines "
              "that make it), at the layout the instance uses; `unpadded` gives the accesses whose ways differ "

@@ -345,7 +345,7 @@ def _lower_chunked_rwkv7(inst: KernelInstance, arch: Arch) -> KernelInstance:
     ctas_per_sm = min(arch.smem_per_sm // (smem + arch.smem_reserved_per_cta), RWKV7_CTAS_PER_SM)
     return inst.with_derived({
         "threads": threads, "warps": warps, "smem_bytes": smem, "chunk": steps, "ctas_per_sm": ctas_per_sm,
-        "smem_carveout": smem_carveout(ctas_per_sm, smem, arch),
+        "smem_carveout": smem_carveout(ctas_per_sm, smem, arch, "stages"),
         "product_spread": RWKV7_PRODUCT_SPREAD,
         "product_spread_why": "codegen/families/delta_rule.py RWKV7_PRODUCT_SPREAD says why",
         "bank": rwkv7_chunked_bank(k, cols, threads), "threads_param": "k", "smem_param": "stages",

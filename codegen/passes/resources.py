@@ -23,10 +23,25 @@ def check(inst: KernelInstance, arch: Arch) -> None:
                        f"limit of {arch.max_smem_per_block} bytes ({arch.max_smem_per_block // 1024} KB)")
 
 
-def smem_carveout(ctas_per_sm: int, smem: int, arch: Arch) -> int:
+def carveout_bytes(percent: int, arch: Arch) -> int:
+    """The shared memory an SM is carved to for a preferred carveout of `percent`: the smallest
+    configuration the arch supports that holds the percentage."""
+    want = percent * arch.smem_per_sm / 100
+    return min(kb * 1024 for kb in arch.smem_configs_kb if kb * 1024 >= want)
+
+
+def smem_carveout(ctas_per_sm: int, smem: int, arch: Arch, knob: str) -> int:
     """The smallest shared-memory carveout (percent of an SM's) that holds `ctas_per_sm` CTAs of
-    `smem` bytes each. Set on a kernel whose registers admit more CTAs than it was planned (and
-    timed) at, it keeps it at that many wherever one more CTA overflows the size the driver rounds
-    the percentage up to (the RWKV-7 forward's unit test checks its case)."""
-    need = ctas_per_sm * (smem + arch.smem_reserved_per_cta)
-    return min(100, -(-100 * need // arch.smem_per_sm))
+    `smem` bytes each and, once the driver rounds it up to a configuration, not one more. Set on
+    a kernel whose registers admit more CTAs than it was planned (and timed) at, it keeps it at
+    that many; where no configuration separates the two, the instance is refused at `knob`."""
+    from . import Rejected
+
+    per_cta = smem + arch.smem_reserved_per_cta
+    percent = min(100, -(-100 * ctas_per_sm * per_cta // arch.smem_per_sm))
+    carved = carveout_bytes(percent, arch)
+    if carved // per_cta != ctas_per_sm:
+        raise Rejected(knob, f"no shared-memory carveout holds {ctas_per_sm} CTAs of {per_cta} bytes an SM and "
+                             f"not {ctas_per_sm + 1}: {percent}% rounds to {carved // 1024} KB, which holds "
+                             f"{carved // per_cta}")
+    return percent

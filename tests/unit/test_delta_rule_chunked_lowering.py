@@ -5,6 +5,8 @@ mirror of the generated table)."""
 import pytest
 
 from codegen import dispatch, pipeline
+from codegen.arch import ARCHES
+from codegen.passes import Rejected, resources
 from codegen.errors import SpecError
 from tests.conftest import ROOT
 
@@ -39,10 +41,25 @@ def test_rwkv7_chunked_geometry(tmp_path):
     assert d["smem_bytes"] == 2 * raw + tiles + scalars
     assert (d["threads"], d["chunk"], d["ctas_per_sm"]) == (128, 16, 2)
     assert d["product_spread"] == 40.0
-    # The carveout that holds two CTAs an SM (with their 1 KB reserves) and not three: ptxas's
-    # registers would admit a third, which the launcher must not let in.
-    per_cta, sm = d["smem_bytes"] + 1024, 228 * 1024
-    assert 2 * per_cta <= d["smem_carveout"] * sm / 100 < 3 * per_cta
+    # The carveout that holds two CTAs an SM (with their 1 KB reserves) and not three, once rounded
+    # up to Hopper's 164 KB configuration: ptxas's registers would admit a third, which the
+    # launcher must not let in (measured: rwkv7_rows_ab.md).
+    per_cta = d["smem_bytes"] + 1024
+    assert d["smem_carveout"] == 59 and resources.carveout_bytes(59, ARCHES["sm_90a"]) == 164 * 1024
+    assert 2 * per_cta <= 164 * 1024 < 3 * per_cta
+
+
+def test_a_carveout_that_cannot_hold_the_planned_ctas_is_refused():
+    """Two CTAs of 50 KB (51 KB with the reserve) want 45% of 228 KB, which rounds up to the 132 KB
+    configuration: two fit, a third does not. One CTA of 7 KB wants 4% (9.1 KB), which rounds up
+    to 16 KB: a second would fit, so no carveout holds the kernel at one and the knob is named."""
+    arch = ARCHES["sm_90a"]
+    assert resources.smem_carveout(2, 50 * 1024, arch, "stages") == 45
+    assert resources.carveout_bytes(45, arch) == 132 * 1024
+    with pytest.raises(Rejected) as info:
+        resources.smem_carveout(1, 7 * 1024, arch, "stages")
+    assert info.value.param == "stages" and "rounds to 16 KB, which holds 2" in info.value.reason
+
 
 
 def test_rwkv7_chunked_narrower_columns(tmp_path):
