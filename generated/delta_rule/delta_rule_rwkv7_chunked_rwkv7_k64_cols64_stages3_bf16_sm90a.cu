@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
 
     // Step 1 (rwkv7_chunk.cuh): the cumulative decays and the decayed rows. Whether any
     // channel's spread is past the products' range is the CTA's vote.
-    const bool wide = decay_chunk_rows<CHUNK, WARPS, RowTile>(
+    const bool wide = decay_chunk_rows<CHUNK, WARPS, KB, RowTile>(
         raw_r, raw_w, raw_k, raw_a, raw_b, dend, lc_tile, KB, PRODUCT_SPREAD, [&](int t, int ch, const DecayedPair& x) {
           const int at = RowTile::offset(t, ch);
           store_floats<2>(at_tile + at, x.a_before);                             // smem: column_write

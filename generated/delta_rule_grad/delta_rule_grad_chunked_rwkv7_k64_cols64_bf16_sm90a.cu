@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   // were summed term by term (the CTA's vote). Ends at a barrier.
   auto chunk_forward = [&](const MT* s_tile, bool with_do) -> bool {
     // Step 1 (rwkv7_chunk.cuh): the cumulative decays and the decayed rows.
-    const bool wide = decay_chunk_rows<CHUNK, WARPS, RowTile>(
+    const bool wide = decay_chunk_rows<CHUNK, WARPS, KB, RowTile>(
         raw_r, raw_w, raw_k, raw_a, raw_b, dend, lc_tile, KP, PRODUCT_SPREAD, [&](int t, int ch, const DecayedPair& x) {
           store_floats<2>(ra_tile + PairTile::offset(t, ch), x.r_decay);           // smem: column_write
           store_floats<2>(ra_tile + PairTile::offset(CHUNK + t, ch), x.a_before);  // smem: column_write

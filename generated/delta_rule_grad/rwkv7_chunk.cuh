@@ -36,12 +36,12 @@ struct DecayedPair {
 // exp(lc_C) (into end_decays, by warp 0) and the decayed rows, which `store(t, ch, rows)` puts
 // where its kernel keeps them. Each run's running sum starts from the same serial sum, so lc is
 // a serial walk's. Returns whether either channel's spread -lc_C passes `spread`.
-template <int CHUNK, int WARPS, class RowTile, typename T, class Store>
+template <int CHUNK, int WARPS, int KEYS, class RowTile, typename T, class Store>
 __device__ __forceinline__ bool decay_chunk_rows(const T* raw_r, const T* raw_w, const T* raw_k, const T* raw_a,
                                                  const T* raw_b, float* end_decays, float* lc_rows, int lc_pitch,
                                                  float spread, Store&& store) {
   constexpr int RUN = CHUNK / WARPS;
-  static_assert(CHUNK % WARPS == 0, "whole runs of steps a warp");
+  static_assert(CHUNK % WARPS == 0 && KEYS == 2 * 32, "whole runs of steps a warp; a lane per two of the 64 key channels");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int ch = 2 * lane, first = warp * RUN;
   float end[2] = {}, start[2] = {};  // lc at the chunk's last step, and before this run's first
