@@ -83,13 +83,13 @@ def _lower_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
 
 def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
     """The chunked backward's shared-memory accesses: ldmatrix over its padded 16-bit tiles,
-    cp.async fills, a thread per key channel (2-byte raw reads, fp32 columns of the row
-    gradients), fp32 fragments, and a thread per value column over the scratch and the pair
+    cp.async fills, a lane per two adjacent key channels (step 1, and the row gradients' finish
+    over the fragments' channel pairs), fp32 fragments, and a thread per value column over the scratch and the pair
     matrices (which every lane reads at once)."""
     chunk, mat_pitch, xp, kp = RWKV7_CHUNK, RWKV7_CHUNK + 4, cols + 4, k + 4
     pk, pc, pd = shared_tiles.pitch(k, 0), shared_tiles.pitch(cols, 0), shared_tiles.pitch(4 * chunk, 0)
     layout_k, layout_c = shared_tiles.layout(k, 0), shared_tiles.layout(cols, 0)
-    fragment = lambda pitch, unit: (lambda lane, _pad: ((lane // 4) * pitch + 2 * (lane % 4)) * unit)  # noqa: E731
+    fragment = banks.fragment
     accesses = (
         _renamed(shared_tiles.bank_accesses(k, threads, layout_k),
                  {"ldmatrix": "row_ldmatrix", "cp_async_fill": "row_fill"}, ("raw", "decayed"))
@@ -99,7 +99,11 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
         + _renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"ldmatrix": "mix_ldmatrix"}, ("mix",))
         + _renamed(shared_tiles.bank_accesses(4 * chunk, threads, shared_tiles.layout(4 * chunk, 0)),
                    {"ldmatrix": "dm_ldmatrix"}, ("dm",))
-        + [banks.Access("column_read", 2, lambda lane, _pad: lane * 2, ("raw",)),
+        + [# the key-side finish: a C fragment's channel pairs
+           banks.Access("raw_pair_read", 4, fragment(pk, 2), ("raw",)),
+           banks.Access("lc_pair_read", 8, fragment(kp, 4), ("scalars",)),
+           banks.Access("drows_pair_access", 8, fragment(kp, 4), ("drows",)),
+           banks.Access("dlc_pair_access", 8, fragment(xp, 4), ("scratch",)),
            # the chunk's step 1: a lane per two adjacent key channels, a warp per run of steps
            banks.contiguous("column_pair_read", 4, ("raw",)),
            banks.contiguous("column_write", 4, ("decayed",)),
@@ -127,11 +131,9 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
            banks.Access("scratch_fragment_write", 8, fragment(xp, 4), ("scratch",)),
            banks.contiguous("scratch_column_read", 4, ("scratch",)),
            banks.Access("drows_fragment_write", 8, fragment(kp, 4), ("drows",)),
-           banks.Access("drows_access", 4, fragment(kp, 4), ("drows",)),
-           # the row gradients out: 8 floats (two float4s) a lane, 8 lanes a row, odd quads of
-           # lanes reading their second half first
-           banks.Access("drows_piece_read", 16,
-                        lambda lane, _pad: ((lane // 8) * kp + lane % 8 * 8 + (lane >> 2 & 1) * 4) * 4, ("drows",)),
+           # the row gradients out: 8 floats (two float4s) a lane, a quarter-warp's lanes 8 steps
+           # of one 8-key piece
+           banks.Access("drows_piece_read", 16, lambda lane, _pad: ((lane % 8) * kp + lane // 8 * 8) * 4, ("drows",)),
            banks.Access("dm_fragment_write", 4, fragment(pd, 2), ("dm",)),
            banks.Access("state_fragment_write", 4, fragment(pc, 2), ("states",)),
            banks.Access("state_fragment_read", 4, fragment(pc, 2), ("states",)),

@@ -151,6 +151,12 @@ def contiguous(name: str, width: int, buffers: tuple) -> Access:
     return Access(name, width, lambda lane, _pad: lane * width, buffers)
 
 
+def fragment(pitch: int, unit: int) -> Callable[[int, int], int]:
+    """The address of an mma C fragment's pair: lane (g, t) at row g, column 2 t of a tile of
+    `pitch` units a row, `unit` bytes a unit (a fragment's float2s, or its packed 16-bit pairs)."""
+    return lambda lane, _pad: ((lane // 4) * pitch + 2 * (lane % 4)) * unit
+
+
 def broadcast(name: str, width: int, buffers: tuple) -> Access:
     """Every lane at the same address: one word the whole warp reads."""
     return Access(name, width, lambda _lane, _pad: 0, buffers)

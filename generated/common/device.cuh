@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <type_traits>
 
 namespace attngen {
 
@@ -37,6 +38,25 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(x);
 }
 
+// Two floats narrowed to a 16-bit T and packed in one word (lo in the low half): one cvt of a
+// pair (F2FP), where two single conversions took two and a PRMT to merge them.
+template <typename T> __device__ __forceinline__ uint32_t narrow_pair(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t narrow_pair<__half>(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ uint32_t narrow_pair<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// A word of two bfloat16 widened to floats: a bfloat16 is a float's top half, so the low one is
+// the word shifted up and the high one the word masked (two ALU ops; one at a time took three).
+__device__ __forceinline__ void widen_bf16_pair(uint32_t word, float* dst) {
+  dst[0] = __uint_as_float(word << 16);
+  dst[1] = __uint_as_float(word & 0xffff0000u);
+}
+
 // N elements moved as one access of N * sizeof(T) bytes (2, 4, 8 or 16).
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {
@@ -61,9 +81,15 @@ __device__ __forceinline__ void load_floats(const T* src, float* dst) {
   constexpr int P = piece_of<T, N>();
 #pragma unroll
   for (int i = 0; i < N; i += P) {
-    const Pack<T, P> v = *reinterpret_cast<const Pack<T, P>*>(src + i);
+    if constexpr (std::is_same_v<T, __nv_bfloat16> && P % 2 == 0) {
+      const Pack<uint32_t, P / 2> v = *reinterpret_cast<const Pack<uint32_t, P / 2>*>(src + i);
 #pragma unroll
-    for (int j = 0; j < P; ++j) dst[i + j] = to_float(v.x[j]);
+      for (int j = 0; j < P / 2; ++j) widen_bf16_pair(v.x[j], dst + i + 2 * j);
+    } else {
+      const Pack<T, P> v = *reinterpret_cast<const Pack<T, P>*>(src + i);
+#pragma unroll
+      for (int j = 0; j < P; ++j) dst[i + j] = to_float(v.x[j]);
+    }
   }
 }
 
@@ -80,11 +106,24 @@ __device__ __forceinline__ void store_floats(T* dst, const float* src) {
   constexpr int P = piece_of<T, N>();
 #pragma unroll
   for (int i = 0; i < N; i += P) {
-    Pack<T, P> v;
+    if constexpr (sizeof(T) == 2 && P % 2 == 0) {
+      Pack<uint32_t, P / 2> v;
 #pragma unroll
-    for (int j = 0; j < P; ++j) v.x[j] = from_float<T>(src[i + j]);
-    *reinterpret_cast<Pack<T, P>*>(dst + i) = v;
+      for (int j = 0; j < P / 2; ++j) v.x[j] = narrow_pair<T>(src[i + 2 * j], src[i + 2 * j + 1]);
+      *reinterpret_cast<Pack<uint32_t, P / 2>*>(dst + i) = v;
+    } else {
+      Pack<T, P> v;
+#pragma unroll
+      for (int j = 0; j < P; ++j) v.x[j] = from_float<T>(src[i + j]);
+      *reinterpret_cast<Pack<T, P>*>(dst + i) = v;
+    }
   }
+}
+
+// One 16-byte store to global memory, as written: a plain uint4 store in an unrolled loop can come
+// out of NVVM split in four (seen in the RWKV-7 backward's row-gradient stores, CUDA 13.0).
+__device__ __forceinline__ void store_global_16(void* dst, uint4 v) {
+  asm volatile("st.global.v4.b32 [%0], { %1, %2, %3, %4 };" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 
 // max that propagates NaN (PTX max.NaN, sm_80+): a NaN score must poison a softmax, not be

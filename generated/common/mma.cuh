@@ -18,20 +18,13 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <type_traits>
+#include "device.cuh"
 
 namespace attngen {
 namespace mma {
 
 // Two floats narrowed to T and packed in one register (lo in the low half), as MMA operands hold them.
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi) { return narrow_pair<T>(lo, hi); }
 
 // Two fp8 values (the low byte first; E exponent bits: 4 e4m3, 5 e5m2) widened to T and packed
 // as an MMA operand register holds them. Exact: every e4m3 and e5m2 value is a half and a

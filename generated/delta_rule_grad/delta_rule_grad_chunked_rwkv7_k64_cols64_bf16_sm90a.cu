@@ -3,7 +3,7 @@
 // Instance delta_rule_grad_chunked_rwkv7_k64_cols64_bf16_sm90a
 //   kind chunked_rwkv7: RWKV-7's backward in 16-step chunks on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): each chunk's start state from the forward's records, or per 64-step window rebuilt from the checkpoint without them, then per chunk the forward again and its adjoint; the state's gradient fp32 in registers
 //   128 threads, 110592 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, column_read 1, column_pair_read 1, column_write 1, dend_write 1, key_write 1, key_read 1, lc_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_access 2, drows_piece_read 1, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_access 1
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, raw_pair_read 1, lc_pair_read 1, drows_pair_access 1, dlc_pair_access 1, column_pair_read 1, column_write 1, dend_write 1, key_write 1, key_read 1, lc_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_piece_read 1, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_access 1
 //
 // RWKV-7's backward in chunks of C = 16 steps on tensor cores: the adjoint of the forward kind
 // chunked_rwkv7 (templates/delta_rule/chunked_rwkv7.cu.j2, whose header gives the notation),
@@ -389,6 +389,17 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     stash(grad, false);
   };
 
+  // Where the key-side gradients of step 0 go ([B, T, H, K], step_stride elements a step): the
+  // dw thread's key (threads 0 .. KB - 1), and each storing thread's step and 8 keys of dr, da,
+  // db, dk (threads KB ..), STORE_STEPS steps a round; worked out once, not per store.
+  constexpr int STORE_STEPS = (THREADS - KB) / (KB / 8);
+  static_assert((THREADS - KB) % (KB / 8) == 0 && CHUNK % STORE_STEPS == 0, "whole rows of 16-byte pieces a round");
+  const int64_t step_stride = p.H * p.K;
+  const int storer = threadIdx.x < KB ? 0 : threadIdx.x - KB;
+  const int store_step = storer % STORE_STEPS, store_key = storer / STORE_STEPS * 8;
+  const int64_t dw_at = (b * p.T * p.H + h) * p.K + threadIdx.x % KB;
+  const int64_t store_at = dw_at - threadIdx.x % KB + store_step * step_stride + store_key;
+
   // Each chunk's start state: from the saved records where the forward filled them (the
   // header, read here: no host sync), each chunk's issued while the chunk after it finishes;
   // otherwise rebuilt per 64-step window as the window's last chunk begins.
@@ -589,35 +600,64 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     const float* dl_ak = dmats + CHUNK * MAT_PITCH;
     const float* dn_rb = dmats + 2 * CHUNK * MAT_PITCH;
     const float* dn_rk = dmats + 3 * CHUNK * MAT_PITCH;
-    auto input = [&](const T* x, int t, int ch) { return to_float(x[RowTile::offset(t, ch)]); };  // smem: column_read
-    auto lcv = [&](int t, int ch) { return t < 0 ? 0.f : lc_tile[t * KP + ch]; };  // smem: lc_read
-    // up = exp(lc_t), up_prev = exp(lc_{t-1}) (1 at t = 0), as the callers have them.
-    auto finish = [&](int t, int ch, float up, float up_prev, float gxr, float gxa, float gyb, float gyk) {
-      const float tail = fast_exp(lcv(CHUNK - 1, ch) - lcv(t, ch));
-      const float rv = input(raw_r, t, ch), av = input(raw_a, t, ch), bv = input(raw_b, t, ch), kv = input(raw_k, t, ch);
+    // The row gradients' finish works on two adjacent key channels (ch even) at once: a
+    // fragment's e and e + 1 are neighbours, so every input, lc, row-gradient and dlc access is
+    // one of twice the width (the channel-at-a-time finish was 742 of a backward warp's ~3060
+    // instructions a chunk, most of them scalar 2-byte reads and 4-byte accesses).
+    using Pair = float[2];
+    auto input = [&](Pair& x, const T* src, int t, int ch) { load_floats<2>(src + RowTile::offset(t, ch), x); };  // smem: raw_pair_read
+    auto lcv = [&](Pair& x, int t, int ch) {  // lc, 0 before the chunk
+      if (t < 0) x[0] = x[1] = 0.f;
+      else load_floats<2>(lc_tile + t * KP + ch, x);  // smem: lc_pair_read
+    };
+    // Step t's entries of the pair matrices' gradients whose exponent is zero: N's diagonal and
+    // L's first subdiagonal in row t and in column t (zero where the step has none).
+    struct ZeroExponent {
+      float n_rb, n_rk, l_ab, l_ak, l_ab_next, l_ak_next;
+    };
+    auto zero_exponent = [&](int t) {
+      ZeroExponent z;
+      z.n_rb = dn_rb[t * MAT_PITCH + t], z.n_rk = dn_rk[t * MAT_PITCH + t];  // smem: dmat_broadcast
+      z.l_ab = t ? dl_ab[t * MAT_PITCH + t - 1] : 0.f;                        // smem: dmat_broadcast
+      z.l_ak = t ? dl_ak[t * MAT_PITCH + t - 1] : 0.f;                        // smem: dmat_broadcast
+      z.l_ab_next = t + 1 < CHUNK ? dl_ab[(t + 1) * MAT_PITCH + t] : 0.f;     // smem: dmat_broadcast
+      z.l_ak_next = t + 1 < CHUNK ? dl_ak[(t + 1) * MAT_PITCH + t] : 0.f;     // smem: dmat_broadcast
+      return z;
+    };
+    // lc = lc_t, up = exp(lc_t), up_prev = exp(lc_{t-1}) (1 at t = 0), as the callers have them.
+    auto finish = [&](int t, int ch, const ZeroExponent& z, const Pair& lc, const Pair& up, const Pair& up_prev,
+                      const Pair& gxr, const Pair& gxa, const Pair& gyb, const Pair& gyk) {
+      Pair lc_end, rv, av, bv, kv, b_prev = {0.f, 0.f}, k_prev = {0.f, 0.f}, a_next = {0.f, 0.f};
+      lcv(lc_end, CHUNK - 1, ch);
+      input(rv, raw_r, t, ch), input(av, raw_a, t, ch), input(bv, raw_b, t, ch), input(kv, raw_k, t, ch);
+      if (t) input(b_prev, raw_b, t - 1, ch), input(k_prev, raw_k, t - 1, ch);
+      if (t + 1 < CHUNK) input(a_next, raw_a, t + 1, ch);
       float* row = drows + t * KP + ch;
-      const float dr = row[0] * up + gxr;                   // smem: drows_access
-      const float da = row[CHUNK * KP] * up_prev + gxa;     // smem: drows_access
-      const float db_tail = row[2 * CHUNK * KP] * tail;                  // smem: drows_access
-      const float dk_tail = row[3 * CHUNK * KP] * tail;                  // smem: drows_access
-      const float n_rb = dn_rb[t * MAT_PITCH + t], n_rk = dn_rk[t * MAT_PITCH + t];  // smem: dmat_broadcast
-      float zero_r = n_rb * bv + n_rk * kv, zero_a = 0.f, zero_b = n_rb * rv, zero_k = n_rk * rv;
-      if (t) {
-        const float l_ab = dl_ab[t * MAT_PITCH + t - 1], l_ak = dl_ak[t * MAT_PITCH + t - 1];  // smem: dmat_broadcast
-        zero_a = l_ab * input(raw_b, t - 1, ch) + l_ak * input(raw_k, t - 1, ch);
+      Pair dr, da, db, dk, self_t, prev_t, tails_t;
+      load_floats<2>(row, dr);                   // smem: drows_pair_access
+      load_floats<2>(row + CHUNK * KP, da);      // smem: drows_pair_access
+      load_floats<2>(row + 2 * CHUNK * KP, db);  // smem: drows_pair_access
+      load_floats<2>(row + 3 * CHUNK * KP, dk);  // smem: drows_pair_access
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float tail = fast_exp(lc_end[e] - lc[e]);
+        const float dr_full = dr[e] * up[e] + gxr[e], da_full = da[e] * up_prev[e] + gxa[e];
+        const float db_tail = db[e] * tail, dk_tail = dk[e] * tail;
+        dr[e] = dr_full + (z.n_rb * bv[e] + z.n_rk * kv[e]);
+        da[e] = da_full + (z.l_ab * b_prev[e] + z.l_ak * k_prev[e]);
+        db[e] = db_tail + gyb[e] + fmaf(z.l_ab_next, a_next[e], z.n_rb * rv[e]);
+        dk[e] = dk_tail + gyk[e] + fmaf(z.l_ak_next, a_next[e], z.n_rk * rv[e]);
+        self_t[e] = rv[e] * dr_full - bv[e] * gyb[e] - kv[e] * gyk[e];
+        prev_t[e] = t ? av[e] * da_full : 0.f;
+        tails_t[e] = t + 1 < CHUNK ? bv[e] * db_tail + kv[e] * dk_tail : 0.f;
       }
-      if (t + 1 < CHUNK) {
-        const float an = input(raw_a, t + 1, ch);
-        zero_b = fmaf(dl_ab[(t + 1) * MAT_PITCH + t], an, zero_b);  // smem: dmat_broadcast
-        zero_k = fmaf(dl_ak[(t + 1) * MAT_PITCH + t], an, zero_k);  // smem: dmat_broadcast
-      }
-      row[0] = dr + zero_r;                               // smem: drows_access
-      row[CHUNK * KP] = da + zero_a;                      // smem: drows_access
-      row[2 * CHUNK * KP] = db_tail + gyb + zero_b;       // smem: drows_access
-      row[3 * CHUNK * KP] = dk_tail + gyk + zero_k;       // smem: drows_access
-      self[t * XP + ch] = rv * dr - bv * gyb - kv * gyk;  // smem: dlc_access
-      prev[t * XP + ch] = t ? av * da : 0.f;              // smem: dlc_access
-      tails[t * XP + ch] = t + 1 < CHUNK ? bv * db_tail + kv * dk_tail : 0.f;  // smem: dlc_access
+      store_floats<2>(row, dr);                      // smem: drows_pair_access
+      store_floats<2>(row + CHUNK * KP, da);         // smem: drows_pair_access
+      store_floats<2>(row + 2 * CHUNK * KP, db);     // smem: drows_pair_access
+      store_floats<2>(row + 3 * CHUNK * KP, dk);     // smem: drows_pair_access
+      store_floats<2>(self + t * XP + ch, self_t);   // smem: dlc_pair_access
+      store_floats<2>(prev + t * XP + ch, prev_t);   // smem: dlc_pair_access
+      store_floats<2>(tails + t * XP + ch, tails_t); // smem: dlc_pair_access
     };
     if (!termwise) {
       // Warp w, keys 16 w ..: gx = exp(lx_t) [dM_t .] B^ and gy = exp(-lc_j) [dM_.j]^T [R^; A^],
@@ -640,35 +680,66 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
           mma::m16n8k16<MT>(yk[n], a_yk, by[2 * n], by[2 * n + 1]);
         }
       }
+      // A fragment's elements 2 hh and 2 hh + 1 are step g + 8 hh at two adjacent keys.
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
+      for (int hh = 0; hh < 2; ++hh) {
+        const int t = g + 8 * hh;
+        const ZeroExponent z = zero_exponent(t);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = g + 8 * (e / 2), ch = 16 * warp + 8 * n + 2 * tq + e % 2;
-          const float lc = lcv(t, ch), up = fast_exp(lc), down = fast_exp(-lc), up_prev = fast_exp(lcv(t - 1, ch));
-          finish(t, ch, up, up_prev, up * xr[n][e], up_prev * xa[n][e], down * yb[n][e], down * yk[n][e]);
+        for (int n = 0; n < 2; ++n) {
+          const int ch = 16 * warp + 8 * n + 2 * tq;
+          Pair lc, lc_prev, up, up_prev, gxr, gxa, gyb, gyk;
+          lcv(lc, t, ch), lcv(lc_prev, t - 1, ch);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float down = fast_exp(-lc[e]);
+            up[e] = fast_exp(lc[e]), up_prev[e] = fast_exp(lc_prev[e]);
+            gxr[e] = up[e] * xr[n][2 * hh + e], gxa[e] = up_prev[e] * xa[n][2 * hh + e];
+            gyb[e] = down * yb[n][2 * hh + e], gyk[e] = down * yk[n][2 * hh + e];
+          }
+          finish(t, ch, z, lc, up, up_prev, gxr, gxa, gyb, gyk);
         }
+      }
     } else {
-      for (int e = threadIdx.x; e < CHUNK * KB; e += THREADS) {
-        const int t = e / KB, ch = e % KB;
-        const float lc = lcv(t, ch), le = lcv(t - 1, ch);
-        float gxr = 0.f, gxa = 0.f, gyb = 0.f, gyk = 0.f;
+      for (int e = threadIdx.x; e < CHUNK * KB / 2; e += THREADS) {
+        const int t = e / (KB / 2), ch = e % (KB / 2) * 2;
+        Pair lc, le, up, up_prev, gxr = {0.f, 0.f}, gxa = {0.f, 0.f}, gyb = {0.f, 0.f}, gyk = {0.f, 0.f};
+        lcv(lc, t, ch), lcv(le, t - 1, ch);
         for (int j = 0; j < t; ++j) {
-          const float yb_j = input(raw_b, j, ch), yk_j = input(raw_k, j, ch), lj = lcv(j, ch);
-          gxr = fmaf(dn_rb[t * MAT_PITCH + j] * yb_j + dn_rk[t * MAT_PITCH + j] * yk_j, fast_exp(lc - lj), gxr);  // smem: dmat_broadcast
-          if (j + 1 < t) gxa = fmaf(dl_ab[t * MAT_PITCH + j] * yb_j + dl_ak[t * MAT_PITCH + j] * yk_j, fast_exp(le - lj), gxa);  // smem: dmat_broadcast
-        }
-        for (int s = t + 1; s < CHUNK; ++s) {
-          const float en = input(raw_r, s, ch) * fast_exp(lcv(s, ch) - lc);
-          gyb = fmaf(dn_rb[s * MAT_PITCH + t], en, gyb);  // smem: dmat_broadcast
-          gyk = fmaf(dn_rk[s * MAT_PITCH + t], en, gyk);  // smem: dmat_broadcast
-          if (s > t + 1) {
-            const float el = input(raw_a, s, ch) * fast_exp(lcv(s - 1, ch) - lc);
-            gyb = fmaf(dl_ab[s * MAT_PITCH + t], el, gyb);  // smem: dmat_broadcast
-            gyk = fmaf(dl_ak[s * MAT_PITCH + t], el, gyk);  // smem: dmat_broadcast
+          Pair yb_j, yk_j, lj;
+          input(yb_j, raw_b, j, ch), input(yk_j, raw_k, j, ch), lcv(lj, j, ch);
+          const float n_rb = dn_rb[t * MAT_PITCH + j], n_rk = dn_rk[t * MAT_PITCH + j];  // smem: dmat_broadcast
+          const float l_ab = dl_ab[t * MAT_PITCH + j], l_ak = dl_ak[t * MAT_PITCH + j];  // smem: dmat_broadcast
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            gxr[q] = fmaf(n_rb * yb_j[q] + n_rk * yk_j[q], fast_exp(lc[q] - lj[q]), gxr[q]);
+            if (j + 1 < t) gxa[q] = fmaf(l_ab * yb_j[q] + l_ak * yk_j[q], fast_exp(le[q] - lj[q]), gxa[q]);
           }
         }
-        finish(t, ch, fast_exp(lc), fast_exp(le), gxr, gxa, gyb, gyk);
+        for (int s = t + 1; s < CHUNK; ++s) {
+          Pair r_s, a_s, l_s, l_before;
+          input(r_s, raw_r, s, ch), lcv(l_s, s, ch);
+          const float n_rb = dn_rb[s * MAT_PITCH + t], n_rk = dn_rk[s * MAT_PITCH + t];  // smem: dmat_broadcast
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            const float en = r_s[q] * fast_exp(l_s[q] - lc[q]);
+            gyb[q] = fmaf(n_rb, en, gyb[q]);
+            gyk[q] = fmaf(n_rk, en, gyk[q]);
+          }
+          if (s > t + 1) {
+            input(a_s, raw_a, s, ch), lcv(l_before, s - 1, ch);
+            const float l_ab = dl_ab[s * MAT_PITCH + t], l_ak = dl_ak[s * MAT_PITCH + t];  // smem: dmat_broadcast
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+              const float el = a_s[q] * fast_exp(l_before[q] - lc[q]);
+              gyb[q] = fmaf(l_ab, el, gyb[q]);
+              gyk[q] = fmaf(l_ak, el, gyk[q]);
+            }
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < 2; ++q) up[q] = fast_exp(lc[q]), up_prev[q] = fast_exp(le[q]);
+        finish(t, ch, zero_exponent(t), lc, up, up_prev, gxr, gxa, gyb, gyk);
       }
     }
     __syncthreads();
@@ -697,25 +768,27 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
       for (int t = CHUNK - 1; t >= 0; --t) {
         suffix += self[t * XP + ch] + (t + 1 < CHUNK ? prev[(t + 1) * XP + ch] : 0.f);  // smem: dlc_access
         const int64_t step = c * CHUNK + t;
-        if (step < p.T && ch < keys_valid) static_cast<T*>(p.dw)[((b * p.T + step) * p.H + h) * p.K + ch] = from_float<T>(suffix + before[t]);
+        if (step < p.T && ch < keys_valid) static_cast<T*>(p.dw)[dw_at + step * step_stride] = from_float<T>(suffix + before[t]);
       }
     } else {
-      for (int i = threadIdx.x - KB; i < 4 * CHUNK * KB / 8; i += THREADS - KB) {
-        const int q = i / (CHUNK * KB / 8), t = i / (KB / 8) % CHUNK, ch = i % (KB / 8) * 8;
-        const int64_t step = c * CHUNK + t;
-        if (step >= p.T || ch >= keys_valid) continue;
-        T* out = static_cast<T*>(q == 0 ? p.dq : q == 1 ? p.da : q == 2 ? p.db : p.dk);
-        // The halves in turn, the second half first on odd quads of lanes: a quarter-warp's eight
-        // 16-byte reads then fall on distinct banks.
-        const int first = threadIdx.x & 4;
-        const float* row = drows + (q * CHUNK + t) * KP + ch;
-        const float4 f0 = *reinterpret_cast<const float4*>(row + first);        // smem: drows_piece_read
-        const float4 f1 = *reinterpret_cast<const float4*>(row + (4 ^ first));  // smem: drows_piece_read
-        const float4 lo = first ? f1 : f0, hi = first ? f0 : f1;
-        const uint4 y = make_uint4(mma::pack2<T>(lo.x, lo.y), mma::pack2<T>(lo.z, lo.w), mma::pack2<T>(hi.x, hi.y),
-                                   mma::pack2<T>(hi.z, hi.w));
-        *reinterpret_cast<uint4*>(out + ((b * p.T + step) * p.H + h) * p.K + ch) = y;
-      }
+      // Thread KB + i stores step store_step + STORE_STEPS j, keys store_key .. + 7, of each row
+      // gradient (its offsets worked out once: the per-piece index arithmetic was ~30
+      // instructions a 16-byte store). A quarter-warp's lanes read eight steps of one key piece:
+      // rows KP = 4 (mod 32) words apart, so their 16-byte reads fall on distinct banks.
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int j = 0; j < CHUNK / STORE_STEPS; ++j) {
+          const int t = store_step + STORE_STEPS * j;
+          if (c * CHUNK + t >= p.T || store_key >= keys_valid) continue;
+          const float* row = drows + (q * CHUNK + t) * KP + store_key;
+          const float4 lo = *reinterpret_cast<const float4*>(row);      // smem: drows_piece_read
+          const float4 hi = *reinterpret_cast<const float4*>(row + 4);  // smem: drows_piece_read
+          const uint4 y = make_uint4(mma::pack2<T>(lo.x, lo.y), mma::pack2<T>(lo.z, lo.w), mma::pack2<T>(hi.x, hi.y),
+                                     mma::pack2<T>(hi.z, hi.w));
+          T* out = static_cast<T*>(q == 0 ? p.dq : q == 1 ? p.da : q == 2 ? p.db : p.dk);
+          store_global_16(out + store_at + (c * CHUNK + STORE_STEPS * j) * step_stride, y);
+        }
     }
 
     // G <- exp(lc_C) G + R^^T dO' + A^^T dY.
