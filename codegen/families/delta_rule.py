@@ -281,15 +281,15 @@ def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
     pm = _renamed(shared_tiles.bank_accesses(4 * RWKV7_CHUNK, threads, shared_tiles.layout(4 * RWKV7_CHUNK, 0)),
                   {"ldmatrix": "pm_ldmatrix"}, ("pm",))
     accesses = rows_k + pair + state + zv + pm + [
-        # Step 1: a lane per two adjacent key channels, a warp per run of steps
-        banks.contiguous("column_pair_read", 4, ("ring",)),
-        banks.contiguous("column_write", 4, ("decayed",)),
+        # Step 1 (rwkv7_chunk.cuh): a warp per 16 keys, a lane per C fragment's channel pairs
+        banks.Access("raw_pair_read", 4, banks.fragment(pk, 2), ("ring",)),
+        banks.Access("decayed_pair_write", 4, banks.fragment(pk, 2), ("decayed",)),
         banks.contiguous("dend_write", 8, ("scalars",)),
-        banks.contiguous("lc_write", 8, ("scalars",)),
+        banks.Access("lc_pair_write", 8, banks.fragment(k + 4, 4), ("scalars",)),
         banks.Access("mat_fragment_write", 8, lambda lane, _pad: ((lane // 4) * mat_pitch + 2 * (lane % 4)) * 4,
                      ("mats",)),
         # Decays past the products' range only: a lane per (t, j) pair, 2 rows t and 16 j a warp.
-        banks.Access("lc_read", 4, lambda lane, _pad: (lane % 16) * k * 4, ("scalars",)),
+        banks.Access("lc_read", 4, lambda lane, _pad: (lane % 16) * (k + 4) * 4, ("scalars",)),
         banks.Access("raw_term_read", 2, lambda lane, _pad: (lane % 16) * pk * 2, ("ring",)),
         banks.Access("mat_term_write", 4, lambda lane, _pad: ((lane // 16) * mat_pitch + lane % 16) * 4, ("mats",)),
         banks.Access("xr_fragment_write", 8, lambda lane, _pad: ((lane // 4) * xr_pitch + 2 * (lane % 4)) * 4,
@@ -331,7 +331,7 @@ def _lower_chunked_rwkv7(inst: KernelInstance, arch: Arch) -> KernelInstance:
     raw = 2 * steps * (5 * pk + pc)
     pm = steps * shared_tiles.pitch(4 * steps, 0)  # L_ak, N_rb, N_rk in bf16 beside each other
     smem = (stages * raw + 2 * (4 * steps * pk + 2 * steps * pk + 2 * steps * pc + k * pc + pm)
-            + 4 * (steps * k + k + steps * (steps + 4) + steps * (cols + 4)))
+            + 4 * (steps * (k + 4) + k + steps * (steps + 4) + steps * (cols + 4)))
     if smem > arch.max_smem_per_block:
         raise Rejected("stages", f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")
     # Two CTAs an SM. Measured on an H200 (bench.rwkv7_kinds, bf16, the training forward; a build

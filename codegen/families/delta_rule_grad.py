@@ -99,18 +99,16 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
         + _renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"ldmatrix": "mix_ldmatrix"}, ("mix",))
         + _renamed(shared_tiles.bank_accesses(4 * chunk, threads, shared_tiles.layout(4 * chunk, 0)),
                    {"ldmatrix": "dm_ldmatrix"}, ("dm",))
-        + [# the key-side finish: a C fragment's channel pairs
+        + [# step 1 (rwkv7_chunk.cuh) and the key-side finish: a C fragment's channel pairs
            banks.Access("raw_pair_read", 4, fragment(pk, 2), ("raw",)),
            banks.Access("lc_pair_read", 8, fragment(kp, 4), ("scalars",)),
            banks.Access("drows_pair_access", 8, fragment(kp, 4), ("drows",)),
            banks.Access("dlc_pair_access", 8, fragment(xp, 4), ("scratch",)),
-           # the chunk's step 1: a lane per two adjacent key channels, a warp per run of steps
-           banks.contiguous("column_pair_read", 4, ("raw",)),
-           banks.contiguous("column_write", 4, ("decayed",)),
+           banks.Access("decayed_pair_write", 4, fragment(pk, 2), ("decayed",)),
            banks.contiguous("dend_write", 8, ("scalars",)),
            banks.contiguous("key_write", 4, ("scalars",)),
            banks.Access("key_read", 4, lambda lane, _pad: (lane // 4) * 4, ("scalars",)),
-           banks.contiguous("lc_write", 8, ("scalars",)),
+           banks.Access("lc_pair_write", 8, fragment(kp, 4), ("scalars",)),
            banks.Access("lc_read", 4, lambda lane, _pad: (lane % 16) * kp * 4, ("scalars",)),
            banks.Access("raw_term_read", 2, lambda lane, _pad: (lane % 16) * pk * 2, ("raw",)),
            *value_row_copy(cols, "raw", "mix"),

@@ -3,8 +3,8 @@
 // Instance delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_fp16_sm90a
 //   kind chunked_rwkv7: RWKV-7 in chunks of 16 steps on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): per chunk the per-channel-decay pair matrices as products (term by term where decays are near 0), the triangular solve on L_ab per value column in fp32, L_ak V, the output rows and the state's update as products, the state fp32 in registers
 //   128 threads, 64 value columns per CTA, 2 stages of input,
-//   67584 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_row_read 1, zv_ldmatrix 1, pm_ldmatrix 1, column_pair_read 1, column_write 1, dend_write 1, lc_write 1, mat_fragment_write 1, lc_read 16, raw_term_read 2, mat_term_write 2, xr_fragment_write 1, xr_column_read 1, mat_broadcast 1, zv_write 1, pm_fragment_write 1, pm_term_write 2, v_copy_read 1, v_copy_write 1, dend_read 1, state_fragment_write 1
+//   67840 bytes of shared memory, 2 CTA(s) per SM
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_row_read 1, zv_ldmatrix 1, pm_ldmatrix 1, raw_pair_read 1, decayed_pair_write 1, dend_write 1, lc_pair_write 1, mat_fragment_write 1, lc_read 2, raw_term_read 2, mat_term_write 2, xr_fragment_write 1, xr_column_read 1, mat_broadcast 1, zv_write 1, pm_fragment_write 1, pm_term_write 2, v_copy_read 1, v_copy_write 1, dend_read 1, state_fragment_write 1
 //
 // RWKV-7 in chunks of C = 16 steps on tensor cores (mma.sync m16n8k16, bf16 operands, fp32
 // accumulation), the algorithm of attngen.reference.rwkv7_chunked (chunk 16). With S [key,
@@ -44,6 +44,7 @@ constexpr float PRODUCT_SPREAD = 40.0f;  // codegen/families/delta_rule.py RWKV7
 constexpr int CHECKPOINT_CHUNKS = kCheckpointEvery / CHUNK;
 constexpr int MAT_PITCH = CHUNK + 4;         // floats between rows of a pair matrix
 constexpr int XR_PITCH = COLS + 4;           // floats between rows of X and R
+constexpr int LC_PITCH = KB + 4;             // floats between rows of lc (step 1 writes a fragment's rows)
 static_assert(CHUNK == 16 && KB == 16 * WARPS && WARPS == 4 && COLS % 16 == 0 && COLS <= KB && THREADS % COLS == 0 &&
               THREADS == 2 * KB,
               "a warp per pair matrix, per 16 keys of the state and per 16 columns of X, R and O at most; a thread "
@@ -61,8 +62,8 @@ using PmTile = mma::Tile<CHUNK, 4 * CHUNK, false>;  // L_ak, N_rb, N_rk in bf16 
 constexpr int RAW_BYTES = 2 * (5 * RowTile::ELEMS + ColTile::ELEMS);
 constexpr int SMEM_BYTES = STAGES * RAW_BYTES +
                            2 * (4 * RowTile::ELEMS + PairTile::ELEMS + MixTile::ELEMS + StateTile::ELEMS + PmTile::ELEMS) +
-                           4 * (CHUNK * KB + KB + CHUNK * MAT_PITCH + CHUNK * XR_PITCH);
-static_assert(SMEM_BYTES == 67584, "the pass and the kernel agree on shared memory");
+                           4 * (CHUNK * LC_PITCH + KB + CHUNK * MAT_PITCH + CHUNK * XR_PITCH);
+static_assert(SMEM_BYTES == 67840, "the pass and the kernel agree on shared memory");
 static_assert(RAW_BYTES % 16 == 0 && RowTile::BYTES % 16 == 0, "tiles stay 16-byte aligned");
 static_assert(CHUNK * KB / 8 == THREADS && CHUNK * COLS / 8 <= THREADS && KB * COLS / 8 % THREADS == 0,
               "a 16-byte piece a thread of each key-side tile, at most one of V's; whole rounds of the records");
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
   MT* s_tile = zv_tile + MixTile::ELEMS;      // smem buffer: state
   MT* pm_tile = s_tile + StateTile::ELEMS;    // smem buffer: pm
   float* lc_tile = reinterpret_cast<float*>(pm_tile + PmTile::ELEMS);            // smem buffer: scalars
-  float* dend = lc_tile + CHUNK * KB;         // exp(lc_C) per key
+  float* dend = lc_tile + CHUNK * LC_PITCH;         // exp(lc_C) per key
   float* l_ab = dend + KB;                    // L_ab [CHUNK][MAT_PITCH] fp32 for the solve; smem buffer: mats
   float* xr = l_ab + CHUNK * MAT_PITCH;       // X + L_ak V [CHUNK][XR_PITCH]; smem buffer: xr
 
@@ -221,14 +222,14 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
     // Step 1 (rwkv7_chunk.cuh): the cumulative decays and the decayed rows. Whether any
     // channel's spread is past the products' range is the CTA's vote.
     const bool wide = decay_chunk_rows<CHUNK, WARPS, KB, RowTile>(
-        raw_r, raw_w, raw_k, raw_a, raw_b, dend, lc_tile, KB, PRODUCT_SPREAD, [&](int t, int ch, const DecayedPair& x) {
+        raw_r, raw_w, raw_k, raw_a, raw_b, dend, lc_tile, LC_PITCH, PRODUCT_SPREAD, [&](int t, int ch, const DecayedPair& x) {
           const int at = RowTile::offset(t, ch);
-          store_floats<2>(at_tile + at, x.a_before);                             // smem: column_write
-          store_floats<2>(rt_tile + at, x.r_decay);                              // smem: column_write
-          store_floats<2>(bc_tile + at, x.b_undo);                               // smem: column_write
-          store_floats<2>(kc_tile + at, x.k_undo);                               // smem: column_write
-          store_floats<2>(pair_tile + PairTile::offset(t, ch), x.b_tail);          // smem: column_write
-          store_floats<2>(pair_tile + PairTile::offset(CHUNK + t, ch), x.k_tail);  // smem: column_write
+          store_floats<2>(at_tile + at, x.a_before);                             // smem: decayed_pair_write
+          store_floats<2>(rt_tile + at, x.r_decay);                              // smem: decayed_pair_write
+          store_floats<2>(bc_tile + at, x.b_undo);                               // smem: decayed_pair_write
+          store_floats<2>(kc_tile + at, x.k_undo);                               // smem: decayed_pair_write
+          store_floats<2>(pair_tile + PairTile::offset(t, ch), x.b_tail);          // smem: decayed_pair_write
+          store_floats<2>(pair_tile + PairTile::offset(CHUNK + t, ch), x.k_tail);  // smem: decayed_pair_write
         });
     // V under Z in the operands' type, 8 values a thread: the B rows of L_ak V, N_rk V and the state's update.
     for (int i = threadIdx.x; i < CHUNK * COLS / 8; i += THREADS) {
@@ -291,8 +292,8 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
           if (strict ? j < t : j <= t) {
 #pragma unroll 4
             for (int ch = 0; ch < KB; ++ch) {
-              const float lx = m < 2 ? (t ? lc_tile[(t - 1) * KB + ch] : 0.f) : lc_tile[t * KB + ch];  // smem: lc_read
-              const float ly = lc_tile[j * KB + ch];  // smem: lc_read
+              const float lx = m < 2 ? (t ? lc_tile[(t - 1) * LC_PITCH + ch] : 0.f) : lc_tile[t * LC_PITCH + ch];  // smem: lc_read
+              const float ly = lc_tile[j * LC_PITCH + ch];  // smem: lc_read
               const float xv = to_float(x[RowTile::offset(t, ch)]);  // smem: raw_term_read
               const float yv = to_float(y[RowTile::offset(j, ch)]);  // smem: raw_term_read
               sum = fmaf(xv * yv, fast_exp(lx - ly), sum);

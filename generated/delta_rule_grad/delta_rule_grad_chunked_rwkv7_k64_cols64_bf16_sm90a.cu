@@ -3,7 +3,7 @@
 // Instance delta_rule_grad_chunked_rwkv7_k64_cols64_bf16_sm90a
 //   kind chunked_rwkv7: RWKV-7's backward in 16-step chunks on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): each chunk's start state from the forward's records, or per 64-step window rebuilt from the checkpoint without them, then per chunk the forward again and its adjoint; the state's gradient fp32 in registers
 //   128 threads, 110592 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, raw_pair_read 1, lc_pair_read 1, drows_pair_access 1, dlc_pair_access 1, column_pair_read 1, column_write 1, dend_write 1, key_write 1, key_read 1, lc_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_piece_read 1, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_access 1
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, raw_pair_read 1, lc_pair_read 1, drows_pair_access 1, dlc_pair_access 1, decayed_pair_write 1, dend_write 1, key_write 1, key_read 1, lc_pair_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_piece_read 1, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_access 1
 //
 // RWKV-7's backward in chunks of C = 16 steps on tensor cores: the adjoint of the forward kind
 // chunked_rwkv7 (templates/delta_rule/chunked_rwkv7.cu.j2, whose header gives the notation),
@@ -220,12 +220,12 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     // Step 1 (rwkv7_chunk.cuh): the cumulative decays and the decayed rows.
     const bool wide = decay_chunk_rows<CHUNK, WARPS, KB, RowTile>(
         raw_r, raw_w, raw_k, raw_a, raw_b, dend, lc_tile, KP, PRODUCT_SPREAD, [&](int t, int ch, const DecayedPair& x) {
-          store_floats<2>(ra_tile + PairTile::offset(t, ch), x.r_decay);           // smem: column_write
-          store_floats<2>(ra_tile + PairTile::offset(CHUNK + t, ch), x.a_before);  // smem: column_write
-          store_floats<2>(bkc_tile + PairTile::offset(t, ch), x.b_undo);           // smem: column_write
-          store_floats<2>(bkc_tile + PairTile::offset(CHUNK + t, ch), x.k_undo);   // smem: column_write
-          store_floats<2>(bkt_tile + PairTile::offset(t, ch), x.b_tail);           // smem: column_write
-          store_floats<2>(bkt_tile + PairTile::offset(CHUNK + t, ch), x.k_tail);   // smem: column_write
+          store_floats<2>(ra_tile + PairTile::offset(t, ch), x.r_decay);           // smem: decayed_pair_write
+          store_floats<2>(ra_tile + PairTile::offset(CHUNK + t, ch), x.a_before);  // smem: decayed_pair_write
+          store_floats<2>(bkc_tile + PairTile::offset(t, ch), x.b_undo);           // smem: decayed_pair_write
+          store_floats<2>(bkc_tile + PairTile::offset(CHUNK + t, ch), x.k_undo);   // smem: decayed_pair_write
+          store_floats<2>(bkt_tile + PairTile::offset(t, ch), x.b_tail);           // smem: decayed_pair_write
+          store_floats<2>(bkt_tile + PairTile::offset(CHUNK + t, ch), x.k_tail);   // smem: decayed_pair_write
         });
     // V under Z in the 16-bit operand type, 8 values a thread.
     for (int i = threadIdx.x; i < CHUNK * COLS / 8; i += THREADS) {

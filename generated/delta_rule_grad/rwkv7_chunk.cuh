@@ -4,7 +4,9 @@
 // share, rendered into each family's namespace: a thread's fixed piece of a chunk's rows, and
 // step 1 of a chunk, the cumulative decays and the decayed rows.
 #pragma once
+#include <type_traits>
 #include "../common/device.cuh"
+#include "../common/mma.cuh"
 
 namespace attngen {
 namespace delta_rule_grad {
@@ -30,59 +32,75 @@ struct DecayedPair {
   float r_decay[2], a_before[2], b_undo[2], k_undo[2], b_tail[2], k_tail[2];
 };
 
-// Step 1 of a chunk: a warp per run of CHUNK / WARPS steps and a lane per two adjacent key
-// channels (one load, conversion and store serving both; a thread a channel spent twice the
-// instructions) form the cumulative decays lc (into lc_rows, `lc_pitch` floats a step),
-// exp(lc_C) (into end_decays, by warp 0) and the decayed rows, which `store(t, ch, rows)` puts
-// where its kernel keeps them. Each run's running sum starts from the same serial sum, so lc is
-// a serial walk's. Returns whether either channel's spread -lc_C passes `spread`.
+// The A operand (bf16 or half) of a 16 x 16 lower-triangular 0/1 matrix, L[t][j] = 1 for j <= t
+// (j < t where `strict`), built in registers (mma.cuh's fragment table): a1 lies wholly below the
+// diagonal, a2 wholly above it, and a0 and a3 cut it alike.
+template <typename T>
+__device__ __forceinline__ void lower_ones(uint32_t (&a)[4], int lane, bool strict) {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit operands");
+  constexpr uint32_t ONE = std::is_same_v<T, __half> ? 0x3C00u : 0x3F80u;  // 1.0's bits
+  const int last = lane / 4 - (strict ? 1 : 0), col = 2 * (lane % 4);   // row g's last one; the pair's column
+  const uint32_t cut = (col <= last ? ONE : 0u) | (col + 1 <= last ? ONE << 16 : 0u);
+  a[0] = cut, a[1] = ONE | ONE << 16, a[2] = 0u, a[3] = cut;
+}
+
+// Step 1 of a chunk: the cumulative decays lc (into lc_rows, `lc_pitch` floats a step), exp(lc_C)
+// (into end_decays) and the decayed rows, which `store(t, ch, rows)` puts where its kernel keeps
+// them. The cumulative decays are prefix sums over the chunk's steps, so they come off the tensor
+// cores as products of 0/1 matrices (exact in 16 bits) with w's [step][key] tile, summed in fp32:
+// lc = L w (j <= t), le = L' w (j < t: lc before step t) and lc_C = 1 w (the chunk's total in every
+// row). A warp takes 16 key channels, and each lane its C fragments: steps g and g + 8 at two
+// adjacent channels of each 8-key tile. (A serial walk over the steps, a lane per channel pair,
+// spent ~700 of a backward warp's ~3000 instructions a chunk.) Returns whether any of the lane's
+// channels has a spread -lc_C past `spread`.
 template <int CHUNK, int WARPS, int KEYS, class RowTile, typename T, class Store>
 __device__ __forceinline__ bool decay_chunk_rows(const T* raw_r, const T* raw_w, const T* raw_k, const T* raw_a,
                                                  const T* raw_b, float* end_decays, float* lc_rows, int lc_pitch,
                                                  float spread, Store&& store) {
-  constexpr int RUN = CHUNK / WARPS;
-  static_assert(CHUNK % WARPS == 0 && KEYS == 2 * 32, "whole runs of steps a warp; a lane per two of the 64 key channels");
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int ch = 2 * lane, first = warp * RUN;
-  float end[2] = {}, start[2] = {};  // lc at the chunk's last step, and before this run's first
+  static_assert(CHUNK == 16 && KEYS == 16 * WARPS, "a chunk is one 16-step MMA tile; a warp per 16 key channels");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  uint32_t incl[4], strict[4], bw[4];
+  lower_ones<T>(incl, lane, false);
+  lower_ones<T>(strict, lane, true);
+  const uint32_t ones[4] = {incl[1], incl[1], incl[1], incl[1]};
+  mma::ldmatrix_x4_trans(bw, mma::smem_addr(raw_w) + 2 * RowTile::moved(mma::b_operand_kn_lane<RowTile>(lane), 0, 16 * warp));  // smem: row_ldmatrix
+  float lc[2][4] = {}, le[2][4] = {}, end[2][4] = {};
+  bool wide = false;
 #pragma unroll
-  for (int t = 0; t < CHUNK; ++t) {
-    float x[2];
-    load_floats<2>(raw_w + RowTile::offset(t, ch), x);  // smem: column_pair_read
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      end[e] += x[e];
-      if (t + 1 == first) start[e] = end[e];
+  for (int n = 0; n < 2; ++n) {
+    mma::m16n8k16<T>(lc[n], incl, bw[2 * n], bw[2 * n + 1]);
+    mma::m16n8k16<T>(le[n], strict, bw[2 * n], bw[2 * n + 1]);
+    mma::m16n8k16<T>(end[n], ones, bw[2 * n], bw[2 * n + 1]);
+    wide = wide || fmaxf(-end[n][0], -end[n][1]) > spread;
+    const int ch = 16 * warp + 8 * n + 2 * tq;
+    if (g == 0) {
+      const float end_decay[2] = {fast_exp(end[n][0]), fast_exp(end[n][1])};
+      store_floats<2>(end_decays + ch, end_decay);  // smem: dend_write
     }
-  }
-  const bool wide = fmaxf(-end[0], -end[1]) > spread;
-  const float end_decay[2] = {fast_exp(end[0]), fast_exp(end[1])};
-  if (warp == 0) store_floats<2>(end_decays + ch, end_decay);  // smem: dend_write
-  float lc[2] = {start[0], start[1]}, before[2] = {fast_exp(start[0]), fast_exp(start[1])};  // before = exp(le_t)
 #pragma unroll
-  for (int i = 0; i < RUN; ++i) {
-    const int t = first + i, at = RowTile::offset(t, ch);
-    float wv[2], av[2], rv[2], bv[2], kv[2];
-    load_floats<2>(raw_w + at, wv);  // smem: column_pair_read
-    load_floats<2>(raw_a + at, av);  // smem: column_pair_read
-    load_floats<2>(raw_r + at, rv);  // smem: column_pair_read
-    load_floats<2>(raw_b + at, bv);  // smem: column_pair_read
-    load_floats<2>(raw_k + at, kv);  // smem: column_pair_read
-    DecayedPair rows;
+    for (int hh = 0; hh < 2; ++hh) {
+      const int t = g + 8 * hh, at = RowTile::offset(t, ch);
+      float av[2], rv[2], bv[2], kv[2];
+      load_floats<2>(raw_a + at, av);  // smem: raw_pair_read
+      load_floats<2>(raw_r + at, rv);  // smem: raw_pair_read
+      load_floats<2>(raw_b + at, bv);  // smem: raw_pair_read
+      load_floats<2>(raw_k + at, kv);  // smem: raw_pair_read
+      const float lc_t[2] = {lc[n][2 * hh], lc[n][2 * hh + 1]};
+      DecayedPair rows;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      lc[e] += wv[e];
-      const float decay = fast_exp(lc[e]), undo = fast_exp(-lc[e]), tail = fast_exp(end[e] - lc[e]);
-      rows.a_before[e] = av[e] * before[e];
-      rows.r_decay[e] = rv[e] * decay;
-      rows.b_undo[e] = bv[e] * undo;
-      rows.k_undo[e] = kv[e] * undo;
-      rows.b_tail[e] = bv[e] * tail;
-      rows.k_tail[e] = kv[e] * tail;
-      before[e] = decay;
+      for (int e = 0; e < 2; ++e) {
+        const float x = lc_t[e], before = le[n][2 * hh + e], total = end[n][2 * hh + e];
+        const float decay = fast_exp(x), undo = fast_exp(-x), tail = fast_exp(total - x);
+        rows.a_before[e] = av[e] * fast_exp(before);
+        rows.r_decay[e] = rv[e] * decay;
+        rows.b_undo[e] = bv[e] * undo;
+        rows.k_undo[e] = kv[e] * undo;
+        rows.b_tail[e] = bv[e] * tail;
+        rows.k_tail[e] = kv[e] * tail;
+      }
+      store(t, ch, rows);
+      store_floats<2>(lc_rows + t * lc_pitch + ch, lc_t);  // smem: lc_pair_write
     }
-    store(t, ch, rows);
-    store_floats<2>(lc_rows + t * lc_pitch + ch, lc);  // smem: lc_write
   }
   return wide;
 }
