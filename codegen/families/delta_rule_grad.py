@@ -102,6 +102,7 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
         + [# step 1 (rwkv7_chunk.cuh) and the key-side finish: a C fragment's channel pairs
            banks.Access("raw_pair_read", 4, fragment(pk, 2), ("raw",)),
            banks.Access("lc_pair_read", 8, fragment(kp, 4), ("scalars",)),
+           banks.Access("dend_pair_read", 8, lambda lane, _pad: 2 * (lane % 4) * 4, ("scalars",)),
            banks.Access("drows_pair_access", 8, fragment(kp, 4), ("drows",)),
            banks.Access("dlc_pair_access", 8, fragment(xp, 4), ("scratch",)),
            banks.Access("decayed_pair_write", 4, fragment(pk, 2), ("decayed",)),
@@ -136,7 +137,9 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
            banks.Access("state_fragment_write", 4, fragment(pc, 2), ("states",)),
            banks.Access("state_fragment_read", 4, fragment(pc, 2), ("states",)),
            banks.contiguous("stash_access", 4, ("drows",)),
-           banks.contiguous("dlc_access", 4, ("scratch",))])
+           # dw: a lane per key pair and quarter of the steps, the quarters 8 lanes apart
+           banks.Access("dlc_quarter_read", 8, lambda lane, _pad: ((lane // 8) * 4 * xp + 2 * (lane % 8)) * 4, ("scratch",)),
+           banks.Access("ddecay_pair_read", 8, lambda lane, _pad: 2 * (lane % 8) * 4, ("scalars",))])
     return banks.model(accesses)
 
 

@@ -3,7 +3,7 @@
 // Instance delta_rule_grad_chunked_rwkv7_k64_cols64_fp16_sm90a
 //   kind chunked_rwkv7: RWKV-7's backward in 16-step chunks on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): each chunk's start state from the forward's records, or per 64-step window rebuilt from the checkpoint without them, then per chunk the forward again and its adjoint; the state's gradient fp32 in registers
 //   128 threads, 110592 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, raw_pair_read 1, lc_pair_read 1, drows_pair_access 1, dlc_pair_access 1, decayed_pair_write 1, dend_write 1, key_write 1, key_read 1, lc_pair_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_piece_read 1, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_access 1
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, raw_pair_read 1, lc_pair_read 1, dend_pair_read 1, drows_pair_access 1, dlc_pair_access 1, decayed_pair_write 1, dend_write 1, key_write 1, key_read 1, lc_pair_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_piece_read 1, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_quarter_read 1, ddecay_pair_read 1
 //
 // RWKV-7's backward in chunks of C = 16 steps on tensor cores: the adjoint of the forward kind
 // chunked_rwkv7 (templates/delta_rule/chunked_rwkv7.cu.j2, whose header gives the notation),
@@ -389,16 +389,10 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     stash(grad, false);
   };
 
-  // Where the key-side gradients of step 0 go ([B, T, H, K], step_stride elements a step): the
-  // dw thread's key (threads 0 .. KB - 1), and each storing thread's step and 8 keys of dr, da,
-  // db, dk (threads KB ..), STORE_STEPS steps a round; worked out once, not per store.
-  constexpr int STORE_STEPS = (THREADS - KB) / (KB / 8);
-  static_assert((THREADS - KB) % (KB / 8) == 0 && CHUNK % STORE_STEPS == 0, "whole rows of 16-byte pieces a round");
-  const int64_t step_stride = p.H * p.K;
-  const int storer = threadIdx.x < KB ? 0 : threadIdx.x - KB;
-  const int store_step = storer % STORE_STEPS, store_key = storer / STORE_STEPS * 8;
-  const int64_t dw_at = (b * p.T * p.H + h) * p.K + threadIdx.x % KB;
-  const int64_t store_at = dw_at - threadIdx.x % KB + store_step * step_stride + store_key;
+  // Step 0 of this (b, h) in the [B, T, H, K] gradients (step_stride elements a step) and in the
+  // [B, T, H, V] dv, worked out once, not per store.
+  const int64_t step_stride = p.H * p.K, head_at = (b * p.T * p.H + h) * p.K;
+  const int64_t v_step_stride = p.H * p.V, v_head_at = (b * p.T * p.H + h) * p.V;
 
   // Each chunk's start state: from the saved records where the forward filled them (the
   // header, read here: no host sync), each chunk's issued while the chunk after it finishes;
@@ -500,7 +494,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
           const int64_t step = c * CHUNK + g + 8 * hh;
           const int col = 16 * warp + 8 * n + 2 * tq;  // V is a multiple of 8 (`align`): both columns or neither
           if (step < p.T && col < cols_valid) {
-            *reinterpret_cast<uint32_t*>(static_cast<T*>(p.dv) + ((b * p.T + step) * p.H + h) * p.V + col) =
+            *reinterpret_cast<uint32_t*>(static_cast<T*>(p.dv) + v_head_at + step * v_step_stride + col) =
                 mma::pack2<T>(kg[n][2 * hh], kg[n][2 * hh + 1]);
           }
         }
@@ -624,11 +618,10 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
       z.l_ak_next = t + 1 < CHUNK ? dl_ak[(t + 1) * MAT_PITCH + t] : 0.f;     // smem: dmat_broadcast
       return z;
     };
-    // lc = lc_t, up = exp(lc_t), up_prev = exp(lc_{t-1}) (1 at t = 0), as the callers have them.
-    auto finish = [&](int t, int ch, const ZeroExponent& z, const Pair& lc, const Pair& up, const Pair& up_prev,
+    // up = exp(lc_t), up_prev = exp(lc_{t-1}) (1 at t = 0), tail = exp(lc_C - lc_t), as the callers have them.
+    auto finish = [&](int t, int ch, const ZeroExponent& z, const Pair& up, const Pair& up_prev, const Pair& tail,
                       const Pair& gxr, const Pair& gxa, const Pair& gyb, const Pair& gyk) {
-      Pair lc_end, rv, av, bv, kv, b_prev = {0.f, 0.f}, k_prev = {0.f, 0.f}, a_next = {0.f, 0.f};
-      lcv(lc_end, CHUNK - 1, ch);
+      Pair rv, av, bv, kv, b_prev = {0.f, 0.f}, k_prev = {0.f, 0.f}, a_next = {0.f, 0.f};
       input(rv, raw_r, t, ch), input(av, raw_a, t, ch), input(bv, raw_b, t, ch), input(kv, raw_k, t, ch);
       if (t) input(b_prev, raw_b, t - 1, ch), input(k_prev, raw_k, t - 1, ch);
       if (t + 1 < CHUNK) input(a_next, raw_a, t + 1, ch);
@@ -640,9 +633,8 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
       load_floats<2>(row + 3 * CHUNK * KP, dk);  // smem: drows_pair_access
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float tail = fast_exp(lc_end[e] - lc[e]);
         const float dr_full = dr[e] * up[e] + gxr[e], da_full = da[e] * up_prev[e] + gxa[e];
-        const float db_tail = db[e] * tail, dk_tail = dk[e] * tail;
+        const float db_tail = db[e] * tail[e], dk_tail = dk[e] * tail[e];
         dr[e] = dr_full + (z.n_rb * bv[e] + z.n_rk * kv[e]);
         da[e] = da_full + (z.l_ab * b_prev[e] + z.l_ak * k_prev[e]);
         db[e] = db_tail + gyb[e] + fmaf(z.l_ab_next, a_next[e], z.n_rb * rv[e]);
@@ -680,7 +672,11 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
           mma::m16n8k16<MT>(yk[n], a_yk, by[2 * n], by[2 * n + 1]);
         }
       }
-      // A fragment's elements 2 hh and 2 hh + 1 are step g + 8 hh at two adjacent keys.
+      // A fragment's elements 2 hh and 2 hh + 1 are step g + 8 hh at two adjacent keys. Within
+      // the spread, exp(lc_C - lc) = exp(lc_C) exp(-lc) is one product (both factors in range).
+      Pair end_decay[2];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) load_floats<2>(dend + 16 * warp + 8 * n + 2 * tq, end_decay[n]);  // smem: dend_pair_read
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int t = g + 8 * hh;
@@ -688,16 +684,16 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
           const int ch = 16 * warp + 8 * n + 2 * tq;
-          Pair lc, lc_prev, up, up_prev, gxr, gxa, gyb, gyk;
+          Pair lc, lc_prev, up, up_prev, tail, gxr, gxa, gyb, gyk;
           lcv(lc, t, ch), lcv(lc_prev, t - 1, ch);
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float down = fast_exp(-lc[e]);
-            up[e] = fast_exp(lc[e]), up_prev[e] = fast_exp(lc_prev[e]);
+            up[e] = fast_exp(lc[e]), up_prev[e] = fast_exp(lc_prev[e]), tail[e] = end_decay[n][e] * down;
             gxr[e] = up[e] * xr[n][2 * hh + e], gxa[e] = up_prev[e] * xa[n][2 * hh + e];
             gyb[e] = down * yb[n][2 * hh + e], gyk[e] = down * yk[n][2 * hh + e];
           }
-          finish(t, ch, z, lc, up, up_prev, gxr, gxa, gyb, gyk);
+          finish(t, ch, z, up, up_prev, tail, gxr, gxa, gyb, gyk);
         }
       }
     } else {
@@ -737,9 +733,11 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
             }
           }
         }
+        Pair lc_end, tail;
+        lcv(lc_end, CHUNK - 1, ch);
 #pragma unroll
-        for (int q = 0; q < 2; ++q) up[q] = fast_exp(lc[q]), up_prev[q] = fast_exp(le[q]);
-        finish(t, ch, zero_exponent(t), lc, up, up_prev, gxr, gxa, gyb, gyk);
+        for (int q = 0; q < 2; ++q) up[q] = fast_exp(lc[q]), up_prev[q] = fast_exp(le[q]), tail[q] = fast_exp(lc_end[q] - lc[q]);
+        finish(t, ch, zero_exponent(t), up, up_prev, tail, gxr, gxa, gyb, gyk);
       }
     }
     __syncthreads();
@@ -751,44 +749,76 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
       cp_async_commit();
     }
 
-    // A thread per key: dw_t = sum_{s >= t} self_s + sum_{s > t} prev_s + the state decay's
-    // gradient + the tails before t. Meanwhile the other threads store the row gradients dr, da,
-    // db, dk, 8 keys a thread and store (K is a multiple of 8, as `align` has it).
-    if (threadIdx.x < KB) {
-      const int ch = threadIdx.x;
-      float before[CHUNK];
-      float run = 0.f;
+    // dw_t = sum_{s >= t} (self_s + prev_{s+1}) + the state decay's gradient + sum_{s < t} tails_s,
+    // summed without subtracting what it added. Every thread takes two adjacent keys and a
+    // quarter of the chunk's steps (a lane per key pair and quarter, the quarters 8 lanes apart:
+    // a half-warp's float2 reads of two rows 4 QUARTER XP words apart fall on distinct banks), the
+    // quarters' totals passing by shuffles; then warp q stores row gradient q (dr, da, db, dk).
+    // (A thread per key for dw, the other half storing, left the dw half with twice the work.)
+    {
+      constexpr int QUARTER = CHUNK / 4;
+      static_assert(THREADS == 32 * 4 && KB == 2 * 8 * WARPS, "a warp per 16 keys and a row gradient; 4 quarters x 8 key pairs a warp");
+      const int quarter = lane / 8, ch = 16 * warp + 2 * (lane % 8), first = QUARTER * quarter;
+      Pair x[QUARTER], tl[QUARTER], x_sum = {0.f, 0.f}, tail_sum = {0.f, 0.f};
 #pragma unroll
-      for (int t = 0; t < CHUNK; ++t) {
-        before[t] = run;
-        run += tails[t * XP + ch];  // smem: dlc_access
-      }
-      float suffix = ddecay[ch];  // smem: key_read
+      for (int i = 0; i < QUARTER; ++i) {
+        const int t = first + i;
+        Pair self_t, prev_next = {0.f, 0.f};
+        load_floats<2>(self + t * XP + ch, self_t);                             // smem: dlc_quarter_read
+        if (t + 1 < CHUNK) load_floats<2>(prev + (t + 1) * XP + ch, prev_next);  // smem: dlc_quarter_read
+        load_floats<2>(tails + t * XP + ch, tl[i]);                              // smem: dlc_quarter_read
 #pragma unroll
-      for (int t = CHUNK - 1; t >= 0; --t) {
-        suffix += self[t * XP + ch] + (t + 1 < CHUNK ? prev[(t + 1) * XP + ch] : 0.f);  // smem: dlc_access
-        const int64_t step = c * CHUNK + t;
-        if (step < p.T && ch < keys_valid) static_cast<T*>(p.dw)[dw_at + step * step_stride] = from_float<T>(suffix + before[t]);
-      }
-    } else {
-      // Thread KB + i stores step store_step + STORE_STEPS j, keys store_key .. + 7, of each row
-      // gradient (its offsets worked out once: the per-piece index arithmetic was ~30
-      // instructions a 16-byte store). A quarter-warp's lanes read eight steps of one key piece:
-      // rows KP = 4 (mod 32) words apart, so their 16-byte reads fall on distinct banks.
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-#pragma unroll
-        for (int j = 0; j < CHUNK / STORE_STEPS; ++j) {
-          const int t = store_step + STORE_STEPS * j;
-          if (c * CHUNK + t >= p.T || store_key >= keys_valid) continue;
-          const float* row = drows + (q * CHUNK + t) * KP + store_key;
-          const float4 lo = *reinterpret_cast<const float4*>(row);      // smem: drows_piece_read
-          const float4 hi = *reinterpret_cast<const float4*>(row + 4);  // smem: drows_piece_read
-          const uint4 y = make_uint4(mma::pack2<T>(lo.x, lo.y), mma::pack2<T>(lo.z, lo.w), mma::pack2<T>(hi.x, hi.y),
-                                     mma::pack2<T>(hi.z, hi.w));
-          T* out = static_cast<T*>(q == 0 ? p.dq : q == 1 ? p.da : q == 2 ? p.db : p.dk);
-          store_global_16(out + store_at + (c * CHUNK + STORE_STEPS * j) * step_stride, y);
+        for (int e = 0; e < 2; ++e) {
+          x[i][e] = self_t[e] + prev_next[e];
+          x_sum[e] += x[i][e];
+          tail_sum[e] += tl[i][e];
         }
+      }
+      Pair after, before = {0.f, 0.f};  // the later quarters' x with the decay's gradient; the earlier ones' tails
+      load_floats<2>(ddecay + ch, after);  // smem: ddecay_pair_read
+#pragma unroll
+      for (int other = 3; other >= 0; --other) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float x_other = __shfl_sync(0xffffffffu, x_sum[e], lane % 8 + 8 * other);
+          const float tail_other = __shfl_sync(0xffffffffu, tail_sum[e], lane % 8 + 8 * (3 - other));
+          if (other > quarter) after[e] += x_other;
+          if (3 - other < quarter) before[e] += tail_other;
+        }
+      }
+      Pair prefix[QUARTER];  // the tails before each of this quarter's steps
+#pragma unroll
+      for (int i = 0; i < QUARTER; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) prefix[i][e] = i ? prefix[i - 1][e] + tl[i - 1][e] : before[e];
+#pragma unroll
+      for (int i = QUARTER - 1; i >= 0; --i) {
+        Pair dw;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          after[e] += x[i][e];
+          dw[e] = after[e] + prefix[i][e];
+        }
+        const int64_t step = c * CHUNK + first + i;
+        if (step < p.T && ch < keys_valid) store_floats<2>(static_cast<T*>(p.dw) + head_at + step * step_stride + ch, dw);
+      }
+    }
+    {
+      // Lane l: steps l % 8 (+ 8), key piece l / 8 (+ 4); a quarter-warp's lanes read eight steps
+      // of one piece, rows KP = 4 (mod 32) words apart: distinct banks.
+      T* out = static_cast<T*>(warp == 0 ? p.dq : warp == 1 ? p.da : warp == 2 ? p.db : p.dk);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int t = lane % 8 + 8 * (j % 2), key = 8 * (lane / 8 + 4 * (j / 2));
+        const int64_t step = c * CHUNK + t;
+        if (step >= p.T || key >= keys_valid) continue;
+        const float* row = drows + (warp * CHUNK + t) * KP + key;
+        const float4 lo = *reinterpret_cast<const float4*>(row);      // smem: drows_piece_read
+        const float4 hi = *reinterpret_cast<const float4*>(row + 4);  // smem: drows_piece_read
+        const uint4 y = make_uint4(mma::pack2<T>(lo.x, lo.y), mma::pack2<T>(lo.z, lo.w), mma::pack2<T>(hi.x, hi.y),
+                                   mma::pack2<T>(hi.z, hi.w));
+        store_global_16(out + head_at + step * step_stride + key, y);
+      }
     }
 
     // G <- exp(lc_C) G + R^^T dO' + A^^T dY.
