@@ -81,12 +81,20 @@ def _lower_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     })
 
 
+def _rwkv7_grad_pitches(k: int, cols: int) -> tuple:
+    """Floats between the rows of the chunked backward's fp32 tiles, which fragments write and
+    read as float2s (banks.fragment_pitch): the pair matrices, the [CHUNK][cols] scratch, and the
+    [CHUNK][k] cumulative decays and row gradients."""
+    return banks.fragment_pitch(RWKV7_CHUNK), banks.fragment_pitch(cols), banks.fragment_pitch(k)
+
+
 def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
     """The chunked backward's shared-memory accesses: ldmatrix over its padded 16-bit tiles,
     cp.async fills, a lane per two adjacent key channels (step 1, and the row gradients' finish
     over the fragments' channel pairs), fp32 fragments, and a thread per value column over the scratch and the pair
     matrices (which every lane reads at once)."""
-    chunk, mat_pitch, xp, kp = RWKV7_CHUNK, RWKV7_CHUNK + 4, cols + 4, k + 4
+    chunk = RWKV7_CHUNK
+    mat_pitch, xp, kp = _rwkv7_grad_pitches(k, cols)
     pk, pc, pd = shared_tiles.pitch(k, 0), shared_tiles.pitch(cols, 0), shared_tiles.pitch(4 * chunk, 0)
     layout_k, layout_c = shared_tiles.layout(k, 0), shared_tiles.layout(cols, 0)
     fragment = banks.fragment
@@ -159,12 +167,14 @@ def _lower_chunked_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     dm = chunk * shared_tiles.pitch(4 * chunk, 0)  # the pair matrices' gradients, bf16 side by side
     # The chunk's start state and G in shared memory; the window's other start states in a
     # global workspace, the fp32 stash of G over the row gradients: two CTAs per SM.
+    mat_pitch, xp, kp = _rwkv7_grad_pitches(k, cols)
     smem = (2 * (raw + 3 * 2 * chunk * pk + 2 * 2 * chunk * pc + 2 * k * pc + dm)
-            + 4 * (chunk * (k + 4) + 2 * k + 12 * chunk * (chunk + 4) + 3 * chunk * (cols + 4) + 4 * chunk * (k + 4)))
+            + 4 * (chunk * kp + 2 * k + 12 * chunk * mat_pitch + 3 * chunk * xp + 4 * chunk * kp))
     if smem > arch.max_smem_per_block:
         raise Rejected("k", f"{smem} bytes of shared memory exceed a CTA's {arch.max_smem_per_block}")
     return inst.with_derived({
         "threads": 32 * warps, "warps": warps, "chunk": chunk, "smem_bytes": smem,
+        "mat_pitch": mat_pitch, "xp": xp, "kp": kp,
         "ctas_per_sm": min(2, arch.smem_per_sm // (smem + arch.smem_reserved_per_cta)),
         "product_spread": RWKV7_PRODUCT_SPREAD,
         "product_spread_why": "codegen/families/delta_rule.py RWKV7_PRODUCT_SPREAD says why",

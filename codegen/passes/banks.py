@@ -22,7 +22,11 @@ WORD = 4
 
 
 def _lanes_per_phase(width: int) -> int:
-    return 8 if width > 8 else 32
+    """Lanes a shared-memory request serves in one phase: 128 bytes' worth for 8- and 16-byte
+    accesses (a half-warp of 8-byte lanes; ncu counted a float2 fragment write whose two
+    half-warps each hit 2 ways at 4 wavefronts, where all 32 lanes together touch each bank twice,
+    bench/results/h200/ncu_rwkv7_grad_stalls_64ba626.txt), the whole warp for narrower ones."""
+    return 128 // width if width > 4 else 32
 
 
 def wavefronts(addresses: list, width: int) -> int:
@@ -155,6 +159,14 @@ def fragment(pitch: int, unit: int) -> Callable[[int, int], int]:
     """The address of an mma C fragment's pair: lane (g, t) at row g, column 2 t of a tile of
     `pitch` units a row, `unit` bytes a unit (a fragment's float2s, or its packed 16-bit pairs)."""
     return lambda lane, _pad: ((lane // 4) * pitch + 2 * (lane % 4)) * unit
+
+
+def fragment_pitch(cols: int) -> int:
+    """Floats between the rows of an fp32 tile that mma C fragments write or read as float2s:
+    the fewest past `cols` that are 8 or 24 words (mod 32), so the four rows a half-warp of
+    8-byte lanes covers in one phase fall on distinct banks (cols + 4, 4 words mod 32, put rows
+    g and g + 1 on the same banks: 2 ways)."""
+    return cols + (8 - cols) % 16
 
 
 def broadcast(name: str, width: int, buffers: tuple) -> Access:

@@ -5,7 +5,7 @@
 //   prepare: 128 threads per chunk, 45568 bytes of shared memory
 //   chunks: 256 threads (8 warps), 128 value columns per CTA, 2 stage(s)
 //   of inputs, 178688 bytes of shared memory, 1 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): key_ldmatrix 1, row_fill 1, col_ldmatrix 1, col_fragment 1, col_row_read 1, mix_ldmatrix 1, mix_fill 1, prep_w_write 1, mix_row_read 1, gc_fill 1, norm_piece_read 1, norm_piece_write 1, gc_row_read 1, gc_broadcast 1, prep_scalar_write 1, prep_t_row_read 1, prep_beta_read 1, prep_m_write 2, prep_scalar_read 1, prep_row_read 1, prep_column_read 1, prep_a_write 1, prep_a_read 1, prep_t_write 1, prep_rows_read 1, prep_block_column_read 1, prep_column_write 2
+//   bank conflicts (ways, from the bank pass): key_ldmatrix 1, row_fill 1, col_ldmatrix 1, col_fragment 1, col_row_read 1, mix_ldmatrix 1, mix_fill 1, prep_w_write 1, mix_row_read 1, gc_fill 1, norm_piece_read 1, norm_piece_write 1, gc_row_read 1, gc_broadcast 1, prep_scalar_write 1, prep_t_row_read 1, prep_beta_read 1, prep_m_write 2, prep_scalar_read 1, prep_row_read 1, prep_column_read 1, prep_a_write 2, prep_a_read 1, prep_t_write 1, prep_rows_read 1, prep_block_column_read 1, prep_column_write 2
 //
 // Gated DeltaNet in chunks of C = 64 steps on tensor cores (mma.sync m16n8k16, fp32 accumulation).
 // With S the state [key, value] before a chunk, gc_t the chunk's cumulative log decay up to step t

@@ -3,8 +3,8 @@
 // Instance delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_fp16_sm90a
 //   kind chunked_rwkv7: RWKV-7 in chunks of 16 steps on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): per chunk the per-channel-decay pair matrices as products (term by term where decays are near 0), the triangular solve on L_ab per value column in fp32, L_ak V, the output rows and the state's update as products, the state fp32 in registers
 //   128 threads, 64 value columns per CTA, 3 stages of input,
-//   81664 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_row_read 1, zv_ldmatrix 1, pm_ldmatrix 1, raw_pair_read 1, decayed_pair_write 1, dend_write 1, lc_pair_write 1, mat_fragment_write 1, lc_read 2, raw_term_read 2, mat_term_write 2, xr_fragment_write 1, xr_column_read 1, mat_broadcast 1, zv_write 1, pm_fragment_write 1, pm_term_write 2, v_copy_read 1, v_copy_write 1, dend_read 1, state_fragment_write 1
+//   82432 bytes of shared memory, 2 CTA(s) per SM
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_row_read 1, zv_ldmatrix 1, pm_ldmatrix 1, raw_pair_read 1, decayed_pair_write 1, dend_write 1, lc_pair_write 1, mat_fragment_write 1, lc_read 4, raw_term_read 2, mat_term_write 2, xr_fragment_write 1, xr_column_read 1, mat_broadcast 1, zv_write 1, pm_fragment_write 1, pm_term_write 2, v_copy_read 1, v_copy_write 1, dend_read 1, state_fragment_write 1
 //
 // RWKV-7 in chunks of C = 16 steps on tensor cores (mma.sync m16n8k16, bf16 operands, fp32
 // accumulation), the algorithm of attngen.reference.rwkv7_chunked (chunk 16). With S [key,
@@ -42,9 +42,11 @@ constexpr int THREADS = 32 * WARPS;
 constexpr int CTAS_PER_SM = 2;
 constexpr float PRODUCT_SPREAD = 40.0f;  // codegen/families/delta_rule.py RWKV7_PRODUCT_SPREAD says why
 constexpr int CHECKPOINT_CHUNKS = kCheckpointEvery / CHUNK;
-constexpr int MAT_PITCH = CHUNK + 4;         // floats between rows of a pair matrix
-constexpr int XR_PITCH = COLS + 4;           // floats between rows of X and R
-constexpr int LC_PITCH = KB + 4;             // floats between rows of lc (step 1 writes a fragment's rows)
+// Floats between rows of the fp32 tiles, 8 or 24 (mod 32) so that a fragment's float2 rows fall
+// on distinct banks (banks.fragment_pitch): a pair matrix, X and R, the cumulative decays lc.
+constexpr int MAT_PITCH = 24;
+constexpr int XR_PITCH = 72;
+constexpr int LC_PITCH = 72;
 static_assert(CHUNK == 16 && KB == 16 * WARPS && WARPS == 4 && COLS % 16 == 0 && COLS <= KB && THREADS % COLS == 0 &&
               THREADS == 2 * KB,
               "a warp per pair matrix, per 16 keys of the state and per 16 columns of X, R and O at most; a thread "
@@ -63,7 +65,7 @@ constexpr int RAW_BYTES = 2 * (5 * RowTile::ELEMS + ColTile::ELEMS);
 constexpr int SMEM_BYTES = STAGES * RAW_BYTES +
                            2 * (4 * RowTile::ELEMS + PairTile::ELEMS + MixTile::ELEMS + StateTile::ELEMS + PmTile::ELEMS) +
                            4 * (CHUNK * LC_PITCH + KB + CHUNK * MAT_PITCH + CHUNK * XR_PITCH);
-static_assert(SMEM_BYTES == 81664, "the pass and the kernel agree on shared memory");
+static_assert(SMEM_BYTES == 82432, "the pass and the kernel agree on shared memory");
 static_assert(RAW_BYTES % 16 == 0 && RowTile::BYTES % 16 == 0, "tiles stay 16-byte aligned");
 static_assert(CHUNK * KB / 8 == THREADS && CHUNK * COLS / 8 <= THREADS && KB * COLS / 8 % THREADS == 0,
               "a 16-byte piece a thread of each key-side tile, at most one of V's; whole rounds of the records");
@@ -409,7 +411,7 @@ cudaError_t launch_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_fp16_sm90a(
   if (const cudaError_t err = allow_dynamic_smem(chunk_kernel, SMEM_BYTES); err != cudaSuccess) return err;
   // CTAS_PER_SM CTAs an SM and no more: the carveout (percent) that holds them (the pass says why).
   if (const cudaError_t err = cudaFuncSetAttribute(chunk_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                   71);
+                                                   72);
       err != cudaSuccess) {
     return err;
   }

@@ -2,8 +2,8 @@
 // or templates/delta_rule_grad/chunked_rwkv7_grad.cu.j2 and run `make gen`.
 // Instance delta_rule_grad_chunked_rwkv7_k64_cols64_bf16_sm90a
 //   kind chunked_rwkv7: RWKV-7's backward in 16-step chunks on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): each chunk's start state from the forward's records, or per 64-step window rebuilt from the checkpoint without them, then per chunk the forward again and its adjoint; the state's gradient fp32 in registers
-//   128 threads, 110592 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, raw_pair_read 1, lc_pair_read 1, dend_pair_read 1, drows_pair_access 1, dlc_pair_access 1, decayed_pair_write 1, dend_write 1, key_write 1, key_read 1, lc_pair_write 1, lc_read 2, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 1, mat_t_term_write 2, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_piece_read 1, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_quarter_read 1, ddecay_pair_read 1
+//   128 threads, 115712 bytes of shared memory, 2 CTA(s) per SM
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, raw_pair_read 1, lc_pair_read 1, dend_pair_read 1, drows_pair_access 1, dlc_pair_access 1, decayed_pair_write 1, dend_write 1, key_write 1, key_read 1, lc_pair_write 1, lc_read 4, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 2, mat_t_term_write 4, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_piece_read 2, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_quarter_read 2, ddecay_pair_read 1
 //
 // RWKV-7's backward in chunks of C = 16 steps on tensor cores: the adjoint of the forward kind
 // chunked_rwkv7 (templates/delta_rule/chunked_rwkv7.cu.j2, whose header gives the notation),
@@ -41,9 +41,12 @@ constexpr int WARPS = 4;
 constexpr int THREADS = 32 * WARPS;
 constexpr float PRODUCT_SPREAD = 40.0f;  // codegen/families/delta_rule.py RWKV7_PRODUCT_SPREAD says why
 constexpr int WINDOW_CHUNKS = kCheckpointEvery / CHUNK;
-constexpr int MAT_PITCH = CHUNK + 4;
-constexpr int XP = COLS + 4;   // floats between rows of the [CHUNK][COLS] fp32 scratch
-constexpr int KP = KB + 4;     // floats between rows of the [CHUNK][KB] fp32 row gradients
+// Floats between rows of the fp32 tiles, 8 or 24 (mod 32) so that a fragment's float2 rows fall
+// on distinct banks (banks.fragment_pitch): the pair matrices, the [CHUNK][COLS] scratch, and the
+// [CHUNK][KB] cumulative decays and row gradients.
+constexpr int MAT_PITCH = 24;
+constexpr int XP = 72;
+constexpr int KP = 72;
 static_assert(CHUNK == 16 && KB == 16 * WARPS && COLS == 16 * WARPS && THREADS == 2 * COLS && THREADS == 2 * KB,
               "a warp per pair matrix, per 16 keys and per 16 columns; two threads a column");
 static_assert(kCheckpointEvery % CHUNK == 0, "windows are whole chunks");
@@ -62,7 +65,7 @@ constexpr int SMEM_BYTES = 2 * (RAW_ELEMS + 3 * PairTile::ELEMS + 2 * MixTile::E
 constexpr int MATS_T_BYTES = 2 * (RAW_ELEMS + 3 * PairTile::ELEMS + 2 * MixTile::ELEMS + 2 * StateTile::ELEMS)
                              + 4 * (CHUNK * KP + 2 * KB + 8 * CHUNK * MAT_PITCH);
 static_assert(MATS_T_BYTES % 16 == 0 && MAT_PITCH % 4 == 0, "the transposed pair matrices' rows are 16-byte aligned");
-static_assert(SMEM_BYTES == 110592, "the pass and the kernel agree on shared memory");
+static_assert(SMEM_BYTES == 115712, "the pass and the kernel agree on shared memory");
 
 static_assert(CHUNK * KB / 8 == THREADS && CHUNK * COLS / 8 == THREADS && KB * COLS / 8 % THREADS == 0,
               "a 16-byte piece a thread of each chunk tile; whole rounds of a state's pieces");
@@ -804,8 +807,9 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
       }
     }
     {
-      // Lane l: steps l % 8 (+ 8), key piece l / 8 (+ 4); a quarter-warp's lanes read eight steps
-      // of one piece, rows KP = 4 (mod 32) words apart: distinct banks.
+      // Lane l: steps l % 8 (+ 8), key piece l / 8 (+ 4): a quarter-warp's lanes read eight steps
+      // of one piece (rows KP words apart: 2 ways at KP = 8 (mod 32), which the fragments' float2
+      // accesses to the same rows need).
       T* out = static_cast<T*>(warp == 0 ? p.dq : warp == 1 ? p.da : warp == 2 ? p.db : p.dk);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {

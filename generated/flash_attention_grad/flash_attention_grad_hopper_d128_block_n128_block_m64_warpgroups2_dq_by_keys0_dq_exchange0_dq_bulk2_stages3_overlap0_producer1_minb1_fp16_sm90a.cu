@@ -5,7 +5,7 @@
 //   384 threads: 2 warpgroups x 64 key rows; Q / dO tiles of 64 rows through a
 //   3-stage cp.async ring, filled by a producer warpgroup (mbarriers); dQ by warpgroup: 64 query rows x 64 columns,
 //   added to an fp32 scratch (64 x 32 boxes staged in shared memory, a tensor bulk reduction each; in turn when deterministic, by the producer's last warp); 232040 bytes of shared memory (128-byte-swizzled atoms, 1 KB for alignment)
-//   bank conflicts (ways, from the bank pass): cp_async_fill 1, ds_write 1, dq_exchange_write 1, dq_exchange_read 1, dq_stage_write 1, dq_box_write 1, dq_box_read 1, stats_read 1, stats_write 1
+//   bank conflicts (ways, from the bank pass): cp_async_fill 1, ds_write 1, dq_exchange_write 1, dq_exchange_read 1, dq_stage_write 1, dq_box_write 2, dq_box_read 2, stats_read 1, stats_write 1
 // What is computed is described in params.cuh; the passes around this kernel in backward_common.cuh.
 //
 // Per query tile, each warpgroup: S^T = K Q^T and dP^T = V dO^T for its 64 keys (wgmma, both

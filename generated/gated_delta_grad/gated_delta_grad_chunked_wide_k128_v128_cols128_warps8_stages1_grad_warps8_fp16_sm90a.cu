@@ -5,7 +5,7 @@
 //   chunk records: 128 threads per chunk, 44544 bytes of shared memory
 //   reverse walk: 256 threads, 128 value columns per CTA, 175360 bytes of shared memory
 //   per chunk: 256 threads, value columns up to 128, 226336 bytes of shared memory
-//   bank conflicts (ways, from the bank pass): key_ldmatrix 1, row_fill 1, col_ldmatrix 1, col_fragment 1, col_row_read 1, mix_ldmatrix 1, mix_fill 1, prep_w_write 1, mix_row_read 1, gc_fill 1, norm_piece_read 1, norm_piece_write 1, gc_row_read 1, gc_broadcast 1, prep_scalar_write 1, prep_t_row_read 1, prep_beta_read 1, prep_m_write 2, prep_scalar_read 1, prep_row_read 1, prep_column_read 1, prep_a_write 1, prep_a_read 1, prep_t_write 1, prep_rows_read 1, prep_block_column_read 1, prep_column_write 2, mix_fragment 1, state_fill 1, part_write 1, part_read 1
+//   bank conflicts (ways, from the bank pass): key_ldmatrix 1, row_fill 1, col_ldmatrix 1, col_fragment 1, col_row_read 1, mix_ldmatrix 1, mix_fill 1, prep_w_write 1, mix_row_read 1, gc_fill 1, norm_piece_read 1, norm_piece_write 1, gc_row_read 1, gc_broadcast 1, prep_scalar_write 1, prep_t_row_read 1, prep_beta_read 1, prep_m_write 2, prep_scalar_read 1, prep_row_read 1, prep_column_read 1, prep_a_write 2, prep_a_read 1, prep_t_write 1, prep_rows_read 1, prep_block_column_read 1, prep_column_write 2, mix_fragment 1, state_fill 1, part_write 1, part_read 1
 //
 // Gated DeltaNet's backward by chunks of C = 64 steps on tensor cores (mma.sync m16n8k16, fp32
 // accumulation), the adjoint of the forward's chunked kinds (templates/delta_rule/chunked.cu.j2,
