@@ -25,7 +25,7 @@ def _lanes_per_phase(width: int) -> int:
     """Lanes a shared-memory request serves in one phase: 128 bytes' worth for 8- and 16-byte
     accesses (a half-warp of 8-byte lanes; ncu counted a float2 fragment write whose two
     half-warps each hit 2 ways at 4 wavefronts, where all 32 lanes together touch each bank twice,
-    bench/results/h200/ncu_rwkv7_grad_stalls_64ba626.txt), the whole warp for narrower ones."""
+    bench/results/h200/ncu_rwkv7_grad_sass_64ba626.csv.gz), the whole warp for narrower ones."""
     return 128 // width if width > 4 else 32
 
 
