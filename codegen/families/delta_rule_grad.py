@@ -136,6 +136,7 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
            banks.broadcast("mat_t_row_read", 16, ("mats",)),
            banks.broadcast("dmat_broadcast", 4, ("mats",)),
            banks.Access("scratch_fragment_write", 8, fragment(xp, 4), ("scratch",)),
+           banks.Access("scratch_fragment_read", 8, fragment(xp, 4), ("scratch",)),
            banks.contiguous("scratch_column_read", 4, ("scratch",)),
            banks.Access("drows_fragment_write", 8, fragment(kp, 4), ("drows",)),
            # the row gradients out: 8 floats (two float4s) a lane, a quarter-warp's lanes 8 steps

@@ -3,7 +3,7 @@
 // Instance delta_rule_grad_chunked_rwkv7_k64_cols64_fp16_sm90a
 //   kind chunked_rwkv7: RWKV-7's backward in 16-step chunks on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): each chunk's start state from the forward's records, or per 64-step window rebuilt from the checkpoint without them, then per chunk the forward again and its adjoint; the state's gradient fp32 in registers
 //   128 threads, 115712 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, raw_pair_read 1, lc_pair_read 1, dend_pair_read 1, drows_pair_access 1, dlc_pair_access 1, decayed_pair_write 1, dend_write 1, key_write 1, key_read 1, lc_pair_write 1, lc_read 4, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 2, mat_t_term_write 4, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_column_read 1, drows_fragment_write 1, drows_piece_read 2, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_quarter_read 2, ddecay_pair_read 1
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, raw_pair_read 1, lc_pair_read 1, dend_pair_read 1, drows_pair_access 1, dlc_pair_access 1, decayed_pair_write 1, dend_write 1, key_write 1, key_read 1, lc_pair_write 1, lc_read 4, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 2, mat_t_term_write 4, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_fragment_read 1, scratch_column_read 1, drows_fragment_write 1, drows_piece_read 2, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_quarter_read 2, ddecay_pair_read 1
 //
 // RWKV-7's backward in chunks of C = 16 steps on tensor cores: the adjoint of the forward kind
 // chunked_rwkv7 (templates/delta_rule/chunked_rwkv7.cu.j2, whose header gives the notation),
@@ -215,6 +215,71 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     }
   };
 
+  // Work that the substitutions' idle warps take (threads COLS .., two warps; the solves run a
+  // thread per column on the other two, and these needed only what the solve's barrier already
+  // published): ncu put 5-8% of the backward's samples in warps 2 and 3 waiting at each solve.
+  // dZ's part B~ G + N_rb^T dO' (into the scratch's middle rows, for the dY solve) and dv's part
+  // K~ G + N_rk^T dO' (into its last rows, for dv) over 16 value columns from cb.
+  auto value_side_parts = [&](int cb) {
+    float bg[2][4] = {}, kg[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < KB / 16; ++ks) {
+      uint32_t ab[4], ak[4], bs[4];
+      mma::ldmatrix_x4(ab, bkt_addr + 2 * PairTile::moved(row_a_lane, 0, 16 * ks));      // smem: row_ldmatrix
+      mma::ldmatrix_x4(ak, bkt_addr + 2 * PairTile::moved(row_a_lane, CHUNK, 16 * ks));  // smem: row_ldmatrix
+      mma::ldmatrix_x4_trans(bs, g_addr + 2 * StateTile::moved(state_b_kn_lane, 16 * ks, cb));  // smem: state_ldmatrix
+      mma::m16n8k16<MT>(bg[0], ab, bs[0], bs[1]);
+      mma::m16n8k16<MT>(bg[1], ab, bs[2], bs[3]);
+      mma::m16n8k16<MT>(kg[0], ak, bs[0], bs[1]);
+      mma::m16n8k16<MT>(kg[1], ak, bs[2], bs[3]);
+    }
+    uint32_t an_rb[4], an_rk[4], bd[4];
+    a_from_floats(an_rb, mats_t + 2 * CHUNK * MAT_PITCH);
+    a_from_floats(an_rk, mats_t + 3 * CHUNK * MAT_PITCH);
+    mma::ldmatrix_x4_trans(bd, dy_addr + 2 * MixTile::moved(mix_b_kn_lane, 0, cb));  // smem: mix_ldmatrix
+    mma::m16n8k16<MT>(bg[0], an_rb, bd[0], bd[1]);
+    mma::m16n8k16<MT>(bg[1], an_rb, bd[2], bd[3]);
+    mma::m16n8k16<MT>(kg[0], an_rk, bd[0], bd[1]);
+    mma::m16n8k16<MT>(kg[1], an_rk, bd[2], bd[3]);
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int t = g + 8 * hh, col = cb + 8 * n + 2 * tq;
+        *reinterpret_cast<float2*>(scratch + (CHUNK + t) * XP + col) = make_float2(bg[n][2 * hh], bg[n][2 * hh + 1]);      // smem: scratch_fragment_write
+        *reinterpret_cast<float2*>(scratch + (2 * CHUNK + t) * XP + col) = make_float2(kg[n][2 * hh], kg[n][2 * hh + 1]);  // smem: scratch_fragment_write
+      }
+  };
+  // Two row gradients over 16 keys from kb, [CHUNK, KB] each: dR^ = dO' S^T and dA^ = dY S^T
+  // (pass 0), or dB~ = Z G^T and dK~ = V G^T (pass 1), into the row-gradient rows.
+  auto key_side_rows = [&](int pass, int kb) {
+    const uint32_t lhs = pass ? zv_addr : dy_addr;  // dO' over dY, or Z over V
+    const uint32_t rhs = pass ? g_addr : mma::smem_addr(s_tile);
+    float rows[2][2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < COLS / 16; ++ks) {
+      uint32_t a0[4], a1[4], bm[4];
+      mma::ldmatrix_x4(a0, lhs + 2 * MixTile::moved(mix_a_lane, 0, 16 * ks));      // smem: mix_ldmatrix
+      mma::ldmatrix_x4(a1, lhs + 2 * MixTile::moved(mix_a_lane, CHUNK, 16 * ks));  // smem: mix_ldmatrix
+      mma::ldmatrix_x4(bm, rhs + 2 * StateTile::moved(state_b_nk_lane, kb, 16 * ks));  // smem: state_ldmatrix
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        mma::m16n8k16<MT>(rows[0][n], a0, bm[2 * n], bm[2 * n + 1]);
+        mma::m16n8k16<MT>(rows[1][n], a1, bm[2 * n], bm[2 * n + 1]);
+      }
+    }
+#pragma unroll
+    for (int q2 = 0; q2 < 2; ++q2)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int t = g + 8 * hh, key = kb + 8 * n + 2 * tq;
+          *reinterpret_cast<float2*>(drows + ((2 * pass + q2) * CHUNK + t) * KP + key) =  // smem: drows_fragment_write
+              make_float2(rows[q2][n][2 * hh], rows[q2][n][2 * hh + 1]);
+        }
+  };
+
   // The chunk's forward from the state tile s_tile: the decayed rows, the cumulative decays,
   // the pair matrices, X + L_ak V (each warp its own columns, after a barrier), and Z over V in
   // zv_tile; with_do: dO' = scale dO over dY's rows too, bf16. Returns whether the pair matrices
@@ -337,6 +402,10 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
         z[t] = y;
         zv_tile[MixTile::offset(t, col)] = from_float<MT>(y);  // smem: z_write
       }
+    } else if (with_do) {
+      const int cb = (threadIdx.x - COLS) / 32 * 32;
+      value_side_parts(cb);
+      value_side_parts(cb + 16);
     }
     __syncthreads();
     return termwise;
@@ -424,42 +493,6 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     publish(g_tile, grad);
     const bool termwise = chunk_forward(s_tile, true);  // ends at a barrier: G's tile is whole too
 
-    // dZ's part B~ G + N_rb^T dO' and dv's part K~ G + N_rk^T dO', this warp's 16 columns: the
-    // first into the scratch for the substitution, the second kept for dv.
-    float kg[2][4] = {};
-    {
-      float bg[2][4] = {};
-#pragma unroll
-      for (int ks = 0; ks < KB / 16; ++ks) {
-        uint32_t ab[4], ak[4], bs[4];
-        mma::ldmatrix_x4(ab, bkt_addr + 2 * PairTile::moved(row_a_lane, 0, 16 * ks));      // smem: row_ldmatrix
-        mma::ldmatrix_x4(ak, bkt_addr + 2 * PairTile::moved(row_a_lane, CHUNK, 16 * ks));  // smem: row_ldmatrix
-        mma::ldmatrix_x4_trans(bs, g_addr + 2 * StateTile::moved(state_b_kn_lane, 16 * ks, 16 * warp));  // smem: state_ldmatrix
-        mma::m16n8k16<MT>(bg[0], ab, bs[0], bs[1]);
-        mma::m16n8k16<MT>(bg[1], ab, bs[2], bs[3]);
-        mma::m16n8k16<MT>(kg[0], ak, bs[0], bs[1]);
-        mma::m16n8k16<MT>(kg[1], ak, bs[2], bs[3]);
-      }
-      {
-        uint32_t an_rb[4], an_rk[4], bd[4];
-        a_from_floats(an_rb, mats_t + 2 * CHUNK * MAT_PITCH);
-        a_from_floats(an_rk, mats_t + 3 * CHUNK * MAT_PITCH);
-        mma::ldmatrix_x4_trans(bd, dy_addr + 2 * MixTile::moved(mix_b_kn_lane, 0, 16 * warp));  // smem: mix_ldmatrix
-        mma::m16n8k16<MT>(bg[0], an_rb, bd[0], bd[1]);
-        mma::m16n8k16<MT>(bg[1], an_rb, bd[2], bd[3]);
-        mma::m16n8k16<MT>(kg[0], an_rk, bd[0], bd[1]);
-        mma::m16n8k16<MT>(kg[1], an_rk, bd[2], bd[3]);
-      }
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int t = g + 8 * hh, col = 16 * warp + 8 * n + 2 * tq;
-          *reinterpret_cast<float2*>(scratch + (CHUNK + t) * XP + col) = make_float2(bg[n][2 * hh], bg[n][2 * hh + 1]);  // smem: scratch_fragment_write
-        }
-    }
-    __syncthreads();
-
     // dY by backward substitution, (I - L_ab)^T dY = B~ G + N_rb^T dO', a thread per column; dY
     // in bf16 under dO'.
     if (threadIdx.x < COLS) {
@@ -480,11 +513,22 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
         dy[t] = y;
         dy_tile[MixTile::offset(CHUNK + t, col)] = from_float<MT>(y);  // smem: dy_write
       }
+    } else {  // meanwhile dB~ = Z G^T and dK~ = V G^T, 32 keys a warp
+      const int kb = (threadIdx.x - COLS) / 32 * 32;
+      key_side_rows(1, kb);
+      key_side_rows(1, kb + 16);
     }
     __syncthreads();
 
-    // dv = K~ G + N_rk^T dO' + L_ak^T dY over this warp's 16 columns, stored from the fragments.
+    // dv = K~ G + N_rk^T dO' (from the scratch) + L_ak^T dY over this warp's 16 columns, stored
+    // from the fragments.
     {
+      float kg[2][4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          load_floats<2>(scratch + (2 * CHUNK + g + 8 * hh) * XP + 16 * warp + 8 * n + 2 * tq, &kg[n][2 * hh]);  // smem: scratch_fragment_read
       uint32_t al[4], bd[4];
       a_from_floats(al, mats_t + CHUNK * MAT_PITCH);
       mma::ldmatrix_x4_trans(bd, dy_addr + 2 * MixTile::moved(mix_b_kn_lane, CHUNK, 16 * warp));  // smem: mix_ldmatrix
@@ -531,36 +575,8 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
           *reinterpret_cast<uint32_t*>(dm_tile + DmTile::offset(t, 16 * m + jj)) =  // smem: dm_fragment_write
               mma::pack2<MT>(jj < last ? lo : 0.f, jj + 1 < last ? hi : 0.f);
         }
-      // dR^ = dO' S^T, dA^ = dY S^T (pass 0), dB~ = Z G^T, dK~ = V G^T (pass 1): [CHUNK, KB], this
-      // warp's 16 keys; two products a pass.
-#pragma unroll 1
-      for (int pass = 0; pass < 2; ++pass) {
-        const uint32_t lhs = pass ? zv_addr : dy_addr;  // dO' over dY, or Z over V
-        const uint32_t rhs = pass ? g_addr : mma::smem_addr(s_tile);
-        float rows[2][2][4] = {};
-#pragma unroll
-        for (int ks = 0; ks < COLS / 16; ++ks) {
-          uint32_t a0[4], a1[4], bm[4];
-          mma::ldmatrix_x4(a0, lhs + 2 * MixTile::moved(mix_a_lane, 0, 16 * ks));      // smem: mix_ldmatrix
-          mma::ldmatrix_x4(a1, lhs + 2 * MixTile::moved(mix_a_lane, CHUNK, 16 * ks));  // smem: mix_ldmatrix
-          mma::ldmatrix_x4(bm, rhs + 2 * StateTile::moved(state_b_nk_lane, 16 * warp, 16 * ks));  // smem: state_ldmatrix
-#pragma unroll
-          for (int n = 0; n < 2; ++n) {
-            mma::m16n8k16<MT>(rows[0][n], a0, bm[2 * n], bm[2 * n + 1]);
-            mma::m16n8k16<MT>(rows[1][n], a1, bm[2 * n], bm[2 * n + 1]);
-          }
-        }
-#pragma unroll
-        for (int q2 = 0; q2 < 2; ++q2)
-#pragma unroll
-          for (int n = 0; n < 2; ++n)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              const int t = g + 8 * hh, key = 16 * warp + 8 * n + 2 * tq;
-              *reinterpret_cast<float2*>(drows + ((2 * pass + q2) * CHUNK + t) * KP + key) =  // smem: drows_fragment_write
-                  make_float2(rows[q2][n][2 * hh], rows[q2][n][2 * hh + 1]);
-            }
-      }
+      // dR^ = dO' S^T and dA^ = dY S^T over this warp's 16 keys (dB~ and dK~ came during the dY solve).
+      key_side_rows(0, 16 * warp);
       // exp(lc_C) sum_v S G per key (G before this chunk's update: the state decay's gradient).
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
