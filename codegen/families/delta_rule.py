@@ -263,9 +263,11 @@ def value_row_copy(cols: int, src: str, dst: str) -> list:
     return [banks.Access("v_copy_read", 16, piece, (src,)), banks.Access("v_copy_write", 16, piece, (dst,))]
 
 
-def _rwkv7_pitches(k: int, cols: int) -> tuple:
-    """Floats between the rows of the chunked RWKV-7 forward's fp32 tiles, which fragments write
-    as float2s (banks.fragment_pitch): L_ab, X + L_ak V, and the cumulative decays."""
+def rwkv7_fp32_pitches(k: int, cols: int) -> tuple:
+    """Floats between the rows of the chunked RWKV-7 kernels' fp32 tiles, which mma fragments
+    write and read as float2s (banks.fragment_pitch): the 16 x 16 pair matrices, the tiles
+    `cols` wide (X + L_ak V; the backward's scratch) and the tiles `k` wide (the cumulative
+    decays; the backward's row gradients). Forward and backward alike."""
     return banks.fragment_pitch(RWKV7_CHUNK), banks.fragment_pitch(cols), banks.fragment_pitch(k)
 
 
@@ -275,7 +277,7 @@ def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
     chunk's rows (2 bytes a lane), fp32 fragments and a thread per value column over X, R and
     the pair matrices (whose reads every lane shares)."""
     pk, pc = shared_tiles.pitch(k, 0), shared_tiles.pitch(cols, 0)
-    mat_pitch, xr_pitch, lc_pitch = _rwkv7_pitches(k, cols)
+    mat_pitch, xr_pitch, lc_pitch = rwkv7_fp32_pitches(k, cols)
     layout_k, layout_c = shared_tiles.layout(k, 0), shared_tiles.layout(cols, 0)
     rows_k = _renamed(shared_tiles.bank_accesses(k, threads, layout_k),
                       {"ldmatrix": "row_ldmatrix", "cp_async_fill": "row_fill"}, ("ring", "decayed"))
@@ -292,14 +294,12 @@ def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
         banks.Access("decayed_pair_write", 4, banks.fragment(pk, 2), ("decayed",)),
         banks.contiguous("dend_write", 8, ("scalars",)),
         banks.Access("lc_pair_write", 8, banks.fragment(lc_pitch, 4), ("scalars",)),
-        banks.Access("mat_fragment_write", 8, lambda lane, _pad: ((lane // 4) * mat_pitch + 2 * (lane % 4)) * 4,
-                     ("mats",)),
+        banks.Access("mat_fragment_write", 8, banks.fragment(mat_pitch, 4), ("mats",)),
         # Decays past the products' range only: a lane per (t, j) pair, 2 rows t and 16 j a warp.
         banks.Access("lc_read", 4, lambda lane, _pad: (lane % 16) * lc_pitch * 4, ("scalars",)),
         banks.Access("raw_term_read", 2, lambda lane, _pad: (lane % 16) * pk * 2, ("ring",)),
         banks.Access("mat_term_write", 4, lambda lane, _pad: ((lane // 16) * mat_pitch + lane % 16) * 4, ("mats",)),
-        banks.Access("xr_fragment_write", 8, lambda lane, _pad: ((lane // 4) * xr_pitch + 2 * (lane % 4)) * 4,
-                     ("xr",)),
+        banks.Access("xr_fragment_write", 8, banks.fragment(xr_pitch, 4), ("xr",)),
         banks.contiguous("xr_column_read", 4, ("xr",)),
         banks.broadcast("mat_broadcast", 4, ("mats",)),
         banks.Access("zv_write", 2, lambda lane, _pad: lane * 2, ("zv",)),
@@ -334,7 +334,7 @@ def _lower_chunked_rwkv7(inst: KernelInstance, arch: Arch) -> KernelInstance:
     threads = 32 * warps
     pk, pc = shared_tiles.pitch(k, 0), shared_tiles.pitch(cols, 0)
     steps = RWKV7_CHUNK
-    mat_pitch, xr_pitch, lc_pitch = _rwkv7_pitches(k, cols)
+    mat_pitch, xr_pitch, lc_pitch = rwkv7_fp32_pitches(k, cols)
     raw = 2 * steps * (5 * pk + pc)
     pm = steps * shared_tiles.pitch(4 * steps, 0)  # L_ak, N_rb, N_rk in bf16 beside each other
     smem = (stages * raw + 2 * (4 * steps * pk + 2 * steps * pk + 2 * steps * pc + k * pc + pm)

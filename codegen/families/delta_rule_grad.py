@@ -14,7 +14,7 @@ from ..passes import Rejected, banks, is_pow2
 from ..passes import tiles as shared_tiles
 from . import Family, Lowering, TunePlan
 from .delta_rule import (RECORD_CONSTANTS, CHECKPOINT_EVERY, RWKV7_CHUNK, RWKV7_PRODUCT_SPREAD, _renamed,
-                         value_row_copy)
+                         rwkv7_fp32_pitches, value_row_copy)
 
 GRAD = "delta_rule_grad/recurrent_grad.cu.j2"
 CHUNKED_GRAD = "delta_rule_grad/chunked_rwkv7_grad.cu.j2"
@@ -81,20 +81,13 @@ def _lower_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     })
 
 
-def _rwkv7_grad_pitches(k: int, cols: int) -> tuple:
-    """Floats between the rows of the chunked backward's fp32 tiles, which fragments write and
-    read as float2s (banks.fragment_pitch): the pair matrices, the [CHUNK][cols] scratch, and the
-    [CHUNK][k] cumulative decays and row gradients."""
-    return banks.fragment_pitch(RWKV7_CHUNK), banks.fragment_pitch(cols), banks.fragment_pitch(k)
-
-
 def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
     """The chunked backward's shared-memory accesses: ldmatrix over its padded 16-bit tiles,
     cp.async fills, a lane per two adjacent key channels (step 1, and the row gradients' finish
-    over the fragments' channel pairs), fp32 fragments, and a thread per value column over the scratch and the pair
-    matrices (which every lane reads at once)."""
+    over the fragments' channel pairs), fp32 fragments, and a thread per value column over the
+    scratch and the pair matrices (which every lane reads at once)."""
     chunk = RWKV7_CHUNK
-    mat_pitch, xp, kp = _rwkv7_grad_pitches(k, cols)
+    mat_pitch, xp, kp = rwkv7_fp32_pitches(k, cols)
     pk, pc, pd = shared_tiles.pitch(k, 0), shared_tiles.pitch(cols, 0), shared_tiles.pitch(4 * chunk, 0)
     layout_k, layout_c = shared_tiles.layout(k, 0), shared_tiles.layout(cols, 0)
     fragment = banks.fragment
@@ -168,7 +161,7 @@ def _lower_chunked_grad(inst: KernelInstance, arch: Arch) -> KernelInstance:
     dm = chunk * shared_tiles.pitch(4 * chunk, 0)  # the pair matrices' gradients, bf16 side by side
     # The chunk's start state and G in shared memory; the window's other start states in a
     # global workspace, the fp32 stash of G over the row gradients: two CTAs per SM.
-    mat_pitch, xp, kp = _rwkv7_grad_pitches(k, cols)
+    mat_pitch, xp, kp = rwkv7_fp32_pitches(k, cols)
     smem = (2 * (raw + 3 * 2 * chunk * pk + 2 * 2 * chunk * pc + 2 * k * pc + dm)
             + 4 * (chunk * kp + 2 * k + 12 * chunk * mat_pitch + 3 * chunk * xp + 4 * chunk * kp))
     if smem > arch.max_smem_per_block:

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
   MT* s_tile = zv_tile + MixTile::ELEMS;      // smem buffer: state
   MT* pm_tile = s_tile + StateTile::ELEMS;    // smem buffer: pm
   float* lc_tile = reinterpret_cast<float*>(pm_tile + PmTile::ELEMS);            // smem buffer: scalars
-  float* dend = lc_tile + CHUNK * LC_PITCH;         // exp(lc_C) per key
+  float* dend = lc_tile + CHUNK * LC_PITCH;   // exp(lc_C) per key
   float* l_ab = dend + KB;                    // L_ab [CHUNK][MAT_PITCH] fp32 for the solve; smem buffer: mats
   float* xr = l_ab + CHUNK * MAT_PITCH;       // X + L_ak V [CHUNK][XR_PITCH]; smem buffer: xr
 
