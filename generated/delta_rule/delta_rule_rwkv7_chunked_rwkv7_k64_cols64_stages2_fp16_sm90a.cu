@@ -147,28 +147,34 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
   // rebuilding it: 16-byte pieces of its rows. Measured in one call on the H200 (B8 T4096 H64
   // K=V=64, 1 GB of records; bench/results/h200/rwkv7_records_ab.md) the forward took 3.135 ms,
   // against 3.431 with the records stored from the state's fragments, 4 bytes a lane, and 2.906
-  // without records.
-  // A thread's pieces are rows value_row + ROUND_KEYS i at column value_col, the same every chunk.
-  constexpr int ROUND_KEYS = THREADS / (COLS / 8);
+  // without records. The threads that the solve (step 4) leaves idle store them meanwhile: the
+  // state tile stays as it is until step 6. Nsight Compute at 64ba626, with every thread storing
+  // them before step 1, put 95 instructions a warp a chunk and 14% of the forward's stall
+  // samples there, most on the stores, which NVVM had split into four of 4 bytes each (and a
+  // never-taken branch for V % 8 != 0, which `align` admits no more, kept apart): hence
+  // store_global_16, and the pieces read first.
+  // Helper h (thread COLS + h, h < 64) stores pieces h + 64 i: rows record_key + ROUND_KEYS i at
+  // column record_col, the same every chunk (64 divides the pieces; COLS + 64 <= THREADS).
+  constexpr int HELPERS = 64, ROUND_KEYS = HELPERS / (COLS / 8), RECORD_ROUNDS = KB * COLS / 8 / HELPERS;
+  static_assert(COLS + HELPERS <= THREADS && KB * COLS / 8 % HELPERS == 0, "whole rounds of the records' pieces");
+  const int helper = static_cast<int>(threadIdx.x) - COLS;
+  const int record_key = helper / (COLS / 8), record_col = helper % (COLS / 8) * 8;
+  const bool is_helper = helper >= 0 && helper < HELPERS;
+  MT* const record_piece = p.records ? reinterpret_cast<MT*>(static_cast<unsigned char*>(p.records) + kRecordsHeaderBytes) +
+                                           bh * n_chunks * p.K * p.V + col0 + record_key * p.V + record_col
+                                     : nullptr;
+  const int64_t record_elems = p.K * p.V;
+  const int round_stride = ROUND_KEYS * static_cast<int>(p.V);
   auto store_record = [&](int64_t c) {
-    MT* out = reinterpret_cast<MT*>(static_cast<unsigned char*>(p.records) + kRecordsHeaderBytes) +
-              (bh * n_chunks + c) * p.K * p.V + col0;
+    MT* out = record_piece + c * record_elems;
+    uint4 pieces[RECORD_ROUNDS];
 #pragma unroll
-    for (int i = 0; i < KB * COLS / 8 / THREADS; ++i) {
-      const int key = value_row + ROUND_KEYS * i, col = value_col;
-      if (key >= keys_valid || col >= cols_valid) continue;
-      const uint4 piece = *reinterpret_cast<const uint4*>(s_tile + StateTile::offset(key, col));  // smem: state_row_read
-      if (col + 8 <= cols_valid) {
-        *reinterpret_cast<uint4*>(out + key * p.V + col) = piece;
-      } else {  // V not a multiple of 8: not where `align` admits this kind, yet kept. Without this
-                // branch ptxas (CUDA 13.0) schedules the kernel in 199 registers instead of 251 and
-                // the forward slows by 16% (H200, B8 T4096 H64: 3.640 against 3.148 ms in one A/B,
-                // bench/results/h200/rwkv7_dead_branch_ab.md).
-        const MT* e = reinterpret_cast<const MT*>(&piece);
+    for (int i = 0; i < RECORD_ROUNDS; ++i)
+      pieces[i] = *reinterpret_cast<const uint4*>(s_tile + StateTile::offset(record_key + ROUND_KEYS * i, record_col));  // smem: state_row_read
 #pragma unroll
-        for (int x = 0; x < 8; ++x) {
-          if (col + x < cols_valid) out[key * p.V + col + x] = e[x];
-        }
+    for (int i = 0; i < RECORD_ROUNDS; ++i) {
+      if (record_key + ROUND_KEYS * i < keys_valid && record_col < cols_valid) {  // V is a multiple of 8 (`align`)
+        store_global_16(out + i * round_stride, pieces[i]);
       }
     }
   };
@@ -212,7 +218,6 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
     if (p.checkpoints && c % CHECKPOINT_CHUNKS == 0) {
       store_state(p.checkpoints + (bh * windows + c / CHECKPOINT_CHUNKS) * p.K * p.V);
     }
-    if (p.records) store_record(c);
     const T* raw = reinterpret_cast<const T*>(ring + c % STAGES * RAW_BYTES);
     const T* raw_r = raw;
     const T* raw_w = raw + RowTile::ELEMS;
@@ -338,7 +343,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
     __syncthreads();  // X + L_ak V is whole
 
     // Step 4: a thread per value column solves (I - L_ab) Z = X + L_ak V by forward substitution;
-    // Z above V for the output and the state.
+    // Z above V for the output and the state. The other threads store the records meanwhile.
     if (threadIdx.x < COLS) {
       const int col = threadIdx.x;
       float z[CHUNK];
@@ -350,6 +355,8 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
         z[t] = y;
         zv_tile[MixTile::offset(t, col)] = from_float<MT>(y);  // smem: zv_write
       }
+    } else if (is_helper && record_piece) {
+      store_record(c);
     }
     __syncthreads();  // Z is whole
 
