@@ -476,8 +476,8 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     const int j = static_cast<int>(c - c0);
     const int count = static_cast<int>(n_chunks - c0 < WINDOW_CHUNKS ? n_chunks - c0 : WINDOW_CHUNKS);
     if (!from_records && j + 1 == count) rebuild_window(c0, count);
-    __syncthreads();  // the chunk after is done with the tiles; the saved states are written
     if (!from_records) {
+      __syncthreads();  // the chunk after is done with the tiles; the saved states are written
       if (j + 1 < count) {  // the last chunk's start state is s_tile already
 #pragma unroll
         for (int i = 0; i < STATE_ROUNDS; ++i) {
@@ -489,7 +489,9 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     }
     cp_async_commit();
     cp_async_wait<0>();
-    __syncthreads();  // the chunk's rows and start state (issued by the chunk after it, from records) landed
+    // The chunk's rows and start state landed (from records: issued by the chunk after it once
+    // its finish was done with the tiles they fill, so no barrier before the wait).
+    __syncthreads();
     publish(g_tile, grad);
     const bool termwise = chunk_forward(s_tile, true);  // ends at a barrier: G's tile is whole too
 
