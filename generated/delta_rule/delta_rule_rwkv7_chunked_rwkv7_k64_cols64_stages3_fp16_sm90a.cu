@@ -107,17 +107,25 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
 
   const int key_row = threadIdx.x / (KB / 8), key_col = threadIdx.x % (KB / 8) * 8;
   const int value_row = threadIdx.x / (COLS / 8), value_col = threadIdx.x % (COLS / 8) * 8;
-  const RowPiece<T> key_piece{key_row, key_col, RowTile::offset(key_row, key_col)};
-  const RowPiece<T> value_piece{value_row, value_col, ColTile::offset(value_row, value_col)};
+  const int key_at = RowTile::offset(key_row, key_col), value_at = ColTile::offset(value_row, value_col);
+  // Each thread's pieces of the next chunk to load (r, w, k, a, b, then v), moved on a chunk at a
+  // time: the chunks are issued in order, so no t * stride product per chunk (~100 of a warp's
+  // ~900 instructions a chunk went to forming them).
+  const T* next_piece[6] = {r + key_row * p.q_st + key_col, w + key_row * p.w_st + key_col,
+                            k + key_row * p.k_st + key_col, a + key_row * p.a_st + key_col,
+                            bb + key_row * p.b_st + key_col, v + value_row * p.v_st + value_col};
   auto issue_chunk = [&](int64_t c) {
     T* raw = reinterpret_cast<T*>(ring + c % STAGES * RAW_BYTES);
     const int64_t t0 = c * CHUNK;
-    key_piece.load(raw, r, p.q_st, t0, p.T, keys_valid);
-    key_piece.load(raw + RowTile::ELEMS, w, p.w_st, t0, p.T, keys_valid);
-    key_piece.load(raw + 2 * RowTile::ELEMS, k, p.k_st, t0, p.T, keys_valid);
-    key_piece.load(raw + 3 * RowTile::ELEMS, a, p.a_st, t0, p.T, keys_valid);
-    key_piece.load(raw + 4 * RowTile::ELEMS, bb, p.b_st, t0, p.T, keys_valid);
-    if (value_row < CHUNK) value_piece.load(raw + 5 * RowTile::ELEMS, v, p.v_st, t0, p.T, cols_valid);
+    const bool key_valid = t0 + key_row < p.T && key_col < keys_valid;
+    const bool value_valid = t0 + value_row < p.T && value_col < cols_valid;
+#pragma unroll
+    for (int i = 0; i < 5; ++i) {
+      cp_async_zfill<16>(raw + i * RowTile::ELEMS + key_at, key_valid ? next_piece[i] : r, key_valid);  // smem: row_fill
+    }
+    if (value_row < CHUNK) cp_async_zfill<16>(raw + 5 * RowTile::ELEMS + value_at, value_valid ? next_piece[5] : v, value_valid);  // smem: row_fill
+    next_piece[0] += CHUNK * p.q_st, next_piece[1] += CHUNK * p.w_st, next_piece[2] += CHUNK * p.k_st;
+    next_piece[3] += CHUNK * p.a_st, next_piece[4] += CHUNK * p.b_st, next_piece[5] += CHUNK * p.v_st;
   };
 
   // This warp's part of the state: keys 16 warp + {g, g + 8}, columns 8 j + 2 tq + {0, 1}.
