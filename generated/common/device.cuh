@@ -125,6 +125,14 @@ __device__ __forceinline__ void store_floats(T* dst, const float* src) {
 __device__ __forceinline__ void store_global_16(void* dst, uint4 v) {
   asm volatile("st.global.v4.b32 [%0], { %1, %2, %3, %4 };" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
+// The same where `when` holds, predicated in the instruction itself: no branch around each store,
+// so the code about a run of them stays one block (the RWKV-7 backward's row gradients, whose
+// branches kept their shared reads apart).
+__device__ __forceinline__ void store_global_16_if(void* dst, uint4 v, bool when) {
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %5, 0; @p st.global.v4.b32 [%0], { %1, %2, %3, %4 }; }" ::"l"(dst), "r"(v.x),
+               "r"(v.y), "r"(v.z), "r"(v.w), "r"(static_cast<int>(when))
+               : "memory");
+}
 
 // max that propagates NaN (PTX max.NaN, sm_80+): a NaN score must poison a softmax, not be
 // skipped the way fmaxf skips it.

@@ -486,9 +486,18 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   };
 
   // Step 0 of this (b, h) in the [B, T, H, K] gradients (step_stride elements a step) and in the
-  // [B, T, H, V] dv, worked out once, not per store.
+  // [B, T, H, V] dv, and each lane's first element there for the three stores below (dv from the
+  // fragments, dw from the key pairs, the row gradients in 16-byte pieces), worked out once: each
+  // store is then its chunk's offset plus a constant multiple of the stride.
   const int64_t step_stride = p.H * p.K, head_at = (b * p.T * p.H + h) * p.K;
   const int64_t v_step_stride = p.H * p.V, v_head_at = (b * p.T * p.H + h) * p.V;
+  T* const dv_lane = static_cast<T*>(p.dv) + v_head_at + g * v_step_stride + 16 * warp + 2 * tq;
+  constexpr int QUARTER = CHUNK / 4;  // dw: a lane per key pair and quarter of the steps
+  const int dw_quarter = lane / 8, dw_ch = 16 * warp + 2 * (lane % 8);
+  T* const dw_lane = static_cast<T*>(p.dw) + head_at + QUARTER * dw_quarter * step_stride + dw_ch;
+  // Row gradient `warp` (dr, da, db, dk): lane l stores steps l % 8 (+ 8) at key piece l / 8 (+ 4).
+  T* const row_grad_lane = static_cast<T*>(warp == 0 ? p.dq : warp == 1 ? p.da : warp == 2 ? p.db : p.dk) + head_at +
+                           lane % 8 * step_stride + 8 * (lane / 8);
 
   // Each chunk's start state: from the saved records where the forward filled them (the
   // header, read here: no host sync), each chunk's issued while the chunk after it finishes;
@@ -560,6 +569,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
       mma::ldmatrix_x4_trans(bd, dy_addr + 2 * MixTile::moved(mix_b_kn_lane, CHUNK, 16 * warp));  // smem: mix_ldmatrix
       mma::m16n8k16<MT>(kg[0], al, bd[0], bd[1]);
       mma::m16n8k16<MT>(kg[1], al, bd[2], bd[3]);
+      T* const dv_out = dv_lane + c * CHUNK * v_step_stride;
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -567,8 +577,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
           const int64_t step = c * CHUNK + g + 8 * hh;
           const int col = 16 * warp + 8 * n + 2 * tq;  // V is a multiple of 8 (`align`): both columns or neither
           if (step < p.T && col < cols_valid) {
-            *reinterpret_cast<uint32_t*>(static_cast<T*>(p.dv) + v_head_at + step * v_step_stride + col) =
-                mma::pack2<T>(kg[n][2 * hh], kg[n][2 * hh + 1]);
+            *reinterpret_cast<uint32_t*>(dv_out + 8 * hh * v_step_stride + 8 * n) = mma::pack2<T>(kg[n][2 * hh], kg[n][2 * hh + 1]);
           }
         }
     }
@@ -799,10 +808,12 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     // a half-warp's float2 reads of two rows 4 QUARTER XP words apart fall on distinct banks), the
     // quarters' totals passing by shuffles; then warp q stores row gradient q (dr, da, db, dk).
     // (A thread per key for dw, the other half storing, left the dw half with twice the work.)
+    // exp(lc_C) for this lane's rows of G (the update below), read before the stores: their
+    // asm's memory clobber keeps the compiler from moving shared loads above them.
+    const float end_lo = dend[16 * warp + g], end_hi = dend[16 * warp + g + 8];  // smem: key_read
     {
-      constexpr int QUARTER = CHUNK / 4;
       static_assert(THREADS == 32 * 4 && KB == 2 * 8 * WARPS, "a warp per 16 keys and a row gradient; 4 quarters x 8 key pairs a warp");
-      const int quarter = lane / 8, ch = 16 * warp + 2 * (lane % 8), first = QUARTER * quarter;
+      const int quarter = dw_quarter, ch = dw_ch, first = QUARTER * quarter;
       Pair x[QUARTER], tl[QUARTER], x_sum = {0.f, 0.f}, tail_sum = {0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < QUARTER; ++i) {
@@ -835,6 +846,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
       for (int i = 0; i < QUARTER; ++i)
 #pragma unroll
         for (int e = 0; e < 2; ++e) prefix[i][e] = i ? prefix[i - 1][e] + tl[i - 1][e] : before[e];
+      T* const dw_out = dw_lane + c * CHUNK * step_stride;
 #pragma unroll
       for (int i = QUARTER - 1; i >= 0; --i) {
         Pair dw;
@@ -844,32 +856,38 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
           dw[e] = after[e] + prefix[i][e];
         }
         const int64_t step = c * CHUNK + first + i;
-        if (step < p.T && ch < keys_valid) store_floats<2>(static_cast<T*>(p.dw) + head_at + step * step_stride + ch, dw);
+        if (step < p.T && ch < keys_valid) store_floats<2>(dw_out + i * step_stride, dw);
       }
     }
     {
       // Lane l: steps l % 8 (+ 8), key piece l / 8 (+ 4): a quarter-warp's lanes read eight steps
       // of one piece (rows KP words apart: 2 ways at KP = 8 (mod 32), which the fragments' float2
-      // accesses to the same rows need).
-      T* out = static_cast<T*>(warp == 0 ? p.dq : warp == 1 ? p.da : warp == 2 ? p.db : p.dk);
+      // accesses to the same rows need). Every piece is read before the first store: read and
+      // stored one at a time, each pack waited for its reads (Nsight Compute at 10a7cc9: ~5% of
+      // the backward's stall samples on those packs).
+      float4 piece[4][2];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int t = lane % 8 + 8 * (j % 2), key = 8 * (lane / 8 + 4 * (j / 2));
-        const int64_t step = c * CHUNK + t;
-        if (step >= p.T || key >= keys_valid) continue;
         const float* row = drows + (warp * CHUNK + t) * KP + key;
-        const float4 lo = *reinterpret_cast<const float4*>(row);      // smem: drows_piece_read
-        const float4 hi = *reinterpret_cast<const float4*>(row + 4);  // smem: drows_piece_read
+        piece[j][0] = *reinterpret_cast<const float4*>(row);      // smem: drows_piece_read
+        piece[j][1] = *reinterpret_cast<const float4*>(row + 4);  // smem: drows_piece_read
+      }
+      T* const out = row_grad_lane + c * CHUNK * step_stride;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int t = lane % 8 + 8 * (j % 2), key = 8 * (lane / 8 + 4 * (j / 2));
+        const float4 lo = piece[j][0], hi = piece[j][1];
         const uint4 y = make_uint4(mma::pack2<T>(lo.x, lo.y), mma::pack2<T>(lo.z, lo.w), mma::pack2<T>(hi.x, hi.y),
                                    mma::pack2<T>(hi.z, hi.w));
-        store_global_16(out + head_at + step * step_stride + key, y);
+        store_global_16_if(out + 8 * (j % 2) * step_stride + 32 * (j / 2), y, c * CHUNK + t < p.T && key < keys_valid);
       }
     }
 
     // G <- exp(lc_C) G + R^^T dO' + A^^T dY.
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const float d = dend[16 * warp + g + 8 * hh];  // smem: key_read
+      const float d = hh ? end_hi : end_lo;
 #pragma unroll
       for (int jj = 0; jj < COLS / 8; ++jj) {
         grad[jj][2 * hh] *= d;
