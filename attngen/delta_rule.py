@@ -103,11 +103,13 @@ def records_numel(B: int, T: int, H: int, K: int, V: int, every: int | None = No
     """Bytes of the chunk records a training forward saves for the tensor-core backwards (the
     delta_rule op's `records`, 16-bit inputs): a header, then for Gated DeltaNet one record per
     64-step chunk and the state before every chunk in the inputs' 16-bit dtype ([K, V] each);
-    for RWKV-7 (`rwkv7`) the state before every 16-step chunk in bf16 ([K, V] each)."""
+    for RWKV-7 (`rwkv7`) the state before every 16-step chunk in bf16 ([K, V] each), then each
+    chunk's Z (the solve's result, which the backward reads instead of solving again) in bf16
+    ([16, V] each)."""
     header = exported_constant("delta_rule_records_header_bytes")
     if rwkv7:
         chunk = exported_constant("delta_rule_rwkv7_record_chunk")
-        return header + B * H * ((T + chunk - 1) // chunk) * 2 * K * V
+        return header + B * H * ((T + chunk - 1) // chunk) * 2 * (K + chunk) * V
     every = checkpoint_every() if every is None else every
     chunks = B * H * ((T + every - 1) // every)
     return header + chunks * (exported_constant("delta_rule_saved_record_bytes") + 2 * K * V)

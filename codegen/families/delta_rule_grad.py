@@ -97,7 +97,8 @@ def chunked_grad_bank(k: int, cols: int, threads: int) -> dict:
         + _renamed(shared_tiles.bank_accesses(k, threads, layout_k), {"ldmatrix": "pair_ldmatrix"}, ("decayed",))
         + _renamed(shared_tiles.bank_accesses(cols, threads, layout_c),
                    {"ldmatrix": "state_ldmatrix", "cp_async_fill": "state_fill"}, ("states",))
-        + _renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"ldmatrix": "mix_ldmatrix"}, ("mix",))
+        + _renamed(shared_tiles.bank_accesses(cols, threads, layout_c),
+                   {"ldmatrix": "mix_ldmatrix", "cp_async_fill": "z_fill"}, ("mix",))
         + _renamed(shared_tiles.bank_accesses(4 * chunk, threads, shared_tiles.layout(4 * chunk, 0)),
                    {"ldmatrix": "dm_ldmatrix"}, ("dm",))
         + [# step 1 (rwkv7_chunk.cuh) and the key-side finish: a C fragment's channel pairs

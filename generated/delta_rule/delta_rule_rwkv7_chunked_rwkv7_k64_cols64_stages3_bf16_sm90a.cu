@@ -4,7 +4,7 @@
 //   kind chunked_rwkv7: RWKV-7 in chunks of 16 steps on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): per chunk the per-channel-decay pair matrices as products (term by term where decays are near 0), the triangular solve on L_ab per value column in fp32, L_ak V, the output rows and the state's update as products, the state fp32 in registers
 //   128 threads, 64 value columns per CTA, 3 stages of input,
 //   82432 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_row_read 1, zv_ldmatrix 1, pm_ldmatrix 1, raw_pair_read 1, decayed_pair_write 1, dend_write 1, lc_pair_write 1, mat_fragment_write 1, lc_read 4, raw_term_read 2, mat_term_write 2, xr_fragment_write 1, xr_column_read 1, mat_broadcast 1, zv_write 1, pm_fragment_write 1, pm_term_write 2, v_copy_read 1, v_copy_write 1, dend_read 1, state_fragment_write 1
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_row_read 1, zv_ldmatrix 1, z_row_read 1, pm_ldmatrix 1, raw_pair_read 1, decayed_pair_write 1, dend_write 1, lc_pair_write 1, mat_fragment_write 1, lc_read 4, raw_term_read 2, mat_term_write 2, xr_fragment_write 1, xr_column_read 1, mat_broadcast 1, zv_write 1, pm_fragment_write 1, pm_term_write 2, v_copy_read 1, v_copy_write 1, dend_read 1, state_fragment_write 1
 //
 // RWKV-7 in chunks of C = 16 steps on tensor cores (mma.sync m16n8k16, bf16 operands, fp32
 // accumulation), the algorithm of attngen.reference.rwkv7_chunked (chunk 16). With S [key,
@@ -173,6 +173,14 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
                                      : nullptr;
   const int64_t record_elems = p.K * p.V;
   const int round_stride = ROUND_KEYS * static_cast<int>(p.V);
+  // Each chunk's Z (bf16, [CHUNK, V] per (b, h, chunk), after all the states) beside the records:
+  // the backward reads it instead of solving for it again. A 16-byte piece a thread, at its V
+  // piece's place, from the Z tile once the solve is done.
+  const bool stores_z = p.records && value_row < CHUNK && value_col < cols_valid;
+  MT* const z_piece = p.records ? reinterpret_cast<MT*>(static_cast<unsigned char*>(p.records) + kRecordsHeaderBytes) +
+                                      p.B * p.H * n_chunks * p.K * p.V + bh * n_chunks * CHUNK * p.V + col0 +
+                                      value_row * p.V + value_col
+                                : nullptr;
   auto store_record = [&](int64_t c) {
     MT* out = record_piece + c * record_elems;
     uint4 pieces[RECORD_ROUNDS];
@@ -367,6 +375,10 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
       store_record(c);
     }
     __syncthreads();  // Z is whole
+    if (stores_z) {
+      store_global_16(z_piece + c * CHUNK * p.V,
+                      *reinterpret_cast<const uint4*>(zv_tile + MixTile::offset(value_row, value_col)));  // smem: z_row_read
+    }
 
     // Step 5: O = scale (R + [N_rb N_rk] [Z; V]) over this warp's columns, stored from the fragments.
     if (has_cols) {

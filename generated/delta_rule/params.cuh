@@ -22,7 +22,9 @@ constexpr float kL2Floor = 1e-12f;
 // once a chunked kind has filled them, then
 //   gated_delta: a record per (b, h, 64-step chunk) (SAVED_RECORD_BYTES), then the state before
 //                every chunk in the inputs' dtype, [K, V] per (b, h, chunk);
-//   rwkv7:       the state before every kRwkv7RecordChunk-step chunk in bf16, [K, V] per (b, h, chunk).
+//   rwkv7:       the state before every kRwkv7RecordChunk-step chunk in bf16, [K, V] per (b, h, chunk),
+//                then each chunk's Z (its solve's result: chunked_rwkv7.cu's header) in bf16,
+//                [kRwkv7RecordChunk, V] per (b, h, chunk).
 constexpr int kRecordsHeaderBytes = 16;
 constexpr int kSavedRecordBytes = 24832;
 constexpr int kRwkv7RecordChunk = 16;
@@ -59,7 +61,8 @@ struct Params {
   void* records;            // gated_delta: kRecordsHeaderBytes + [B, H, ceil(T / 64)] x (kSavedRecordBytes + 2 K V)
                             // bytes the chunked kinds fill (and mark whole) for the backward, writing the
                             // states there instead of to checkpoints; rwkv7: kRecordsHeaderBytes +
-                            // [B, H, ceil(T / kRwkv7RecordChunk)] x 2 K V, the bf16 states beside the
+                            // [B, H, ceil(T / kRwkv7RecordChunk)] x 2 (K + kRwkv7RecordChunk) V, the bf16
+                            // states and each chunk's Z beside the
                             // checkpoints; or null. The op zeroes the header first, so that other kinds
                             // leave it unmarked (and write the checkpoints)
   void* workspace;          // the chunked kinds' chunk records where none are saved (Entry::workspace)

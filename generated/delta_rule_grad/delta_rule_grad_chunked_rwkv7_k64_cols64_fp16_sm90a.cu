@@ -3,7 +3,7 @@
 // Instance delta_rule_grad_chunked_rwkv7_k64_cols64_fp16_sm90a
 //   kind chunked_rwkv7: RWKV-7's backward in 16-step chunks on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): each chunk's start state from the forward's records, or per 64-step window rebuilt from the checkpoint without them, then per chunk the forward again and its adjoint; the state's gradient fp32 in registers
 //   128 threads, 115712 bytes of shared memory, 2 CTA(s) per SM
-//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, dm_ldmatrix 1, raw_pair_read 1, lc_pair_read 1, dend_pair_read 1, drows_pair_access 1, dlc_pair_access 1, decayed_pair_write 1, dend_write 1, key_write 1, key_read 1, lc_pair_write 1, lc_read 4, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 2, mat_t_term_write 4, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_fragment_read 1, scratch_column_read 1, drows_fragment_write 1, drows_piece_read 2, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_quarter_read 2, ddecay_pair_read 1
+//   bank conflicts (ways, from the bank pass): row_ldmatrix 1, row_fill 1, pair_ldmatrix 1, state_ldmatrix 1, state_fill 1, mix_ldmatrix 1, z_fill 1, dm_ldmatrix 1, raw_pair_read 1, lc_pair_read 1, dend_pair_read 1, drows_pair_access 1, dlc_pair_access 1, decayed_pair_write 1, dend_write 1, key_write 1, key_read 1, lc_pair_write 1, lc_read 4, raw_term_read 2, v_copy_read 1, v_copy_write 1, z_write 1, dy_write 1, mat_fragment_write 1, mat_a_read 1, mat_term_write 2, mat_broadcast 1, mat_t_fragment_write 2, mat_t_term_write 4, mat_t_row_read 1, dmat_broadcast 1, scratch_fragment_write 1, scratch_fragment_read 1, scratch_column_read 1, drows_fragment_write 1, drows_piece_read 2, dm_fragment_write 1, state_fragment_write 1, state_fragment_read 1, stash_access 1, dlc_quarter_read 2, ddecay_pair_read 1
 //
 // RWKV-7's backward in chunks of C = 16 steps on tensor cores: the adjoint of the forward kind
 // chunked_rwkv7 (templates/delta_rule/chunked_rwkv7.cu.j2, whose header gives the notation),
@@ -216,6 +216,12 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
   const MT* back_record = p.records ? reinterpret_cast<const MT*>(static_cast<const unsigned char*>(p.records) + kRecordsHeaderBytes) +
                                           (bh * n_chunks + n_chunks - 1) * p.K * p.V + value_row * p.V + value_col
                                     : nullptr;
+  // Each chunk's Z, which the forward saved after all the states ([CHUNK, V] bf16 per (b, h,
+  // chunk)): a piece a thread, at its V piece's place.
+  const MT* back_z = p.records ? reinterpret_cast<const MT*>(static_cast<const unsigned char*>(p.records) + kRecordsHeaderBytes) +
+                                     p.B * p.H * n_chunks * p.K * p.V + (bh * n_chunks + n_chunks - 1) * CHUNK * p.V +
+                                     value_row * p.V + value_col
+                               : nullptr;
   const int key_at = RowTile::offset(key_row, key_col), value_at = ColTile::offset(value_row, value_col);
   const int record_round = ROUND_KEYS * static_cast<int>(p.V);
   auto issue_saved = [&](int64_t c) {
@@ -233,7 +239,10 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     }
     cp_async_zfill<16>(raw_v + value_at, value_ok ? back_piece[5] : v, value_ok);    // smem: row_fill
     cp_async_zfill<16>(raw_do + value_at, value_ok ? back_piece[6] : d_o, value_ok);  // smem: row_fill
+    const bool z_ok = value_col < cols_valid;
+    cp_async_zfill<16>(zv_tile + MixTile::offset(value_row, value_col), z_ok ? back_z : back_record, z_ok);  // smem: z_fill
     back_record -= p.K * p.V;
+    back_z -= CHUNK * p.V;
     back_piece[0] -= CHUNK * p.q_st, back_piece[1] -= CHUNK * p.w_st, back_piece[2] -= CHUNK * p.k_st;
     back_piece[3] -= CHUNK * p.a_st, back_piece[4] -= CHUNK * p.b_st, back_piece[5] -= CHUNK * p.v_st;
     back_piece[6] -= CHUNK * p.do_st;
@@ -306,9 +315,11 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
 
   // The chunk's forward from the state tile s_tile: the decayed rows, the cumulative decays,
   // the pair matrices, X + L_ak V (each warp its own columns, after a barrier), and Z over V in
-  // zv_tile; with_do: dO' = scale dO over dY's rows too, bf16. Returns whether the pair matrices
-  // were summed term by term (the CTA's vote). Ends at a barrier.
-  auto chunk_forward = [&](const MT* s_tile, bool with_do) -> bool {
+  // zv_tile; with_do: dO' = scale dO over dY's rows too, bf16. z_saved: Z is in zv_tile already
+  // (the forward's, from the records), so no X and no solve; every warp then forms dZ's and dv's
+  // parts (value_side_parts) over its 16 columns, which the solve's idle warps take otherwise.
+  // Returns whether the pair matrices were summed term by term (the CTA's vote). Ends at a barrier.
+  auto chunk_forward = [&](const MT* s_tile, bool with_do, bool z_saved) -> bool {
     // Step 1 (rwkv7_chunk.cuh): the cumulative decays and the decayed rows.
     const bool wide = decay_chunk_rows<CHUNK, WARPS, KB, RowTile>(
         raw_r, raw_w, raw_k, raw_a, raw_b, dend, lc_tile, KP, PRODUCT_SPREAD, [&](int t, int ch, const DecayedPair& x) {
@@ -387,9 +398,8 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
         }
       }
       // X = A^ S: this warp's 16 columns, kept for L_ak V.
-
 #pragma unroll
-      for (int ks = 0; ks < KB / 16; ++ks) {
+      for (int ks = 0; ks < KB / 16 && !z_saved; ++ks) {
         uint32_t ax[4], bs[4];
         mma::ldmatrix_x4(ax, ra_addr + 2 * PairTile::moved(row_a_lane, CHUNK, 16 * ks));  // smem: row_ldmatrix
         mma::ldmatrix_x4_trans(bs, mma::smem_addr(s_tile) + 2 * StateTile::moved(state_b_kn_lane, 16 * ks, 16 * warp));  // smem: state_ldmatrix
@@ -398,6 +408,11 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
       }
     }
     __syncthreads();  // the pair matrices are whole
+    if (z_saved) {
+      value_side_parts(16 * warp);
+      __syncthreads();
+      return termwise;
+    }
     // X + L_ak V over this warp's 16 columns, into the scratch for the solve.
     {
       uint32_t al[4], bv[4];
@@ -459,7 +474,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
         }
       __syncthreads();  // the state tile is whole; the last chunk is done with the tiles
       load_chunk(c0 + j, false);
-      chunk_forward(s_tile, false);
+      chunk_forward(s_tile, false, false);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const float d = dend[16 * warp + g + 8 * hh];  // smem: key_read
@@ -526,7 +541,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
     // its finish was done with the tiles they fill, so no barrier before the wait).
     __syncthreads();
     publish(g_tile, grad);
-    const bool termwise = chunk_forward(s_tile, true);  // ends at a barrier: G's tile is whole too
+    const bool termwise = chunk_forward(s_tile, true, from_records);  // ends at a barrier: G's tile is whole too
 
     // dY by backward substitution, (I - L_ab)^T dY = B~ G + N_rb^T dO', a thread per column; dY
     // in bf16 under dO'.

@@ -51,15 +51,16 @@ bool nothing_to_do(const Args& a, Outputs& out) {
 // kRecordsHeaderBytes, kSavedRecordBytes, kRwkv7RecordChunk), as attngen.delta_rule.records_numel
 // sizes them:
 //   Gated DeltaNet: B*H*ceil(T / 64) x (record + K V states in q's dtype);
-//   RWKV-7:         B*H*ceil(T / kRwkv7RecordChunk) x K V bf16 states.
+//   RWKV-7:         B*H*ceil(T / kRwkv7RecordChunk) x K V bf16 states, then as many
+//                   kRwkv7RecordChunk x V bf16 blocks (each chunk's Z, rwkv7 chunked forward).
 void check_records(const std::string& op, const at::Tensor& r, const at::Tensor& q, const at::Tensor& v, bool rwkv7) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), KV = q.size(3) * v.size(3);
   const int64_t chunk = rwkv7 ? kRwkv7RecordChunk : kCheckpointEvery;
-  const int64_t per_chunk = rwkv7 ? 2 * KV : kSavedRecordBytes + KV * q.element_size();
+  const int64_t per_chunk = rwkv7 ? 2 * (KV + kRwkv7RecordChunk * v.size(3)) : kSavedRecordBytes + KV * q.element_size();
   const int64_t want = kRecordsHeaderBytes + B * H * ((T + chunk - 1) / chunk) * per_chunk;
   if (q.element_size() != 2) fail_value(op + "records are for 16-bit inputs, got " + str(q));
   if (r.scalar_type() != at::kByte || !r.is_contiguous() || r.dim() != 1 || r.numel() != want || r.device() != q.device()) {
-    const std::string layout = rwkv7 ? "2 K V" : "(" + str(kSavedRecordBytes) + " + 2 K V)";
+    const std::string layout = rwkv7 ? "2 (K + " + str(kRwkv7RecordChunk) + ") V" : "(" + str(kSavedRecordBytes) + " + 2 K V)";
     fail_value(op + "records must be a contiguous uint8 [" + str(kRecordsHeaderBytes) + " + B*H*ceil(T / " + str(chunk) +
                ") * " + layout + "] = [" + str(want) + "] on q's device (" + (rwkv7 ? "rwkv7" : "gated_delta") +
                "), got " + str(r) + " " + str(r.sizes()));

@@ -47,7 +47,8 @@ struct Params {
   int64_t b_sb, b_st, b_sh;
   int64_t do_sb, do_st, do_sh;
   const void* records;      // RWKV-7's records (kRecordsHeaderBytes + [B, H, ceil(T / kRwkv7RecordChunk)] x
-                            // 2 K V bytes), or null; read where their header is kRecordsValid
+                            // 2 (K + kRwkv7RecordChunk) V bytes: the states, then each chunk's Z), or
+                            // null; read where their header is kRecordsValid
   void* workspace;          // Entry::workspace bytes (what each kind keeps there: its launcher says)
 };
 

@@ -430,7 +430,8 @@ def test_rwkv7_saved_records():
                 continue
             if not torch.isfinite(ckpt).all():
                 failures.append(f"{where}: the fp32 checkpoints were not written beside the records")
-            states = records[header:].view(torch.bfloat16).view(B, H, (T + chunk - 1) // chunk, K, V)
+            n_chunks = (T + chunk - 1) // chunk
+            states = records[header:header + 2 * B * H * n_chunks * K * V].view(torch.bfloat16).view(B, H, n_chunks, K, V)
             every = delta_rule.checkpoint_every() // chunk
             if not torch.equal(states[:, :, ::every], ckpt.to(torch.bfloat16)):
                 failures.append(f"{where}: the saved states are not the checkpoints rounded to bf16")
