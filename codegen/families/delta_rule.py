@@ -284,8 +284,9 @@ def rwkv7_chunked_bank(k: int, cols: int, threads: int) -> dict:
     pair = _renamed(shared_tiles.bank_accesses(k, threads, layout_k), {"ldmatrix": "pair_ldmatrix"}, ("decayed",))
     state = _renamed(shared_tiles.bank_accesses(cols, threads, layout_c),
                      {"ldmatrix": "state_ldmatrix", "o_row_read": "state_row_read"}, ("state",))
-    zv = _renamed(shared_tiles.bank_accesses(cols, threads, layout_c),
-                  {"ldmatrix": "zv_ldmatrix", "o_row_read": "z_row_read"}, ("zv",))
+    # Z over V (V read in place in the ring where the inputs are bf16: the same layout)
+    zv = (_renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"ldmatrix": "zv_ldmatrix"}, ("zv", "ring"))
+          + _renamed(shared_tiles.bank_accesses(cols, threads, layout_c), {"o_row_read": "z_row_read"}, ("zv",)))
     pd = shared_tiles.pitch(4 * RWKV7_CHUNK, 0)
     pm = _renamed(shared_tiles.bank_accesses(4 * RWKV7_CHUNK, threads, shared_tiles.layout(4 * RWKV7_CHUNK, 0)),
                   {"ldmatrix": "pm_ldmatrix"}, ("pm",))

@@ -134,6 +134,15 @@ __device__ __forceinline__ void store_global_16_if(void* dst, uint4 v, bool when
                : "memory");
 }
 
+// Four bytes where `when` holds, predicated the same way, for a kernel's outputs, which it never
+// reads back: no memory clobber, so the compiler may still move shared-memory reads across it
+// (the RWKV-7 kernels' output, dv and dw stores, each in a branch of its own with its 64-bit
+// address formed inside).
+__device__ __forceinline__ void store_global_4_if(void* dst, uint32_t v, bool when) {
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %2, 0; @p st.global.b32 [%0], %1; }" ::"l"(dst), "r"(v),
+               "r"(static_cast<int>(when)));
+}
+
 // max that propagates NaN (PTX max.NaN, sm_80+): a NaN score must poison a softmax, not be
 // skipped the way fmaxf skips it.
 __device__ __forceinline__ float fmax_nan(float a, float b) {

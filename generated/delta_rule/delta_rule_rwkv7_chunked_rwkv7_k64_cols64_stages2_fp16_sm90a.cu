@@ -60,6 +60,11 @@ using ColTile = mma::Tile<CHUNK, COLS, false>;      // v: [step][column]
 using MixTile = mma::Tile<2 * CHUNK, COLS, false>;  // Z over V, bf16
 using StateTile = mma::Tile<KB, COLS, false>;       // the state rounded to bf16: [key][column]
 using PmTile = mma::Tile<CHUNK, 4 * CHUNK, false>;  // L_ak, N_rb, N_rk in bf16 at columns 16, 32, 48 (A operands)
+// V is the B operand of L_ak V, N_rk V and the state's update: read in place from the ring where
+// the inputs are bf16 already, else converted under Z first. Either way its rows are COLS + 8
+// elements apart, so one lane offset serves both.
+constexpr bool V_IN_RING = std::is_same_v<T, MT>;
+static_assert(ColTile::PITCH == MixTile::PITCH, "V's rows as far apart in the ring as under Z");
 // A stage of the ring: r, w, k, a, b, then v (T).
 constexpr int RAW_BYTES = 2 * (5 * RowTile::ELEMS + ColTile::ELEMS);
 constexpr int SMEM_BYTES = STAGES * RAW_BYTES +
@@ -216,6 +221,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
   // This warp's 16 value columns of X, R and O (none where COLS < 16 WARPS leaves it without).
   const int cb = 16 * warp;
   const bool has_cols = cb < COLS;
+  T* const o_lane = o + g * p.o_st + cb + 2 * tq;  // this lane's first output element (step g of chunk 0)
   const uint32_t s_addr = mma::smem_addr(s_tile);
   const float scale = p.scale;
 
@@ -254,8 +260,9 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
           store_floats<2>(pair_tile + PairTile::offset(t, ch), x.b_tail);          // smem: decayed_pair_write
           store_floats<2>(pair_tile + PairTile::offset(CHUNK + t, ch), x.k_tail);  // smem: decayed_pair_write
         });
-    // V under Z in the operands' type, 8 values a thread: the B rows of L_ak V, N_rk V and the state's update.
-    for (int i = threadIdx.x; i < CHUNK * COLS / 8; i += THREADS) {
+    // V under Z in the operands' type, 8 values a thread, where it is not bf16 in the ring already.
+    const uint32_t v_addr = V_IN_RING ? mma::smem_addr(raw_v) : zv_addr + 2 * CHUNK * MixTile::PITCH;
+    for (int i = threadIdx.x; !V_IN_RING && i < CHUNK * COLS / 8; i += THREADS) {
       const int t = i / (COLS / 8), col = i % (COLS / 8) * 8;
       const uint4 x = *reinterpret_cast<const uint4*>(raw_v + ColTile::offset(t, col));  // smem: v_copy_read
       const T* xs = reinterpret_cast<const T*>(&x);
@@ -345,7 +352,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
     if (has_cols) {
       uint32_t al[4], bv[4];
       mma::ldmatrix_x4(al, pm_addr + 2 * PmTile::moved(pm_a_lane, 0, 16));  // smem: pm_ldmatrix
-      mma::ldmatrix_x4_trans(bv, zv_addr + 2 * MixTile::moved(zv_b_lane, CHUNK, cb));  // smem: zv_ldmatrix
+      mma::ldmatrix_x4_trans(bv, v_addr + 2 * MixTile::moved(zv_b_lane, 0, cb));  // smem: zv_ldmatrix
       mma::m16n8k16<MT>(xs[0], al, bv[0], bv[1]);
       mma::m16n8k16<MT>(xs[1], al, bv[2], bv[3]);
 #pragma unroll
@@ -386,19 +393,19 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
       for (int ks = 0; ks < 2; ++ks) {
         uint32_t an[4], bz[4];
         mma::ldmatrix_x4(an, pm_addr + 2 * PmTile::moved(pm_a_lane, 0, 32 + 16 * ks));  // smem: pm_ldmatrix
-        mma::ldmatrix_x4_trans(bz, zv_addr + 2 * MixTile::moved(zv_b_lane, 16 * ks, cb));  // smem: zv_ldmatrix
+        mma::ldmatrix_x4_trans(bz, (ks ? v_addr : zv_addr) + 2 * MixTile::moved(zv_b_lane, 0, cb));  // smem: zv_ldmatrix
         mma::m16n8k16<MT>(rs[0], an, bz[0], bz[1]);
         mma::m16n8k16<MT>(rs[1], an, bz[2], bz[3]);
       }
+      T* const o_out = o_lane + c * CHUNK * p.o_st;
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int64_t step = c * CHUNK + g + 8 * hh;
           const int col = cb + 8 * n + 2 * tq;  // V is a multiple of 8 where the kind is dispatched: both or neither
-          if (step < p.T && col < cols_valid) {
-            *reinterpret_cast<uint32_t*>(o + step * p.o_st + col) = mma::pack2<T>(scale * rs[n][2 * hh], scale * rs[n][2 * hh + 1]);
-          }
+          store_global_4_if(o_out + 8 * hh * p.o_st + 8 * n, mma::pack2<T>(scale * rs[n][2 * hh], scale * rs[n][2 * hh + 1]),
+                            step < p.T && col < cols_valid);
         }
     }
     // Step 6: S <- exp(lc_C) S + [b exp(lc_C - lc); k exp(lc_C - lc)]^T [Z; V], published.
@@ -418,7 +425,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
 #pragma unroll
       for (int jp = 0; jp < COLS / 16; ++jp) {
         uint32_t bz[4];
-        mma::ldmatrix_x4_trans(bz, zv_addr + 2 * MixTile::moved(zv_b_lane, 16 * ks, 16 * jp));  // smem: zv_ldmatrix
+        mma::ldmatrix_x4_trans(bz, (ks ? v_addr : zv_addr) + 2 * MixTile::moved(zv_b_lane, 0, 16 * jp));  // smem: zv_ldmatrix
         mma::m16n8k16<MT>(state[2 * jp], ap, bz[0], bz[1]);
         mma::m16n8k16<MT>(state[2 * jp + 1], ap, bz[2], bz[3]);
       }

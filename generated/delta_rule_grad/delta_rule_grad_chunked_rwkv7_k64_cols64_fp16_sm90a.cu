@@ -591,9 +591,8 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
         for (int hh = 0; hh < 2; ++hh) {
           const int64_t step = c * CHUNK + g + 8 * hh;
           const int col = 16 * warp + 8 * n + 2 * tq;  // V is a multiple of 8 (`align`): both columns or neither
-          if (step < p.T && col < cols_valid) {
-            *reinterpret_cast<uint32_t*>(dv_out + 8 * hh * v_step_stride + 8 * n) = mma::pack2<T>(kg[n][2 * hh], kg[n][2 * hh + 1]);
-          }
+          store_global_4_if(dv_out + 8 * hh * v_step_stride + 8 * n, mma::pack2<T>(kg[n][2 * hh], kg[n][2 * hh + 1]),
+                            step < p.T && col < cols_valid);
         }
     }
     // The pair matrices' gradients (warp m) and 16 key columns of dR^, dA^, dB~, dK~.
@@ -871,7 +870,7 @@ __global__ void __launch_bounds__(THREADS, 2) grad_kernel(const Params p) {
           dw[e] = after[e] + prefix[i][e];
         }
         const int64_t step = c * CHUNK + first + i;
-        if (step < p.T && ch < keys_valid) store_floats<2>(dw_out + i * step_stride, dw);
+        store_global_4_if(dw_out + i * step_stride, mma::pack2<T>(dw[0], dw[1]), step < p.T && ch < keys_valid);
       }
     }
     {
