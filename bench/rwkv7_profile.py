@@ -1,6 +1,7 @@
 """Where RWKV-7's training step goes: torch.profiler's CUDA time per kernel of one forward +
 backward through attngen.rwkv7 (bf16, every input and the initial state differentiable, the
-gradients of o and of the final state given), averaged over a few steps, on the issue's shapes.
+gradients of o and of the final state given), averaged over a few steps, on the issue's shapes,
+and the whole step's time as bench.delta_rule measures forward + backward.
 
   python -m bench.rwkv7_profile
   ncu ... python -m bench.rwkv7_profile --once   # one dispatched backward (delta_rule_grad) at the first shape, on records
@@ -15,6 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import attngen  # noqa: E402
 from attngen import delta_rule  # noqa: E402
+from bench.causal_linear import do_bench  # noqa: E402
 from bench.delta_rule import make_inputs  # noqa: E402
 from bench.gated_delta_profile import per_kernel  # noqa: E402
 
@@ -43,6 +45,9 @@ def main():
             o, final = attngen.rwkv7(*leaves[:6], state=leaves[6])
             torch.autograd.backward([o, final], [d_o, d_s])
         per_kernel(f"B{B} T{T} H{H} K=V={K}, bf16, forward + backward", step)
+        # The whole step as bench.delta_rule times forward + backward (issue 31's figure), in the
+        # listing's format so that bench.ab_table puts it beside the kernels.
+        print(f"  {do_bench(step):8.3f} ms  1 x  whole step: triton do_bench of forward + backward, host included")
 
 
 if __name__ == "__main__":
