@@ -173,8 +173,8 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
   const int helper = static_cast<int>(threadIdx.x) - COLS;
   const int record_key = helper / (COLS / 8), record_col = helper % (COLS / 8) * 8;
   const bool is_helper = helper >= 0 && helper < HELPERS;
-  MT* const record_piece = p.records ? reinterpret_cast<MT*>(static_cast<unsigned char*>(p.records) + kRecordsHeaderBytes) +
-                                           bh * n_chunks * p.K * p.V + col0 + record_key * p.V + record_col
+  const Rwkv7Records<CHUNK> records{p.B * p.H, n_chunks, p.K, p.V};
+  MT* const record_piece = p.records ? records.base(p.records) + records.state_at(bh, 0) + col0 + record_key * p.V + record_col
                                      : nullptr;
   const int64_t record_elems = p.K * p.V;
   const int round_stride = ROUND_KEYS * static_cast<int>(p.V);
@@ -182,9 +182,7 @@ __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) chunk_kernel(const Param
   // the backward reads it instead of solving for it again. A 16-byte piece a thread, at its V
   // piece's place, from the Z tile once the solve is done.
   const bool stores_z = p.records && value_row < CHUNK && value_col < cols_valid;
-  MT* const z_piece = p.records ? reinterpret_cast<MT*>(static_cast<unsigned char*>(p.records) + kRecordsHeaderBytes) +
-                                      p.B * p.H * n_chunks * p.K * p.V + bh * n_chunks * CHUNK * p.V + col0 +
-                                      value_row * p.V + value_col
+  MT* const z_piece = p.records ? records.base(p.records) + records.z_at(bh, 0) + col0 + value_row * p.V + value_col
                                 : nullptr;
   auto store_record = [&](int64_t c) {
     MT* out = record_piece + c * record_elems;

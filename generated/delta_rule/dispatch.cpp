@@ -363,7 +363,7 @@ const Entry* delta_rule_select(const Key& key) {
       if (kEntries[36].covers(key)) return row(36);  // delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_fp16_sm90a
     }
   }
-  // specs/delta_rule.yaml:284: when T >= 256 -> chunked_rwkv7
+  // specs/delta_rule.yaml:285: when T >= 256 -> chunked_rwkv7
   if ((key.T >= 256)) {
     if (key.dtype == DType::kFP16 && key.variant == 0) {
       if (kEntries[44].covers(key)) return row(44);  // delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages2_fp16_sm90a
@@ -374,7 +374,7 @@ const Entry* delta_rule_select(const Key& key) {
       if (kEntries[46].covers(key)) return row(46);  // delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_bf16_sm90a
     }
   }
-  // specs/delta_rule.yaml:289: when T >= 256 and BH * V >= 112 * sm_count -> chunked_wide
+  // specs/delta_rule.yaml:290: when T >= 256 and BH * V >= 112 * sm_count -> chunked_wide
   if (((key.T >= 256) && ((key.BH * key.V) >= (112 * key.sm_count)))) {
     if (key.dtype == DType::kFP16 && key.variant == 1) {
       if (kEntries[40].covers(key)) return row(40);  // delta_rule_gated_delta_chunked_wide_k64_cols128_warps8_stages2_fp16_sm90a
@@ -385,7 +385,7 @@ const Entry* delta_rule_select(const Key& key) {
       if (kEntries[43].covers(key)) return row(43);  // delta_rule_gated_delta_chunked_wide_k128_cols128_warps8_stages2_bf16_sm90a
     }
   }
-  // specs/delta_rule.yaml:291: when T >= 256 -> chunked
+  // specs/delta_rule.yaml:292: when T >= 256 -> chunked
   if ((key.T >= 256)) {
     if (key.dtype == DType::kFP16 && key.variant == 1) {
       if (kEntries[36].covers(key)) return row(36);  // delta_rule_gated_delta_chunked_k64_cols64_warps8_stages2_fp16_sm90a
@@ -398,7 +398,7 @@ const Entry* delta_rule_select(const Key& key) {
       if (kEntries[50].covers(key)) return row(50);  // delta_rule_gated_delta_chunked_k128_cols128_warps8_stages2_bf16_sm90a
     }
   }
-  // specs/delta_rule.yaml:293: when BH * V < 64 * sm_count -> narrow
+  // specs/delta_rule.yaml:294: when BH * V < 64 * sm_count -> narrow
   if (((key.BH * key.V) < (64 * key.sm_count))) {
     if (key.dtype == DType::kFP32 && key.variant == 0) {
       if (kEntries[18].covers(key)) return row(18);  // delta_rule_rwkv7_narrow_k32_cols32_tph2_chunk16_fp32_sm90a
@@ -431,7 +431,7 @@ const Entry* delta_rule_select(const Key& key) {
       if (kEntries[35].covers(key)) return row(35);  // delta_rule_gated_delta_narrow_k128_cols32_tph8_chunk16_bf16_sm90a
     }
   }
-  // specs/delta_rule.yaml:295: when True -> recurrent
+  // specs/delta_rule.yaml:296: when True -> recurrent
   if (true) {
     if (key.dtype == DType::kFP32 && key.variant == 0) {
       if (kEntries[0].covers(key)) return row(0);  // delta_rule_rwkv7_recurrent_k32_cols64_tph1_chunk32_fp32_sm90a

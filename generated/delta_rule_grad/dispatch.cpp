@@ -160,7 +160,7 @@ const Entry* jit_select(const Key& key) {
 }
 
 const Entry* delta_rule_grad_select(const Key& key) {
-  // specs/delta_rule_grad.yaml:149: when True -> chunked_rwkv7
+  // specs/delta_rule_grad.yaml:151: when True -> chunked_rwkv7
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[15].covers(key)) return row(15);  // delta_rule_grad_chunked_rwkv7_k64_cols64_fp16_sm90a
@@ -169,7 +169,7 @@ const Entry* delta_rule_grad_select(const Key& key) {
       if (kEntries[16].covers(key)) return row(16);  // delta_rule_grad_chunked_rwkv7_k64_cols64_bf16_sm90a
     }
   }
-  // specs/delta_rule_grad.yaml:151: when BH * V < 64 * sm_count -> narrow
+  // specs/delta_rule_grad.yaml:153: when BH * V < 64 * sm_count -> narrow
   if (((key.BH * key.V) < (64 * key.sm_count))) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[9].covers(key)) return row(9);  // delta_rule_grad_narrow_k32_cols32_tph4_sub8_fp32_sm90a
@@ -184,7 +184,7 @@ const Entry* delta_rule_grad_select(const Key& key) {
       if (kEntries[14].covers(key)) return row(14);  // delta_rule_grad_narrow_k64_cols32_tph8_sub8_bf16_sm90a
     }
   }
-  // specs/delta_rule_grad.yaml:153: when True -> recurrent
+  // specs/delta_rule_grad.yaml:155: when True -> recurrent
   if (true) {
     if (key.dtype == DType::kFP32) {
       if (kEntries[0].covers(key)) return row(0);  // delta_rule_grad_recurrent_k32_cols64_tph2_sub4_fp32_sm90a
