@@ -9,12 +9,12 @@
 // chunked_rwkv7 (templates/delta_rule/chunked_rwkv7.cu.j2, whose header gives the notation),
 // reference.rwkv7_chunked_grad's stage-3 formulas at chunk = sub = 16 walked in reverse. One CTA
 // per (b, h) holds all V <= COLS value columns, so the key-side gradients are its own sums (no
-// atomics, bit-identical from run to run). Each chunk's start state comes from the records the
-// forward saved (bf16, loaded while the chunk after it ends) or, without them, per 64-step window,
-// last first, rebuilt from the forward's checkpoint (bf16, in the global workspace but the last:
-// two CTAs per SM fit in shared memory only so); then per chunk, last first, with
+// atomics, bit-identical from run to run). Each chunk's start state and Z come from the records
+// the forward saved (bf16, loaded while the chunk after it ends) or, without them, the states per
+// 64-step window, last first, rebuilt from the forward's checkpoint (bf16, in the global workspace
+// but the last: two CTAs per SM fit in shared memory only so); then per chunk, last first, with
 // G the state's gradient after it (fp32 in registers) and dO' = scale dO:
-//   the chunk's forward again (decayed rows, pair matrices, X, Z)
+//   the chunk's forward again (decayed rows, pair matrices; X and the solve for Z without records)
 //   dZ = N_rb^T dO' + B~ G,  (I - L_ab)^T dY = dZ,  dv = N_rk^T dO' + K~ G + L_ak^T dY
 //   dL_ab = dY Z^T, dL_ak = dY V^T (j < t); dN_rb = dO' Z^T, dN_rk = dO' V^T (j <= t)
 //   dR^ = dO' S^T, dA^ = dY S^T, dB~ = Z G^T, dK~ = V G^T, then the pair matrices' adjoints
