@@ -75,6 +75,25 @@ def python_profile(case, calls: int = 400) -> str:
     return f"cProfile of {calls} eager paged_decode calls (S 1 Hq 32 / Hkv 8 x 2000, bf16)\n" + text.getvalue()
 
 
+def runtime_calls(case, calls: int = 200) -> dict:
+    """The CUDA runtime calls an eager public call makes, by name: host us per call (torch
+    profiler's CPU-side runtime events, CUPTI). Tells the launches apart: the decode grid's
+    <<<>>> (cudaLaunchKernel), the merge's cudaLaunchKernelEx with or without PDL's attribute."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(20):
+        attngen.paged_decode(*case)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            attngen.paged_decode(*case)
+        torch.cuda.synchronize()
+    per_call = {}
+    for e in prof.key_averages():
+        if e.key.startswith("cuda") and e.key != "cudaDeviceSynchronize":
+            per_call[e.key] = (e.cpu_time_total / calls, e.count / calls)
+    return dict(sorted(per_call.items(), key=lambda kv: -kv[1][0]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "h100"))
@@ -97,6 +116,12 @@ def main():
           "| layer | " + " | ".join(f"S {r['S']} Hq {r['Hq']} / Hkv {r['Hkv']} x {r['context']}" for r in rows) + " |",
           "|---|" + "---|" * len(rows)]
     md += [f"| {n} | " + " | ".join(f"{r['host_us'][n]:.1f}" for r in rows) + " |" for n in names]
+    md += ["", "CUDA runtime calls of one eager public call (torch profiler, host us per call; calls per call):", "",
+           "| runtime call | " + " | ".join(f"S {r['S']}" for r in rows) + " |", "|---|" + "---|" * len(rows)]
+    apis = {S: runtime_calls(make_case(S, Hq, Hkv, ctx, seed=S)) for S, Hq, Hkv, ctx in SMALL_CASES}
+    for name in dict.fromkeys(n for calls in apis.values() for n in calls):
+        md.append(f"| {name} | " + " | ".join(
+            f"{apis[r['S']][name][0]:.1f} ({apis[r['S']][name][1]:g})" if name in apis[r["S"]] else "-" for r in rows) + " |")
     (out / "paged_host.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
