@@ -313,10 +313,7 @@ __host__ void split_time(const Params& p, int64_t& segments, int64_t& seg_len) {
 template <bool DELTA>
 cudaError_t launch_pass(const Params& p, dim3 grid, cudaStream_t stream) {
   constexpr size_t smem = 164864;
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(chunk_kernel<DELTA>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = allow_dynamic_smem(chunk_kernel<DELTA>, smem); err != cudaSuccess) return err;
   chunk_kernel<DELTA><<<grid, THREADS, smem, stream>>>(p);
   return cudaSuccess;
 }

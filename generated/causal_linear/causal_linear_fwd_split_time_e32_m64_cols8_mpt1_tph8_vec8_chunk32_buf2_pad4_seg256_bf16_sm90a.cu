@@ -254,19 +254,12 @@ cudaError_t launch_causal_linear_fwd_split_time_e32_m64_cols8_mpt1_tph8_vec8_chu
                   static_cast<unsigned>(p.segments));
   if constexpr (SEG > 0) {
     if (p.segments > 1) {
-      if (smem > 48 * 1024) {
-        const cudaError_t err =
-            cudaFuncSetAttribute(scan_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        if (err != cudaSuccess) return err;
-      }
+      if (const cudaError_t err = allow_dynamic_smem(scan_kernel<true>, smem); err != cudaSuccess) return err;
       const dim3 delta_grid(grid.x, grid.y, grid.z - 1);  // the last segment's sum is never needed
       scan_kernel<true><<<delta_grid, THREADS, smem, stream>>>(p);
     }
   }
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(scan_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = allow_dynamic_smem(scan_kernel<false>, smem); err != cudaSuccess) return err;
   scan_kernel<false><<<grid, THREADS, smem, stream>>>(p);
   return cudaGetLastError();
 }

@@ -87,10 +87,7 @@ size_t workspace_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_s
 cudaError_t launch_causal_linear_rev_generic_emax1024_cols32_groups8_chunk8_fp32_sm90a(const Params& p, cudaStream_t stream) {
   if (p.E > EMAX) return cudaErrorInvalidValue;
   const size_t smem = (size_t)p.E * 32 * 4 + (size_t)8 * (2 * p.E + 32) * 4 + (size_t)2048 * 4;
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = allow_dynamic_smem(kernel, smem); err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(p.B * p.H), static_cast<unsigned>((p.M + COLS - 1) / COLS), 1);
   kernel<<<grid, THREADS, smem, stream>>>(p);
   return cudaGetLastError();

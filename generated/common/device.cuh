@@ -5,14 +5,30 @@
 #include <cstdint>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <map>
+#include <mutex>
 #include <type_traits>
+#include <utility>
 
 namespace attngen {
 
-// Opt `kernel` into `bytes` of dynamic shared memory where that is past the 48 KB default.
+// Opt `kernel` into `bytes` of dynamic shared memory where that is past the 48 KB default, once
+// per kernel and device (and again only for more bytes): the attribute stays with the device's
+// context, and set on every launch it cost an eager call about 2 us of host time
+// (cudaFuncSetAttribute in bench/results/h200/paged_host_launches_e9eb487.md).
 template <typename Kernel>
 inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
-  return bytes > 48 * 1024 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) : cudaSuccess;
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  int device = 0;
+  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, size_t> allowed;  // (kernel, device) -> bytes set
+  const std::lock_guard<std::mutex> lock(mutex);
+  size_t& set = allowed[{reinterpret_cast<const void*>(kernel), device}];
+  if (set >= bytes) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err == cudaSuccess) set = bytes;
+  return err;
 }
 
 // 2^x by the SFU's ex2.approx (relative error about 2^-22, subnormal results flushed to 0):

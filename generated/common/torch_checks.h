@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -81,12 +82,22 @@ inline void record_uncovered(const char* op, std::vector<int64_t> key, const cha
   last_uncovered() = Uncovered{op, std::move(key), instance};
 }
 
+constexpr int kMaxDevices = 64;  // devices whose counts are kept (more are asked every call)
+
+// Read once per device: a cudaDeviceGetAttribute costs about half a microsecond of host time,
+// and a paged call asked twice (bench/results/h200/paged_host_launches_e9eb487.md).
 inline int64_t sm_count(int device, const char* op) {
+  static std::atomic<int> counts[kMaxDevices];
+  const bool cached = device >= 0 && device < kMaxDevices;
+  if (cached) {
+    if (const int count = counts[device].load(std::memory_order_relaxed)) return count;
+  }
   int count = 0;
   const cudaError_t err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) {
     fail_runtime(std::string(op) + ": cannot read the multiprocessor count: " + cudaGetErrorString(err));
   }
+  if (cached) counts[device].store(count, std::memory_order_relaxed);
   return count;
 }
 

@@ -193,10 +193,7 @@ __device__ __forceinline__ void transform_scores(float (&s)[MT][NT][4], const Pa
 template <class Kernel, class... More>
 cudaError_t launch_kernel(Kernel kernel, const Params& p, dim3 grid, int threads, size_t smem, cudaStream_t stream,
                           const More&... more) {
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = allow_dynamic_smem(kernel, smem); err != cudaSuccess) return err;
   kernel<<<grid, threads, smem, stream>>>(p, more...);
   return cudaGetLastError();
 }

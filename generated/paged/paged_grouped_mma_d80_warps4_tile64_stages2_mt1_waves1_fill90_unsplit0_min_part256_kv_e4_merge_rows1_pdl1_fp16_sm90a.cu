@@ -685,10 +685,7 @@ cudaError_t launch_paged_grouped_mma_d80_warps4_tile64_stages2_mt1_waves1_fill90
   const Split split = split_of(p);
   const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.Hkv * row_blocks(p)),
                   static_cast<unsigned>(split.parts));
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = allow_dynamic_smem(decode_kernel, smem); err != cudaSuccess) return err;
   decode_kernel<<<grid, THREADS, smem, stream>>>(p, split);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || split.parts == 1) return err;

@@ -326,10 +326,7 @@ cudaError_t launch_paged_split_k_d192_vec8_tx16_heads4_hpt2_threads128_tile32_st
   const int64_t parts = partitions(p);
   const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.Q * p.Hkv * packs_per_group(p)),
                   static_cast<unsigned>(parts));
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = allow_dynamic_smem(decode_kernel, smem); err != cudaSuccess) return err;
   decode_kernel<<<grid, THREADS, smem, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;

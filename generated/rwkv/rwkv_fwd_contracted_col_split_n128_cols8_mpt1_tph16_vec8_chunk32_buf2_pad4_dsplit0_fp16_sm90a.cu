@@ -257,10 +257,7 @@ size_t workspace_rwkv_fwd_contracted_col_split_n128_cols8_mpt1_tph16_vec8_chunk3
 cudaError_t launch_rwkv_fwd_contracted_col_split_n128_cols8_mpt1_tph16_vec8_chunk32_buf2_pad4_dsplit0_fp16_sm90a(const Params& p, cudaStream_t stream) {
   constexpr size_t smem = 69632;
   const dim3 grid(static_cast<unsigned>(p.B * p.H), static_cast<unsigned>(N / COLS));
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = allow_dynamic_smem(scan_kernel, smem); err != cudaSuccess) return err;
   scan_kernel<<<grid, THREADS, smem, stream>>>(p);
   return cudaGetLastError();
 }

@@ -257,10 +257,7 @@ size_t workspace_rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_b
 cudaError_t launch_rwkv_rev_output_col_split_n128_cols16_mpt2_tph32_vec4_chunk32_buf2_pad4_dsplit1_fp32_sm90a(const Params& p, cudaStream_t stream) {
   constexpr size_t smem = 82944;
   const dim3 grid(static_cast<unsigned>(p.B * p.H), static_cast<unsigned>(N / COLS));
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = allow_dynamic_smem(scan_kernel, smem); err != cudaSuccess) return err;
   scan_kernel<<<grid, THREADS, smem, stream>>>(p);
   return cudaGetLastError();
 }

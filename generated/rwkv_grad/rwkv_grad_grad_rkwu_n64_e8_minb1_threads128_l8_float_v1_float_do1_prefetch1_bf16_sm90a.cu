@@ -335,10 +335,7 @@ __global__ void __launch_bounds__(S::THREADS, MINB) grad_rkwu_kernel(const Param
 size_t workspace_rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a(const Params&) { return 0; }
 
 cudaError_t launch_rwkv_grad_grad_rkwu_n64_e8_minb1_threads128_l8_float_v1_float_do1_prefetch1_bf16_sm90a(const Params& p, cudaStream_t stream) {
-  if (SMEM > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(grad_rkwu_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = allow_dynamic_smem(grad_rkwu_kernel, SMEM); err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(p.B * p.H), N / S::KEYS);
   grad_rkwu_kernel<<<grid, S::THREADS, SMEM, stream>>>(p);
   return cudaGetLastError();
