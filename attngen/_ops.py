@@ -63,6 +63,14 @@ def exported_constant(name: str) -> int:
     return _CONSTANTS[name]
 
 
+@constant_result
+def _load_extension() -> bool:
+    """_ext.load(), a constant to torch.compile: run eagerly where the first call of a process
+    is traced (dynamo cannot trace the file checks and the library load: fullgraph failed there)."""
+    _ext.load()
+    return True
+
+
 class Op:
     def __init__(self, name: str):
         self.name = name
@@ -76,7 +84,7 @@ class Op:
             self._autograd = True
 
     def _namespace(self):
-        _ext.load()
+        _load_extension()
         return torch.ops.attngen
 
     def packet(self):

@@ -9,7 +9,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from . import _jit
-from ._ops import Op
+from ._ops import Op, constant_result
 
 OP = Op("causal_dot_product")
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -61,10 +61,13 @@ def _backward(ctx, grad):
     return dq, dk, dv, None
 
 
-def _register() -> None:
+@constant_result
+def _register() -> bool:
     """The autograd formula; the op and its Meta kernel (the fake implementation torch.compile
-    uses) come with the extension."""
+    uses) come with the extension. A constant to torch.compile: a registration runs eagerly
+    where the first call of a process is traced."""
     OP.register_autograd(_backward, _setup_context)
+    return True
 
 
 def causal_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, reverse: bool = False):

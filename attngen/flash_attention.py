@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 import torch
 
 from ._checks import check_tensor
-from ._ops import Op
+from ._ops import Op, constant_result
 
 OP = Op("flash_attention")
 GRAD = Op("flash_attention_grad")
@@ -61,9 +61,12 @@ def _backward(ctx, d_out, d_lse):
     return (dq, dk, dv) + (None,) * 15   # no gradient for the lengths, options, block_table, seqused_k, descales
 
 
-def _register() -> None:
-    """The autograd formula; the ops and their Meta kernels come with the extension."""
+@constant_result
+def _register() -> bool:
+    """The autograd formula; the ops and their Meta kernels come with the extension. A constant
+    to torch.compile: a registration runs eagerly where the first call of a process is traced."""
     OP.register_autograd(_backward, _setup_context)
+    return True
 
 
 PADDED, VARLEN = "flash_attention", "flash_attention_varlen"  # the entry points' names, which errors start with

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from ._ops import Op
+from ._ops import Op, constant_result
 
 SCAN = Op("wkv_scan")
 GRAD_RKWU = Op("wkv_grad_rkwu")
@@ -56,10 +56,13 @@ def checkpoint_every() -> int:
     return int(torch.ops.attngen.wkv_checkpoint_every())
 
 
-def _register() -> None:
+@constant_result
+def _register() -> bool:
+    """attngen::wkv with its fake implementation and autograd formula, once per process. A constant
+    to torch.compile: a registration runs eagerly where the first call of a process is traced."""
     global _registered
     if _registered:
-        return
+        return True
     SCAN.packet()  # loads the extension: wkv_scan and wkv_grad_rkwu with their Meta kernels (fake implementations)
 
     @torch.library.custom_op("attngen::wkv", mutates_args=())
@@ -82,6 +85,7 @@ def _register() -> None:
 
     wkv_op.register_autograd(_backward, setup_context=setup_context)
     _registered = True
+    return True
 
 
 def _backward(ctx, d_o, d_state, _d_checkpoints):
