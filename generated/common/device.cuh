@@ -15,7 +15,7 @@ namespace attngen {
 // Opt `kernel` into `bytes` of dynamic shared memory where that is past the 48 KB default, once
 // per kernel and device (and again only for more bytes): the attribute stays with the device's
 // context, and set on every launch it cost an eager call about 2 us of host time
-// (cudaFuncSetAttribute in bench/results/h200/paged_host_launches_e9eb487.md).
+// (cudaFuncSetAttribute in bench/results/h200/paged_host_launches_before_e9eb487.md).
 template <typename Kernel>
 inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
   if (bytes <= 48 * 1024) return cudaSuccess;

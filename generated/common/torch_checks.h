@@ -85,7 +85,7 @@ inline void record_uncovered(const char* op, std::vector<int64_t> key, const cha
 constexpr int kMaxDevices = 64;  // devices whose counts are kept (more are asked every call)
 
 // Read once per device: a cudaDeviceGetAttribute costs about half a microsecond of host time,
-// and a paged call asked twice (bench/results/h200/paged_host_launches_e9eb487.md).
+// and a paged call asked twice (bench/results/h200/paged_host_launches_before_e9eb487.md).
 inline int64_t sm_count(int device, const char* op) {
   static std::atomic<int> counts[kMaxDevices];
   const bool cached = device >= 0 && device < kMaxDevices;
