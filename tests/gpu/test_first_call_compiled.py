@@ -62,6 +62,10 @@ print("ok")
 
 @pytest.mark.parametrize("family", sorted(CASES))
 def test_first_call_of_a_process_under_torch_compile(family):
+    from attngen import _ext
+    if not _ext.library_path().is_file():
+        # Instances build on first use in eager calls only: traced, an uncovered call raises (README).
+        pytest.skip("needs the prebuilt extension (make build): its kernels, not ones built on first use")
     script = SCRIPT.format(case=textwrap.dedent(CASES[family]))
     run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), f"{family}:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
