@@ -26,14 +26,15 @@ import attngen  # noqa: E402
 fa = importlib.import_module("attngen.flash_attention")  # the module (attngen.flash_attention is also the op)
 
 # B, Hq, Hkv, N, D, causal, deterministic: issue 29's head sizes, long and short, a GQA row, and
-# the deterministic mode at d128 and d64.
+# the deterministic mode at d128 and d64 (d256 causal last).
 SHAPES = [(4, 24, 24, 4096, 128, False, False), (4, 24, 24, 4096, 128, True, False),
           (1, 24, 24, 16384, 128, False, False), (1, 32, 8, 8192, 128, False, False),
           (4, 48, 48, 4096, 64, False, False), (4, 48, 48, 4096, 64, True, False),
           (4, 32, 32, 2048, 96, False, False), (2, 16, 16, 4096, 256, False, False),
           (4, 24, 24, 4096, 128, False, True), (4, 48, 48, 4096, 64, False, True),
           (1, 48, 48, 16384, 64, False, True), (4, 48, 48, 4096, 64, True, True),
-          (2, 16, 16, 4096, 256, False, True), (1, 24, 24, 16384, 128, False, True)]
+          (2, 16, 16, 4096, 256, False, True), (1, 24, 24, 16384, 128, False, True),
+          (2, 16, 16, 4096, 256, True, False), (2, 16, 16, 4096, 256, True, True)]
 
 
 def time_backward(B, Hq, Hkv, N, D, causal, deterministic):

@@ -264,17 +264,20 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
 
 
 
-def _wide_accesses(d: int, offset_d, offset_s) -> list:
+def _wide_accesses(d: int, offset_d, offset_s, box_swizzle: bool) -> list:
     """The wide kernel's thread accesses: the producer's cp.async fill, dS's transposing stmatrix
-    (as `hopper`'s), and the hand-off of dP^T and the packed fragments (16 bytes per thread,
-    consecutive threads at consecutive 16 bytes)."""
+    (as `hopper`'s), the hand-off of dP^T and the packed fragments (16 bytes per thread,
+    consecutive threads at consecutive 16 bytes), and dq_bulk 2's boxes (as `hopper`'s, in the
+    ring's stage)."""
     chunks = d // 8
     return [banks.Access("cp_async_fill", CHUNK, lambda lane, _pad: offset_d(lane // chunks, lane % chunks * 8) * 2,
                          ("kv_tiles", "q_ring")),
             banks.Access("ds_write", CHUNK,
                          lambda lane, _pad: offset_s((lane >> 4) * 8 + (lane & 7), ((lane >> 3) & 1) * 8) * 2, ("ds_tile",)),
             banks.contiguous("handoff_write", 16, ("handoff",)),
-            banks.contiguous("handoff_read", 16, ("handoff",))] + _stats_accesses()
+            banks.contiguous("handoff_read", 16, ("handoff",)),
+            banks.Access("dq_box_write", 8, lambda lane, _pad: _box_offset(lane // 4, lane % 4 * 2, box_swizzle) * 4,
+                         ("q_ring",))] + _stats_accesses()
 
 
 def _lower_wgmma_wide(inst: KernelInstance, arch: Arch) -> KernelInstance:
@@ -282,8 +285,8 @@ def _lower_wgmma_wide(inst: KernelInstance, arch: Arch) -> KernelInstance:
     block; the first computes S^T, the second dP^T, and the weights travel between them through
     shared memory."""
     p = inst.p
-    d, block_n, block_m, warpgroups, dq_cols, stages, minb = (
-        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "dq_cols", "stages", "minb"))
+    d, block_n, block_m, warpgroups, dq_cols, dq_bulk, stages, minb = (
+        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "dq_cols", "dq_bulk", "stages", "minb"))
     if not arch.name.endswith("a"):
         raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
     if inst.dtype_bytes != 2:
@@ -299,6 +302,12 @@ def _lower_wgmma_wide(inst: KernelInstance, arch: Arch) -> KernelInstance:
     cols = d // warpgroups
     if dq_cols % 64 or cols % dq_cols or dq_cols not in WGMMA_N:
         raise Rejected("dq_cols", f"dq_cols={dq_cols}: whole 64-column atoms that divide a warpgroup's {cols} columns")
+    if dq_bulk not in (0, 2):
+        raise Rejected("dq_bulk", f"dq_bulk={dq_bulk}: 2 (each dQ product staged in 64 x {BOX_COLS} boxes in the "
+                                  f"tile's stage, a tensor bulk reduction each) or 0 (every thread's atomics)")
+    if dq_bulk == 2 and (cols != 2 * dq_cols or block_m != BOX_ROWS):
+        raise Rejected("dq_cols", f"dq_bulk=2 stores a warpgroup's two dQ products (dq_cols={dq_cols} fp32 columns "
+                                  f"each) where its {cols} columns of Q and of dO were: dq_cols = {cols // 2}")
     if stages < 2:
         raise Rejected("stages", f"stages={stages}: the ring holds the tile in use and the next")
     threads = (warpgroups + 1) * 128
@@ -311,17 +320,21 @@ def _lower_wgmma_wide(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("dq_cols", f"about {regs} registers per thread (dK and dV {cols}, S^T and dP^T {block_m} or "
                                   f"their fragments {block_m // 2} and dQ {dq_cols // 2}) exceed {consumer_regs}")
     handoff = block_m // 8 * 128 * 16        # a float4 per thread and 8-column tile of dP^T
-    barriers = (1 + 2 * stages) * MBARRIER_BYTES
+    # K/V's, each stage's full and empty; with dQ's boxes the deterministic writer's boxes_full per stage
+    barriers = (1 + 2 * stages + (stages if dq_bulk == 2 else 0)) * MBARRIER_BYTES
     smem = (2 * block_n * d + stages * 2 * block_m * d + block_m * block_n) * 2 + handoff + stages * 2 * block_m * 4 \
         + barriers + 1024
     if smem > arch.max_smem_per_block:
         raise Rejected("stages", f"{smem} bytes of shared memory exceed the {arch.max_smem_per_block} of a block")
     if minb * (smem + arch.smem_reserved_per_cta) > arch.smem_per_sm:
         raise Rejected("minb", f"minb={minb} CTAs of {smem} bytes of shared memory exceed the SM's {arch.smem_per_sm}")
-    bank = banks.model(_wide_accesses(d, atoms_layout(block_n), atoms_layout(block_m)),
-                       unpadded=_wide_accesses(d, plain_layout(d), plain_layout(block_n)))
+    bank = banks.model(_wide_accesses(d, atoms_layout(block_n), atoms_layout(block_m), True),
+                       unpadded=_wide_accesses(d, plain_layout(d), plain_layout(block_n), False))
     return inst.with_derived({
         "threads": threads, "smem_bytes": smem, "cols": cols, "regs_estimate": regs,
+        "box_rows": BOX_ROWS, "box_cols": BOX_COLS,
+        "dq_add_doc": {0: "atomics", 2: "64 x 32 boxes staged in the tile's stage, a tensor bulk reduction each; in "
+                                       "turn when deterministic, by the producer's last warp"}[dq_bulk],
         "producer_regs": producer_regs, "consumer_regs": consumer_regs,
         "turns_producer_regs": turns_regs[0], "turns_consumer_regs": turns_regs[1],
         "bank": bank, "threads_param": "warpgroups", "smem_param": "stages",
@@ -337,7 +350,8 @@ FAMILY = Family(
                                          "overlap": "int0", "producer": "int0", "minb": "int"},
                                         _lower_wgmma),
                BACKWARD_WGMMA_WIDE: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warpgroups": "int",
-                                              "dq_cols": "int", "stages": "int", "minb": "int"}, _lower_wgmma_wide)},
+                                              "dq_cols": "int", "dq_bulk": "int0", "stages": "int", "minb": "int"},
+                                             _lower_wgmma_wide)},
     support_files={"flash_attention_grad/params.cuh.j2": "flash_attention_grad/params.cuh",
                    # the forward's shared helpers, rendered into this family's namespace
                    "flash_attention/forward_common.cuh.j2": "flash_attention_grad/forward_common.cuh",

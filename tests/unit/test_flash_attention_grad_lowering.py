@@ -1,6 +1,8 @@
 """The flash attention backward's lowering (codegen/families/flash_attention_grad.py): what it
 derives for the warps' split of dK, dV and dQ and the shared memory, and the knobs it refuses,
 named at their spec line."""
+import re
+
 import pytest
 
 from codegen import pipeline
@@ -115,23 +117,31 @@ def test_a_d64_query_tile_the_warpgroups_cannot_split_is_refused(tmp_path):
 def test_the_wide_kind_splits_columns_and_fills_the_shared_memory(tmp_path):
     """hopper_wide at d256: each warpgroup 128 columns of dK, dV and dQ over one 64-key block; K, V,
     two stages of Q and dO, one dS tile, the hand-off (a float4 per thread and 8-column tile of
-    dP^T), the statistics and the producer's mbarriers: within the 227 KB a block may have."""
+    dP^T), the statistics and the mbarriers (the producer's, the writer's): within the 227 KB a block may have. dQ's
+    boxes (dq_bulk 2) take the stage's Q and dO tiles, so they add nothing."""
     by_name = {i.name: i.d for i in lowered(SPEC, tmp_path)}
-    wide = by_name["flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_stages2_minb1_bf16_sm90a"]
+    wide = by_name["flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_dq_bulk2_stages2_minb1_"
+                   "bf16_sm90a"]
     assert (wide["threads"], wide["cols"], wide["producer_regs"], wide["consumer_regs"]) == (384, 128, 32, 232)
     assert wide["smem_bytes"] == (2 * 64 * 256 + 2 * 2 * 64 * 256 + 64 * 64) * 2 + 8 * 128 * 16 + 2 * 2 * 64 * 4 \
-        + (1 + 2 * 2) * 8 + 1024 <= 232448
+        + (1 + 2 * 2 + 2) * 8 + 1024 <= 232448
     assert wide["regs_estimate"] <= wide["consumer_regs"]
 
 
-@pytest.mark.parametrize("old,new,field,message", [
-    ("dq_cols: [64]", "dq_cols: [128]", "dq_cols", "about 264 registers"),
-    ("dq_cols: [64]", "dq_cols: [96]", "dq_cols", "whole 64-column atoms"),
-    ("stages: [2]", "stages: [3]", "stages", "bytes of shared memory exceed"),
+@pytest.mark.parametrize("edits,field,message", [
+    ({"dq_cols: [64]": "dq_cols: [128]", "dq_bulk: [2]": "dq_bulk: [0]"}, "dq_cols", "about 264 registers"),
+    ({"dq_cols: [64]": "dq_cols: [128]"}, "dq_cols", "where its 128 columns of Q and of dO were: dq_cols = 64"),
+    ({"dq_cols: [64]": "dq_cols: [96]"}, "dq_cols", "whole 64-column atoms"),
+    ({"stages: [2]": "stages: [3]"}, "stages", "bytes of shared memory exceed"),
+    ({"dq_bulk: [2]": "dq_bulk: [1]"}, "dq_bulk", "dq_bulk=1: 2 (each dQ product staged"),
 ])
-def test_the_wide_kind_refuses_what_does_not_fit(tmp_path, old, new, field, message):
-    block = "      dq_cols: [64]\n      stages: [2]\n      minb: [1]\n    covers"
-    assert SPEC.count(block) == 1
-    with pytest.raises(SpecError, match=message) as err:
-        lowered(SPEC.replace(block, block.replace(old, new)), tmp_path)
+def test_the_wide_kind_refuses_what_does_not_fit(tmp_path, edits, field, message):
+    start = SPEC.index("  hopper_wide:")
+    end = SPEC.index("    covers", start)
+    section = SPEC[start:end]
+    for old, new in edits.items():
+        assert section.count(old) == 1, old
+        section = section.replace(old, new)
+    with pytest.raises(SpecError, match=re.escape(message)) as err:
+        lowered(SPEC[:start] + section + SPEC[end:], tmp_path)
     assert f"kernels.hopper_wide.grid.{field}" in str(err.value)
