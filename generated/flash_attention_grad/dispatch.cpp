@@ -279,7 +279,7 @@ const Entry* flash_attention_grad_select(const Key& key) {
       if (kEntries[10].covers(key)) return row(10);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages2_overlap0_producer1_minb1_fp16_sm90a
     }
   }
-  // specs/flash_attention_grad.yaml:302: when True -> hopper
+  // specs/flash_attention_grad.yaml:305: when True -> hopper
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[8].covers(key)) return row(8);  // flash_attention_grad_hopper_d64_block_n128_block_m64_warpgroups2_dq_by_keys1_dq_exchange1_dq_bulk0_stages3_overlap1_producer1_minb1_fp16_sm90a
@@ -298,7 +298,7 @@ const Entry* flash_attention_grad_select(const Key& key) {
       if (kEntries[20].covers(key)) return row(20);  // flash_attention_grad_hopper_d128_block_n128_block_m64_warpgroups2_dq_by_keys0_dq_exchange0_dq_bulk2_stages3_overlap0_producer1_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention_grad.yaml:304: when True -> hopper_wide
+  // specs/flash_attention_grad.yaml:307: when True -> hopper_wide
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[14].covers(key)) return row(14);  // flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_dq_bulk2_stages2_minb1_fp16_sm90a
@@ -307,7 +307,7 @@ const Entry* flash_attention_grad_select(const Key& key) {
       if (kEntries[15].covers(key)) return row(15);  // flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_dq_bulk2_stages2_minb1_bf16_sm90a
     }
   }
-  // specs/flash_attention_grad.yaml:306: when True -> mma_sync
+  // specs/flash_attention_grad.yaml:309: when True -> mma_sync
   if (true) {
     if (key.dtype == DType::kFP16) {
       if (kEntries[0].covers(key)) return row(0);  // flash_attention_grad_mma_sync_d64_block_n128_block_m32_warps8_dsplit1_stages2_swizzle1_minb1_fp16_sm90a
