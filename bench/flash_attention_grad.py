@@ -7,7 +7,7 @@ size (the bench-role kinds too: `codegen build --bench`) is also timed forced, b
 the saved forward, which is what the spec's choice of kind rests on. Writes
 flash_attention_grad.json, .md and .png under --out.
 
-  python -m bench.flash_attention_grad [--out DIR]
+  python -m bench.flash_attention_grad [--out DIR] [--shapes I ...] [--no-forced: the dispatched backward only]
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def forced(names, q, k, v, d_out, causal):
     return times, diffs
 
 
-def run(shapes=None):
+def run(shapes=None, with_forced=True):
     rows = []
     peak = matmul_tflops()
     print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s", flush=True)
@@ -98,8 +98,10 @@ def run(shapes=None):
                     row["rel_diff_vs_sdpa_flash"] = {
                         name: ((a.float() - b.float()).norm() / b.float().norm()).item()
                         for name, a, b in zip(("dq", "dk", "dv"), mine, theirs)}
-            row["forced"], row["forced_rel_diff"] = forced(
-                [n for n in names if fa.instance_head_size(n) == D and n.endswith("_bf16_sm90a")], q, k, v, d_out, causal)
+            if with_forced:
+                row["forced"], row["forced_rel_diff"] = forced(
+                    [n for n in names if fa.instance_head_size(n) == D and n.endswith("_bf16_sm90a")], q, k, v, d_out,
+                    causal)
             for key in ("attngen", *PEERS):
                 if f"{key}_bwd_ms" in row:
                     row[f"{key}_bwd_tflops"] = row["backward_flop"] / row[f"{key}_bwd_ms"] / 1e9
@@ -140,9 +142,11 @@ def markdown(peak, rows, meta) -> str:
     out += ["", "rel. difference of the gradients, attngen vs SDPA flash (dq / dk / dv): "
             + ", ".join("/".join(f"{x:.1e}" for x in r["rel_diff_vs_sdpa_flash"].values())
                         for r in rows if "rel_diff_vs_sdpa_flash" in r)]
+    if not any("forced" in r for r in rows):
+        return "\n".join(out) + "\n"
     out += ["", "## Every backward instance forced, backward alone on the saved forward (TFLOP/s; the largest "
             "relative difference of its dq, dk, dv from the dispatched instance's)", ""]
-    for r in rows:
+    for r in (r for r in rows if "forced" in r):
         cells = ", ".join(f"`{n.replace('flash_attention_grad_', '').replace('_bf16_sm90a', '')}` "
                           f"{r['backward_flop'] / ms / 1e9:.0f} (diff {r['forced_rel_diff'][n]:.0e})"
                           for n, ms in sorted(r["forced"].items(), key=lambda x: x[1]))
@@ -175,9 +179,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "h100"))
     ap.add_argument("--shapes", type=int, nargs="*", help="only these rows of GRAD_SHAPES (indices from 0)")
+    ap.add_argument("--no-forced", action="store_true",
+                    help="time the dispatched backward and the peers only (no instance forced: nothing else to build)")
     args = ap.parse_args()
     t0 = time.time()
-    peak, rows = run(set(args.shapes) if args.shapes else None)
+    peak, rows = run(set(args.shapes) if args.shapes else None, with_forced=not args.no_forced)
     meta = run_meta(t0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
