@@ -7,28 +7,46 @@
 #include <cuda_fp16.h>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
 namespace attngen {
 
-// Opt `kernel` into `bytes` of dynamic shared memory where that is past the 48 KB default, once
-// per kernel and device (and again only for more bytes): the attribute stays with the device's
+// Set a function attribute of `kernel` once per kernel, device and attribute (and again only when
+// `needs_setting` says the value set before will not do): the attribute stays with the device's
 // context, and set on every launch it cost an eager call about 2 us of host time
 // (cudaFuncSetAttribute in bench/results/h200/paged_host_launches_before_e9eb487.md).
-template <typename Kernel>
-inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
+template <typename Kernel, typename NeedsSetting>
+inline cudaError_t set_attribute_once(Kernel kernel, cudaFuncAttribute attribute, int value, NeedsSetting needs_setting) {
   int device = 0;
   if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
   static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, size_t> allowed;  // (kernel, device) -> bytes set
+  static std::map<std::tuple<const void*, int, int>, int> set_before;  // (kernel, device, attribute) -> value
   const std::lock_guard<std::mutex> lock(mutex);
-  size_t& set = allowed[{reinterpret_cast<const void*>(kernel), device}];
-  if (set >= bytes) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (err == cudaSuccess) set = bytes;
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, static_cast<int>(attribute));
+  const auto found = set_before.find(key);
+  if (found != set_before.end() && !needs_setting(found->second)) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, attribute, value);
+  if (err == cudaSuccess) set_before[key] = value;
   return err;
+}
+
+// Opt `kernel` into `bytes` of dynamic shared memory where that is past the 48 KB default (again
+// only for more bytes than it was opted into).
+template <typename Kernel>
+inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  const int value = static_cast<int>(bytes);
+  return set_attribute_once(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, value,
+                            [value](int before) { return before < value; });
+}
+
+// Prefer a shared-memory carveout of `percent` of the unified L1 / shared memory for `kernel`.
+template <typename Kernel>
+inline cudaError_t prefer_smem_carveout(Kernel kernel, int percent) {
+  return set_attribute_once(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent,
+                            [percent](int before) { return before != percent; });
 }
 
 // 2^x by the SFU's ex2.approx (relative error about 2^-22, subnormal results flushed to 0):

@@ -442,11 +442,7 @@ cudaError_t launch_delta_rule_rwkv7_chunked_rwkv7_k64_cols64_stages3_fp16_sm90a(
   const dim3 grid(static_cast<unsigned>(p.B * p.H * ((p.V + COLS - 1) / COLS)));
   if (const cudaError_t err = allow_dynamic_smem(chunk_kernel, SMEM_BYTES); err != cudaSuccess) return err;
   // CTAS_PER_SM CTAs an SM and no more: the carveout (percent) that holds them (the pass says why).
-  if (const cudaError_t err = cudaFuncSetAttribute(chunk_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                   72);
-      err != cudaSuccess) {
-    return err;
-  }
+  if (const cudaError_t err = prefer_smem_carveout(chunk_kernel, 72); err != cudaSuccess) return err;
   chunk_kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(p);
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess || !p.records) return err;
   // Whole once the kernel is done (stream order): the backward reads the states from them.
