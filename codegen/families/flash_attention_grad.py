@@ -285,8 +285,8 @@ def _lower_wgmma_wide(inst: KernelInstance, arch: Arch) -> KernelInstance:
     block; the first computes S^T, the second dP^T, and the weights travel between them through
     shared memory."""
     p = inst.p
-    d, block_n, block_m, warpgroups, dq_cols, dq_bulk, stages, minb, det_heads = (
-        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "dq_cols", "dq_bulk", "stages", "minb", "det_heads"))
+    d, block_n, block_m, warpgroups, dq_cols, dq_bulk, stages, minb = (
+        p[k] for k in ("d", "block_n", "block_m", "warpgroups", "dq_cols", "dq_bulk", "stages", "minb"))
     if not arch.name.endswith("a"):
         raise Rejected("d", f"wgmma needs an arch-specific target (sm_90a), not {arch.name}")
     if inst.dtype_bytes != 2:
@@ -310,9 +310,6 @@ def _lower_wgmma_wide(inst: KernelInstance, arch: Arch) -> KernelInstance:
                                   f"each) where its {cols} columns of Q and of dO were: dq_cols = {cols // 2}")
     if stages < 2:
         raise Rejected("stages", f"stages={stages}: the ring holds the tile in use and the next")
-    if det_heads < 0:
-        raise Rejected("det_heads", f"det_heads={det_heads}: the kv heads a deterministic launch walks together "
-                                    f"(0: all of them)")
     threads = (warpgroups + 1) * 128
     # dK + dV on the warpgroup's columns, then the larger of S^T with dP^T (warpgroup 0 holds both)
     # and their packed A fragments (half as many) with dQ's accumulators
@@ -353,8 +350,7 @@ FAMILY = Family(
                                          "overlap": "int0", "producer": "int0", "minb": "int"},
                                         _lower_wgmma),
                BACKWARD_WGMMA_WIDE: Lowering({"d": "int", "block_n": "int", "block_m": "int", "warpgroups": "int",
-                                              "dq_cols": "int", "dq_bulk": "int0", "stages": "int", "minb": "int",
-                                              "det_heads": "int0"},
+                                              "dq_cols": "int", "dq_bulk": "int0", "stages": "int", "minb": "int"},
                                              _lower_wgmma_wide)},
     support_files={"flash_attention_grad/params.cuh.j2": "flash_attention_grad/params.cuh",
                    # the forward's shared helpers, rendered into this family's namespace

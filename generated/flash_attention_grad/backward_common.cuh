@@ -282,25 +282,13 @@ __device__ __forceinline__ void store_key_rows(const Params& p, const Sequence& 
 
 // Where a key-block CTA works: its block of keys and its kv head. Deterministic runs launch the
 // kv heads fastest, so that a block's predecessor (the block before it, whose dq additions come
-// first) started a wave earlier and is rarely waited for. HEAD_GROUP > 0 (deterministic): the kv
-// heads fastest within groups of HEAD_GROUP heads, group after group (the last may hold fewer), so
-// that a wave reads the Q and dO of fewer heads (L2) at the cost of longer chains of blocks in it.
-// Predecessors still launch first: block x - 1 of a head comes before block x in any order here.
-template <bool DETERMINISTIC, int HEAD_GROUP = 0>
+// first) started a wave earlier and is rarely waited for.
+template <bool DETERMINISTIC>
 struct KeyCoords {
   int x;            // key block
   int64_t kv_head;
   __device__ __forceinline__ KeyCoords()
-      : x(DETERMINISTIC ? blockIdx.y : blockIdx.x), kv_head(DETERMINISTIC ? blockIdx.x : blockIdx.y) {
-    if constexpr (DETERMINISTIC && HEAD_GROUP > 0) {  // the grid is (heads, blocks): walk it in launch order
-      const int heads = static_cast<int>(gridDim.x), blocks = static_cast<int>(gridDim.y);
-      const int i = static_cast<int>(blockIdx.y) * heads + static_cast<int>(blockIdx.x);
-      const int group = i / (HEAD_GROUP * blocks), within = i - group * HEAD_GROUP * blocks;
-      const int in_group = min(HEAD_GROUP, heads - group * HEAD_GROUP);
-      kv_head = group * HEAD_GROUP + within % in_group;
-      x = within / in_group;
-    }
-  }
+      : x(DETERMINISTIC ? blockIdx.y : blockIdx.x), kv_head(DETERMINISTIC ? blockIdx.x : blockIdx.y) {}
 };
 
 template <int BLOCK_N>

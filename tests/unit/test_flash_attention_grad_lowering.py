@@ -120,7 +120,7 @@ def test_the_wide_kind_splits_columns_and_fills_the_shared_memory(tmp_path):
     dP^T), the statistics and the mbarriers (the producer's, the writer's): within the 227 KB a block may have. dQ's
     boxes (dq_bulk 2) take the stage's Q and dO tiles, so they add nothing."""
     by_name = {i.name: i.d for i in lowered(SPEC, tmp_path)}
-    wide = by_name["flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_dq_bulk2_stages2_minb1_det_heads0_"
+    wide = by_name["flash_attention_grad_hopper_wide_d256_block_n64_block_m64_warpgroups2_dq_cols64_dq_bulk2_stages2_minb1_"
                    "bf16_sm90a"]
     assert (wide["threads"], wide["cols"], wide["producer_regs"], wide["consumer_regs"]) == (384, 128, 32, 232)
     assert wide["smem_bytes"] == (2 * 64 * 256 + 2 * 2 * 64 * 256 + 64 * 64) * 2 + 8 * 128 * 16 + 2 * 2 * 64 * 4 \
