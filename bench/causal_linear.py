@@ -8,8 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import attngen  # noqa: E402
 from attngen import causal_linear  # noqa: E402
+from bench import tree_commit  # noqa: E402
 
 # (B, H, L, E, M) and fast-transformers lmha forward fp32 from ANCHORS.md (ms, not re-measured).
 SHAPES = [
@@ -139,12 +138,7 @@ def run(quick: bool, variants: bool):
 
 
 def environment() -> dict:
-    commit = os.environ.get("ATTNGEN_COMMIT")  # the device's copy of .git may be stale
-    if not commit:
-        try:
-            commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
-        except Exception:  # noqa: BLE001 - the device copy of the tree may have no .git
-            commit = "unknown"
+    commit = tree_commit()
     fla_version = None
     try:
         import importlib.metadata as md
