@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "../common/tma.cuh"
 #include "forward_common.cuh"
 
 namespace attngen {
@@ -365,6 +366,19 @@ cudaError_t launch_key_blocks(const Params& p, cudaStream_t stream) {
         {KeyBlocks::template launch<true, true, false>, KeyBlocks::template launch<true, true, true>} } };
   const bool window = p.window_left >= 0 || p.window_right >= 0;
   return variants[window][has_extras(p)][p.deterministic != 0](p, stream);
+}
+
+// A key-block kernel's launch with the fp32 scratch's dQ as a tensor map [Hq * q_rows, D] in boxes of
+// BOX_ROWS rows (tma::encode_fp32_rows), the kernel's argument after the params; with DQ_TMA false
+// the map is left zeroed and unused (the atomics variants).
+template <int D, int BLOCK_M, int BOX_ROWS, bool DQ_TMA, class Kernel>
+cudaError_t launch_with_dq_map(Kernel kernel, const Params& p, dim3 grid, int threads, size_t smem, cudaStream_t stream) {
+  CUtensorMap dq_map{};
+  if (DQ_TMA && p.Hq * p.q_rows > 0 &&
+      !tma::encode_fp32_rows(&dq_map, Scratch<D, BLOCK_M>(p).dq, p.Hq * p.q_rows, D, BOX_ROWS)) {
+    return cudaErrorNotSupported;  // the driver refused the scratch's map (or has no cuTensorMapEncodeTiled)
+  }
+  return launch_kernel(kernel, p, grid, threads, smem, stream, dq_map);
 }
 
 // The three kernels of a backward on `stream`: prepare, the instance's key-block kernel

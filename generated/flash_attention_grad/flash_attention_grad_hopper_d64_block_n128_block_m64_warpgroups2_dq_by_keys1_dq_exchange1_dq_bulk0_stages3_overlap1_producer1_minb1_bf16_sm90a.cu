@@ -16,7 +16,6 @@
 #include <type_traits>
 
 #include "../common/pipeline.cuh"
-#include "../common/tma.cuh"
 #include "../common/wgmma.cuh"
 #include "backward_common.cuh"
 #include "backward_producer.cuh"
@@ -666,13 +665,8 @@ struct KeyBlocks {
     static_assert(smem == 2 * KVTile::BYTES + STAGES * 2 * QTile::BYTES + DS_BUFFERS * STile::BYTES + STAGES * STAT_FLOATS * 4 +
                               EXCHANGE_FLOATS * 4 + DQ_STAGE_FLOATS * 4 + BARRIER_BYTES + 1024,
                   "lowering and template agree on shared memory");
-    CUtensorMap dq_map{};
-    if (DQ_TMA && p.Hq * p.q_rows > 0 &&
-        !tma::encode_fp32_rows(&dq_map, Scratch<D, BLOCK_M>(p).dq, p.Hq * p.q_rows, D, BOX_ROWS)) {
-      return cudaErrorNotSupported;  // the driver refused the scratch's map (or has no cuTensorMapEncodeTiled)
-    }
-    return launch_kernel(backward_kernel<WINDOW, EXTRAS, DETERMINISTIC>, p, key_grid<BLOCK_N>(p), THREADS, smem, stream,
-                         dq_map);
+    return launch_with_dq_map<D, BLOCK_M, BOX_ROWS, DQ_TMA>(backward_kernel<WINDOW, EXTRAS, DETERMINISTIC>, p,
+                                                            key_grid<BLOCK_N>(p), THREADS, smem, stream);
   }
 };
 
