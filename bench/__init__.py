@@ -29,3 +29,21 @@ def run_meta(started: float) -> dict:
     commit = tree_commit()
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
             "seconds": round(time.time() - started, 1)}
+
+
+def host_us(fn, rounds: int = 20, calls: int = 20) -> float:
+    """Host time per call of fn (us): the median over rounds of calls issued back to back between
+    synchronizations, so that the launch queue never fills and the GPU never holds the host back
+    (where fn's GPU work is shorter than its host work, as it is on small shapes)."""
+    import torch
+    for _ in range(calls):
+        fn()
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls)
+    torch.cuda.synchronize()
+    return sorted(times)[len(times) // 2] * 1e6

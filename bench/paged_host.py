@@ -19,26 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import attngen  # noqa: E402
 from attngen import paged  # noqa: E402
-from bench import run_meta  # noqa: E402
+from bench import host_us, run_meta  # noqa: E402
 from bench.paged import make_case  # noqa: E402
 from bench.paged_serving import SMALL_CASES  # noqa: E402
 
 ROUNDS, CALLS = 20, 20
-
-
-def host_us(fn) -> float:
-    """Median over ROUNDS of the host time per call of CALLS calls issued back to back."""
-    for _ in range(CALLS):
-        fn()
-    times = []
-    for _ in range(ROUNDS):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        times.append((time.perf_counter() - t0) / CALLS)
-    torch.cuda.synchronize()
-    return sorted(times)[len(times) // 2] * 1e6
 
 
 def layers(case) -> dict:
