@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from . import _ext, _jit
+from . import _autograd, _ext, _jit
 
 BENCH_NAMESPACE = "attngen_bench"   # the benchmark extension's ops (bench-role kinds; _ext.load_bench)
 _AXIS_VALUES: dict = {}
@@ -79,8 +79,7 @@ class Op:
     def register_autograd(self, backward, setup_context) -> None:
         """The op's autograd formula (hand-written, in the family's module), once per process."""
         if not self._autograd:
-            self.packet()   # the op must exist first: load the extension
-            torch.library.register_autograd(f"attngen::{self.name}", backward, setup_context=setup_context)
+            _autograd.register_autograd(self.packet().default, backward, setup_context)
             self._autograd = True
 
     def _namespace(self):
