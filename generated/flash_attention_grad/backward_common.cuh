@@ -65,34 +65,76 @@ __host__ __device__ __forceinline__ bool has_extras(const Params& p) { return p.
 // scale * (dP - delta) as one FMA (no extras; tile_weights_and_grads), else 1.
 __device__ __forceinline__ float delta_factor(const Params& p) { return has_extras(p) ? 1.f : p.scale; }
 
-constexpr int PREP_ROWS = 16;  // rows per CTA of prepare and finish (4 per warp)
+// How prepare and finish lay query rows on a warp: a row's D elements as 8-element chunks over
+// LANES lanes (D / 8 rounded up to a power of two, 8 to 32), so that a warp covers 32 / LANES rows
+// at once and every lane moves data; each warp takes PASSES such groups, all loaded before any is
+// used. With a warp per row and one row at a time, a D64 row kept 8 of 32 lanes busy, and
+// prepare took 35.7 us of a 443 us training step on the H200 (B4 H48 N1024 D64 causal; cuDNN's
+// dot(dO, O) pass 27.1, bench/results/h200/flash_grad_host_69b6d546.md).
+template <int D>
+struct RowLanes {
+  static_assert(D % 8 == 0, "prepare and finish move 8-element chunks of a row");
+  static constexpr int CHUNKS = D / 8;
+  static constexpr int LANES = CHUNKS <= 8 ? 8 : CHUNKS <= 16 ? 16 : 32;
+  static constexpr int AT_ONCE = 32 / LANES;                    // rows a warp covers at once
+  static constexpr int COLS = (CHUNKS + LANES - 1) / LANES;     // chunks per lane and row
+  static constexpr int PASSES = 4;                              // groups of AT_ONCE rows per warp
+  static constexpr int ROWS = 4 * PASSES * AT_ONCE;             // rows per CTA of 4 warps
 
-// Grid: (blocks of PREP_ROWS query rows, query head, batch); a warp per row at a time.
+  int sub;     // the lane's place in its row's lanes: its chunks are sub, sub + LANES, ...
+  int first;   // the lane's row in its warp's first pass, within the sequence
+  __device__ __forceinline__ RowLanes() {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    sub = lane % LANES;
+    first = blockIdx.x * ROWS + warp * (PASSES * AT_ONCE) + lane / LANES;
+  }
+  __device__ __forceinline__ int row(int pass) const { return first + pass * AT_ONCE; }
+  __device__ __forceinline__ int col(int c) const { return (sub + c * LANES) * 8; }
+};
+
+// Grid: (blocks of RowLanes<D>::ROWS query rows, query head, batch).
 template <typename T, int D>
 __global__ void __launch_bounds__(128) prepare_kernel(const Params p) {
+  using Rows = RowLanes<D>;
   const int64_t b = blockIdx.z, h = blockIdx.y;
   const Sequence seq = sequence_of(p, b);
   const Scratch<D, 1> scratch(p);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const Rows rows;
   const int64_t row0 = scratch_row0(p, b, seq);
-  for (int r = 0; r < PREP_ROWS / 4; ++r) {
-    const int i = blockIdx.x * PREP_ROWS + warp * (PREP_ROWS / 4) + r;
-    if (i >= seq.lq) break;
+  float x[Rows::PASSES][Rows::COLS][8], y[Rows::PASSES][Rows::COLS][8];
+#pragma unroll
+  for (int pass = 0; pass < Rows::PASSES; ++pass) {
+    const int i = rows.row(pass);
     const T* o = static_cast<const T*>(p.out) + b * p.o_sb + (seq.q_row0 + i) * p.o_sl + h * p.o_sh;
     const T* d_o = static_cast<const T*>(p.d_out) + b * p.do_sb + (seq.q_row0 + i) * p.do_sl + h * p.do_sh;
-    float sum = 0.f;
-    for (int col = lane * 8; col < D; col += 256) {
-      float x[8], y[8];
-      load_floats<8>(o + col, x);
-      load_floats<8>(d_o + col, y);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) sum = fmaf(x[e], y[e], sum);
+    for (int c = 0; c < Rows::COLS; ++c) {
+      const bool in = i < seq.lq && rows.col(c) < D;
+      for (int e = 0; e < 8; ++e) x[pass][c][e] = y[pass][c][e] = 0.f;
+      if (in) {
+        load_floats<8>(o + rows.col(c), x[pass][c]);
+        load_floats<8>(d_o + rows.col(c), y[pass][c]);
+      }
     }
-    sum = warp_sum(sum);
+  }
+#pragma unroll
+  for (int pass = 0; pass < Rows::PASSES; ++pass) {
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < Rows::COLS; ++c) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum = fmaf(x[pass][c][e], y[pass][c][e], sum);
+    }
+#pragma unroll
+    for (int offset = Rows::LANES / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    const int i = rows.row(pass);
+    if (i >= seq.lq) continue;  // after the shuffles, which every lane joins
     const int64_t row = h * p.q_rows + row0 + i;
     float* dq = scratch.dq + row * D;
-    for (int col = lane * 4; col < D; col += 128) *reinterpret_cast<float4*>(dq + col) = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (lane == 0) {
+    for (int col = rows.sub * 4; col < D; col += Rows::LANES * 4) {
+      *reinterpret_cast<float4*>(dq + col) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (rows.sub == 0) {
       const int64_t at = b * p.lse_sb + h * p.lse_sh + seq.q_row0 + i;
       const float lse = p.lse[at];
       scratch.lse2[row] = lse == -INFINITY ? INFINITY : lse * LOG2E;  // no key: every weight exp2(x - inf) = 0
@@ -101,23 +143,31 @@ __global__ void __launch_bounds__(128) prepare_kernel(const Params p) {
   }
 }
 
-// Same grid: the dq rows from the scratch.
+// Same grid and lanes: the dq rows from the scratch, every pass's loads before the stores.
 template <typename T, int D>
 __global__ void __launch_bounds__(128) finish_kernel(const Params p) {
+  using Rows = RowLanes<D>;
   const int64_t b = blockIdx.z, h = blockIdx.y;
   const Sequence seq = sequence_of(p, b);
   const Scratch<D, 1> scratch(p);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const Rows rows;
   const int64_t row0 = scratch_row0(p, b, seq);
-  for (int r = 0; r < PREP_ROWS / 4; ++r) {
-    const int i = blockIdx.x * PREP_ROWS + warp * (PREP_ROWS / 4) + r;
-    if (i >= seq.lq) break;
-    const float* src = scratch.dq + (h * p.q_rows + row0 + i) * D;
+  float x[Rows::PASSES][Rows::COLS][8];
+#pragma unroll
+  for (int pass = 0; pass < Rows::PASSES; ++pass) {
+    const float* src = scratch.dq + (h * p.q_rows + row0 + rows.row(pass)) * D;
+#pragma unroll
+    for (int c = 0; c < Rows::COLS; ++c) {
+      if (rows.row(pass) < seq.lq && rows.col(c) < D) load_floats<8>(src + rows.col(c), x[pass][c]);
+    }
+  }
+#pragma unroll
+  for (int pass = 0; pass < Rows::PASSES; ++pass) {
+    const int i = rows.row(pass);
     T* dq = static_cast<T*>(p.dq) + b * p.dq_sb + (seq.q_row0 + i) * p.dq_sl + h * p.dq_sh;
-    for (int col = lane * 8; col < D; col += 256) {
-      float x[8];
-      load_floats<8>(src + col, x);
-      store_floats<8>(dq + col, x);
+#pragma unroll
+    for (int c = 0; c < Rows::COLS; ++c) {
+      if (i < seq.lq && rows.col(c) < D) store_floats<8>(dq + rows.col(c), x[pass][c]);
     }
   }
 }
@@ -385,7 +435,7 @@ cudaError_t launch_with_dq_map(Kernel kernel, const Params& p, dim3 grid, int th
 // (the variant of the call; skipped without keys), finish.
 template <typename T, int D, int BLOCK_M, class KeyBlocks>
 cudaError_t launch_passes(const Params& p, cudaStream_t stream) {
-  const dim3 rows_grid(static_cast<unsigned>((p.Lq + PREP_ROWS - 1) / PREP_ROWS), static_cast<unsigned>(p.Hq),
+  const dim3 rows_grid(static_cast<unsigned>((p.Lq + RowLanes<D>::ROWS - 1) / RowLanes<D>::ROWS), static_cast<unsigned>(p.Hq),
                        static_cast<unsigned>(p.B));
   if (const size_t turns = Scratch<D, BLOCK_M>::turn_count(p)) {
     const cudaError_t err = cudaMemsetAsync(Scratch<D, BLOCK_M>(p).turns, 0, turns * sizeof(int), stream);
