@@ -212,6 +212,9 @@ def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
         raise Rejected("overlap", f"overlap={overlap}: 0 or 1 (the next tile's scores during this tile's dQ atomics)")
     if producer not in (0, 1):
         raise Rejected("producer", f"producer={producer}: 1 (a producer warpgroup fills the ring) or 0 (every thread copies)")
+    if producer and block_m != 64:
+        raise Rejected("block_m", f"block_m={block_m} with producer=1: the producer stages a tile's lse and delta as "
+                                  f"128 floats, 64 rows each (backward_producer.cuh); use block_m=64 or producer=0")
     if stages < (2 if producer else 2 + overlap):
         raise Rejected("stages", f"stages={stages}: the cp.async ring needs at least {2 + overlap}"
                                  f"{' when the next tile is read during this one' if overlap else ''}")

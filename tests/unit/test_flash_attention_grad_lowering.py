@@ -91,6 +91,10 @@ def test_bulk_dq_stages_the_rows_each_warpgroup_adds(tmp_path):
      "kernels.hopper.grid.stages", "stages=2: the cp.async ring needs at least 3"),
     ([("(96, 0, 0, 2, 0, 2), (128, 0, 0, 2, 0, 2))", "(96, 0, 0, 2, 0, 2), (128, 0, 1, 2, 0, 2))")],
      "kernels.hopper.grid.dq_exchange", "dq_exchange=1: 0, or 1 with dq_by_keys=1"),
+    ([("      block_m: [64]\n      warpgroups: [2]\n      dq_by_keys: [0, 1]",
+       "      block_m: [128]\n      warpgroups: [2]\n      dq_by_keys: [0, 1]"),
+      ("((64, 1, 1, 3, 1, 0), (96, 0, 0, 2, 0, 2),", "((64, 0, 0, 2, 0, 2), (96, 0, 0, 2, 0, 2),")],
+     "kernels.hopper.grid.block_m", "block_m=128 with producer=1: the producer stages a tile's lse and delta"),
 ])
 def test_impossible_knobs_are_refused_at_their_spec(tmp_path, edits, field, message):
     text = SPEC
