@@ -35,6 +35,10 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     ctx.options = (max_q, max_k, scale, left, right, soft_cap, deterministic)
+    # An output the loss does not read gets None, not zeros: lse's zeros cost a fill kernel and its
+    # host time each step (aten::zeros was the largest op of the backward's host time on the H200,
+    # bench/results/h200/flash_grad_host_probe_0713d74e.txt), and the backward then read them.
+    ctx.set_materialize_grads(False)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

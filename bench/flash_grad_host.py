@@ -2,7 +2,7 @@
 the forward, the backward and the whole step (forward, then autograd.grad) on a small shape
 where the GPU waits for the host, beside SDPA's flash and cuDNN backends; at the benchmark's
 small rows, the step's wall time against the GPU time of its kernels (torch profiler), the
-kernels it launches and the CUDA runtime calls it makes; and a cProfile of attngen's step.
+kernels it launches and the CUDA runtime calls it makes; and a cProfile and an op profile of attngen's step.
 
   python -m bench.flash_grad_host [--out DIR]      # writes flash_grad_host.json / .md / _profile.txt
 """
@@ -86,7 +86,8 @@ def step_profile(fwd, leaves, d_out) -> dict:
 
 
 def python_profile(fwd, leaves, d_out, steps: int = 200) -> str:
-    """cProfile of attngen's step: the Python functions on the path by their own time."""
+    """cProfile of attngen's step (the Python functions on the path by their own time), then torch
+    profiler's ops of the step by their own host time (the C++ side: allocations, fills, launches)."""
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(steps):
@@ -95,7 +96,13 @@ def python_profile(fwd, leaves, d_out, steps: int = 200) -> str:
     torch.cuda.synchronize()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
-    return f"cProfile of {steps} attngen training steps, B H N D {TINY} causal, bf16\n" + text.getvalue()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(50):
+            torch.autograd.grad(fwd(*leaves), leaves, d_out)
+        torch.cuda.synchronize()
+    ops = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
+    return (f"cProfile of {steps} attngen training steps, B H N D {TINY} causal, bf16\n" + text.getvalue() +
+            "\ntorch profiler of 50 steps, ops by their own host time\n" + ops)
 
 
 def markdown(meta, host, rows) -> str:

@@ -147,6 +147,16 @@ def test_gradient_of_the_returned_lse():
     check_grads(got, q, k, v, d_out, "with d_lse", d_lse=d_lse, causal=True)
 
 
+def test_gradient_of_the_lse_alone():
+    """A loss of lse alone: the output's gradient comes as None (not materialized) and counts as zero."""
+    q, k, v, d_out = make(2, 150, 170, 4, 2, 64, torch.bfloat16, seed=4)
+    d_lse = torch.randn(2, 4, 150, device="cuda")
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    _, lse = fa.flash_attention(*leaves, return_lse=True, causal=True)
+    got = torch.autograd.grad((lse.masked_fill(lse == -math.inf, 0.0) * d_lse).sum(), leaves)
+    check_grads(got, q, k, v, torch.zeros_like(d_out), "lse alone", d_lse=d_lse, causal=True)
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("D", HEAD_SIZES)
 @pytest.mark.parametrize("causal", [False, True])
