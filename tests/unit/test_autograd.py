@@ -37,10 +37,14 @@ def _setup_context(ctx, inputs, output):
     x, y, a, n, swap, z = inputs
     ctx.save_for_backward(x, y)
     ctx.options = (a, n, swap)
+    ctx.set_materialize_grads(False)   # as flash_attention's: an unused output's gradient is None
 
 
 def _backward(ctx, d_first, d_product):
     SEEN["flags"] = ctx.needs_input_grad
+    SEEN["grads"] = (d_first, d_product)
+    d_first = torch.zeros_like(ctx.saved_tensors[0]) if d_first is None else d_first
+    d_product = torch.zeros_like(ctx.saved_tensors[0]) if d_product is None else d_product
     x, y = ctx.saved_tensors
     a, n, swap = ctx.options
     if swap:
@@ -123,3 +127,23 @@ def test_keyword_only_argument_falls_back_to_torch():
     x, _ = _leaves()
     (dx,) = torch.autograd.grad(getattr(torch.ops, NAMESPACE).scale(x, a=3.0).sum(), x)
     torch.testing.assert_close(dx, torch.full_like(x, 3.0))
+
+
+def test_an_unused_output_gets_none_eager_and_compiled():
+    """With materialize_grads off (flash_attention's lse), the formula sees None for an output the
+    loss does not read, eagerly and under AOTAutograd; the gradients still match torch's."""
+    x, y = _leaves()
+
+    def first_only(fn, a, b):
+        return (fn(a, b, 0.5)[0] * 1.5).sum()
+
+    SEEN.pop("grads", None)
+    got = torch.autograd.grad(first_only(MIX, x, y), (x, y))
+    assert SEEN["grads"][1] is None and SEEN["grads"][0] is not None
+    want = torch.autograd.grad(first_only(_mix, x, y), (x, y))
+    loss = torch.compile(lambda a, b: first_only(MIX, a, b), fullgraph=True, backend="aot_eager")
+    xc, yc = (t.detach().requires_grad_() for t in (x, y))
+    loss(xc, yc).backward()
+    for g, c, w in zip(got, (xc.grad, yc.grad), want):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=0)
+        torch.testing.assert_close(c, w, rtol=1e-12, atol=0)
