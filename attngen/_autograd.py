@@ -12,18 +12,22 @@ fill_defaults first, ahead of the autograd engine. Here the defaults are read on
 registration.
 
 Ops this kernel does not cover (keyword-only arguments, tensor lists, which torch's kernel
-handles with extra machinery) are left to torch.library.register_autograd.
+handles with extra machinery; ops that mutate or alias, which torch refuses) are left to
+torch.library.register_autograd.
 """
 from __future__ import annotations
 
 import torch
 
 
-def _lean_supported(schema) -> bool:
-    def tensor_list(t) -> bool:
-        return "Tensor[]" in str(t) or "Tensor?[]" in str(t)
-    return not any(a.kwarg_only or tensor_list(a.type) for a in schema.arguments) and \
-        not any(tensor_list(r.type) for r in schema.returns)
+def _lean_supported(op) -> bool:
+    """A functional op without keyword-only arguments or tensor lists (torch's own tests of them);
+    anything else goes to torch.library.register_autograd, which serves or refuses it."""
+    from torch._library import utils
+    schema = op._schema
+    return utils.is_functional_schema(schema) and not utils.is_out(op) and not any(
+        a.kwarg_only or utils.is_tensorlist_like_type(a.type) for a in schema.arguments) and not any(
+        utils.is_tensorlist_like_type(r.type) for r in schema.returns)
 
 
 def register_autograd(op: torch._ops.OpOverload, backward, setup_context) -> None:
@@ -31,7 +35,7 @@ def register_autograd(op: torch._ops.OpOverload, backward, setup_context) -> Non
     setup_context(ctx, inputs, output) with every argument in inputs (defaults included), as
     torch.library.register_autograd takes them."""
     schema = op._schema
-    if not _lean_supported(schema):
+    if not _lean_supported(op):
         torch.library.register_autograd(f"{op._namespace}::{op._opname}", backward, setup_context=setup_context)
         return
     defaults = tuple(a.default_value for a in schema.arguments)

@@ -122,8 +122,8 @@ def test_compiled_forward_and_backward_match_eager():
 
 
 def test_keyword_only_argument_falls_back_to_torch():
-    assert not _autograd._lean_supported(getattr(torch.ops, NAMESPACE).scale.default._schema)
-    assert _autograd._lean_supported(MIX.default._schema)
+    assert not _autograd._lean_supported(getattr(torch.ops, NAMESPACE).scale.default)
+    assert _autograd._lean_supported(MIX.default)
     x, _ = _leaves()
     (dx,) = torch.autograd.grad(getattr(torch.ops, NAMESPACE).scale(x, a=3.0).sum(), x)
     torch.testing.assert_close(dx, torch.full_like(x, 3.0))
@@ -147,3 +147,12 @@ def test_an_unused_output_gets_none_eager_and_compiled():
     for g, c, w in zip(got, (xc.grad, yc.grad), want):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=0)
         torch.testing.assert_close(c, w, rtol=1e-12, atol=0)
+
+
+def test_a_mutating_op_is_refused_as_torch_refuses_it():
+    library = torch.library.Library(NAMESPACE, "FRAGMENT")
+    library.define("bump(Tensor(a!) x) -> Tensor")
+    op = getattr(torch.ops, NAMESPACE).bump.default
+    assert not _autograd._lean_supported(op)
+    with pytest.raises(RuntimeError, match="non-functional"):
+        _autograd.register_autograd(op, lambda ctx, g: g, lambda ctx, inputs, output: None)
