@@ -20,14 +20,26 @@ from __future__ import annotations
 import torch
 
 
+def _holds_tensors(jit_type) -> bool:
+    """A list of tensors (Tensor[] or Tensor?[]), which torch's kernel unpacks with extra machinery."""
+    if not isinstance(jit_type, torch.ListType):
+        return False
+    element = jit_type.getElementType()
+    if isinstance(element, torch.OptionalType):
+        element = element.getElementType()
+    return isinstance(element, torch.TensorType)
+
+
 def _lean_supported(op) -> bool:
-    """A functional op without keyword-only arguments or tensor lists (torch's own tests of them);
-    anything else goes to torch.library.register_autograd, which serves or refuses it."""
-    from torch._library import utils
+    """A functional op (it mutates nothing and returns no alias of an argument; an out variant
+    mutates its out) without keyword-only arguments or tensor lists. Anything else goes to
+    torch.library.register_autograd, which serves or refuses it. Read from the schema's public
+    fields: torch._library.utils moves between releases (its is_out, present in the CPU wheel
+    2.13, is missing from the GPU machine's 2.11)."""
     schema = op._schema
-    return utils.is_functional_schema(schema) and not utils.is_out(op) and not any(
-        a.kwarg_only or utils.is_tensorlist_like_type(a.type) for a in schema.arguments) and not any(
-        utils.is_tensorlist_like_type(r.type) for r in schema.returns)
+    return not schema.is_mutable and not any(r.alias_info is not None for r in schema.returns) and not any(
+        a.kwarg_only or _holds_tensors(a.type) for a in schema.arguments) and not any(
+        _holds_tensors(r.type) for r in schema.returns)
 
 
 def register_autograd(op: torch._ops.OpOverload, backward, setup_context) -> None:

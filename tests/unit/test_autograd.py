@@ -156,3 +156,20 @@ def test_a_mutating_op_is_refused_as_torch_refuses_it():
     assert not _autograd._lean_supported(op)
     with pytest.raises(RuntimeError, match="non-functional"):
         _autograd.register_autograd(op, lambda ctx, g: g, lambda ctx, inputs, output: None)
+
+
+@pytest.mark.parametrize("name", ["mm.default", "sin.default", "mm.out", "add_.Tensor", "add.Tensor", "cat.default",
+                                  "index.Tensor", "transpose.int", "split.Tensor", "unbind.int", "native_layer_norm.default"])
+def test_the_schema_test_agrees_with_torchs_own(name):
+    """_lean_supported reads the schema's public fields; where this torch has its private tests
+    (torch._library.utils, whose is_out the GPU machine's 2.11 lacks), both give the same answer."""
+    utils = pytest.importorskip("torch._library.utils")
+    if not all(hasattr(utils, f) for f in ("is_functional_schema", "is_out", "is_tensorlist_like_type")):
+        pytest.skip("this torch lacks one of torch._library.utils' schema tests")
+    packet, overload = name.split(".")
+    op = getattr(getattr(torch.ops.aten, packet), overload)
+    schema = op._schema
+    torchs = utils.is_functional_schema(schema) and not utils.is_out(op) and not any(
+        a.kwarg_only or utils.is_tensorlist_like_type(a.type) for a in schema.arguments) and not any(
+        utils.is_tensorlist_like_type(r.type) for r in schema.returns)
+    assert _autograd._lean_supported(op) == torchs
