@@ -153,7 +153,7 @@ def _wgmma_accesses(d: int, block_m: int, block_n: int, offset_d, offset_s, stag
         return offset_s((lane >> 4) * 8 + (lane & 7), ((lane >> 3) & 1) * 8) * 2
 
     def box(lane, _pad):
-        return _box_offset(lane // 4, lane % 4 * 2, box_swizzle) * 4
+        return _box_store(lane, box_swizzle)
 
     # dq's exchange (the template holds it whether or not dq_exchange compiles it in): a float4
     # per thread, consecutive threads at consecutive 16 bytes.
@@ -171,6 +171,15 @@ def _box_offset(row: int, col: int, swizzle: bool) -> int:
     """Float offset of (row, col) in a dq_bulk 2 box of 64 rows x 32 floats (backward_wgmma.cu.j2)."""
     chunk = col % BOX_COLS // 4
     return row * BOX_COLS + ((chunk ^ (row % 8)) if swizzle else chunk) * 4 + col % 4
+
+
+def _box_store(lane: int, swizzle: bool) -> int:
+    """Byte offset of a lane's float2 in a warp's first dq box store (lane 4r + c: row r, floats
+    2c, 2c + 1 of the 8-column tile box_tile(0, r) in backward_common.cuh.j2). Under the swizzle
+    odd rows store tile j ^ 2: rows r and r ^ 1 would put tile j's chunks in the same slots."""
+    row = lane // 4
+    tile = row % 2 * 2 if swizzle else 0
+    return _box_offset(row, tile * 8 + lane % 4 * 2, swizzle) * 4
 
 
 def _lower_wgmma(inst: KernelInstance, arch: Arch) -> KernelInstance:
@@ -279,8 +288,7 @@ def _wide_accesses(d: int, offset_d, offset_s, box_swizzle: bool) -> list:
                          lambda lane, _pad: offset_s((lane >> 4) * 8 + (lane & 7), ((lane >> 3) & 1) * 8) * 2, ("ds_tile",)),
             banks.contiguous("handoff_write", 16, ("handoff",)),
             banks.contiguous("handoff_read", 16, ("handoff",)),
-            banks.Access("dq_box_write", 8, lambda lane, _pad: _box_offset(lane // 4, lane % 4 * 2, box_swizzle) * 4,
-                         ("q_ring",))] + _stats_accesses()
+            banks.Access("dq_box_write", 8, lambda lane, _pad: _box_store(lane, box_swizzle), ("q_ring",))] + _stats_accesses()
 
 
 def _lower_wgmma_wide(inst: KernelInstance, arch: Arch) -> KernelInstance:

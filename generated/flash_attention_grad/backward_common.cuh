@@ -58,6 +58,45 @@ __device__ __forceinline__ void add_pair(float* dst, float a, float b) {
   asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], { %1, %2 };\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
 }
 
+// dq_bulk 2: row half hh of tiles j0 .. j0 + NJ of this thread's dq fragment (its row r; columns
+// 8 j + 2 (lane % 4), + 1 of tile j) stored into boxes of 64 rows x 32 floats, BOX_FLOATS apart,
+// as the tensor map's 128-byte swizzle lays them out: 16-byte chunk k of row r at k ^ (r % 8).
+// `onto` adds the values already there; rows that are not `real` (past the sequence) store zeros,
+// so that a box reaching into the next sequence's rows adds nothing there. The fragment is
+// clobbered (those rows zeroed in place: a select into fresh registers spilled 4 bytes at d128).
+//
+// Odd rows store tile j ^ 2 where even rows store tile j. Under the swizzle rows r and r ^ 1 put a
+// tile's two chunks in the same two slots: with every row storing tile j, each float2 store was
+// 2-way conflicted (ncu, d64 `hopper` on the H200: all of the kernel's excess shared wavefronts).
+// Tiles j and j ^ 2 go in consecutive steps (0, 2, 1, 3, 4, 6, ...), so both are done with after
+// the second; the choice between them is a select per float.
+template <int NJ, int BOX_FLOATS, int TILES>
+__device__ __forceinline__ void store_box_row(float (&frag)[TILES][4], int j0, float* boxes, int r, int lane, int hh,
+                                              bool real, bool onto) {
+  static_assert(NJ % 4 == 0 && TILES % 4 == 0, "tiles j and j ^ 2 in one box of 32 columns");
+  if (!real) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) frag[j0 + j][2 * hh] = frag[j0 + j][2 * hh + 1] = 0.f;
+  }
+  const bool odd_row = r % 2 != 0;
+  float* row = boxes + r * 32 + lane % 2 * 2;
+  // Step j's column c = 8 (j, or j ^ 2 on odd rows) + 2 (lane % 4) is in chunk (c % 32) / 4, stored
+  // at chunk ^ (r % 8): 2 (j % 4) ^ key.
+  const int key = lane % 4 / 2 ^ r % 8 ^ (odd_row ? 4 : 0);
+#pragma unroll
+  for (int step = 0; step < NJ; ++step) {
+    const int j = (step & ~3) | (step & 1) << 1 | (step >> 1 & 1);
+    float* at = row + j / 4 * BOX_FLOATS + (j % 4 * 2 ^ key) * 4;
+    float2 x = odd_row ? make_float2(frag[j0 + (j ^ 2)][2 * hh], frag[j0 + (j ^ 2)][2 * hh + 1])
+                       : make_float2(frag[j0 + j][2 * hh], frag[j0 + j][2 * hh + 1]);
+    if (onto) {
+      const float2 before = *reinterpret_cast<const float2*>(at);  // smem: dq_box_read
+      x = make_float2(before.x + x.x, before.y + x.y);
+    }
+    *reinterpret_cast<float2*>(at) = x;  // smem: dq_box_write
+  }
+}
+
 // Does a call score with a soft cap or ALiBi (the key-block kernel's EXTRAS variant)?
 __host__ __device__ __forceinline__ bool has_extras(const Params& p) { return p.soft_cap > 0.f || p.alibi != nullptr; }
 

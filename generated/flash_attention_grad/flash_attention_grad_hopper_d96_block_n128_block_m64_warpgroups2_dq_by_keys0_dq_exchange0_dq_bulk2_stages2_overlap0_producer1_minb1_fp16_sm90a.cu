@@ -5,7 +5,7 @@
 //   384 threads: 2 warpgroups x 64 key rows; Q / dO tiles of 64 rows through a
 //   2-stage cp.async ring, filled by a producer warpgroup (mbarriers); dQ by warpgroup: 64 query rows x 64 columns,
 //   added to an fp32 scratch (64 x 32 boxes staged in shared memory, a tensor bulk reduction each; in turn when deterministic, by the producer's last warp); 198744 bytes of shared memory (128-byte-swizzled atoms, 1 KB for alignment)
-//   bank conflicts (ways, from the bank pass): cp_async_fill 1, ds_write 1, dq_exchange_write 1, dq_exchange_read 1, dq_stage_write 1, dq_box_write 2, dq_box_read 2, stats_read 1, stats_write 1
+//   bank conflicts (ways, from the bank pass): cp_async_fill 1, ds_write 1, dq_exchange_write 1, dq_exchange_read 1, dq_stage_write 1, dq_box_write 1, dq_box_read 1, stats_read 1, stats_write 1
 // What is computed is described in params.cuh; the passes around this kernel in backward_common.cuh.
 //
 // Per query tile, each warpgroup: S^T = K Q^T and dP^T = V dO^T for its 64 keys (wgmma, both
@@ -517,20 +517,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) backward_kernel(const Par
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             const int r = (warp % 4) * 16 + lane / 4 + hh * 8;
-            const bool real = m0 + dq_row0 + r < seq.lq;
-#pragma unroll
-            for (int j = 0; j < NJ; ++j) {
-              // Columns 8 j + 2 (lane % 4), + 1 of the added ones: box c / 32, its 16-byte chunk
-              // (c % 32) / 4 stored at chunk ^ (r % 8), the float pair at c % 4.
-              const int c = j * 8 + lane % 4 * 2;
-              float* at = boxes + c / BOX_COLS * BOX_FLOATS + r * BOX_COLS + ((c % BOX_COLS / 4) ^ (r % 8)) * 4 + c % 4;
-              float2 x = real ? make_float2(dq[0][J0 + j][2 * hh], dq[0][J0 + j][2 * hh + 1]) : make_float2(0.f, 0.f);
-              if (onto) {
-                const float2 before = *reinterpret_cast<const float2*>(at);  // smem: dq_box_read
-                x = make_float2(before.x + x.x, before.y + x.y);
-              }
-              *reinterpret_cast<float2*>(at) = x;  // smem: dq_box_write
-            }
+            store_box_row<NJ, BOX_FLOATS>(dq[0], J0, boxes, r, lane, hh, m0 + dq_row0 + r < seq.lq, onto);
           }
         };
         if constexpr (WRITER) {  // the writer adds the boxes: store them, count them in, go on

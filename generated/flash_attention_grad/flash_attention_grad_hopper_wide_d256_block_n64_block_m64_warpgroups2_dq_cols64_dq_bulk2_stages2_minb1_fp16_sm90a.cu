@@ -6,7 +6,7 @@
 //   columns of dK, dV and dQ each, and a producer warpgroup; Q / dO tiles of 64 rows through a
 //   2-stage ring; dQ 64 columns per product, added to an fp32 scratch (64 x 32 boxes staged in the tile's stage, a tensor bulk reduction each; in turn when deterministic, by the producer's last warp);
 //   223288 bytes of shared memory (128-byte-swizzled atoms, 1 KB for alignment)
-//   bank conflicts (ways, from the bank pass): cp_async_fill 1, ds_write 1, handoff_write 1, handoff_read 1, dq_box_write 2, stats_read 1, stats_write 1
+//   bank conflicts (ways, from the bank pass): cp_async_fill 1, ds_write 1, handoff_write 1, handoff_read 1, dq_box_write 1, stats_read 1, stats_write 1
 // What is computed is described in params.cuh; the passes around this kernel in backward_common.cuh.
 //
 // For head sizes where a warpgroup cannot hold dK and dV of 64 keys (D 256: 256 fp32 registers a
@@ -93,21 +93,13 @@ using Barriers = StageBarriers<STAGES>;
 
 
 // DQ_TMA: this thread's share of one dQ product (64 query rows x DQ_COLS columns, from `row0` the
-// warp's 16 rows) stored into the product's boxes at `boxes`: column c in box c / 32, its 16-byte
-// chunk (c % 32) / 4 at chunk ^ (row % 8), as the 128-byte swizzle places it. Rows past the
-// sequence are stored as zeros (a box reaching into the next sequence's rows adds nothing there).
-__device__ __forceinline__ void stage_boxes(const float (&dq)[1][DQ_COLS / 8][4], float* boxes, int m0, int lq, int row0,
-                                            int lane) {
+// warp's 16 rows) stored into the product's boxes at `boxes` (store_box_row; rows past the
+// sequence as zeros). The fragment is clobbered.
+__device__ __forceinline__ void stage_boxes(float (&dq)[1][DQ_COLS / 8][4], float* boxes, int m0, int lq, int row0, int lane) {
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int r = row0 + lane / 4 + hh * 8;
-    const bool real = m0 + r < lq;
-#pragma unroll
-    for (int j = 0; j < DQ_COLS / 8; ++j) {
-      const int c = j * 8 + lane % 4 * 2;
-      float* at = boxes + c / BOX_COLS * BOX_FLOATS + r * BOX_COLS + ((c % BOX_COLS / 4) ^ (r % 8)) * 4 + c % 4;
-      *reinterpret_cast<float2*>(at) = real ? make_float2(dq[0][j][2 * hh], dq[0][j][2 * hh + 1]) : make_float2(0.f, 0.f);  // smem: dq_box_write
-    }
+    store_box_row<DQ_COLS / 8, BOX_FLOATS>(dq[0], 0, boxes, r, lane, hh, m0 + r < lq, false);
   }
 }
 
