@@ -149,3 +149,45 @@ def test_the_wide_kind_refuses_what_does_not_fit(tmp_path, edits, field, message
     with pytest.raises(SpecError, match=re.escape(message)) as err:
         lowered(SPEC[:start] + section + SPEC[end:], tmp_path)
     assert f"kernels.hopper_wide.grid.{field}" in str(err.value)
+
+
+def test_dq_boxes_are_stored_without_bank_conflicts():
+    """store_box_row (backward_common.cuh.j2), step by step as the template computes it: lane 4r + c
+    of a warp's rows stores row r's floats 2c, 2c + 1 of tile j (j ^ 2 on odd rows) at chunk
+    (2 (j % 4)) ^ key of the row. Over a warp's 16 rows and 8 tiles that is every float of the
+    boxes once, where the swizzle places it (_box_offset), and each step's float2 stores take the
+    two wavefronts of a conflict-free warp request (tile j on every row took four)."""
+    from codegen.families.flash_attention_grad import BOX_COLS, BOX_ROWS, _box_offset
+    from codegen.passes import banks
+    tiles, stored = 8, {}
+    for hh in range(2):
+        for step in range(tiles):
+            j = (step & ~3) | (step & 1) << 1 | (step >> 1 & 1)
+            addresses = []
+            for lane in range(32):
+                r = lane // 4 + hh * 8
+                odd = r % 2 == 1
+                key = (lane % 4 // 2) ^ (r % 8) ^ (4 if odd else 0)
+                at = r * BOX_COLS + lane % 2 * 2 + j // 4 * BOX_ROWS * BOX_COLS + ((j % 4 * 2) ^ key) * 4
+                tile = j ^ 2 if odd else j
+                column = tile * 8 + lane % 4 * 2
+                for f in range(2):
+                    want = (column + f) // BOX_COLS * BOX_ROWS * BOX_COLS + _box_offset(r, (column + f) % BOX_COLS, True)
+                    assert at + f == want, (hh, step, lane)
+                    assert (r, column + f) not in stored
+                    stored[r, column + f] = at + f
+                addresses.append(at * 4)
+            assert banks.wavefronts(addresses, 8) == 2, (hh, step)
+    assert len(stored) == 16 * tiles * 8 and len(set(stored.values())) == len(stored)
+    tile_j_everywhere = [_box_offset(lane // 4, lane % 4 * 2, True) * 4 for lane in range(32)]
+    assert banks.wavefronts(tile_j_everywhere, 8) == 4
+
+
+def test_every_shipped_dq_box_store_is_modelled_conflict_free():
+    import json
+    manifest = json.loads((ROOT / "generated" / "manifest.json").read_text())
+    boxes = [r for r in manifest if r["name"].startswith("flash_attention_grad_hopper") and "dq_box_write" in r["derived"]["bank"]]
+    assert boxes
+    for row in boxes:
+        record = row["derived"]["bank"]["dq_box_write"]
+        assert record["wavefronts"] == record["ideal"] == 2, row["name"]
