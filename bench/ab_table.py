@@ -1,6 +1,7 @@
 """An A/B call's per-kernel times side by side, so that nobody copies them by hand: each side's
-`ab_<side>/*.txt` holding per_kernel listings (bench.gated_delta_profile.per_kernel: a title
-line ending in "per call:", then one "<ms> ms  <n> x  <kernel>" line a kernel) become one
+`ab_<side>/*.txt` and step log `ab_<side>.log` holding per_kernel listings
+(bench.gated_delta_profile.per_kernel: a title line ending in "per call:", then one
+"<ms> ms  <n> x  <kernel>" line a kernel, a rate after it ignored) become one
 Markdown table, a row per (title, kernel), a column per side in the order gpu_check ran them
 (before, after_1, ..., after), and the last side's time over the first's. Prints nothing where
 no side holds such a listing (an AB_CMD of another kind).
@@ -14,7 +15,9 @@ import re
 import sys
 from pathlib import Path
 
-KERNEL_LINE = re.compile(r"^\s*([0-9.]+) ms\s+\d+ x\s+(.+?)\s*$")
+# A trailing rate (bench.flash_grad_profile's "  524 TFLOP/s") is no part of the kernel's name:
+# with it each side's row stood alone.
+KERNEL_LINE = re.compile(r"^\s*([0-9.]+) ms\s+\d+ x\s+(.+?)(?:\s+[0-9.]+ TFLOP/s)?\s*$")
 TITLE_END = "per call:"
 
 
@@ -33,9 +36,13 @@ def short_kernel(name: str) -> str:
 
 
 def read_side(folder: Path) -> dict:
-    """{(title, kernel): ms} from every per_kernel listing in the folder's .txt files."""
+    """{(title, kernel): ms} from every per_kernel listing in the folder's .txt files and in the
+    side's step log beside it (`ab_<side>.log`: what AB_CMD printed, where a profile printing to
+    stdout, as bench.flash_grad_profile does, leaves its listing)."""
     times, title = {}, None
-    for path in sorted(folder.glob("*.txt")):
+    log = folder.parent / f"{folder.name}.log"
+    for path in sorted(folder.glob("*.txt")) + ([log] if log.is_file() else []):
+        title = None
         for line in path.read_text(errors="replace").splitlines():
             if line.rstrip().endswith(TITLE_END):
                 title = line.rstrip()[: -len(TITLE_END)].rstrip(" ,")
