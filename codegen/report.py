@@ -30,13 +30,34 @@ class Resources:
     registers: int
     spill_bytes: int       # stores + loads
     stack_bytes: int
+    wgmma_serialized: int = 0   # kernels whose wgmma ptxas serialized (each waits for the one before)
+    wgmma_waits_injected: int = 0   # warpgroup.wait ptxas inserted where code touched in-flight accumulators
+
+
+# ptxas' notes on Hopper's asynchronous MMA (C7510-C7515 "Potential Performance Loss: wgmma.mma_async
+# instructions are serialized due to ..."; C7517 "warpgroup.wait is injected ..."): invisible in
+# the registers and spills, they cost a warpgroup its MMA overlap (the spec comment on the flash
+# backward's DK_LAST once found six of eight d64 variants serialized).
+WGMMA_SERIALIZED = re.compile(r"wgmma\.mma_async instructions are serialized")
+WGMMA_WAIT_INJECTED = re.compile(r"warpgroup\.wait is injected")
 
 
 def parse_ptxas_log(text: str) -> Resources:
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", text)]
     spills = [int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)]
     stacks = [int(x) for x in re.findall(r"(\d+) bytes stack frame", text)]
-    return Resources(len(regs), max(regs, default=0), max(spills, default=0), max(stacks, default=0))
+    return Resources(len(regs), max(regs, default=0), max(spills, default=0), max(stacks, default=0),
+                     len(WGMMA_SERIALIZED.findall(text)), len(WGMMA_WAIT_INJECTED.findall(text)))
+
+
+def wgmma_note(row: dict) -> str:
+    """The report's wgmma column: serialized kernels and injected waits, or '-'."""
+    notes = []
+    if row.get("wgmma_serialized"):
+        notes.append(f"serialized in {row['wgmma_serialized']}")
+    if row.get("wgmma_waits_injected"):
+        notes.append(f"{row['wgmma_waits_injected']} waits injected")
+    return ", ".join(notes) or "-"
 
 
 def occupancy(registers: int, threads: int, smem_bytes: int, arch: Arch, carveout: int | None = None) -> dict:
@@ -68,7 +89,8 @@ def rows(manifest: list, cubin_dir: Path) -> list:
                "smem_bytes": d["smem_bytes"], "bank": d.get("bank", {}), "built": res is not None}
         if res is not None:
             row.update({"kernels": res.kernels, "registers": res.registers, "spill_bytes": res.spill_bytes,
-                        "stack_bytes": res.stack_bytes,
+                        "stack_bytes": res.stack_bytes, "wgmma_serialized": res.wgmma_serialized,
+                        "wgmma_waits_injected": res.wgmma_waits_injected,
                         **occupancy(res.registers, d["threads"], d["smem_bytes"], arch, d.get("smem_carveout"))})
         out.append(row)
     return out
@@ -102,9 +124,12 @@ def markdown(table: list, meta: dict | None = None) -> str:
              "that make it), at the layout the instance uses; `unpadded` gives the accesses whose ways differ "
              "without the padding or swizzle, `worst` those that differ at the worst layout the knob could "
              "have chosen (what the layout choice saves). `bank_check.md` puts the model beside Nsight "
-             "Compute's per-instruction counts.", "",
+             "Compute's per-instruction counts. `wgmma` gives ptxas' notes on Hopper's asynchronous MMA: "
+             "the kernels of a TU whose wgmma it serialized, and the warpgroup.wait it injected where code "
+             "touches accumulators still in flight (harmless after a loop, costly inside one).", "",
              f"{len(table)} instances, {len(built)} with a ptxas log, "
-             f"{sum(1 for r in built if r['spill_bytes'])} with spills.", "",
+             f"{sum(1 for r in built if r['spill_bytes'])} with spills, "
+             f"{sum(1 for r in built if r.get('wgmma_serialized'))} with serialized wgmma.", "",
              "| family | instances | registers | occupancy (warps/SM) | bound by |", "|---|---|---|---|---|"]
     for fam in families:
         rs = [r for r in built if r["family"] == fam]
@@ -115,15 +140,16 @@ def markdown(table: list, meta: dict | None = None) -> str:
                      f"{min(r['warps_per_sm'] for r in rs)}-{max(r['warps_per_sm'] for r in rs)} | {', '.join(limiters)} |")
     for fam in families:
         lines += ["", f"## {fam}", "",
-                  "| instance | threads | regs | spills | smem KB | CTAs/SM | warps/SM | bound by | bank ways | unpadded | worst |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| instance | threads | regs | spills | wgmma | smem KB | CTAs/SM | warps/SM | bound by | bank ways | "
+                  "unpadded | worst |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in (r for r in table if r["family"] == fam):
             if not r["built"]:
-                lines.append(f"| `{r['name']}` | {r['threads']} | (no ptxas log: run make build) | | "
+                lines.append(f"| `{r['name']}` | {r['threads']} | (no ptxas log: run make build) | | | "
                              f"{r['smem_bytes'] / 1024:.1f} | | | | {_ways(banks.ways(r['bank']))} | {_other_layout(r, 'unpadded')} | "
                              f"{_other_layout(r, 'worst')} |")
                 continue
-            lines.append(f"| `{r['name']}` | {r['threads']} | {r['registers']} | {r['spill_bytes']} | "
+            lines.append(f"| `{r['name']}` | {r['threads']} | {r['registers']} | {r['spill_bytes']} | {wgmma_note(r)} | "
                          f"{r['smem_bytes'] / 1024:.1f} | {r['ctas_per_sm']} | {r['warps_per_sm']} | {r['limiter']} | "
                          f"{_ways(banks.ways(r['bank']))} | {_other_layout(r, 'unpadded')} | {_other_layout(r, 'worst')} |")
     return "\n".join(lines) + "\n"

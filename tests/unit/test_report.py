@@ -18,6 +18,24 @@ def test_ptxas_log_gives_the_worst_kernel():
     assert (res.kernels, res.registers, res.spill_bytes, res.stack_bytes) == (2, 255, 96, 24)
 
 
+def test_ptxas_log_counts_its_wgmma_notes():
+    log = LOG + (
+        "ptxas info    : (C7517) warpgroup.wait is injected in around line 3470 by compiler to allow use of "
+        "registers defined by GMMA in function 'b'\n"
+        "ptxas info    : (C7517) warpgroup.wait is injected in around line 7063 by compiler to allow use of "
+        "registers defined by GMMA in function 'a'\n"
+        "ptxas info    : (C7510) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+        "insufficient register resources for the wgmma pipeline in the function 'a'\n")
+    res = parse_ptxas_log(log)
+    assert (res.wgmma_serialized, res.wgmma_waits_injected) == (1, 2)
+    assert (parse_ptxas_log(LOG).wgmma_serialized, parse_ptxas_log(LOG).wgmma_waits_injected) == (0, 0)
+    row = {"name": "x_sm90a", "family": "f", "kind": "k", "threads": 128, "smem_bytes": 2048, "bank": {},
+           "built": True, "registers": 255, "spill_bytes": 96, "ctas_per_sm": 1, "warps_per_sm": 4,
+           "limiter": "registers", "wgmma_serialized": 1, "wgmma_waits_injected": 2}
+    text = markdown([row])
+    assert "| serialized in 1, 2 waits injected |" in text and "1 with serialized wgmma" in text
+
+
 def test_occupancy_matches_the_calculator():
     h100 = ARCHES["sm_90a"]
     # 4 warps at 255 registers (256 per thread): 8192 per warp, two CTAs; 96 KB of shared memory
