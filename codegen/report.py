@@ -36,8 +36,8 @@ class Resources:
 
 # ptxas' notes on Hopper's asynchronous MMA (C7510-C7515 "Potential Performance Loss: wgmma.mma_async
 # instructions are serialized due to ..."; C7517 "warpgroup.wait is injected ..."): invisible in
-# the registers and spills, they cost a warpgroup its MMA overlap (the spec comment on the flash
-# backward's DK_LAST once found six of eight d64 variants serialized).
+# the registers and spills, they cost a warpgroup its MMA overlap (the flash backward's DK_LAST
+# comment, backward_wgmma.cu.j2, records ptxas serializing six of eight d64 variants once).
 WGMMA_SERIALIZED = re.compile(r"wgmma\.mma_async instructions are serialized")
 WGMMA_WAIT_INJECTED = re.compile(r"warpgroup\.wait is injected")
 

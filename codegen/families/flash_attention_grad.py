@@ -174,9 +174,10 @@ def _box_offset(row: int, col: int, swizzle: bool) -> int:
 
 
 def _box_store(lane: int, swizzle: bool) -> int:
-    """Byte offset of a lane's float2 in a warp's first dq box store (lane 4r + c: row r, floats
-    2c, 2c + 1 of the 8-column tile box_tile(0, r) in backward_common.cuh.j2). Under the swizzle
-    odd rows store tile j ^ 2: rows r and r ^ 1 would put tile j's chunks in the same slots."""
+    """Byte offset of a lane's float2 in a warp's first dq box store (store_box_row's step 0 in
+    backward_common.cuh.j2; lane 4r + c: row r, floats 2c, 2c + 1 of tile 0, or of tile 2 on odd
+    rows). Under the swizzle odd rows store tile j ^ 2: rows r and r ^ 1 would put tile j's chunks
+    in the same slots."""
     row = lane // 4
     tile = row % 2 * 2 if swizzle else 0
     return _box_offset(row, tile * 8 + lane % 4 * 2, swizzle) * 4
